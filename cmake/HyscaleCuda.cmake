@@ -1,0 +1,21 @@
+# CUDA is optional: the CPU build must work on a machine without a GPU or toolkit.
+# HYSCALE_HAVE_CUDA is set when the CUDA compiler is found and libtorch itself was built with
+# CUDA (Debian's libtorch 1.13 is CPU-only, PyTorch 2.11's libtorch on the GPU machine is not).
+macro(hyscale_configure_cuda)
+  set(HYSCALE_HAVE_CUDA OFF)
+  if(NOT HYSCALE_CUDA STREQUAL "OFF")
+    include(CheckLanguage)
+    check_language(CUDA)
+    set(_torch_has_cuda OFF)
+    if(HYSCALE_WITH_TORCH AND (TARGET torch_cuda OR CAFFE2_USE_CUDA))
+      set(_torch_has_cuda ON)
+    endif()
+    if(CMAKE_CUDA_COMPILER AND _torch_has_cuda)
+      enable_language(CUDA)
+      set(HYSCALE_HAVE_CUDA ON)
+    elseif(HYSCALE_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "HYSCALE_CUDA=ON but no CUDA compiler or no CUDA-enabled libtorch was found")
+    endif()
+  endif()
+  message(STATUS "HyScale CUDA kernels: ${HYSCALE_HAVE_CUDA}")
+endmacro()
