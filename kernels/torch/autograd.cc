@@ -1,0 +1,146 @@
+// Autograd of every hyscale op, in one place. Forward runs the backend below autograd; backward
+// calls the matching backward op, so each device backend only implements forward/backward pairs.
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "kernels/torch/ops.h"
+
+namespace hyscale::torch_ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Variable;
+using torch::autograd::variable_list;
+
+at::Tensor zeros_if_undefined(const at::Tensor& grad, const at::Tensor& like) {
+  return grad.defined() ? grad : at::zeros_like(like);
+}
+
+// Scores at selected keys (from flash_topk or index_score_gather) share one backward.
+variable_list index_score_grads(AutogradContext* ctx, const at::Tensor& grad_scores) {
+  const auto saved = ctx->get_saved_variables();
+  const at::Tensor &q = saved[0], &k = saved[1], &w = saved[2], &indices = saved[3];
+  if (!grad_scores.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+  const auto g = ops::index_score_backward(grad_scores, q, k, w, indices,
+                                           ctx->saved_data["q_offset"].toInt(),
+                                           ctx->saved_data["tokens_per_key"].toInt());
+  return {g.q, g.k, g.w};
+}
+
+void save_index_score_inputs(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& w, const at::Tensor& indices, int64_t q_offset,
+                             int64_t tokens_per_key) {
+  ctx->save_for_backward({q, k, w, indices});
+  ctx->saved_data["q_offset"] = q_offset;
+  ctx->saved_data["tokens_per_key"] = tokens_per_key;
+}
+
+struct FlashTopk : torch::autograd::Function<FlashTopk> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& w, int64_t topk, int64_t q_offset,
+                               int64_t tokens_per_key) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto sel = ops::flash_topk(q, k, w, topk, q_offset, tokens_per_key);
+    save_index_score_inputs(ctx, q, k, w, sel.indices, q_offset, tokens_per_key);
+    ctx->mark_non_differentiable({sel.indices});
+    return {sel.indices, sel.scores};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = index_score_grads(ctx, grads[1]);
+    return {g[0], g[1], g[2], Variable(), Variable(), Variable()};
+  }
+};
+
+struct IndexScoreGather : torch::autograd::Function<IndexScoreGather> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& w, const at::Tensor& indices, int64_t q_offset,
+                               int64_t tokens_per_key) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    save_index_score_inputs(ctx, q, k, w, indices, q_offset, tokens_per_key);
+    return {ops::index_score_gather(q, k, w, indices, q_offset, tokens_per_key)};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = index_score_grads(ctx, grads[0]);
+    return {g[0], g[1], g[2], Variable(), Variable(), Variable()};
+  }
+};
+
+struct SparseAttn : torch::autograd::Function<SparseAttn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& key,
+                               const at::Tensor& value, const at::Tensor& indices, double scale) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto attn = ops::sparse_attn(q, key, value, indices, scale);
+    ctx->save_for_backward({q, key, value, indices, attn.out, attn.lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->mark_non_differentiable({attn.lse});
+    return {attn.out, attn.lse};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    if (!grads[0].defined()) return {Variable(), Variable(), Variable(), Variable(), Variable()};
+    const auto g = ops::sparse_attn_backward(grads[0], s[0], s[1], s[2], s[3],
+                                             ctx->saved_data["scale"].toDouble(), s[4], s[5]);
+    return {g.q, g.key, g.value, Variable(), Variable()};
+  }
+};
+
+// The target is a constant of the loss (the model detaches it); only score gets a gradient.
+struct IndexerKl : torch::autograd::Function<IndexerKl> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& score,
+                               const at::Tensor& target) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({score, target});
+    return {ops::indexer_kl(score, target)};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    return {ops::indexer_kl_backward(zeros_if_undefined(grads[0], s[0].select(-1, 0)), s[0], s[1]),
+            Variable()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& w, int64_t topk, int64_t q_offset,
+                                              int64_t tokens_per_key) {
+  auto r = FlashTopk::apply(q, k, w, topk, q_offset, tokens_per_key);
+  return {r[0], r[1]};
+}
+
+at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
+                              const at::Tensor& indices, int64_t q_offset,
+                              int64_t tokens_per_key) {
+  return IndexScoreGather::apply(q, k, w, indices, q_offset, tokens_per_key)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Tensor& key,
+                                               const at::Tensor& value, const at::Tensor& indices,
+                                               double scale) {
+  auto r = SparseAttn::apply(q, key, value, indices, scale);
+  return {r[0], r[1]};
+}
+
+// A target, never differentiated: computed below autograd whatever its inputs require.
+at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
+                                   const at::Tensor& indices, const at::Tensor& lse,
+                                   double scale) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return ops::selected_attention_mass(q.detach(), key.detach(), indices, lse.detach(), scale);
+}
+
+at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
+  return IndexerKl::apply(score, target)[0];
+}
+
+}  // namespace
+}  // namespace hyscale::torch_ops
+
+TORCH_LIBRARY_IMPL(hyscale, Autograd, m) {
+  using namespace hyscale::torch_ops;
+  m.impl("flash_topk", &flash_topk);
+  m.impl("index_score_gather", &index_score_gather);
+  m.impl("sparse_attn", &sparse_attn);
+  m.impl("selected_attention_mass", &selected_attention_mass);
+  m.impl("indexer_kl", &indexer_kl);
+}

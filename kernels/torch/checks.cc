@@ -1,0 +1,112 @@
+#include "kernels/torch/checks.h"
+
+#include <c10/util/Exception.h>
+
+namespace hyscale::torch_ops {
+namespace {
+
+// Leading batch dimension present when the tensor has one more dim than its per-sequence rank.
+Batching batching_of(const char* op, const char* name, const at::Tensor& t, int64_t rank) {
+  TORCH_CHECK(t.dim() == rank || t.dim() == rank + 1, op, ": ", name, " must have ", rank,
+              " dims (one sequence) or ", rank + 1, " (a batch), got shape ", t.sizes());
+  Batching b;
+  b.batched = t.dim() == rank + 1;
+  b.batch = b.batched ? t.size(0) : 1;
+  return b;
+}
+
+int64_t seq_dim(const at::Tensor& t, const Batching& b, int64_t d) {
+  return t.size(d + (b.batched ? 1 : 0));
+}
+
+void check_same_batching(const char* op, const char* name, const at::Tensor& t, int64_t rank,
+                         const Batching& expected) {
+  const Batching b = batching_of(op, name, t, rank);
+  TORCH_CHECK(b.batched == expected.batched && b.batch == expected.batch, op, ": ", name,
+              " must have the same batch layout as the first argument, got shape ", t.sizes());
+}
+
+void check_floating(const char* op, const char* name, const at::Tensor& t, const at::Tensor& ref) {
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", name,
+              " must be a floating tensor, got ", t.scalar_type());
+  TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " is on ", t.device(),
+              " but the first argument is on ", ref.device());
+}
+
+}  // namespace
+
+IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& w, int64_t q_offset, int64_t tokens_per_key) {
+  IndexerArgs a;
+  a.batching = batching_of(op, "q", q, 3);
+  check_same_batching(op, "k", k, 2, a.batching);
+  check_same_batching(op, "w", w, 2, a.batching);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"w", w}}) {
+    check_floating(op, name, t, q);
+  }
+  a.shape.num_queries = seq_dim(q, a.batching, 0);
+  a.shape.heads = seq_dim(q, a.batching, 1);
+  a.shape.dim = seq_dim(q, a.batching, 2);
+  a.shape.num_keys = seq_dim(k, a.batching, 0);
+  a.shape.q_offset = q_offset;
+  a.shape.visibility.tokens_per_key = tokens_per_key;
+  TORCH_CHECK(seq_dim(k, a.batching, 1) == a.shape.dim, op, ": k must be [M, d_I] with d_I = ",
+              a.shape.dim, " (from q), got shape ", k.sizes());
+  TORCH_CHECK(seq_dim(w, a.batching, 0) == a.shape.num_queries &&
+                  seq_dim(w, a.batching, 1) == a.shape.heads,
+              op, ": w must be [N, H_I] = [", a.shape.num_queries, ", ", a.shape.heads,
+              "] (from q), got shape ", w.sizes());
+  TORCH_CHECK(q_offset >= 0, op, ": q_offset must be >= 0, got ", q_offset);
+  TORCH_CHECK(tokens_per_key >= 1, op, ": tokens_per_key must be >= 1, got ", tokens_per_key);
+  return a;
+}
+
+int64_t check_indices(const char* op, const at::Tensor& indices, const Batching& batching,
+                      int64_t num_queries, const at::Tensor& q) {
+  check_same_batching(op, "indices", indices, 2, batching);
+  TORCH_CHECK(indices.scalar_type() == at::kInt, op, ": indices must be int32, got ",
+              indices.scalar_type());
+  TORCH_CHECK(indices.device() == q.device(), op, ": indices is on ", indices.device(),
+              " but q is on ", q.device());
+  TORCH_CHECK(seq_dim(indices, batching, 0) == num_queries, op,
+              ": indices must have one row per query (", num_queries, "), got shape ",
+              indices.sizes());
+  const int64_t topk = seq_dim(indices, batching, 1);
+  TORCH_CHECK(topk > 0, op, ": indices must have at least one column, got shape ", indices.sizes());
+  return topk;
+}
+
+SparseAttnArgs check_sparse_attn(const char* op, const at::Tensor& q, const at::Tensor& key,
+                                 const at::Tensor& value, const at::Tensor& indices) {
+  SparseAttnArgs a;
+  a.batching = batching_of(op, "q", q, 3);
+  check_same_batching(op, "key", key, 2, a.batching);
+  check_same_batching(op, "value", value, 2, a.batching);
+  check_floating(op, "key", key, q);
+  check_floating(op, "value", value, q);
+  TORCH_CHECK(at::isFloatingType(q.scalar_type()), op, ": q must be a floating tensor, got ",
+              q.scalar_type());
+  a.shape.num_queries = seq_dim(q, a.batching, 0);
+  a.shape.heads = seq_dim(q, a.batching, 1);
+  a.shape.dim_qk = seq_dim(q, a.batching, 2);
+  a.shape.num_keys = seq_dim(key, a.batching, 0);
+  a.shape.dim_v = seq_dim(value, a.batching, 1);
+  TORCH_CHECK(seq_dim(key, a.batching, 1) == a.shape.dim_qk, op,
+              ": key must be [M, d_qk] with d_qk = ", a.shape.dim_qk, " (from q), got shape ",
+              key.sizes());
+  TORCH_CHECK(seq_dim(value, a.batching, 0) == a.shape.num_keys, op,
+              ": value must have as many rows as key (", a.shape.num_keys, "), got shape ",
+              value.sizes());
+  a.shape.topk = check_indices(op, indices, a.batching, a.shape.num_queries, q);
+  return a;
+}
+
+void check_sizes(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes) {
+  TORCH_CHECK(t.sizes() == sizes, op, ": ", name, " must have shape ", sizes, ", got ", t.sizes());
+}
+
+at::ScalarType cpu_compute_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+}  // namespace hyscale::torch_ops

@@ -1,0 +1,47 @@
+// Argument checks at the torch-op boundary, shared by every backend: shapes, dtypes and devices
+// are validated here with messages naming the op and the argument; kernels trust them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "kernels/shapes.h"
+
+namespace hyscale::torch_ops {
+
+// One sequence ([N, ...]) or a batch ([B, N, ...]); kernels run per sequence.
+struct Batching {
+  int64_t batch = 1;
+  bool batched = false;
+};
+
+struct IndexerArgs {
+  IndexerShape shape;
+  Batching batching;
+};
+
+struct SparseAttnArgs {
+  SparseAttnShape shape;
+  Batching batching;
+};
+
+// q [B?, N, H_I, d_I], k [B?, M, d_I], w [B?, N, H_I], all floating and on one device.
+IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& w, int64_t q_offset, int64_t tokens_per_key);
+
+// indices [B?, N, topk] int32 on the device of q; returns topk.
+int64_t check_indices(const char* op, const at::Tensor& indices, const Batching& batching,
+                      int64_t num_queries, const at::Tensor& q);
+
+// q [B?, N, H, d_qk], key [B?, M, d_qk], value [B?, M, d_v], indices [B?, N, topk] int32.
+SparseAttnArgs check_sparse_attn(const char* op, const at::Tensor& q, const at::Tensor& key,
+                                 const at::Tensor& value, const at::Tensor& indices);
+
+// `t` must have exactly `sizes` (used for gradients and saved outputs).
+void check_sizes(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes);
+
+// CPU kernels compute in double for double inputs (gradient checks) and in float otherwise.
+at::ScalarType cpu_compute_dtype(const at::Tensor& t);
+
+}  // namespace hyscale::torch_ops

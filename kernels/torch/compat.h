@@ -1,0 +1,25 @@
+// The differences between the libtorch versions HyScale builds against (Debian's 1.13 CPU build
+// and PyTorch 2.11's CUDA build), in one place.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <string>
+#include <type_traits>
+
+namespace hyscale::compat {
+
+// torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl: as a string in 1.13,
+// as a pointer in 2.x.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+inline OptimizerStateKey optimizer_state_key(const at::Tensor& param) {
+  if constexpr (std::is_same_v<OptimizerStateKey, std::string>) {
+    return c10::guts::to_string(param.unsafeGetTensorImpl());
+  } else {
+    return static_cast<OptimizerStateKey>(param.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace hyscale::compat

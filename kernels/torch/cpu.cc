@@ -1,0 +1,257 @@
+// CPU implementations of the hyscale ops: convert to the compute dtype, run the plain-C++ kernels
+// of kernels/cpu per sequence, convert back.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "kernels/flash_topk.h"
+#include "kernels/index_score.h"
+#include "kernels/indexer_kl.h"
+#include "kernels/sparse_attn.h"
+#include "kernels/torch/checks.h"
+
+namespace hyscale::torch_ops {
+namespace {
+
+// A contiguous tensor in the compute dtype with a leading batch dim, and typed per-sequence
+// pointers into it.
+class SeqView {
+ public:
+  SeqView(const at::Tensor& t, const Batching& b, at::ScalarType dtype)
+      : t_((b.batched ? t : t.unsqueeze(0)).to(dtype).contiguous()) {}
+  template <typename T>
+  T* at(int64_t b) const {
+    return t_.data_ptr<T>() + b * t_.stride(0);
+  }
+  const at::Tensor& tensor() const { return t_; }
+
+ private:
+  at::Tensor t_;
+};
+
+at::Tensor unbatch(const at::Tensor& t, const Batching& b) { return b.batched ? t : t.squeeze(0); }
+
+std::vector<int64_t> batched_sizes(const Batching& b, std::initializer_list<int64_t> sizes) {
+  std::vector<int64_t> out{b.batch};
+  out.insert(out.end(), sizes);
+  return out;
+}
+
+CpuContext cpu_context() { return CpuContext{at::get_num_threads()}; }
+
+std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& w, int64_t topk, int64_t q_offset,
+                                              int64_t tokens_per_key) {
+  const char* op = "hyscale::flash_topk";
+  const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
+  TORCH_CHECK(topk > 0, op, ": topk must be > 0, got ", topk);
+  const auto dtype = cpu_compute_dtype(q);
+  const SeqView vq(q, a.batching, dtype), vk(k, a.batching, dtype), vw(w, a.batching, dtype);
+  const auto sizes = batched_sizes(a.batching, {a.shape.num_queries, topk});
+  const SeqView indices(at::empty(sizes, q.options().dtype(at::kInt)), {a.batching.batch, true},
+                        at::kInt);
+  const SeqView scores(at::empty(sizes, q.options().dtype(dtype)), {a.batching.batch, true}, dtype);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "flash_topk", [&] {
+    for (int64_t b = 0; b < a.batching.batch; ++b) {
+      flash_topk_cpu<scalar_t>(a.shape, vq.at<scalar_t>(b), vk.at<scalar_t>(b),
+                               vw.at<scalar_t>(b), topk, indices.at<int32_t>(b),
+                               scores.at<scalar_t>(b), cpu_context());
+    }
+  });
+  return {unbatch(indices.tensor(), a.batching), unbatch(scores.tensor(), a.batching)};
+}
+
+at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
+                              const at::Tensor& indices, int64_t q_offset,
+                              int64_t tokens_per_key) {
+  const char* op = "hyscale::index_score_gather";
+  const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
+  const int64_t topk = check_indices(op, indices, a.batching, a.shape.num_queries, q);
+  const auto dtype = cpu_compute_dtype(q);
+  const SeqView vq(q, a.batching, dtype), vk(k, a.batching, dtype), vw(w, a.batching, dtype);
+  const SeqView vi(indices, a.batching, at::kInt);
+  const auto sizes = batched_sizes(a.batching, {a.shape.num_queries, topk});
+  const SeqView scores(at::empty(sizes, q.options().dtype(dtype)), {a.batching.batch, true}, dtype);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "index_score_gather", [&] {
+    for (int64_t b = 0; b < a.batching.batch; ++b) {
+      validate_indices(a.shape, vi.at<int32_t>(b), topk);
+      index_score_gather_cpu<scalar_t>(a.shape, vq.at<scalar_t>(b), vk.at<scalar_t>(b),
+                                       vw.at<scalar_t>(b), vi.at<int32_t>(b), topk,
+                                       scores.at<scalar_t>(b), cpu_context());
+    }
+  });
+  return unbatch(scores.tensor(), a.batching);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
+    const at::Tensor& grad_scores, const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
+    const at::Tensor& indices, int64_t q_offset, int64_t tokens_per_key) {
+  const char* op = "hyscale::index_score_backward";
+  const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
+  const int64_t topk = check_indices(op, indices, a.batching, a.shape.num_queries, q);
+  check_sizes(op, "grad_scores", grad_scores, indices.sizes());
+  const auto dtype = cpu_compute_dtype(q);
+  const SeqView vq(q, a.batching, dtype), vk(k, a.batching, dtype), vw(w, a.batching, dtype);
+  const SeqView vi(indices, a.batching, at::kInt), vg(grad_scores, a.batching, dtype);
+  const SeqView gq(at::empty_like(vq.tensor()), {a.batching.batch, true}, dtype);
+  const SeqView gk(at::empty_like(vk.tensor()), {a.batching.batch, true}, dtype);
+  const SeqView gw(at::empty_like(vw.tensor()), {a.batching.batch, true}, dtype);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "index_score_backward", [&] {
+    for (int64_t b = 0; b < a.batching.batch; ++b) {
+      index_score_backward_cpu<scalar_t>(
+          a.shape, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vw.at<scalar_t>(b),
+          vi.at<int32_t>(b), topk, vg.at<scalar_t>(b), gq.at<scalar_t>(b), gk.at<scalar_t>(b),
+          gw.at<scalar_t>(b), cpu_context());
+    }
+  });
+  return {unbatch(gq.tensor(), a.batching).to(q.scalar_type()),
+          unbatch(gk.tensor(), a.batching).to(k.scalar_type()),
+          unbatch(gw.tensor(), a.batching).to(w.scalar_type())};
+}
+
+void check_index_range(const char* op, const at::Tensor& indices, int64_t num_keys) {
+  TORCH_CHECK(indices.ge(-1).logical_and(indices.lt(num_keys)).all().item<bool>(), op,
+              ": indices must be -1 or in [0, ", num_keys, ")");
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Tensor& key,
+                                               const at::Tensor& value, const at::Tensor& indices,
+                                               double scale) {
+  const char* op = "hyscale::sparse_attn";
+  const SparseAttnArgs a = check_sparse_attn(op, q, key, value, indices);
+  check_index_range(op, indices, a.shape.num_keys);
+  const auto dtype = cpu_compute_dtype(q);
+  const SeqView vq(q, a.batching, dtype), vk(key, a.batching, dtype), vv(value, a.batching, dtype);
+  const SeqView vi(indices, a.batching, at::kInt);
+  const auto& s = a.shape;
+  const SeqView out(at::empty(batched_sizes(a.batching, {s.num_queries, s.heads, s.dim_v}),
+                              q.options().dtype(dtype)),
+                    {a.batching.batch, true}, dtype);
+  const SeqView lse(at::empty(batched_sizes(a.batching, {s.num_queries, s.heads}),
+                              q.options().dtype(dtype)),
+                    {a.batching.batch, true}, dtype);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "sparse_attn", [&] {
+    for (int64_t b = 0; b < a.batching.batch; ++b) {
+      sparse_attn_fwd_cpu<scalar_t>(s, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vv.at<scalar_t>(b),
+                                    vi.at<int32_t>(b), static_cast<scalar_t>(scale),
+                                    out.at<scalar_t>(b), lse.at<scalar_t>(b), cpu_context());
+    }
+  });
+  return {unbatch(out.tensor(), a.batching).to(q.scalar_type()), unbatch(lse.tensor(), a.batching)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& indices, double scale, const at::Tensor& out,
+    const at::Tensor& lse) {
+  const char* op = "hyscale::sparse_attn_backward";
+  const SparseAttnArgs a = check_sparse_attn(op, q, key, value, indices);
+  check_sizes(op, "out", out, grad_out.sizes());
+  const auto& s = a.shape;
+  const auto dtype = cpu_compute_dtype(q);
+  const SeqView vq(q, a.batching, dtype), vk(key, a.batching, dtype), vv(value, a.batching, dtype);
+  const SeqView vi(indices, a.batching, at::kInt), vo(out, a.batching, dtype);
+  const SeqView vl(lse, a.batching, dtype), vg(grad_out, a.batching, dtype);
+  check_sizes(op, "grad_out", vg.tensor(),
+              batched_sizes({a.batching.batch, true}, {s.num_queries, s.heads, s.dim_v}));
+  check_sizes(op, "lse", vl.tensor(), batched_sizes({a.batching.batch, true}, {s.num_queries, s.heads}));
+  const SeqView gq(at::empty_like(vq.tensor()), {a.batching.batch, true}, dtype);
+  const SeqView gk(at::empty_like(vk.tensor()), {a.batching.batch, true}, dtype);
+  const SeqView gv(at::empty_like(vv.tensor()), {a.batching.batch, true}, dtype);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "sparse_attn_backward", [&] {
+    for (int64_t b = 0; b < a.batching.batch; ++b) {
+      sparse_attn_bwd_cpu<scalar_t>(s, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vv.at<scalar_t>(b),
+                                    vi.at<int32_t>(b), static_cast<scalar_t>(scale),
+                                    vo.at<scalar_t>(b), vl.at<scalar_t>(b), vg.at<scalar_t>(b),
+                                    gq.at<scalar_t>(b), gk.at<scalar_t>(b), gv.at<scalar_t>(b),
+                                    cpu_context());
+    }
+  });
+  return {unbatch(gq.tensor(), a.batching).to(q.scalar_type()),
+          unbatch(gk.tensor(), a.batching).to(key.scalar_type()),
+          unbatch(gv.tensor(), a.batching).to(value.scalar_type())};
+}
+
+at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
+                                   const at::Tensor& indices, const at::Tensor& lse,
+                                   double scale) {
+  const char* op = "hyscale::selected_attention_mass";
+  // value only shapes the output of attention; the mass needs q, key and lse, so key stands in.
+  const SparseAttnArgs a = check_sparse_attn(op, q, key, key, indices);
+  check_index_range(op, indices, a.shape.num_keys);
+  const auto& s = a.shape;
+  const auto dtype = cpu_compute_dtype(q);
+  const SeqView vq(q, a.batching, dtype), vk(key, a.batching, dtype);
+  const SeqView vi(indices, a.batching, at::kInt), vl(lse, a.batching, dtype);
+  check_sizes(op, "lse", vl.tensor(), batched_sizes({a.batching.batch, true}, {s.num_queries, s.heads}));
+  const SeqView mass(at::empty(batched_sizes(a.batching, {s.num_queries, s.topk}),
+                               q.options().dtype(dtype)),
+                     {a.batching.batch, true}, dtype);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "selected_attention_mass", [&] {
+    for (int64_t b = 0; b < a.batching.batch; ++b) {
+      selected_attention_mass_cpu<scalar_t>(s, vq.at<scalar_t>(b), vk.at<scalar_t>(b),
+                                            vi.at<int32_t>(b), vl.at<scalar_t>(b),
+                                            static_cast<scalar_t>(scale), mass.at<scalar_t>(b),
+                                            cpu_context());
+    }
+  });
+  return unbatch(mass.tensor(), a.batching);
+}
+
+// score and target [..., topk]: every leading dim is a row.
+void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target) {
+  TORCH_CHECK(score.dim() >= 1 && score.size(-1) > 0, op,
+              ": score must be [..., topk] with topk > 0, got shape ", score.sizes());
+  TORCH_CHECK(at::isFloatingType(score.scalar_type()), op, ": score must be floating, got ",
+              score.scalar_type());
+  check_sizes(op, "target", target, score.sizes());
+}
+
+at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
+  const char* op = "hyscale::indexer_kl";
+  check_kl_args(op, score, target);
+  const auto dtype = cpu_compute_dtype(score);
+  const int64_t topk = score.size(-1), rows = score.numel() / topk;
+  const at::Tensor s = score.to(dtype).contiguous(), t = target.to(dtype).contiguous();
+  at::Tensor loss = at::empty({rows}, score.options().dtype(dtype));
+  AT_DISPATCH_FLOATING_TYPES(dtype, "indexer_kl", [&] {
+    indexer_kl_fwd_cpu<scalar_t>(rows, topk, s.data_ptr<scalar_t>(), t.data_ptr<scalar_t>(),
+                                 loss.data_ptr<scalar_t>(), cpu_context());
+  });
+  return loss.view(score.sizes().slice(0, score.dim() - 1));
+}
+
+at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
+                               const at::Tensor& target) {
+  const char* op = "hyscale::indexer_kl_backward";
+  check_kl_args(op, score, target);
+  check_sizes(op, "grad_loss", grad_loss, score.sizes().slice(0, score.dim() - 1));
+  const auto dtype = cpu_compute_dtype(score);
+  const int64_t topk = score.size(-1), rows = score.numel() / topk;
+  const at::Tensor s = score.to(dtype).contiguous(), t = target.to(dtype).contiguous();
+  const at::Tensor g = grad_loss.to(dtype).contiguous();
+  at::Tensor grad_score = at::empty_like(s);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "indexer_kl_backward", [&] {
+    indexer_kl_bwd_cpu<scalar_t>(rows, topk, s.data_ptr<scalar_t>(), t.data_ptr<scalar_t>(),
+                                 g.data_ptr<scalar_t>(), grad_score.data_ptr<scalar_t>(),
+                                 cpu_context());
+  });
+  return grad_score.to(score.scalar_type());
+}
+
+}  // namespace
+}  // namespace hyscale::torch_ops
+
+TORCH_LIBRARY_IMPL(hyscale, CPU, m) {
+  using namespace hyscale::torch_ops;
+  m.impl("flash_topk", &flash_topk);
+  m.impl("index_score_gather", &index_score_gather);
+  m.impl("index_score_backward", &index_score_backward);
+  m.impl("sparse_attn", &sparse_attn);
+  m.impl("sparse_attn_backward", &sparse_attn_backward);
+  m.impl("selected_attention_mass", &selected_attention_mass);
+  m.impl("indexer_kl", &indexer_kl);
+  m.impl("indexer_kl_backward", &indexer_kl_backward);
+}

@@ -1,0 +1,27 @@
+// Schemas of HyScale's torch ops (namespace `hyscale`). Backends register implementations in
+// cpu.cc (and cuda/ when built); autograd.cc wires forward ops to their backward ops.
+// Every op accepts one sequence ([N, ...]) or a batch ([B, N, ...]) of independent sequences.
+#include <torch/library.h>
+
+TORCH_LIBRARY(hyscale, m) {
+  m.def(
+      "flash_topk(Tensor q, Tensor k, Tensor w, int topk, int q_offset=0, int tokens_per_key=1)"
+      " -> (Tensor indices, Tensor scores)");
+  m.def(
+      "index_score_gather(Tensor q, Tensor k, Tensor w, Tensor indices, int q_offset=0,"
+      " int tokens_per_key=1) -> Tensor");
+  m.def(
+      "index_score_backward(Tensor grad_scores, Tensor q, Tensor k, Tensor w, Tensor indices,"
+      " int q_offset=0, int tokens_per_key=1) -> (Tensor grad_q, Tensor grad_k, Tensor grad_w)");
+  m.def(
+      "sparse_attn(Tensor q, Tensor key, Tensor value, Tensor indices, float scale)"
+      " -> (Tensor out, Tensor lse)");
+  m.def(
+      "sparse_attn_backward(Tensor grad_out, Tensor q, Tensor key, Tensor value, Tensor indices,"
+      " float scale, Tensor out, Tensor lse) -> (Tensor grad_q, Tensor grad_key, Tensor grad_value)");
+  m.def(
+      "selected_attention_mass(Tensor q, Tensor key, Tensor indices, Tensor lse, float scale)"
+      " -> Tensor");
+  m.def("indexer_kl(Tensor score, Tensor target) -> Tensor");
+  m.def("indexer_kl_backward(Tensor grad_loss, Tensor score, Tensor target) -> Tensor");
+}

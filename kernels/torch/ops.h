@@ -1,0 +1,62 @@
+// The C++ API of HyScale's torch ops, as the trainer calls them. Each call goes through the
+// dispatcher, so autograd (autograd.cc) and the device backend (cpu.cc, cuda/) apply.
+// Shapes: one sequence ([N, ...]) or a batch ([B, N, ...]); see library.cc for the schemas.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace hyscale::ops {
+
+struct Selection {
+  at::Tensor indices;  // [.., N, topk] int32, -1 in unused slots
+  at::Tensor scores;   // [.., N, topk] differentiable w.r.t. q, k, w; -inf in unused slots
+};
+
+// Exact top-k of the lightning-indexer scores, without an N x M score table.
+Selection flash_topk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, int64_t topk,
+                     int64_t q_offset = 0, int64_t tokens_per_key = 1);
+
+// Index scores recomputed only at `indices` (selection replay); differentiable w.r.t. q, k, w.
+at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
+                              const at::Tensor& indices, int64_t q_offset = 0,
+                              int64_t tokens_per_key = 1);
+
+struct Attention {
+  at::Tensor out;  // [.., N, H, d_v], differentiable w.r.t. q, key, value
+  at::Tensor lse;  // [.., N, H], not differentiable
+};
+
+Attention sparse_attn(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
+                      const at::Tensor& indices, double scale);
+
+// Attention probabilities at `indices`, summed over heads and L1-normalised per row; the
+// indexer's sparse-stage target (not differentiable).
+at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
+                                   const at::Tensor& indices, const at::Tensor& lse, double scale);
+
+// Per-row KL(target || softmax(score)) over the valid slots; differentiable w.r.t. score only.
+at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target);
+
+// The backward ops autograd calls (autograd.cc); callable directly, e.g. by benchmarks.
+struct IndexScoreGrads {
+  at::Tensor q, k, w;
+};
+IndexScoreGrads index_score_backward(const at::Tensor& grad_scores, const at::Tensor& q,
+                                     const at::Tensor& k, const at::Tensor& w,
+                                     const at::Tensor& indices, int64_t q_offset = 0,
+                                     int64_t tokens_per_key = 1);
+
+struct AttentionGrads {
+  at::Tensor q, key, value;
+};
+AttentionGrads sparse_attn_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                    const at::Tensor& key, const at::Tensor& value,
+                                    const at::Tensor& indices, double scale,
+                                    const at::Tensor& out, const at::Tensor& lse);
+
+at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
+                               const at::Tensor& target);
+
+}  // namespace hyscale::ops

@@ -1,0 +1,171 @@
+// The hyscale torch ops: gradients against central finite differences in double, autograd
+// wiring, and argument errors that name the op and the argument.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <random>
+
+#include "kernels/torch/ops.h"
+
+namespace hyscale {
+namespace {
+
+// Checks d(loss)/d(input) from autograd against central differences of `loss` (a scalar
+// function of the inputs) for every element of every input that requires grad.
+void expect_gradients_match(const std::function<torch::Tensor(std::vector<torch::Tensor>&)>& loss,
+                            std::vector<torch::Tensor> inputs, double tol = 1e-6) {
+  for (auto& x : inputs) x = x.detach().requires_grad_(true);
+  loss(inputs).backward();
+  const double h = 1e-6;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto analytic = inputs[i].grad().contiguous();
+    auto values = inputs[i].detach().clone();
+    auto flat = values.view(-1);
+    for (int64_t e = 0; e < flat.numel(); ++e) {
+      const double saved = flat[e].item<double>();
+      std::vector<torch::Tensor> probe(inputs.begin(), inputs.end());
+      for (auto& p : probe) p = p.detach();
+      flat[e] = saved + h;
+      probe[i] = values.clone();
+      const double up = loss(probe).item<double>();
+      flat[e] = saved - h;
+      probe[i] = values.clone();
+      const double down = loss(probe).item<double>();
+      flat[e] = saved;
+      const double numeric = (up - down) / (2 * h);
+      const double got = analytic.view(-1)[e].item<double>();
+      ASSERT_NEAR(got, numeric, tol * std::max(1.0, std::abs(numeric)))
+          << "input " << i << " element " << e;
+    }
+  }
+}
+
+torch::Tensor randn(std::vector<int64_t> sizes) { return torch::randn(sizes, torch::kDouble); }
+
+class TorchOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto seed = std::random_device{}();
+    torch::manual_seed(seed);
+    RecordProperty("seed", static_cast<int>(seed));
+  }
+};
+
+TEST_F(TorchOpsTest, IndexScoresGradientMatchesFiniteDifferences) {
+  const int64_t n = 7, heads = 3, dim = 5, topk = 4;
+  const auto q = randn({n, heads, dim}), k = randn({n, dim}), w = randn({n, heads});
+  // Select once, then hold the selection fixed: scores are smooth in q, k, w away from ReLU kinks.
+  const auto indices = ops::flash_topk(q, k, w, topk).indices;
+  const auto weights = randn({n, topk});
+  const auto valid = indices.ge(0);
+  expect_gradients_match(
+      [&](std::vector<torch::Tensor>& in) {
+        const auto s = ops::index_score_gather(in[0], in[1], in[2], indices);
+        return (s.masked_fill(valid.logical_not(), 0) * weights).sum();
+      },
+      {q, k, w});
+  expect_gradients_match(
+      [&](std::vector<torch::Tensor>& in) {
+        const auto s = ops::flash_topk(in[0], in[1], in[2], topk).scores;
+        return (s.masked_fill(valid.logical_not(), 0) * weights).sum();
+      },
+      {q, k, w});
+}
+
+TEST_F(TorchOpsTest, SparseAttentionGradientMatchesFiniteDifferences) {
+  const int64_t batch = 2, n = 6, heads = 2, dqk = 4, dv = 3, topk = 3;
+  const auto q = randn({batch, n, heads, dqk}), key = randn({batch, n, dqk});
+  const auto value = randn({batch, n, dv});
+  // Causal selections with a -1 slot in early rows.
+  auto indices = torch::full({batch, n, topk}, -1, torch::kInt);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < std::min<int64_t>(topk, t + 1); ++i) indices[b][t][i] = t - i;
+    }
+  }
+  const auto weights = randn({batch, n, heads, dv});
+  expect_gradients_match(
+      [&](std::vector<torch::Tensor>& in) {
+        return (ops::sparse_attn(in[0], in[1], in[2], indices, 0.5).out * weights).sum();
+      },
+      {q, key, value});
+}
+
+TEST_F(TorchOpsTest, IndexerKlGradientMatchesFiniteDifferences) {
+  const int64_t rows = 5, topk = 4;
+  auto target = torch::rand({rows, topk}, torch::kDouble);
+  target = target / target.sum(-1, true);
+  const auto weights = randn({rows});
+  expect_gradients_match(
+      [&](std::vector<torch::Tensor>& in) { return (ops::indexer_kl(in[0], target) * weights).sum(); },
+      {randn({rows, topk})});
+}
+
+TEST_F(TorchOpsTest, SparseAttentionWithAllKeysEqualsDenseAttention) {
+  const int64_t n = 9, heads = 3, d = 8;
+  const auto q = randn({n, heads, d}), key = randn({n, d}), value = randn({n, d});
+  auto indices = torch::full({n, n}, -1, torch::kInt);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t s = 0; s <= t; ++s) indices[t][s] = s;
+  }
+  const auto attn = ops::sparse_attn(q, key, value, indices, 0.25);
+  const auto logits = torch::einsum("thd,sd->hts", {q, key}) * 0.25;
+  const auto mask = torch::ones({n, n}, torch::kBool).tril().logical_not();
+  const auto dense =
+      torch::einsum("hts,sv->thv", {torch::softmax(logits.masked_fill(mask, -INFINITY), -1), value});
+  EXPECT_TRUE(torch::allclose(attn.out, dense, 1e-10, 1e-12));
+  EXPECT_TRUE(torch::allclose(attn.lse, torch::logsumexp(logits.masked_fill(mask, -INFINITY), -1).t(),
+                              1e-10, 1e-12));
+}
+
+TEST_F(TorchOpsTest, SelectedAttentionMassIsTheHeadSummedProbabilityAtTheSelection) {
+  const int64_t n = 6, heads = 2, d = 4, topk = 3;
+  const auto q = randn({n, heads, d}), key = randn({n, d}), value = randn({n, d});
+  const auto indices = ops::flash_topk(randn({n, 2, d}), randn({n, d}), randn({n, 2}), topk).indices;
+  const auto attn = ops::sparse_attn(q, key, value, indices, 0.5);
+  const auto mass = ops::selected_attention_mass(q, key, indices, attn.lse, 0.5);
+  for (int64_t t = 0; t < n; ++t) {
+    double total = 0;
+    for (int64_t i = 0; i < topk; ++i) {
+      const int s = indices[t][i].item<int>();
+      double expected = 0;
+      if (s >= 0) {
+        for (int64_t h = 0; h < heads; ++h) {
+          const double logit = (q[t][h] * key[s]).sum().item<double>() * 0.5;
+          expected += std::exp(logit - attn.lse[t][h].item<double>());
+        }
+      }
+      expected /= heads;  // every head's probabilities over the selection sum to 1
+      EXPECT_NEAR(mass[t][i].item<double>(), expected, 1e-12);
+      total += mass[t][i].item<double>();
+    }
+    EXPECT_NEAR(total, 1.0, 1e-12);
+  }
+}
+
+TEST_F(TorchOpsTest, BadArgumentsNameTheOpAndTheArgument) {
+  const auto q = torch::randn({4, 2, 8}), k = torch::randn({4, 8}), w = torch::randn({4, 2});
+  const auto expect_error = [](const std::function<void()>& call, const std::string& words) {
+    try {
+      call();
+      ADD_FAILURE() << "expected an error mentioning '" << words << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { ops::flash_topk(q, torch::randn({4, 7}), w, 2); }, "hyscale::flash_topk: k must be");
+  expect_error([&] { ops::flash_topk(q, k, torch::randn({4, 3}), 2); }, "hyscale::flash_topk: w must be");
+  expect_error([&] { ops::flash_topk(q, k, w, 0); }, "topk must be > 0");
+  expect_error([&] { ops::flash_topk(q, k, w, 2, -1); }, "q_offset must be >= 0");
+  expect_error([&] { ops::index_score_gather(q, k, w, torch::zeros({4, 2}, torch::kLong)); },
+               "indices must be int32");
+  expect_error(
+      [&] { ops::sparse_attn(q, k, torch::randn({4, 8}), torch::full({4, 2}, 9, torch::kInt), 1.0); },
+      "indices must be -1 or in [0, 4)");
+  expect_error([&] { ops::sparse_attn(q, k, torch::randn({3, 8}), torch::zeros({4, 2}, torch::kInt), 1.0); },
+               "value must have as many rows as key");
+}
+
+}  // namespace
+}  // namespace hyscale

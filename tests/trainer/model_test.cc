@@ -1,0 +1,138 @@
+// The DSA model: recomputation with selection replay gives the same gradients as re-selection
+// and as no recomputation, without selecting again; the indexer and the main model learn from
+// their own losses only; sparse attention over every key is dense attention.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+
+#include "worker/trainer/model.h"
+
+namespace hyscale::trainer {
+namespace {
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.vocab_size = 32;
+  c.d_model = 16;
+  c.layers = 2;
+  c.heads = 2;
+  c.head_dim_qk = 8;
+  c.rope_dim = 4;
+  c.head_dim_v = 8;
+  c.d_ff = 32;
+  c.index_heads = 2;
+  c.index_dim = 8;
+  c.index_rope_dim = 4;
+  c.topk = 4;
+  return c;
+}
+
+struct Run {
+  std::map<std::string, torch::Tensor> grads;
+  torch::Tensor logits;
+  SelectionStats stats;
+};
+
+// One forward + backward of lm_loss + indexer_loss on a fixed batch, from a fixed init.
+Run run_once(const ModelConfig& config, const ForwardOptions& options, bool lm = true,
+             bool indexer = true) {
+  torch::manual_seed(7);
+  DsaModel model(config);
+  const auto tokens = torch::randint(config.vocab_size, {2, 19}, torch::kLong);
+  auto result = model->forward(tokens, options);
+  torch::Tensor loss = torch::zeros({});
+  if (lm) {
+    loss = loss + torch::nn::functional::cross_entropy(
+                      result.logits.view({-1, config.vocab_size}), tokens.view(-1));
+  }
+  if (indexer) loss = loss + result.indexer_loss;
+  loss.backward();
+  Run run;
+  for (const auto& p : model->named_parameters()) {
+    if (p.value().grad().defined()) run.grads[p.key()] = p.value().grad().clone();
+  }
+  run.logits = result.logits.detach();
+  run.stats = model->selection_stats();
+  return run;
+}
+
+ForwardOptions sparse(bool recompute, bool replay) {
+  ForwardOptions o;
+  o.attention = AttentionMode::kSparse;
+  o.recompute = recompute;
+  o.selection_replay = replay;
+  return o;
+}
+
+void expect_identical(const Run& a, const Run& b) {
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (const auto& [name, grad] : a.grads) {
+    ASSERT_TRUE(b.grads.count(name)) << name;
+    EXPECT_TRUE(torch::equal(grad, b.grads.at(name))) << name;
+  }
+}
+
+TEST(ModelTest, ReplayGivesTheGradientsOfReselectionAndOfNoRecompute) {
+  const auto config = small_config();
+  const Run plain = run_once(config, sparse(false, false));
+  const Run replay = run_once(config, sparse(true, true));
+  const Run reselect = run_once(config, sparse(true, false));
+  expect_identical(replay, reselect);
+  expect_identical(replay, plain);
+  EXPECT_GT(replay.grads.size(), 0u);
+}
+
+TEST(ModelTest, ReplayNeverSelectsDuringRecomputation) {
+  const auto config = small_config();
+  const Run replay = run_once(config, sparse(true, true));
+  EXPECT_EQ(replay.stats.selections, config.layers);
+  EXPECT_EQ(replay.stats.recompute_selections, 0);
+  EXPECT_EQ(replay.stats.replays, config.layers);
+  const Run reselect = run_once(config, sparse(true, false));
+  EXPECT_EQ(reselect.stats.recompute_selections, config.layers);
+  EXPECT_EQ(reselect.stats.replays, 0);
+}
+
+bool is_indexer(const std::string& name) { return name.find(".indexer.") != std::string::npos; }
+
+TEST(ModelTest, IndexerLearnsOnlyFromItsLossAndTheModelOnlyFromTheLmLoss) {
+  const auto config = small_config();
+  for (const auto mode : {AttentionMode::kDense, AttentionMode::kSparse}) {
+    for (const bool recompute : {false, true}) {
+      ForwardOptions o = sparse(recompute, true);
+      o.attention = mode;
+      const Run lm_only = run_once(config, o, /*lm=*/true, /*indexer=*/false);
+      for (const auto& [name, grad] : lm_only.grads) {
+        if (is_indexer(name)) EXPECT_EQ(grad.abs().max().item<float>(), 0.0f) << name;
+      }
+      const Run kl_only = run_once(config, o, /*lm=*/false, /*indexer=*/true);
+      int indexer_grads = 0;
+      for (const auto& [name, grad] : kl_only.grads) {
+        if (is_indexer(name)) {
+          indexer_grads += grad.abs().max().item<float>() > 0;
+        } else {
+          EXPECT_EQ(grad.abs().max().item<float>(), 0.0f) << name;
+        }
+      }
+      EXPECT_GT(indexer_grads, 0);
+    }
+  }
+}
+
+TEST(ModelTest, SparseAttentionOverEveryKeyIsDenseAttention) {
+  auto config = small_config();
+  config.topk = 19;  // the sequence length: every row selects all its visible keys
+  ForwardOptions dense = sparse(false, false);
+  dense.attention = AttentionMode::kDense;
+  const Run d = run_once(config, dense);
+  const Run s = run_once(config, sparse(false, false));
+  EXPECT_TRUE(torch::allclose(d.logits, s.logits, 1e-4, 1e-5));
+  for (const auto& [name, grad] : d.grads) {
+    if (!is_indexer(name)) EXPECT_TRUE(torch::allclose(grad, s.grads.at(name), 1e-3, 1e-6)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace hyscale::trainer

@@ -1,0 +1,272 @@
+#include "worker/trainer/model.h"
+
+#include <torch/nn/init.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kernels/torch/ops.h"
+#include "worker/trainer/recompute.h"
+
+namespace hyscale::trainer {
+namespace {
+
+using torch::indexing::Slice;
+
+constexpr double kInitStd = 0.02;
+
+torch::nn::Linear linear(int64_t in, int64_t out, double std) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(false));
+  torch::nn::init::normal_(l->weight, 0.0, std);
+  return l;
+}
+
+// Rows of a [.., T, T] table a query may see: s <= t.
+torch::Tensor causal_mask(int64_t t, const torch::TensorOptions& options) {
+  return torch::ones({t, t}, options.dtype(torch::kBool)).tril();
+}
+
+// KL(p || softmax(scores)) per row, over the entries `visible` allows; p is 0 elsewhere.
+torch::Tensor dense_kl(const torch::Tensor& p, const torch::Tensor& scores,
+                       const torch::Tensor& visible) {
+  const auto log_q = torch::log_softmax(scores, -1).masked_fill(visible.logical_not(), 0.0);
+  return (torch::xlogy(p, p) - p * log_q).sum(-1);
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::FromSpec(const v1::ModelSpec& spec) {
+  ModelConfig c;
+  c.vocab_size = spec.vocab_size();
+  c.d_model = spec.d_model();
+  c.layers = spec.layers();
+  c.heads = spec.heads();
+  c.head_dim_qk = spec.head_dim_qk();
+  c.rope_dim = spec.rope_dim();
+  c.head_dim_v = spec.head_dim_v();
+  c.d_ff = spec.d_ff();
+  if (spec.rope_theta() > 0) c.rope_theta = spec.rope_theta();
+  if (spec.norm_eps() > 0) c.norm_eps = spec.norm_eps();
+  c.index_heads = spec.indexer().heads();
+  c.index_dim = spec.indexer().dim();
+  c.index_rope_dim = spec.indexer().rope_dim();
+  c.topk = spec.indexer().topk();
+  return c;
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight_ = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight_;
+}
+
+torch::Tensor Rope::apply(const torch::Tensor& x) const {
+  if (rope_dim_ == 0) return x;
+  const int64_t t = x.size(1), half = rope_dim_ / 2;
+  const auto options = x.options();
+  const auto inv_freq =
+      torch::pow(theta_, -torch::arange(0, half, options) * (2.0 / static_cast<double>(rope_dim_)));
+  auto angles = torch::outer(torch::arange(0, t, options), inv_freq);  // [T, half]
+  // Broadcast over the dims between T and the feature dim (heads, if any).
+  std::vector<int64_t> shape{1, t};
+  for (int64_t d = 2; d < x.dim() - 1; ++d) shape.push_back(1);
+  shape.push_back(half);
+  const auto cos = angles.cos().view(shape), sin = angles.sin().view(shape);
+  const auto x1 = x.index({"...", Slice(0, half)});
+  const auto x2 = x.index({"...", Slice(half, rope_dim_)});
+  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin, x.index({"...", Slice(rope_dim_)})},
+                    -1);
+}
+
+LightningIndexerImpl::LightningIndexerImpl(const ModelConfig& c)
+    : rope_(c.index_rope_dim, c.rope_theta),
+      weight_scale_(1.0 / std::sqrt(static_cast<double>(c.index_heads * c.index_dim))) {
+  wq_ = register_module("wq", linear(c.d_model, c.index_heads * c.index_dim, kInitStd));
+  wk_ = register_module("wk", linear(c.d_model, c.index_dim, kInitStd));
+  ww_ = register_module("ww", linear(c.d_model, c.index_heads, kInitStd));
+  k_norm_ = register_module("k_norm",
+                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.index_dim})));
+}
+
+LightningIndexerImpl::Projections LightningIndexerImpl::project(const torch::Tensor& h) {
+  const int64_t b = h.size(0), t = h.size(1);
+  const int64_t heads = ww_->options.out_features();
+  Projections p;
+  p.q = rope_.apply(wq_->forward(h).view({b, t, heads, -1}));
+  p.k = rope_.apply(k_norm_->forward(wk_->forward(h)));
+  p.w = ww_->forward(h) * weight_scale_;
+  return p;
+}
+
+torch::Tensor LightningIndexerImpl::dense_scores(const Projections& p) {
+  // [B, T, H_I, S]: each query head against every key, then the weighted ReLU sum over heads.
+  const auto per_head = torch::relu(torch::einsum("bthd,bsd->bths", {p.q, p.k}));
+  const auto scores = (per_head * p.w.unsqueeze(-1)).sum(2);
+  const int64_t t = scores.size(1);
+  return scores.masked_fill(causal_mask(t, scores.options()).logical_not(),
+                            -std::numeric_limits<double>::infinity());
+}
+
+DsaLayerImpl::DsaLayerImpl(const ModelConfig& c)
+    : config_(c),
+      rope_(c.rope_dim, c.rope_theta),
+      scale_(1.0 / std::sqrt(static_cast<double>(c.head_dim_qk))) {
+  // Residual-branch outputs start smaller so the residual stream does not grow with depth.
+  const double out_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.layers));
+  attn_norm_ = register_module("attn_norm", RMSNorm(c.d_model, c.norm_eps));
+  wq_ = register_module("wq", linear(c.d_model, c.heads * c.head_dim_qk, kInitStd));
+  wk_ = register_module("wk", linear(c.d_model, c.head_dim_qk, kInitStd));
+  wv_ = register_module("wv", linear(c.d_model, c.head_dim_v, kInitStd));
+  wo_ = register_module("wo", linear(c.heads * c.head_dim_v, c.d_model, out_std));
+  indexer_ = register_module("indexer", LightningIndexer(c));
+  mlp_norm_ = register_module("mlp_norm", RMSNorm(c.d_model, c.norm_eps));
+  w_gate_ = register_module("w_gate", linear(c.d_model, c.d_ff, kInitStd));
+  w_up_ = register_module("w_up", linear(c.d_model, c.d_ff, kInitStd));
+  w_down_ = register_module("w_down", linear(c.d_ff, c.d_model, out_std));
+}
+
+DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
+    const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
+    const LightningIndexerImpl::Projections& index, const ForwardOptions& options) {
+  Attention a;
+  const int64_t t = q.size(1);
+  const auto visible = causal_mask(t, q.options());
+  torch::Tensor probs;
+  {
+    PhaseClock::Scope scope(*options.clock, Phase::kAttentionFwd);
+    const auto logits = torch::einsum("bthd,bsd->bhts", {q, key}) * scale_;
+    probs = torch::softmax(
+        logits.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity()), -1);
+    a.out = torch::einsum("bhts,bsv->bthv", {probs, value});
+  }
+  if (options.indexer_loss) {
+    PhaseClock::Scope scope(*options.clock, Phase::kIndexerLoss);
+    // Target: attention probabilities summed over heads, L1-normalised (each head sums to 1).
+    const auto target = probs.detach().sum(1) / static_cast<double>(config_.heads);
+    a.loss = dense_kl(target, LightningIndexerImpl::dense_scores(index), visible).mean();
+  }
+  return a;
+}
+
+DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
+    const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
+    const LightningIndexerImpl::Projections& index, const ForwardOptions& options,
+    const torch::Tensor& replay_indices, SelectionStats& stats) {
+  Attention a;
+  torch::Tensor scores;
+  {
+    PhaseClock::Scope scope(*options.clock, Phase::kSelection);
+    if (replay_indices.defined()) {
+      ++stats.replays;
+      a.indices = replay_indices;
+      scores = ops::index_score_gather(index.q, index.k, index.w, replay_indices);
+    } else {
+      ++(options.clock->recomputing() ? stats.recompute_selections : stats.selections);
+      auto selection = ops::flash_topk(index.q, index.k, index.w, config_.topk);
+      a.indices = selection.indices;
+      scores = selection.scores;
+    }
+  }
+  torch::Tensor lse;
+  {
+    PhaseClock::Scope scope(*options.clock, Phase::kAttentionFwd);
+    auto attn = ops::sparse_attn(q, key, value, a.indices, scale_);
+    a.out = attn.out;
+    lse = attn.lse;
+  }
+  if (options.indexer_loss) {
+    PhaseClock::Scope scope(*options.clock, Phase::kIndexerLoss);
+    const auto target = ops::selected_attention_mass(q, key, a.indices, lse, scale_);
+    a.loss = ops::indexer_kl(scores, target).mean();
+  }
+  return a;
+}
+
+torch::Tensor DsaLayerImpl::mlp(const torch::Tensor& x, const ForwardOptions& options) {
+  PhaseClock::Scope scope(*options.clock, Phase::kMlp);
+  const auto h = mark_region_input(mlp_norm_(x), options.clock, Phase::kMlp);
+  const auto out = w_down_(torch::silu(w_gate_(h)) * w_up_(h));
+  return mark_region_output(out, options.clock, Phase::kMlp);
+}
+
+LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& options,
+                                  const torch::Tensor& replay_indices, SelectionStats& stats) {
+  const auto& clock = options.clock;
+  const int64_t b = x.size(0), t = x.size(1);
+  const auto h = attn_norm_(x);
+  torch::Tensor q, key, value;
+  {
+    PhaseClock::Scope scope(*clock, Phase::kAttentionFwd);
+    q = rope_.apply(wq_(h).view({b, t, config_.heads, config_.head_dim_qk}));
+    key = rope_.apply(wk_(h));
+    value = wv_(h);
+  }
+  LightningIndexerImpl::Projections index;
+  {
+    // The indexer's inputs are detached: it learns only from its KL loss.
+    PhaseClock::Scope scope(*clock, Phase::kSelection);
+    index = indexer_->project(h.detach());
+  }
+  index.q = mark_region_input(index.q, clock, Phase::kIndexerLoss);
+  const auto q_marked = mark_region_input(q, clock, Phase::kAttentionBwd);
+  Attention a = options.attention == AttentionMode::kDense
+                    ? dense_attention(q_marked, key, value, index, options)
+                    : sparse_attention(q_marked, key, value, index, options, replay_indices, stats);
+  LayerOutput out;
+  const auto attn = mark_region_output(a.out, clock, Phase::kAttentionBwd);
+  out.x = x + wo_(attn.reshape({b, t, config_.heads * config_.head_dim_v}));
+  out.x = out.x + mlp(out.x, options);
+  if (a.loss.defined()) out.indexer_loss = mark_region_output(a.loss, clock, Phase::kIndexerLoss);
+  out.indices = a.indices;
+  if (options.keep_probes) {
+    out.probe.q = q.detach();
+    out.probe.key = key.detach();
+    out.probe.indices = a.indices.defined()
+                            ? a.indices
+                            : ops::flash_topk(index.q.detach(), index.k.detach(),
+                                              index.w.detach(), config_.topk)
+                                  .indices;
+  }
+  return out;
+}
+
+DsaModelImpl::DsaModelImpl(const ModelConfig& c) : config_(c) {
+  embedding_ = register_module("embedding", torch::nn::Embedding(c.vocab_size, c.d_model));
+  torch::nn::init::normal_(embedding_->weight, 0.0, kInitStd);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    layers_.push_back(register_module("layers." + std::to_string(i), DsaLayer(c)));
+  }
+  final_norm_ = register_module("final_norm", RMSNorm(c.d_model, c.norm_eps));
+  lm_head_ = register_module("lm_head", linear(c.d_model, c.vocab_size, kInitStd));
+}
+
+ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOptions& options) {
+  ForwardResult result;
+  auto x = embedding_(tokens);
+  std::vector<torch::Tensor> losses;
+  const bool recompute = options.recompute && torch::GradMode::is_enabled();
+  for (auto& layer : layers_) {
+    LayerOutput out = recompute ? checkpointed_layer(layer, x, options, stats_)
+                                : layer->forward(x, options, torch::Tensor(), stats_);
+    x = out.x;
+    if (out.indexer_loss.defined()) losses.push_back(out.indexer_loss);
+    if (options.keep_probes) result.probes.push_back(out.probe);
+  }
+  result.logits = lm_head_(final_norm_(x));
+  result.indexer_loss = losses.empty() ? torch::zeros({}, x.options()) : torch::stack(losses).mean();
+  return result;
+}
+
+std::vector<torch::Tensor> DsaModelImpl::indexer_parameters() const {
+  std::vector<torch::Tensor> params;
+  for (const auto& layer : layers_) {
+    for (const auto& p : layer->indexer_parameters()) params.push_back(p);
+  }
+  return params;
+}
+
+}  // namespace hyscale::trainer

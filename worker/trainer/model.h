@@ -1,0 +1,183 @@
+// The DSA transformer (DESIGN.md section 2): decoder-only, each layer RMSNorm -> MQA attention
+// with a lightning indexer -> RMSNorm -> SwiGLU MLP. Attention is dense or sparse (the indexer's
+// top-k); the indexer learns only from its KL loss against the main attention.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "hyscale/v1/job.pb.h"
+#include "worker/trainer/phases.h"
+
+namespace hyscale::trainer {
+
+struct ModelConfig {
+  int64_t vocab_size = 0;
+  int64_t d_model = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t head_dim_qk = 0;
+  int64_t rope_dim = 0;
+  int64_t head_dim_v = 0;
+  int64_t d_ff = 0;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  int64_t index_heads = 0;
+  int64_t index_dim = 0;
+  int64_t index_rope_dim = 0;
+  int64_t topk = 0;
+
+  static ModelConfig FromSpec(const v1::ModelSpec& spec);
+};
+
+enum class AttentionMode { kDense, kSparse };
+
+// How each layer obtained its selection. Tests use it to prove that replay never re-selects.
+struct SelectionStats {
+  int64_t selections = 0;             // flash_topk calls in forward
+  int64_t recompute_selections = 0;   // flash_topk calls during recomputation (replay off)
+  int64_t replays = 0;                // index_score_gather calls during recomputation (replay on)
+};
+
+// What one forward pass computes and keeps.
+struct ForwardOptions {
+  AttentionMode attention = AttentionMode::kSparse;
+  bool indexer_loss = true;
+  bool recompute = false;         // per-layer activation recomputation
+  bool selection_replay = true;   // in recomputation, replay the forward's indices
+  bool keep_probes = false;       // keep per-layer tensors for evaluation (indexer recall)
+  c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
+};
+
+// Per-layer tensors kept for evaluation: main queries/keys and the indexer's selection.
+struct LayerProbe {
+  torch::Tensor q;        // [B, T, H, d_qk] after RoPE
+  torch::Tensor key;      // [B, T, d_qk] after RoPE
+  torch::Tensor indices;  // [B, T, topk] the indexer's top-k
+};
+
+struct ForwardResult {
+  torch::Tensor logits;        // [B, T, vocab]
+  torch::Tensor indexer_loss;  // scalar: KL averaged over queries and layers (0 if disabled)
+  std::vector<LayerProbe> probes;
+};
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::Tensor weight_;
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// Rotary embedding on the first `rope_dim` features (rotate-half pairing).
+class Rope {
+ public:
+  Rope(int64_t rope_dim, double theta) : rope_dim_(rope_dim), theta_(theta) {}
+  // x [B, T, ..., D]; positions 0..T-1.
+  torch::Tensor apply(const torch::Tensor& x) const;
+
+ private:
+  int64_t rope_dim_;
+  double theta_;
+};
+
+// Lightning indexer: scores I[t, s] = sum_j w[t, j] * ReLU(q_I[t, j] . k_I[s]).
+class LightningIndexerImpl : public torch::nn::Module {
+ public:
+  explicit LightningIndexerImpl(const ModelConfig& config);
+
+  struct Projections {
+    torch::Tensor q;  // [B, T, H_I, d_I]
+    torch::Tensor k;  // [B, T, d_I]
+    torch::Tensor w;  // [B, T, H_I], scaled by (H_I * d_I)^-1/2
+  };
+  Projections project(const torch::Tensor& h);
+
+  // Dense scores [B, T, T] with -inf above the diagonal (dense stage and tests only).
+  static torch::Tensor dense_scores(const Projections& p);
+
+ private:
+  torch::nn::Linear wq_{nullptr}, wk_{nullptr}, ww_{nullptr};
+  torch::nn::LayerNorm k_norm_{nullptr};
+  Rope rope_;
+  double weight_scale_;
+};
+TORCH_MODULE(LightningIndexer);
+
+struct LayerOutput {
+  torch::Tensor x;
+  torch::Tensor indexer_loss;  // scalar mean over queries; undefined when not computed
+  torch::Tensor indices;       // sparse mode: the selection used (for replay)
+  LayerProbe probe;
+};
+
+class DsaLayerImpl : public torch::nn::Module {
+ public:
+  explicit DsaLayerImpl(const ModelConfig& config);
+
+  // replay_indices: a selection made by an earlier forward of this layer on the same input
+  // (recomputation); when given, scores are recomputed only at those entries.
+  LayerOutput forward(const torch::Tensor& x, const ForwardOptions& options,
+                      const torch::Tensor& replay_indices, SelectionStats& stats);
+
+  std::vector<torch::Tensor> indexer_parameters() const { return indexer_->parameters(); }
+
+ private:
+  struct Attention {
+    torch::Tensor out;   // [B, T, H, d_v]
+    torch::Tensor loss;  // indexer KL, scalar or undefined
+    torch::Tensor indices;
+  };
+  Attention dense_attention(const torch::Tensor& q, const torch::Tensor& key,
+                            const torch::Tensor& value,
+                            const LightningIndexerImpl::Projections& index,
+                            const ForwardOptions& options);
+  Attention sparse_attention(const torch::Tensor& q, const torch::Tensor& key,
+                             const torch::Tensor& value,
+                             const LightningIndexerImpl::Projections& index,
+                             const ForwardOptions& options, const torch::Tensor& replay_indices,
+                             SelectionStats& stats);
+  torch::Tensor mlp(const torch::Tensor& x, const ForwardOptions& options);
+
+  ModelConfig config_;
+  RMSNorm attn_norm_{nullptr}, mlp_norm_{nullptr};
+  torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wo_{nullptr};
+  torch::nn::Linear w_gate_{nullptr}, w_up_{nullptr}, w_down_{nullptr};
+  LightningIndexer indexer_{nullptr};
+  Rope rope_;
+  double scale_;
+};
+TORCH_MODULE(DsaLayer);
+
+class DsaModelImpl : public torch::nn::Module {
+ public:
+  explicit DsaModelImpl(const ModelConfig& config);
+
+  // tokens [B, T] int64.
+  ForwardResult forward(const torch::Tensor& tokens, const ForwardOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  const SelectionStats& selection_stats() const { return stats_; }
+  // Parameters of every layer's indexer; the rest is the "main" model.
+  std::vector<torch::Tensor> indexer_parameters() const;
+
+ private:
+  ModelConfig config_;
+  torch::nn::Embedding embedding_{nullptr};
+  std::vector<DsaLayer> layers_;
+  RMSNorm final_norm_{nullptr};
+  torch::nn::Linear lm_head_{nullptr};
+  SelectionStats stats_;
+};
+TORCH_MODULE(DsaModel);
+
+}  // namespace hyscale::trainer

@@ -1,0 +1,32 @@
+// AdamW over the model, with weight decay on matrices only, and its state as named tensors so a
+// checkpoint can store it next to the weights.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "hyscale/v1/job.pb.h"
+
+namespace hyscale::trainer {
+
+std::unique_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& model,
+                                                const v1::OptimizerSpec& spec);
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+// Drops every gradient (not just zeroes it), so parameters that do not train this step are
+// skipped by AdamW: no moment decay, no weight decay on frozen weights.
+void clear_gradients(torch::nn::Module& model);
+
+// "exp_avg/<param>", "exp_avg_sq/<param>" and "step/<param>" for every parameter with state.
+std::map<std::string, torch::Tensor> optimizer_state(const torch::optim::AdamW& optimizer,
+                                                     const torch::nn::Module& model);
+// Restores what optimizer_state() returned; a parameter missing from `state` starts fresh.
+void load_optimizer_state(torch::optim::AdamW& optimizer, const torch::nn::Module& model,
+                          const std::map<std::string, torch::Tensor>& state);
+
+}  // namespace hyscale::trainer

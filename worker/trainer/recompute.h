@@ -1,0 +1,17 @@
+// Per-layer activation recomputation: forward keeps only the layer's input (and, for selection
+// replay, its top-k indices); backward re-runs the layer and backpropagates through it.
+#pragma once
+
+#include <torch/types.h>
+
+#include "worker/trainer/model.h"
+
+namespace hyscale::trainer {
+
+// Same result as layer->forward(x, options, {}, stats), with activations recomputed in
+// backward. With options.selection_replay the recomputation replays the forward's indices and
+// recomputes index scores only at them; without it, selection runs again (the baseline).
+LayerOutput checkpointed_layer(const DsaLayer& layer, const torch::Tensor& x,
+                               const ForwardOptions& options, SelectionStats& stats);
+
+}  // namespace hyscale::trainer

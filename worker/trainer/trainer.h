@@ -1,0 +1,43 @@
+// The training loop of hyscale-train: stages, AdamW with warm-up + cosine, gradient clipping,
+// evaluation, checkpoints and resume, events with a per-phase breakdown.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "hyscale/v1/job.pb.h"
+#include "worker/trainer/model.h"
+
+namespace hyscale::trainer {
+
+class EventSink;
+
+struct TrainerOptions {
+  bool resume = false;                          // continue from the newest valid checkpoint
+  std::optional<AttentionMode> attention;      // overrides every stage's attention mode
+  std::optional<bool> recompute;               // overrides spec.recompute.enabled
+  std::optional<bool> selection_replay;        // overrides spec.recompute.selection_replay
+};
+
+class Trainer {
+ public:
+  // `spec` must be validated (ValidateJobSpec) with defaults applied.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const v1::JobSpec& spec,
+                                                         const TrainerOptions& options,
+                                                         EventSink& events);
+  ~Trainer();
+
+  // Trains from the current step to the end of the last stage.
+  absl::Status Run();
+
+ private:
+  class Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hyscale::trainer
