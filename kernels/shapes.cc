@@ -1,0 +1,37 @@
+#include "kernels/shapes.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace hyscale {
+namespace {
+
+void require(bool ok, const char* shape, const char* field, const char* rule, int64_t got) {
+  if (!ok) {
+    throw std::invalid_argument(std::string(shape) + "." + field + " must be " + rule + " (got " +
+                                std::to_string(got) + ")");
+  }
+}
+
+}  // namespace
+
+void IndexerShape::validate() const {
+  require(num_queries >= 0, "IndexerShape", "num_queries", ">= 0", num_queries);
+  require(num_keys >= 0, "IndexerShape", "num_keys", ">= 0", num_keys);
+  require(heads > 0, "IndexerShape", "heads", "> 0", heads);
+  require(dim > 0, "IndexerShape", "dim", "> 0", dim);
+  require(q_offset >= 0, "IndexerShape", "q_offset", ">= 0", q_offset);
+  require(visibility.tokens_per_key > 0, "IndexerShape", "visibility.tokens_per_key", "> 0",
+          visibility.tokens_per_key);
+}
+
+void SparseAttnShape::validate() const {
+  require(num_queries >= 0, "SparseAttnShape", "num_queries", ">= 0", num_queries);
+  require(num_keys >= 0, "SparseAttnShape", "num_keys", ">= 0", num_keys);
+  require(heads > 0, "SparseAttnShape", "heads", "> 0", heads);
+  require(dim_qk > 0, "SparseAttnShape", "dim_qk", "> 0", dim_qk);
+  require(dim_v > 0, "SparseAttnShape", "dim_v", "> 0", dim_v);
+  require(topk > 0, "SparseAttnShape", "topk", "> 0", topk);
+}
+
+}  // namespace hyscale

@@ -29,14 +29,14 @@ ModelConfig small_config() {
   return c;
 }
 
-struct Run {
+struct TrainedOnce {
   std::map<std::string, torch::Tensor> grads;
   torch::Tensor logits;
   SelectionStats stats;
 };
 
 // One forward + backward of lm_loss + indexer_loss on a fixed batch, from a fixed init.
-Run run_once(const ModelConfig& config, const ForwardOptions& options, bool lm = true,
+TrainedOnce run_once(const ModelConfig& config, const ForwardOptions& options, bool lm = true,
              bool indexer = true) {
   torch::manual_seed(7);
   DsaModel model(config);
@@ -49,7 +49,7 @@ Run run_once(const ModelConfig& config, const ForwardOptions& options, bool lm =
   }
   if (indexer) loss = loss + result.indexer_loss;
   loss.backward();
-  Run run;
+  TrainedOnce run;
   for (const auto& p : model->named_parameters()) {
     if (p.value().grad().defined()) run.grads[p.key()] = p.value().grad().clone();
   }
@@ -66,7 +66,7 @@ ForwardOptions sparse(bool recompute, bool replay) {
   return o;
 }
 
-void expect_identical(const Run& a, const Run& b) {
+void expect_identical(const TrainedOnce& a, const TrainedOnce& b) {
   ASSERT_EQ(a.grads.size(), b.grads.size());
   for (const auto& [name, grad] : a.grads) {
     ASSERT_TRUE(b.grads.count(name)) << name;
@@ -76,9 +76,9 @@ void expect_identical(const Run& a, const Run& b) {
 
 TEST(ModelTest, ReplayGivesTheGradientsOfReselectionAndOfNoRecompute) {
   const auto config = small_config();
-  const Run plain = run_once(config, sparse(false, false));
-  const Run replay = run_once(config, sparse(true, true));
-  const Run reselect = run_once(config, sparse(true, false));
+  const TrainedOnce plain = run_once(config, sparse(false, false));
+  const TrainedOnce replay = run_once(config, sparse(true, true));
+  const TrainedOnce reselect = run_once(config, sparse(true, false));
   expect_identical(replay, reselect);
   expect_identical(replay, plain);
   EXPECT_GT(replay.grads.size(), 0u);
@@ -86,11 +86,11 @@ TEST(ModelTest, ReplayGivesTheGradientsOfReselectionAndOfNoRecompute) {
 
 TEST(ModelTest, ReplayNeverSelectsDuringRecomputation) {
   const auto config = small_config();
-  const Run replay = run_once(config, sparse(true, true));
+  const TrainedOnce replay = run_once(config, sparse(true, true));
   EXPECT_EQ(replay.stats.selections, config.layers);
   EXPECT_EQ(replay.stats.recompute_selections, 0);
   EXPECT_EQ(replay.stats.replays, config.layers);
-  const Run reselect = run_once(config, sparse(true, false));
+  const TrainedOnce reselect = run_once(config, sparse(true, false));
   EXPECT_EQ(reselect.stats.recompute_selections, config.layers);
   EXPECT_EQ(reselect.stats.replays, 0);
 }
@@ -103,11 +103,13 @@ TEST(ModelTest, IndexerLearnsOnlyFromItsLossAndTheModelOnlyFromTheLmLoss) {
     for (const bool recompute : {false, true}) {
       ForwardOptions o = sparse(recompute, true);
       o.attention = mode;
-      const Run lm_only = run_once(config, o, /*lm=*/true, /*indexer=*/false);
+      const TrainedOnce lm_only = run_once(config, o, /*lm=*/true, /*indexer=*/false);
       for (const auto& [name, grad] : lm_only.grads) {
-        if (is_indexer(name)) EXPECT_EQ(grad.abs().max().item<float>(), 0.0f) << name;
+        if (is_indexer(name)) {
+          EXPECT_EQ(grad.abs().max().item<float>(), 0.0f) << name;
+        }
       }
-      const Run kl_only = run_once(config, o, /*lm=*/false, /*indexer=*/true);
+      const TrainedOnce kl_only = run_once(config, o, /*lm=*/false, /*indexer=*/true);
       int indexer_grads = 0;
       for (const auto& [name, grad] : kl_only.grads) {
         if (is_indexer(name)) {
@@ -126,11 +128,13 @@ TEST(ModelTest, SparseAttentionOverEveryKeyIsDenseAttention) {
   config.topk = 19;  // the sequence length: every row selects all its visible keys
   ForwardOptions dense = sparse(false, false);
   dense.attention = AttentionMode::kDense;
-  const Run d = run_once(config, dense);
-  const Run s = run_once(config, sparse(false, false));
+  const TrainedOnce d = run_once(config, dense);
+  const TrainedOnce s = run_once(config, sparse(false, false));
   EXPECT_TRUE(torch::allclose(d.logits, s.logits, 1e-4, 1e-5));
   for (const auto& [name, grad] : d.grads) {
-    if (!is_indexer(name)) EXPECT_TRUE(torch::allclose(grad, s.grads.at(name), 1e-3, 1e-6)) << name;
+    if (!is_indexer(name)) {
+      EXPECT_TRUE(torch::allclose(grad, s.grads.at(name), 1e-3, 1e-6)) << name;
+    }
   }
 }
 

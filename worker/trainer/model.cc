@@ -237,8 +237,10 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
 DsaModelImpl::DsaModelImpl(const ModelConfig& c) : config_(c) {
   embedding_ = register_module("embedding", torch::nn::Embedding(c.vocab_size, c.d_model));
   torch::nn::init::normal_(embedding_->weight, 0.0, kInitStd);
+  auto layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) {
-    layers_.push_back(register_module("layers." + std::to_string(i), DsaLayer(c)));
+    layers_.emplace_back(c);
+    layers->push_back(layers_.back());
   }
   final_norm_ = register_module("final_norm", RMSNorm(c.d_model, c.norm_eps));
   lm_head_ = register_module("lm_head", linear(c.d_model, c.vocab_size, kInitStd));

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds HyScale against the libtorch of the installed PyTorch (e.g. PyTorch 2.11 + CUDA 13 on a
+# GPU machine) instead of Debian's libtorch, then runs the test suite.
+#   HYSCALE_DEPS_PREFIX  a folder holding Debian packages unpacked with `dpkg -x` (for machines
+#                        without absl, yaml-cpp, CLI11, GoogleTest or protobuf installed)
+#   HYSCALE_BUILD_DIR    build folder (default build-pytorch)
+# Extra arguments go to ctest (e.g. -R Kernel).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${HYSCALE_BUILD_DIR:-$root/build-pytorch}
+torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+prefixes="$torch_prefix"
+extra=()
+if [[ -n ${HYSCALE_DEPS_PREFIX:-} ]]; then
+  deps=$HYSCALE_DEPS_PREFIX
+  prefixes="$prefixes;$deps/usr;$deps/usr/lib/x86_64-linux-gnu/cmake;$deps/usr/share/cmake"
+  export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  extra+=(-DProtobuf_PROTOC_EXECUTABLE="$deps/usr/bin/protoc"
+          -DProtobuf_INCLUDE_DIR="$deps/usr/include"
+          -DProtobuf_LIBRARY="$deps/usr/lib/x86_64-linux-gnu/libprotobuf.so")
+fi
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefixes" "${extra[@]}"
+cmake --build "$build" -j "$(nproc)"
+cd "$build"
+ctest --output-on-failure -j 4 --timeout 900 "$@"
