@@ -14,11 +14,12 @@ namespace hyscale::compat {
 using OptimizerStateKey =
     std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 
-inline OptimizerStateKey optimizer_state_key(const at::Tensor& param) {
-  if constexpr (std::is_same_v<OptimizerStateKey, std::string>) {
+template <typename Key = OptimizerStateKey>
+Key optimizer_state_key(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
     return c10::guts::to_string(param.unsafeGetTensorImpl());
   } else {
-    return static_cast<OptimizerStateKey>(param.unsafeGetTensorImpl());
+    return static_cast<Key>(param.unsafeGetTensorImpl());
   }
 }
 

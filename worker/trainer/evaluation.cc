@@ -11,7 +11,8 @@ namespace {
 // Query rows of sequence b to score: rows with a target if there are any, else evenly spaced.
 std::vector<int64_t> sample_rows(const torch::Tensor& targets, int64_t b, int64_t first_row,
                                  int64_t max_rows) {
-  const auto row_targets = targets[b].accessor<int64_t, 1>();
+  const auto row = targets[b];
+  const auto row_targets = row.accessor<int64_t, 1>();
   const int64_t t = row_targets.size(0);
   std::vector<int64_t> rows;
   for (int64_t r = first_row; r < t && static_cast<int64_t>(rows.size()) < max_rows; ++r) {

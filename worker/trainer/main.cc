@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "proto/job_spec.h"
 #include "worker/trainer/events.h"
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
               << "\n";
     return kExitBadInput;
   }
-  if (spec->threads() > 0) torch::set_num_threads(spec->threads());
+  torch::set_num_threads(spec->threads() > 0 ? spec->threads()
+                                             : static_cast<int>(std::thread::hardware_concurrency()));
 
   std::ofstream events_file;
   if (!events_path.empty()) {

@@ -41,19 +41,32 @@ std::map<std::string, torch::Tensor> optimizer_state(const torch::optim::AdamW& 
   return out;
 }
 
-void load_optimizer_state(torch::optim::AdamW& optimizer, const torch::nn::Module& model,
-                          const std::map<std::string, torch::Tensor>& state) {
-  auto& target = optimizer.state();
-  target.clear();
+absl::Status load_optimizer_state(torch::optim::AdamW& optimizer, const torch::nn::Module& model,
+                                  const std::map<std::string, torch::Tensor>& state) {
+  std::map<compat::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>> restored;
   for (const auto& item : model.named_parameters()) {
     const auto avg = state.find("exp_avg/" + item.key());
     if (avg == state.end()) continue;
+    const auto avg_sq = state.find("exp_avg_sq/" + item.key());
+    const auto step = state.find("step/" + item.key());
+    if (avg_sq == state.end() || step == state.end()) {
+      return absl::FailedPreconditionError("incomplete optimizer state for " + item.key());
+    }
+    if (avg->second.sizes() != item.value().sizes() ||
+        avg_sq->second.sizes() != item.value().sizes() || step->second.numel() != 1) {
+      return absl::FailedPreconditionError("optimizer state for " + item.key() +
+                                           " does not fit the parameter's shape");
+    }
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->exp_avg(avg->second.clone());
-    s->exp_avg_sq(state.at("exp_avg_sq/" + item.key()).clone());
-    s->step(state.at("step/" + item.key()).item<int64_t>());
-    target[compat::optimizer_state_key(item.value())] = std::move(s);
+    s->exp_avg_sq(avg_sq->second.clone());
+    s->step(step->second.item<int64_t>());
+    restored[compat::optimizer_state_key(item.value())] = std::move(s);
   }
+  auto& target = optimizer.state();
+  target.clear();
+  for (auto& [key, s] : restored) target[key] = std::move(s);
+  return absl::OkStatus();
 }
 
 }  // namespace hyscale::trainer

@@ -2,6 +2,7 @@
 // checkpoint can store it next to the weights.
 #pragma once
 
+#include <absl/status/status.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
@@ -26,7 +27,8 @@ void clear_gradients(torch::nn::Module& model);
 std::map<std::string, torch::Tensor> optimizer_state(const torch::optim::AdamW& optimizer,
                                                      const torch::nn::Module& model);
 // Restores what optimizer_state() returned; a parameter missing from `state` starts fresh.
-void load_optimizer_state(torch::optim::AdamW& optimizer, const torch::nn::Module& model,
+// Fails, naming the tensor, when an entry is incomplete or does not fit its parameter.
+absl::Status load_optimizer_state(torch::optim::AdamW& optimizer, const torch::nn::Module& model,
                           const std::map<std::string, torch::Tensor>& state);
 
 }  // namespace hyscale::trainer

@@ -1,0 +1,159 @@
+// hyscale-train as a real process: checkpoint -> resume continues bit-identically; a corrupt
+// newest checkpoint falls back to the previous one; bad job specs and data files fail with a
+// message naming the field or file and exit code 2.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result run(const std::string& args) {
+  const std::string command = std::string(HYSCALE_TRAIN_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  char buffer[4096];
+  while (pipe && std::fgets(buffer, sizeof buffer, pipe)) r.output += buffer;
+  const int status = pipe ? ::pclose(pipe) : -1;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class TrainCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("hyscale-train-test-" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A tiny two-stage job (dense, then sparse with recomputation and replay).
+  static nlohmann::json base_spec() {
+    return nlohmann::json::parse(R"({
+      "name": "tiny", "seed": 3,
+      "model": {"vocab_size": 64, "d_model": 32, "layers": 2, "heads": 2, "head_dim_qk": 16,
+                "rope_dim": 8, "head_dim_v": 16, "d_ff": 64,
+                "indexer": {"heads": 2, "dim": 16, "rope_dim": 8, "topk": 8}},
+      "data": {"seq_len": 96, "batch_size": 2,
+               "recall": {"pairs": 8, "queries": 4, "key_vocab": 16, "value_vocab": 16}},
+      "stages": [
+        {"name": "dense", "steps": 4, "lr": 1e-3, "warmup_steps": 1, "attention": "DENSE",
+         "indexer_loss_weight": 1.0},
+        {"name": "sparse", "steps": 4, "lr": 1e-3, "attention": "SPARSE",
+         "indexer_loss_weight": 1.0}],
+      "recompute": {"enabled": true, "selection_replay": true},
+      "optimizer": {"weight_decay": 0.1, "grad_clip": 1.0},
+      "checkpoint": {"every_steps": 2, "keep": 5},
+      "log_every": 1, "threads": 1})");
+  }
+
+  std::string write_spec(const nlohmann::json& spec) {
+    const std::string path = (dir_ / "job.json").string();
+    std::ofstream(path) << spec.dump(2);
+    return path;
+  }
+
+  // step -> loss, as printed in the JSON-line events.
+  static std::map<int64_t, double> losses(const std::string& output) {
+    std::map<int64_t, double> out;
+    std::istringstream lines(output);
+    for (std::string line; std::getline(lines, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("event", "") == "step") out[j["step"]] = j["loss"];
+    }
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TrainCliTest, ResumeContinuesBitIdentically) {
+  const std::string spec = write_spec(base_spec());
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const Result full = run("--config " + spec + " --checkpoint-dir " + ckpt);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const auto expected = losses(full.output);
+  ASSERT_EQ(expected.size(), 8u) << full.output;
+
+  // Drop the newest checkpoints so the run resumes from step 4, in the dense stage, then
+  // recomputes steps 5..8 (the sparse stage with replay): every loss must be bit-identical.
+  for (const char* step : {"step-00000006", "step-00000008"}) fs::remove_all(fs::path(ckpt) / step);
+  const Result resumed = run("--config " + spec + " --checkpoint-dir " + ckpt + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("checkpoint_loaded"), std::string::npos) << resumed.output;
+  const auto after = losses(resumed.output);
+  ASSERT_EQ(after.size(), 4u) << resumed.output;
+  for (const auto& [step, loss] : after) {
+    EXPECT_EQ(loss, expected.at(step)) << "step " << step << " differs after resume";
+  }
+}
+
+TEST_F(TrainCliTest, CorruptNewestCheckpointFallsBackWithAWarning) {
+  const std::string spec = write_spec(base_spec());
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const Result full = run("--config " + spec + " --checkpoint-dir " + ckpt);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  std::ofstream(fs::path(ckpt) / "step-00000008" / "model.safetensors", std::ios::binary)
+      << "garbage";
+  const Result resumed = run("--config " + spec + " --checkpoint-dir " + ckpt + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("warning"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("step-00000008"), std::string::npos) << resumed.output;
+  const auto after = losses(resumed.output);
+  ASSERT_EQ(after.size(), 2u) << resumed.output;  // steps 7 and 8 again, from step 6
+  EXPECT_EQ(after.begin()->first, 7);
+  EXPECT_EQ(after.at(8), losses(full.output).at(8));
+}
+
+TEST_F(TrainCliTest, BadSpecsFailNamingTheField) {
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> cases = {
+      {"model.d_model", [](auto& j) { j["model"]["d_model"] = 0; }},
+      {"bogus_field", [](auto& j) { j["bogus_field"] = 1; }},
+      {"model.indexer.topk", [](auto& j) { j["model"]["indexer"]["topk"] = 4096; }},
+      {"stages[1].steps", [](auto& j) { j["stages"][1]["steps"] = -1; }},
+      {"model.heads", [](auto& j) { j["model"]["heads"] = -2; }},
+  };
+  for (const auto& [field, mutate] : cases) {
+    auto spec = base_spec();
+    mutate(spec);
+    const Result r = run("--config " + write_spec(spec));
+    EXPECT_EQ(r.exit_code, 2) << field << ": " << r.output;
+    EXPECT_NE(r.output.find(field), std::string::npos) << field << ": " << r.output;
+  }
+}
+
+TEST_F(TrainCliTest, MissingDataFileFailsNamingTheFile) {
+  const std::string missing = (dir_ / "no-such-tokens.bin").string();
+  auto spec = base_spec();
+  spec["data"] = {{"seq_len", 32},
+                  {"batch_size", 2},
+                  {"token_file", {{"path", missing}, {"dtype", "UINT16"}}}};
+  const Result r = run("--config " + write_spec(spec));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCliTest, MissingConfigFailsNamingTheFile) {
+  const Result r = run("--config /nonexistent/job.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/job.yaml"), std::string::npos) << r.output;
+}
+
+}  // namespace
