@@ -145,6 +145,7 @@ TEST_F(TrainCliTest, MissingDataFileFailsNamingTheFile) {
   spec["data"] = {{"seq_len", 32},
                   {"batch_size", 2},
                   {"token_file", {{"path", missing}, {"dtype", "UINT16"}}}};
+  spec.erase("checkpoint");
   const Result r = run("--config " + write_spec(spec));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;

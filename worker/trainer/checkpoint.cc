@@ -44,7 +44,8 @@ torch::Tensor from_safetensor(const SafeTensor& s) {
   return torch::Tensor();
 }
 
-std::string encode(const std::map<std::string, torch::Tensor>& tensors, int64_t step) {
+absl::StatusOr<std::string> encode(const std::map<std::string, torch::Tensor>& tensors,
+                                   int64_t step) {
   SafetensorsFile file;
   file.metadata = {{"format", "pt"}, {"hyscale_step", std::to_string(step)}};
   for (const auto& [name, t] : tensors) file.tensors.push_back(to_safetensor(name, t));
@@ -95,8 +96,12 @@ absl::Status TrainingCheckpoints::Save(int64_t step, const torch::nn::Module& mo
   for (const auto& item : model.named_parameters()) weights[item.key()] = item.value();
   auto state = optimizer_state(optimizer, model);
   state[kRngTensor] = at::detail::getDefaultCPUGenerator().get_state();
-  return store_.Commit(step, {{kModelFile, encode(weights, step)},
-                              {kOptimizerFile, encode(state, step)}});
+  auto model_bytes = encode(weights, step);
+  if (!model_bytes.ok()) return model_bytes.status();
+  auto optimizer_bytes = encode(state, step);
+  if (!optimizer_bytes.ok()) return optimizer_bytes.status();
+  return store_.Commit(step, {{kModelFile, std::move(*model_bytes)},
+                              {kOptimizerFile, std::move(*optimizer_bytes)}});
 }
 
 absl::StatusOr<int64_t> TrainingCheckpoints::LoadLatest(torch::nn::Module& model,
