@@ -306,11 +306,6 @@ void validate_training(const v1::JobSpec& spec, Problems& p) {
   const v1::CheckpointSpec& c = spec.checkpoint();
   p.AtLeast("checkpoint.every_steps", c.every_steps(), 0);
   p.AtLeast("checkpoint.keep", c.keep(), 1);
-  if (c.every_steps() > 0 && c.dir().empty()) {
-    p.Add("checkpoint.dir", absl::StrCat("must be set when checkpoint.every_steps > 0 (got "
-                                         "every_steps ",
-                                         c.every_steps(), ")"));
-  }
   p.AtLeast("log_every", spec.log_every(), 1);
   p.AtLeast("eval_every", spec.eval_every(), 0);
   p.AtLeast("threads", spec.threads(), 0);

@@ -39,6 +39,8 @@ void ApplyDefaults(v1::JobSpec* spec);
 // Checks the spec as it will run, i.e. with ApplyDefaults applied (to a copy: `spec` itself may be
 // raw or defaulted). Returns INVALID_ARGUMENT listing every problem found, each as
 // "field.path: rule (got value)", joined by "; ", so a user fixes them in one go.
+// checkpoint.dir may be empty: where checkpoints go is the deployment's choice
+// (hyscale-train --checkpoint-dir, the agent), and without a directory none are written.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // Token ids of the synthetic recall task (data.recall), the one definition shared by the data

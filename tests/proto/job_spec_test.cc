@@ -320,8 +320,6 @@ TEST(ValidateJobSpec, OptimizerAndCheckpoint) {
             "optimizer.eps: must be > 0 and finite (got -1)");
   EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_optimizer()->set_grad_clip(-1); }),
             "optimizer.grad_clip: must be >= 0 and finite (got -1)");
-  EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_checkpoint()->clear_dir(); }),
-            "checkpoint.dir: must be set when checkpoint.every_steps > 0 (got every_steps 100)");
   EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.set_threads(-2); }),
             "threads: must be >= 0 (got -2)");
 }
