@@ -26,10 +26,9 @@ std::vector<int64_t> sample_rows(const torch::Tensor& targets, int64_t b, int64_
 
 }  // namespace
 
-Accuracy token_accuracy(const torch::Tensor& logits, const torch::Tensor& targets) {
-  const auto mask = targets.ge(0);
-  const auto correct = logits.argmax(-1).eq(targets).logical_and(mask);
-  return {correct.sum().item<int64_t>(), mask.sum().item<int64_t>()};
+std::vector<int32_t> predicted_tokens(const torch::Tensor& logits) {
+  const auto argmax = logits.argmax(-1).to(torch::kCPU, torch::kInt32).contiguous();
+  return std::vector<int32_t>(argmax.data_ptr<int32_t>(), argmax.data_ptr<int32_t>() + argmax.numel());
 }
 
 double indexer_recall(const std::vector<LayerProbe>& probes, const torch::Tensor& targets,

@@ -1,5 +1,5 @@
-// Evaluation metrics computed from a forward pass: next-token accuracy at the positions with a
-// target, and the indexer's selection quality.
+// Evaluation from a forward pass: predicted tokens (scored by ScoreQueries in data.h) and the
+// indexer's selection quality.
 #pragma once
 
 #include <torch/types.h>
@@ -11,14 +11,8 @@
 
 namespace hyscale::trainer {
 
-// Fraction of positions with target >= 0 whose argmax prediction equals the target, as
-// {correct, counted}.
-struct Accuracy {
-  int64_t correct = 0;
-  int64_t counted = 0;
-  double value() const { return counted == 0 ? 0.0 : static_cast<double>(correct) / counted; }
-};
-Accuracy token_accuracy(const torch::Tensor& logits, const torch::Tensor& targets);
+// Argmax predictions of logits [B, T, vocab] as token ids, row-major (Batch::targets' layout).
+std::vector<int32_t> predicted_tokens(const torch::Tensor& logits);
 
 // Recall of the indexer's top-k against the top-k keys by dense attention mass (summed over
 // heads), averaged over layers and over up to `max_rows` query rows per sequence that see more

@@ -71,14 +71,17 @@ int main(int argc, char** argv) {
   options.recompute = recompute;
   options.selection_replay = replay;
 
+  events.JobStarted(*spec);
   auto trainer = hyscale::trainer::Trainer::Create(*spec, options, events);
   if (!trainer.ok()) {
     std::cerr << "hyscale-train: " << trainer.status().message() << "\n";
-    return absl::IsInvalidArgument(trainer.status()) || absl::IsNotFound(trainer.status())
-               ? kExitBadInput
-               : kExitFailed;
+    events.JobFinished(trainer.status());
+    const auto code = trainer.status().code();
+    const bool bad_input = code == absl::StatusCode::kInvalidArgument ||
+                           code == absl::StatusCode::kNotFound ||
+                           code == absl::StatusCode::kPermissionDenied;
+    return bad_input ? kExitBadInput : kExitFailed;
   }
-  events.JobStarted(*spec);
   const auto status = (*trainer)->Run();
   events.JobFinished(status);
   if (!status.ok()) {

@@ -167,7 +167,7 @@ class Trainer::Impl {
     ForwardOptions options = forward_options(plan_.stage(position.stage));
     options.recompute = false;
     options.keep_probes = true;
-    Accuracy accuracy;
+    QueryAccuracy accuracy;
     double recall = 0.0;
     const int batches = std::max(1, spec_.data().eval_batches());
     for (int i = 0; i < batches; ++i) {
@@ -175,9 +175,10 @@ class Trainer::Impl {
       const auto inputs = to_tensor(batch.inputs, batch.batch_size, batch.seq_len);
       const auto targets = to_tensor(batch.targets, batch.batch_size, batch.seq_len);
       const auto result = model_->forward(inputs, options);
-      const Accuracy a = token_accuracy(result.logits, targets);
-      accuracy.correct += a.correct;
-      accuracy.counted += a.counted;
+      // Same layout by construction: a length mismatch is a bug, and value() throws on it.
+      const auto scored = ScoreQueries(predicted_tokens(result.logits), batch.targets).value();
+      accuracy.correct += scored.correct;
+      accuracy.counted += scored.counted;
       if (i == 0) recall = indexer_recall(result.probes, targets, model_->config(), kRecallRows);
     }
     EvalMetrics e;
