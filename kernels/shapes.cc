@@ -1,5 +1,6 @@
 #include "kernels/shapes.h"
 
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -13,11 +14,15 @@ void require(bool ok, const char* shape, const char* field, const char* rule, in
   }
 }
 
+// Selections are int32 key indices, so every key index must fit in one.
+constexpr int64_t kMaxKeys = std::numeric_limits<int32_t>::max();
+
 }  // namespace
 
 void IndexerShape::validate() const {
   require(num_queries >= 0, "IndexerShape", "num_queries", ">= 0", num_queries);
   require(num_keys >= 0, "IndexerShape", "num_keys", ">= 0", num_keys);
+  require(num_keys <= kMaxKeys, "IndexerShape", "num_keys", "<= 2^31 - 1", num_keys);
   require(heads > 0, "IndexerShape", "heads", "> 0", heads);
   require(dim > 0, "IndexerShape", "dim", "> 0", dim);
   require(q_offset >= 0, "IndexerShape", "q_offset", ">= 0", q_offset);
@@ -28,6 +33,7 @@ void IndexerShape::validate() const {
 void SparseAttnShape::validate() const {
   require(num_queries >= 0, "SparseAttnShape", "num_queries", ">= 0", num_queries);
   require(num_keys >= 0, "SparseAttnShape", "num_keys", ">= 0", num_keys);
+  require(num_keys <= kMaxKeys, "SparseAttnShape", "num_keys", "<= 2^31 - 1", num_keys);
   require(heads > 0, "SparseAttnShape", "heads", "> 0", heads);
   require(dim_qk > 0, "SparseAttnShape", "dim_qk", "> 0", dim_qk);
   require(dim_v > 0, "SparseAttnShape", "dim_v", "> 0", dim_v);

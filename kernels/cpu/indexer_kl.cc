@@ -1,9 +1,10 @@
-// CPU indexer KL loss over the selected set and its gradient.
+// CPU indexer KL loss over the selected set and its gradient. A slot is valid when its score is
+// not -infinity (unused slots of a selection carry -infinity).
 #include "kernels/indexer_kl.h"
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
+#include <limits>
 
 #include "kernels/cpu/parallel.h"
 
@@ -12,14 +13,20 @@ namespace {
 
 constexpr int64_t kRowsPerChunk = 64;
 
-// log-sum-exp of the finite scores of a row; -infinity when there are none.
 template <typename T>
-T row_lse(const T* score, int64_t topk) {
-  const T m = *std::max_element(score, score + topk);
-  if (std::isinf(m)) return m;
+bool is_valid(T score) {
+  return score != -std::numeric_limits<T>::infinity();
+}
+
+// Stable log-sum-exp of a row's valid scores; -infinity when it has none.
+template <typename T>
+T row_logsumexp(const T* score, int64_t topk) {
+  T max_score = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < topk; ++i) max_score = std::max(max_score, score[i]);
+  if (!is_valid(max_score)) return max_score;
   T sum = 0;
-  for (int64_t i = 0; i < topk; ++i) sum += std::isinf(score[i]) ? T(0) : std::exp(score[i] - m);
-  return m + std::log(sum);
+  for (int64_t i = 0; i < topk; ++i) sum += std::exp(score[i] - max_score);  // exp(-inf) = 0
+  return max_score + std::log(sum);
 }
 
 }  // namespace
@@ -31,11 +38,10 @@ void indexer_kl_fwd_cpu(int64_t rows, int64_t topk, const T* score, const T* tar
     for (int64_t r = lo; r < hi; ++r) {
       const T* s = score + r * topk;
       const T* p = target + r * topk;
-      const T lse = row_lse(s, topk);
+      const T lse = row_logsumexp(s, topk);
       T total = 0;
       for (int64_t i = 0; i < topk; ++i) {
-        if (std::isinf(s[i]) || p[i] <= 0) continue;  // 0 * log 0 = 0; unused slot
-        total += p[i] * (std::log(p[i]) - (s[i] - lse));
+        if (is_valid(s[i]) && p[i] > 0) total += p[i] * (std::log(p[i]) - (s[i] - lse));
       }
       loss[r] = total;
     }
@@ -50,21 +56,21 @@ void indexer_kl_bwd_cpu(int64_t rows, int64_t topk, const T* score, const T* tar
       const T* s = score + r * topk;
       const T* p = target + r * topk;
       T* g = grad_score + r * topk;
-      const T lse = row_lse(s, topk);
+      const T lse = row_logsumexp(s, topk);
       for (int64_t i = 0; i < topk; ++i) {
-        g[i] = std::isinf(s[i]) ? T(0) : grad_loss[r] * (std::exp(s[i] - lse) - p[i]);
+        g[i] = is_valid(s[i]) ? grad_loss[r] * (std::exp(s[i] - lse) - p[i]) : T(0);
       }
     }
   });
 }
 
-template void indexer_kl_fwd_cpu<float>(int64_t, int64_t, const float*, const float*, float*,
-                                        const CpuContext&);
-template void indexer_kl_fwd_cpu<double>(int64_t, int64_t, const double*, const double*, double*,
-                                         const CpuContext&);
-template void indexer_kl_bwd_cpu<float>(int64_t, int64_t, const float*, const float*,
-                                        const float*, float*, const CpuContext&);
-template void indexer_kl_bwd_cpu<double>(int64_t, int64_t, const double*, const double*,
-                                         const double*, double*, const CpuContext&);
+#define HYSCALE_INSTANTIATE(T)                                                            \
+  template void indexer_kl_fwd_cpu<T>(int64_t, int64_t, const T*, const T*, T*,           \
+                                      const CpuContext&);                                 \
+  template void indexer_kl_bwd_cpu<T>(int64_t, int64_t, const T*, const T*, const T*, T*, \
+                                      const CpuContext&);
+HYSCALE_INSTANTIATE(float)
+HYSCALE_INSTANTIATE(double)
+#undef HYSCALE_INSTANTIATE
 
 }  // namespace hyscale

@@ -1,6 +1,13 @@
 // CPU sparse MQA attention over selected keys: forward, backward and the indexer's target.
-// Every head of a query reads the same selected keys, so a row's keys are visited once for all
-// heads.
+//
+// All heads of a query read the same selected keys and values, so a row gathers each selected
+// key once into a tile that serves every head, and walks the selected values slot by slot,
+// updating every head from each value row while it is in cache.
+//
+// Backward in two phases. Per row (parallel over rows): p and ds = p * (dp - D) for every
+// (head, slot), kept for phase two, and dq. Per key (parallel over keys, through the CSR
+// inversion): dkey and dvalue from the entries that selected the key, in (row, slot) order, so
+// the result does not depend on the thread count.
 #include "kernels/sparse_attn.h"
 
 #include <algorithm>
@@ -8,35 +15,59 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/dot.h"
 #include "kernels/cpu/index_inversion.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/row_tile.h"
 
 namespace hyscale {
 namespace {
 
-constexpr int64_t kRowsPerChunk = 8;
+constexpr int64_t kRowsPerChunk = 4;
 constexpr int64_t kKeysPerChunk = 64;
+
+template <typename T>
+constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+
+// Dot products of a row's vectors x[h] (h < heads, stride dim) with the rows of `matrix` it
+// selected: out[h * topk + i] = x[h] . matrix[idx_row[i]], 0 in unused slots.
+template <typename T>
+void dots_at_selected(const T* x, int64_t heads, const T* matrix, const int32_t* idx_row,
+                      int64_t topk, cpu::RowTile<T>& tile, T* out) {
+  constexpr int64_t kTile = cpu::RowTile<T>::kWidth;
+  T dots[kTile];
+  for (int64_t first = 0; first < topk; first += kTile) {
+    const int64_t count = std::min(kTile, topk - first);
+    tile.load_rows(matrix, idx_row + first, count);
+    for (int64_t h = 0; h < heads; ++h) {
+      tile.dots(x + h * tile.dim(), dots);
+      std::copy(dots, dots + count, out + h * topk + first);
+    }
+  }
+}
 
 // Scaled logits of one query row: logits[h * topk + i] = scale * q[t, h] . key[indices[t, i]],
 // -infinity in unused slots.
 template <typename T>
 void row_logits(const SparseAttnShape& s, const T* q_row, const T* key, const int32_t* idx_row,
-                T scale, T* logits) {
-  for (int64_t i = 0; i < s.topk; ++i) {
-    const int32_t k = idx_row[i];
-    for (int64_t h = 0; h < s.heads; ++h) {
-      logits[h * s.topk + i] = k < 0 ? -std::numeric_limits<T>::infinity()
-                                     : scale * cpu::dot(q_row + h * s.dim_qk, key + k * s.dim_qk,
-                                                        s.dim_qk);
+                T scale, cpu::RowTile<T>& keys, T* logits) {
+  dots_at_selected(q_row, s.heads, key, idx_row, s.topk, keys, logits);
+  for (int64_t h = 0; h < s.heads; ++h) {
+    for (int64_t i = 0; i < s.topk; ++i) {
+      T& l = logits[h * s.topk + i];
+      l = idx_row[i] < 0 ? kMinusInf<T> : scale * l;
     }
   }
 }
 
-// p = exp(logit - lse) (0 in unused slots, and everywhere when the row has no key).
+// p = exp(logit - lse): 0 in unused slots (logit -inf) and in rows without any (lse -inf).
 template <typename T>
 T probability(T logit, T lse) {
-  return std::isinf(lse) ? T(0) : std::exp(logit - lse);
+  return lse == kMinusInf<T> ? T(0) : std::exp(logit - lse);
+}
+
+template <typename T>
+void scale_in_place(T* x, int64_t n, T factor) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
 }  // namespace
@@ -46,28 +77,33 @@ void sparse_attn_fwd_cpu(const SparseAttnShape& s, const T* q, const T* key, con
                          const int32_t* indices, T scale, T* out, T* lse, const CpuContext& ctx) {
   s.validate();
   cpu::parallel_for(0, s.num_queries, kRowsPerChunk, ctx, [&](int64_t lo, int64_t hi) {
-    std::vector<T> logits(s.heads * s.topk);
+    cpu::RowTile<T> keys(s.dim_qk);
+    std::vector<T> probs(s.heads * s.topk);
     for (int64_t t = lo; t < hi; ++t) {
       const int32_t* idx_row = indices + t * s.topk;
-      row_logits(s, q + t * s.heads * s.dim_qk, key, idx_row, scale, logits.data());
+      row_logits(s, q + t * s.heads * s.dim_qk, key, idx_row, scale, keys, probs.data());
+      // Stable softmax per head: subtract the row maximum before exp.
       for (int64_t h = 0; h < s.heads; ++h) {
-        const T* l = logits.data() + h * s.topk;
-        T* o = out + (t * s.heads + h) * s.dim_v;
-        std::fill(o, o + s.dim_v, T(0));
-        const T m = *std::max_element(l, l + s.topk);
-        if (std::isinf(m)) {  // no valid slot
-          lse[t * s.heads + h] = -std::numeric_limits<T>::infinity();
+        T* p = probs.data() + h * s.topk;
+        const T max_logit = *std::max_element(p, p + s.topk);
+        if (max_logit == kMinusInf<T>) {  // no valid slot
+          std::fill(p, p + s.topk, T(0));
+          lse[t * s.heads + h] = kMinusInf<T>;
           continue;
         }
         T sum = 0;
-        for (int64_t i = 0; i < s.topk; ++i) {
-          if (idx_row[i] < 0) continue;
-          const T p = std::exp(l[i] - m);
-          sum += p;
-          cpu::axpy(p, value + idx_row[i] * s.dim_v, o, s.dim_v);
+        for (int64_t i = 0; i < s.topk; ++i) sum += p[i] = std::exp(p[i] - max_logit);
+        scale_in_place(p, s.topk, T(1) / sum);
+        lse[t * s.heads + h] = max_logit + std::log(sum);
+      }
+      T* o_row = out + t * s.heads * s.dim_v;
+      std::fill(o_row, o_row + s.heads * s.dim_v, T(0));
+      for (int64_t i = 0; i < s.topk; ++i) {
+        if (idx_row[i] < 0) continue;
+        const T* v = value + idx_row[i] * s.dim_v;
+        for (int64_t h = 0; h < s.heads; ++h) {
+          cpu::axpy(probs[h * s.topk + i], v, o_row + h * s.dim_v, s.dim_v);
         }
-        for (int64_t d = 0; d < s.dim_v; ++d) o[d] /= sum;
-        lse[t * s.heads + h] = m + std::log(sum);
       }
     }
   });
@@ -79,50 +115,61 @@ void sparse_attn_bwd_cpu(const SparseAttnShape& s, const T* q, const T* key, con
                          const T* grad_out, T* grad_q, T* grad_key, T* grad_value,
                          const CpuContext& ctx) {
   s.validate();
-  // Phase 1, per row: probabilities p and logit gradients ds = p * (dO.v - dO.O), and dq.
+  const cpu::KeySelections selections(indices, s.num_queries, s.topk, s.num_keys);
   const int64_t per_row = s.heads * s.topk;
   std::vector<T> probs(s.num_queries * per_row), dlogits(s.num_queries * per_row);
+
+  // Phase 1: p = exp(scale * q.k - lse), dp = dO . v, ds = p * (dp - D) with D = dO . O,
+  // dq = scale * sum_i ds_i * key_i.
   cpu::parallel_for(0, s.num_queries, kRowsPerChunk, ctx, [&](int64_t lo, int64_t hi) {
+    cpu::RowTile<T> keys(s.dim_qk), values(s.dim_v);
     for (int64_t t = lo; t < hi; ++t) {
       const int32_t* idx_row = indices + t * s.topk;
+      const T* d_out = grad_out + t * s.heads * s.dim_v;
       T* p = probs.data() + t * per_row;
       T* ds = dlogits.data() + t * per_row;
-      row_logits(s, q + t * s.heads * s.dim_qk, key, idx_row, scale, p);
-      T* gq = grad_q + t * s.heads * s.dim_qk;
-      std::fill(gq, gq + s.heads * s.dim_qk, T(0));
+      row_logits(s, q + t * s.heads * s.dim_qk, key, idx_row, scale, keys, p);
+      dots_at_selected(d_out, s.heads, value, idx_row, s.topk, values, ds);
       for (int64_t h = 0; h < s.heads; ++h) {
-        const T* d_out = grad_out + (t * s.heads + h) * s.dim_v;
-        const T row_dot = cpu::dot(d_out, out + (t * s.heads + h) * s.dim_v, s.dim_v);
+        const T* o = out + (t * s.heads + h) * s.dim_v;
+        T d = 0;
+        for (int64_t c = 0; c < s.dim_v; ++c) d += d_out[h * s.dim_v + c] * o[c];
         for (int64_t i = 0; i < s.topk; ++i) {
           const int64_t j = h * s.topk + i;
-          if (idx_row[i] < 0) {
-            p[j] = ds[j] = 0;
-            continue;
-          }
           p[j] = probability(p[j], lse[t * s.heads + h]);
-          ds[j] = p[j] * (cpu::dot(d_out, value + idx_row[i] * s.dim_v, s.dim_v) - row_dot);
-          cpu::axpy(scale * ds[j], key + idx_row[i] * s.dim_qk, gq + h * s.dim_qk, s.dim_qk);
+          ds[j] = p[j] * (ds[j] - d);
         }
       }
+      T* gq = grad_q + t * s.heads * s.dim_qk;
+      std::fill(gq, gq + s.heads * s.dim_qk, T(0));
+      for (int64_t i = 0; i < s.topk; ++i) {
+        if (idx_row[i] < 0) continue;
+        const T* k_row = key + idx_row[i] * s.dim_qk;
+        for (int64_t h = 0; h < s.heads; ++h) {
+          cpu::axpy(ds[h * s.topk + i], k_row, gq + h * s.dim_qk, s.dim_qk);
+        }
+      }
+      scale_in_place(gq, s.heads * s.dim_qk, scale);
     }
   });
-  // Phase 2, per key, over the entries that selected it in (row, slot) order:
-  // dkey[s] = scale * sum ds * q[t, h],  dvalue[s] = sum p * dO[t, h].
-  const cpu::KeyToEntries by_key(indices, s.num_queries, s.topk, s.num_keys);
+
+  // Phase 2: dkey[s] = scale * sum ds * q[t, h], dvalue[s] = sum p * dO[t, h] over the
+  // (row, slot) entries that selected s and every head.
   cpu::parallel_for(0, s.num_keys, kKeysPerChunk, ctx, [&](int64_t lo, int64_t hi) {
     for (int64_t k = lo; k < hi; ++k) {
       T* gk = grad_key + k * s.dim_qk;
       T* gv = grad_value + k * s.dim_v;
       std::fill(gk, gk + s.dim_qk, T(0));
       std::fill(gv, gv + s.dim_v, T(0));
-      for (int64_t e = by_key.offsets[k]; e < by_key.offsets[k + 1]; ++e) {
-        const int64_t entry = by_key.entries[e], t = entry / s.topk, i = entry % s.topk;
+      for (const int64_t entry : selections.of_key(k)) {
+        const int64_t t = entry / s.topk, i = entry % s.topk;
         for (int64_t h = 0; h < s.heads; ++h) {
           const int64_t j = t * per_row + h * s.topk + i;
-          cpu::axpy(scale * dlogits[j], q + (t * s.heads + h) * s.dim_qk, gk, s.dim_qk);
+          cpu::axpy(dlogits[j], q + (t * s.heads + h) * s.dim_qk, gk, s.dim_qk);
           cpu::axpy(probs[j], grad_out + (t * s.heads + h) * s.dim_v, gv, s.dim_v);
         }
       }
+      scale_in_place(gk, s.dim_qk, scale);
     }
   });
 }
@@ -133,22 +180,22 @@ void selected_attention_mass_cpu(const SparseAttnShape& s, const T* q, const T* 
                                  const CpuContext& ctx) {
   s.validate();
   cpu::parallel_for(0, s.num_queries, kRowsPerChunk, ctx, [&](int64_t lo, int64_t hi) {
+    cpu::RowTile<T> keys(s.dim_qk);
     std::vector<T> logits(s.heads * s.topk);
     for (int64_t t = lo; t < hi; ++t) {
-      row_logits(s, q + t * s.heads * s.dim_qk, key, indices + t * s.topk, scale, logits.data());
+      const int32_t* idx_row = indices + t * s.topk;
+      row_logits(s, q + t * s.heads * s.dim_qk, key, idx_row, scale, keys, logits.data());
       T* m = mass + t * s.topk;
       T total = 0;
       for (int64_t i = 0; i < s.topk; ++i) {
         m[i] = 0;
-        if (indices[t * s.topk + i] < 0) continue;
+        if (idx_row[i] < 0) continue;
         for (int64_t h = 0; h < s.heads; ++h) {
           m[i] += probability(logits[h * s.topk + i], lse[t * s.heads + h]);
         }
         total += m[i];
       }
-      if (total > 0) {
-        for (int64_t i = 0; i < s.topk; ++i) m[i] /= total;
-      }
+      if (total > 0) scale_in_place(m, s.topk, T(1) / total);
     }
   });
 }
