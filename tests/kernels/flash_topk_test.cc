@@ -118,7 +118,7 @@ TYPED_TEST(FlashTopKTest, ExactOnRandomShapesAndInputs) {
     const auto inputs = static_cast<IndexerInputs>(iter % 4);
     const IndexerShape shape = random_indexer_shape(this->rng_, 40);
     const int64_t topk = this->rng_.uniform_int(1, 30);
-    SCOPED_TRACE("inputs " + std::to_string(iter % 4));
+    SCOPED_TRACE(describe(inputs));
     check_problem<TypeParam>(random_indexer_problem(this->rng_, shape, inputs), topk,
                              exact_scores(inputs));
     if (this->HasFatalFailure()) return;
@@ -136,6 +136,7 @@ TYPED_TEST(FlashTopKTest, ExactOnLongRowsWithManyPrunes) {
     shape.heads = this->rng_.uniform_int(2, 4);
     shape.dim = this->rng_.uniform_int(5, 24);
     const int64_t topk = this->rng_.uniform_int(1, 9);
+    SCOPED_TRACE(describe(inputs));
     check_problem<TypeParam>(random_indexer_problem(this->rng_, shape, inputs), topk,
                              exact_scores(inputs));
     if (this->HasFatalFailure()) return;

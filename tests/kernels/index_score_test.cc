@@ -83,7 +83,7 @@ TYPED_TEST(IndexScoreTest, GatherMatchesReference) {
     const int64_t topk = this->rng_.uniform_int(1, 25);
     const IndexerProblem p = rounded<TypeParam>(random_indexer_problem(this->rng_, shape, inputs));
     const auto indices = random_visible_indices(this->rng_, shape, topk);
-    SCOPED_TRACE(describe(shape) + " topk=" + std::to_string(topk));
+    SCOPED_TRACE(describe(shape) + " topk=" + std::to_string(topk) + ", " + describe(inputs));
     const std::vector<TypeParam> got = gather<TypeParam>(p, indices, topk);
     for (int64_t e = 0; e < shape.num_queries * topk; ++e) {
       const int64_t row = e / topk;
@@ -100,9 +100,10 @@ TYPED_TEST(IndexScoreTest, GatherMatchesReference) {
 
 TYPED_TEST(IndexScoreTest, BackwardMatchesReference) {
   for (int iter = 0; iter < 100; ++iter) {
-    const BackwardCase c =
-        random_backward_case(this->rng_, 30, static_cast<IndexerInputs>(iter % 4));
-    SCOPED_TRACE(describe(c.problem.shape) + " topk=" + std::to_string(c.topk));
+    const auto inputs = static_cast<IndexerInputs>(iter % 4);
+    const BackwardCase c = random_backward_case(this->rng_, 30, inputs);
+    SCOPED_TRACE(describe(c.problem.shape) + " topk=" + std::to_string(c.topk) + ", " +
+                 describe(inputs));
     const IndexerProblem p = rounded<TypeParam>(c.problem);
     const auto grad_scores = rounded<TypeParam>(c.grad_scores);
     const IndexerGrads want = ref_index_score_backward(p, c.indices, c.topk, grad_scores);

@@ -26,6 +26,20 @@ enum class IndexerInputs {
   kIntegersNegativeWeights,
 };
 
+inline std::string describe(IndexerInputs inputs) {
+  switch (inputs) {
+    case IndexerInputs::kGaussian:
+      return "gaussian";
+    case IndexerInputs::kGaussianNegativeWeights:
+      return "gaussian, negative w";
+    case IndexerInputs::kIntegers:
+      return "integers (ties)";
+    case IndexerInputs::kIntegersNegativeWeights:
+      return "integers (ties), negative w";
+  }
+  return "?";
+}
+
 inline bool exact_scores(IndexerInputs inputs) {
   return inputs == IndexerInputs::kIntegers || inputs == IndexerInputs::kIntegersNegativeWeights;
 }
