@@ -4,6 +4,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -17,7 +18,9 @@ using OptimizerStateKey =
 template <typename Key = OptimizerStateKey>
 Key optimizer_state_key(const at::Tensor& param) {
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
+    std::ostringstream address;  // what 1.13's c10::guts::to_string(TensorImpl*) produces
+    address << param.unsafeGetTensorImpl();
+    return address.str();
   } else {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }

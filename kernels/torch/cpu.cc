@@ -148,6 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
     const at::Tensor& lse) {
   const char* op = "hyscale::sparse_attn_backward";
   const SparseAttnArgs a = check_sparse_attn(op, q, key, value, indices);
+  check_index_range(op, indices, a.shape.num_keys);
   check_sizes(op, "out", out, grad_out.sizes());
   const auto& s = a.shape;
   const auto dtype = cpu_compute_dtype(q);

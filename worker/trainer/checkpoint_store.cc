@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <ftw.h>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -18,6 +19,16 @@ namespace hyscale::trainer {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Removes a directory tree (nothing if it does not exist). Not std::filesystem::remove_all:
+// PyTorch's pip libtorch.so exports its own copy of that symbol, which the dynamic linker binds
+// ahead of libstdc++'s, and which crashed hyscale-train (PyTorch 2.11, Ubuntu 24.04).
+void remove_tree(const std::string& path) {
+  const auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
+    return ::remove(entry);
+  };
+  ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 constexpr char kManifest[] = "manifest.json";
 constexpr char kPrefix[] = "step-";
@@ -164,7 +175,7 @@ void CheckpointStore::RemoveLeftoverTemporaries() const {
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
     const std::string name = entry.path().filename().string();
     if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kTemporarySuffix)) {
-      fs::remove_all(entry.path(), ec);
+      remove_tree(entry.path().string());
     }
   }
 }
@@ -202,12 +213,12 @@ absl::Status CheckpointStore::Commit(int64_t step,
   }
   if (auto s = fsync_directory(temp_dir); !s.ok()) return s;
   // Re-committing a step replaces it; the old copy is gone before the new one lands.
-  fs::remove_all(final_dir, ec);
+  remove_tree(final_dir);
   if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) return os_error("rename", temp_dir);
   if (auto s = fsync_directory(root_); !s.ok()) return s;
 
   const std::vector<int64_t> steps = Steps();
-  for (size_t i = keep_; i < steps.size(); ++i) fs::remove_all(PathOf(steps[i]), ec);
+  for (size_t i = keep_; i < steps.size(); ++i) remove_tree(PathOf(steps[i]));
   return absl::OkStatus();
 }
 
