@@ -15,15 +15,14 @@ void validate_indices(const IndexerShape& shape, const int32_t* indices, int64_t
 // scores[t, i] = I[t, indices[t, i]]; -infinity where indices[t, i] == -1.
 template <typename T>
 void index_score_gather_cpu(const IndexerShape& shape, const T* q, const T* k, const T* w,
-                            const int32_t* indices, int64_t topk, T* scores,
-                            const CpuContext& ctx);
+                            const int32_t* indices, int64_t topk, T* scores, const CpuContext& ctx);
 
 // Given grad_scores [N, topk], writes (overwrites) grad_q [N, H_I, d_I], grad_k [M, d_I] and
 // grad_w [N, H_I]. ReLU's derivative at 0 is taken as 0. Slots with index -1 contribute nothing.
 // grad_k sums over queries in a fixed order: deterministic for any thread count.
 template <typename T>
 void index_score_backward_cpu(const IndexerShape& shape, const T* q, const T* k, const T* w,
-                              const int32_t* indices, int64_t topk, const T* grad_scores,
-                              T* grad_q, T* grad_k, T* grad_w, const CpuContext& ctx);
+                              const int32_t* indices, int64_t topk, const T* grad_scores, T* grad_q,
+                              T* grad_k, T* grad_w, const CpuContext& ctx);
 
 }  // namespace hyscale

@@ -34,7 +34,9 @@ struct IndexerShape {
   KeyVisibility visibility;
 
   int64_t position(int64_t row) const { return q_offset + row; }
-  int64_t visible_keys(int64_t row) const { return visibility.visible_keys(position(row), num_keys); }
+  int64_t visible_keys(int64_t row) const {
+    return visibility.visible_keys(position(row), num_keys);
+  }
   void validate() const;
 };
 

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   # toolchain
-  build-essential cmake ninja-build pkg-config ccache git
+  build-essential cmake ninja-build ccache
   # trainer and kernels
   libtorch-dev protobuf-compiler libprotobuf-dev libabsl-dev libyaml-cpp-dev nlohmann-json3-dev
   libcli11-dev zlib1g-dev
@@ -13,8 +13,8 @@ packages=(
   libopenblas0-openmp
   # reusing freed pages instead of page-faulting fresh ones: see worker/trainer/allocator.cc
   libjemalloc-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-numpy
+  # tests
+  libgtest-dev libgmock-dev
 )
 
 missing=()

@@ -23,9 +23,9 @@ variable_list index_score_grads(AutogradContext* ctx, const at::Tensor& grad_sco
   const auto saved = ctx->get_saved_variables();
   const at::Tensor &q = saved[0], &k = saved[1], &w = saved[2], &indices = saved[3];
   if (!grad_scores.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-  const auto g = ops::index_score_backward(grad_scores, q, k, w, indices,
-                                           ctx->saved_data["q_offset"].toInt(),
-                                           ctx->saved_data["tokens_per_key"].toInt());
+  const auto g =
+      ops::index_score_backward(grad_scores, q, k, w, indices, ctx->saved_data["q_offset"].toInt(),
+                                ctx->saved_data["tokens_per_key"].toInt());
   return {g.q, g.k, g.w};
 }
 
@@ -109,8 +109,7 @@ std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Ten
 }
 
 at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
-                              const at::Tensor& indices, int64_t q_offset,
-                              int64_t tokens_per_key) {
+                              const at::Tensor& indices, int64_t q_offset, int64_t tokens_per_key) {
   return IndexScoreGather::apply(q, k, w, indices, q_offset, tokens_per_key)[0];
 }
 
@@ -123,8 +122,7 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Te
 
 // A target, never differentiated: computed below autograd whatever its inputs require.
 at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
-                                   const at::Tensor& indices, const at::Tensor& lse,
-                                   double scale) {
+                                   const at::Tensor& indices, const at::Tensor& lse, double scale) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return ops::selected_attention_mass(q.detach(), key.detach(), indices, lse.detach(), scale);
 }

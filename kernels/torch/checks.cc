@@ -41,7 +41,8 @@ IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor&
   a.batching = batching_of(op, "q", q, 3);
   check_same_batching(op, "k", k, 2, a.batching);
   check_same_batching(op, "w", w, 2, a.batching);
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"w", w}}) {
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"w", w}}) {
     check_floating(op, name, t, q);
   }
   a.shape.num_queries = seq_dim(q, a.batching, 0);
@@ -50,8 +51,8 @@ IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor&
   a.shape.num_keys = seq_dim(k, a.batching, 0);
   a.shape.q_offset = q_offset;
   a.shape.visibility.tokens_per_key = tokens_per_key;
-  TORCH_CHECK(seq_dim(k, a.batching, 1) == a.shape.dim, op, ": k must be [M, d_I] with d_I = ",
-              a.shape.dim, " (from q), got shape ", k.sizes());
+  TORCH_CHECK(seq_dim(k, a.batching, 1) == a.shape.dim, op,
+              ": k must be [M, d_I] with d_I = ", a.shape.dim, " (from q), got shape ", k.sizes());
   TORCH_CHECK(seq_dim(w, a.batching, 0) == a.shape.num_queries &&
                   seq_dim(w, a.batching, 1) == a.shape.heads,
               op, ": w must be [N, H_I] = [", a.shape.num_queries, ", ", a.shape.heads,

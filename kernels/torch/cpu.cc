@@ -31,7 +31,9 @@ class SeqView {
   at::Tensor t_;
 };
 
-at::Tensor unbatch(const at::Tensor& t, const Batching& b) { return b.batched ? t : t.squeeze(0); }
+at::Tensor unbatch(const at::Tensor& t, const Batching& b) {
+  return b.batched ? t : t.squeeze(0);
+}
 
 std::vector<int64_t> batched_sizes(const Batching& b, std::initializer_list<int64_t> sizes) {
   std::vector<int64_t> out{b.batch};
@@ -39,7 +41,9 @@ std::vector<int64_t> batched_sizes(const Batching& b, std::initializer_list<int6
   return out;
 }
 
-CpuContext cpu_context() { return CpuContext{at::get_num_threads()}; }
+CpuContext cpu_context() {
+  return CpuContext{at::get_num_threads()};
+}
 
 std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Tensor& k,
                                               const at::Tensor& w, int64_t topk, int64_t q_offset,
@@ -55,17 +59,15 @@ std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Ten
   const SeqView scores(at::empty(sizes, q.options().dtype(dtype)), {a.batching.batch, true}, dtype);
   AT_DISPATCH_FLOATING_TYPES(dtype, "flash_topk", [&] {
     for (int64_t b = 0; b < a.batching.batch; ++b) {
-      flash_topk_cpu<scalar_t>(a.shape, vq.at<scalar_t>(b), vk.at<scalar_t>(b),
-                               vw.at<scalar_t>(b), topk, indices.at<int32_t>(b),
-                               scores.at<scalar_t>(b), cpu_context());
+      flash_topk_cpu<scalar_t>(a.shape, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vw.at<scalar_t>(b),
+                               topk, indices.at<int32_t>(b), scores.at<scalar_t>(b), cpu_context());
     }
   });
   return {unbatch(indices.tensor(), a.batching), unbatch(scores.tensor(), a.batching)};
 }
 
 at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
-                              const at::Tensor& indices, int64_t q_offset,
-                              int64_t tokens_per_key) {
+                              const at::Tensor& indices, int64_t q_offset, int64_t tokens_per_key) {
   const char* op = "hyscale::index_score_gather";
   const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
   const int64_t topk = check_indices(op, indices, a.batching, a.shape.num_queries, q);
@@ -100,10 +102,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
   const SeqView gw(at::empty_like(vw.tensor()), {a.batching.batch, true}, dtype);
   AT_DISPATCH_FLOATING_TYPES(dtype, "index_score_backward", [&] {
     for (int64_t b = 0; b < a.batching.batch; ++b) {
-      index_score_backward_cpu<scalar_t>(
-          a.shape, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vw.at<scalar_t>(b),
-          vi.at<int32_t>(b), topk, vg.at<scalar_t>(b), gq.at<scalar_t>(b), gk.at<scalar_t>(b),
-          gw.at<scalar_t>(b), cpu_context());
+      index_score_backward_cpu<scalar_t>(a.shape, vq.at<scalar_t>(b), vk.at<scalar_t>(b),
+                                         vw.at<scalar_t>(b), vi.at<int32_t>(b), topk,
+                                         vg.at<scalar_t>(b), gq.at<scalar_t>(b), gk.at<scalar_t>(b),
+                                         gw.at<scalar_t>(b), cpu_context());
     }
   });
   return {unbatch(gq.tensor(), a.batching).to(q.scalar_type()),
@@ -129,9 +131,9 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Te
   const SeqView out(at::empty(batched_sizes(a.batching, {s.num_queries, s.heads, s.dim_v}),
                               q.options().dtype(dtype)),
                     {a.batching.batch, true}, dtype);
-  const SeqView lse(at::empty(batched_sizes(a.batching, {s.num_queries, s.heads}),
-                              q.options().dtype(dtype)),
-                    {a.batching.batch, true}, dtype);
+  const SeqView lse(
+      at::empty(batched_sizes(a.batching, {s.num_queries, s.heads}), q.options().dtype(dtype)),
+      {a.batching.batch, true}, dtype);
   AT_DISPATCH_FLOATING_TYPES(dtype, "sparse_attn", [&] {
     for (int64_t b = 0; b < a.batching.batch; ++b) {
       sparse_attn_fwd_cpu<scalar_t>(s, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vv.at<scalar_t>(b),
@@ -143,9 +145,8 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Te
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& key,
-    const at::Tensor& value, const at::Tensor& indices, double scale, const at::Tensor& out,
-    const at::Tensor& lse) {
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& indices, double scale, const at::Tensor& out, const at::Tensor& lse) {
   const char* op = "hyscale::sparse_attn_backward";
   const SparseAttnArgs a = check_sparse_attn(op, q, key, value, indices);
   check_index_range(op, indices, a.shape.num_keys);
@@ -157,17 +158,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
   const SeqView vl(lse, a.batching, dtype), vg(grad_out, a.batching, dtype);
   check_sizes(op, "grad_out", vg.tensor(),
               batched_sizes({a.batching.batch, true}, {s.num_queries, s.heads, s.dim_v}));
-  check_sizes(op, "lse", vl.tensor(), batched_sizes({a.batching.batch, true}, {s.num_queries, s.heads}));
+  check_sizes(op, "lse", vl.tensor(),
+              batched_sizes({a.batching.batch, true}, {s.num_queries, s.heads}));
   const SeqView gq(at::empty_like(vq.tensor()), {a.batching.batch, true}, dtype);
   const SeqView gk(at::empty_like(vk.tensor()), {a.batching.batch, true}, dtype);
   const SeqView gv(at::empty_like(vv.tensor()), {a.batching.batch, true}, dtype);
   AT_DISPATCH_FLOATING_TYPES(dtype, "sparse_attn_backward", [&] {
     for (int64_t b = 0; b < a.batching.batch; ++b) {
-      sparse_attn_bwd_cpu<scalar_t>(s, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vv.at<scalar_t>(b),
-                                    vi.at<int32_t>(b), static_cast<scalar_t>(scale),
-                                    vo.at<scalar_t>(b), vl.at<scalar_t>(b), vg.at<scalar_t>(b),
-                                    gq.at<scalar_t>(b), gk.at<scalar_t>(b), gv.at<scalar_t>(b),
-                                    cpu_context());
+      sparse_attn_bwd_cpu<scalar_t>(
+          s, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vv.at<scalar_t>(b), vi.at<int32_t>(b),
+          static_cast<scalar_t>(scale), vo.at<scalar_t>(b), vl.at<scalar_t>(b), vg.at<scalar_t>(b),
+          gq.at<scalar_t>(b), gk.at<scalar_t>(b), gv.at<scalar_t>(b), cpu_context());
     }
   });
   return {unbatch(gq.tensor(), a.batching).to(q.scalar_type()),
@@ -176,8 +177,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
 }
 
 at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
-                                   const at::Tensor& indices, const at::Tensor& lse,
-                                   double scale) {
+                                   const at::Tensor& indices, const at::Tensor& lse, double scale) {
   const char* op = "hyscale::selected_attention_mass";
   // value only shapes the output of attention; the mass needs q, key and lse, so key stands in.
   const SparseAttnArgs a = check_sparse_attn(op, q, key, key, indices);
@@ -186,16 +186,16 @@ at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
   const auto dtype = cpu_compute_dtype(q);
   const SeqView vq(q, a.batching, dtype), vk(key, a.batching, dtype);
   const SeqView vi(indices, a.batching, at::kInt), vl(lse, a.batching, dtype);
-  check_sizes(op, "lse", vl.tensor(), batched_sizes({a.batching.batch, true}, {s.num_queries, s.heads}));
-  const SeqView mass(at::empty(batched_sizes(a.batching, {s.num_queries, s.topk}),
-                               q.options().dtype(dtype)),
-                     {a.batching.batch, true}, dtype);
+  check_sizes(op, "lse", vl.tensor(),
+              batched_sizes({a.batching.batch, true}, {s.num_queries, s.heads}));
+  const SeqView mass(
+      at::empty(batched_sizes(a.batching, {s.num_queries, s.topk}), q.options().dtype(dtype)),
+      {a.batching.batch, true}, dtype);
   AT_DISPATCH_FLOATING_TYPES(dtype, "selected_attention_mass", [&] {
     for (int64_t b = 0; b < a.batching.batch; ++b) {
-      selected_attention_mass_cpu<scalar_t>(s, vq.at<scalar_t>(b), vk.at<scalar_t>(b),
-                                            vi.at<int32_t>(b), vl.at<scalar_t>(b),
-                                            static_cast<scalar_t>(scale), mass.at<scalar_t>(b),
-                                            cpu_context());
+      selected_attention_mass_cpu<scalar_t>(
+          s, vq.at<scalar_t>(b), vk.at<scalar_t>(b), vi.at<int32_t>(b), vl.at<scalar_t>(b),
+          static_cast<scalar_t>(scale), mass.at<scalar_t>(b), cpu_context());
     }
   });
   return unbatch(mass.tensor(), a.batching);

@@ -18,7 +18,8 @@ TORCH_LIBRARY(hyscale, m) {
       " -> (Tensor out, Tensor lse)");
   m.def(
       "sparse_attn_backward(Tensor grad_out, Tensor q, Tensor key, Tensor value, Tensor indices,"
-      " float scale, Tensor out, Tensor lse) -> (Tensor grad_q, Tensor grad_key, Tensor grad_value)");
+      " float scale, Tensor out, Tensor lse) -> (Tensor grad_q, Tensor grad_key, Tensor "
+      "grad_value)");
   m.def(
       "selected_attention_mass(Tensor q, Tensor key, Tensor indices, Tensor lse, float scale)"
       " -> Tensor");

@@ -17,16 +17,14 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 Selection flash_topk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, int64_t topk,
                      int64_t q_offset, int64_t tokens_per_key) {
   static const auto handle =
-      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                            const at::Tensor&, int64_t, int64_t, int64_t)>(
-          "hyscale::flash_topk");
+      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            int64_t, int64_t, int64_t)>("hyscale::flash_topk");
   auto [indices, scores] = handle.call(q, k, w, topk, q_offset, tokens_per_key);
   return {indices, scores};
 }
 
 at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
-                              const at::Tensor& indices, int64_t q_offset,
-                              int64_t tokens_per_key) {
+                              const at::Tensor& indices, int64_t q_offset, int64_t tokens_per_key) {
   static const auto handle =
       op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                     int64_t, int64_t)>("hyscale::index_score_gather");
@@ -36,16 +34,14 @@ at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at
 Attention sparse_attn(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
                       const at::Tensor& indices, double scale) {
   static const auto handle =
-      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                            const at::Tensor&, const at::Tensor&, double)>(
-          "hyscale::sparse_attn");
+      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            const at::Tensor&, double)>("hyscale::sparse_attn");
   auto [out, lse] = handle.call(q, key, value, indices, scale);
   return {out, lse};
 }
 
 at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
-                                   const at::Tensor& indices, const at::Tensor& lse,
-                                   double scale) {
+                                   const at::Tensor& indices, const at::Tensor& lse, double scale) {
   static const auto handle =
       op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                     double)>("hyscale::selected_attention_mass");
@@ -62,23 +58,20 @@ IndexScoreGrads index_score_backward(const at::Tensor& grad_scores, const at::Te
                                      const at::Tensor& k, const at::Tensor& w,
                                      const at::Tensor& indices, int64_t q_offset,
                                      int64_t tokens_per_key) {
-  static const auto handle =
-      op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-          const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-          const at::Tensor&, int64_t, int64_t)>("hyscale::index_score_backward");
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      int64_t, int64_t)>("hyscale::index_score_backward");
   auto [gq, gk, gw] = handle.call(grad_scores, q, k, w, indices, q_offset, tokens_per_key);
   return {gq, gk, gw};
 }
 
 AttentionGrads sparse_attn_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                     const at::Tensor& key, const at::Tensor& value,
-                                    const at::Tensor& indices, double scale,
-                                    const at::Tensor& out, const at::Tensor& lse) {
-  static const auto handle =
-      op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-          const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-          const at::Tensor&, double, const at::Tensor&, const at::Tensor&)>(
-          "hyscale::sparse_attn_backward");
+                                    const at::Tensor& indices, double scale, const at::Tensor& out,
+                                    const at::Tensor& lse) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      double, const at::Tensor&, const at::Tensor&)>("hyscale::sparse_attn_backward");
   auto [gq, gk, gv] = handle.call(grad_out, q, key, value, indices, scale, out, lse);
   return {gq, gk, gv};
 }

@@ -53,8 +53,8 @@ struct AttentionGrads {
 };
 AttentionGrads sparse_attn_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                     const at::Tensor& key, const at::Tensor& value,
-                                    const at::Tensor& indices, double scale,
-                                    const at::Tensor& out, const at::Tensor& lse);
+                                    const at::Tensor& indices, double scale, const at::Tensor& out,
+                                    const at::Tensor& lse);
 
 at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
                                const at::Tensor& target);

@@ -41,7 +41,9 @@ void expect_gradients_match(const std::function<torch::Tensor(std::vector<torch:
   }
 }
 
-torch::Tensor randn(std::vector<int64_t> sizes) { return torch::randn(sizes, torch::kDouble); }
+torch::Tensor randn(std::vector<int64_t> sizes) {
+  return torch::randn(sizes, torch::kDouble);
+}
 
 class TorchOpsTest : public ::testing::Test {
  protected:
@@ -98,7 +100,9 @@ TEST_F(TorchOpsTest, IndexerKlGradientMatchesFiniteDifferences) {
   target = target / target.sum(-1, true);
   const auto weights = randn({rows});
   expect_gradients_match(
-      [&](std::vector<torch::Tensor>& in) { return (ops::indexer_kl(in[0], target) * weights).sum(); },
+      [&](std::vector<torch::Tensor>& in) {
+        return (ops::indexer_kl(in[0], target) * weights).sum();
+      },
       {randn({rows, topk})});
 }
 
@@ -112,17 +116,18 @@ TEST_F(TorchOpsTest, SparseAttentionWithAllKeysEqualsDenseAttention) {
   const auto attn = ops::sparse_attn(q, key, value, indices, 0.25);
   const auto logits = torch::einsum("thd,sd->hts", {q, key}) * 0.25;
   const auto mask = torch::ones({n, n}, torch::kBool).tril().logical_not();
-  const auto dense =
-      torch::einsum("hts,sv->thv", {torch::softmax(logits.masked_fill(mask, -INFINITY), -1), value});
+  const auto dense = torch::einsum(
+      "hts,sv->thv", {torch::softmax(logits.masked_fill(mask, -INFINITY), -1), value});
   EXPECT_TRUE(torch::allclose(attn.out, dense, 1e-10, 1e-12));
-  EXPECT_TRUE(torch::allclose(attn.lse, torch::logsumexp(logits.masked_fill(mask, -INFINITY), -1).t(),
-                              1e-10, 1e-12));
+  EXPECT_TRUE(torch::allclose(
+      attn.lse, torch::logsumexp(logits.masked_fill(mask, -INFINITY), -1).t(), 1e-10, 1e-12));
 }
 
 TEST_F(TorchOpsTest, SelectedAttentionMassIsTheHeadSummedProbabilityAtTheSelection) {
   const int64_t n = 6, heads = 2, d = 4, topk = 3;
   const auto q = randn({n, heads, d}), key = randn({n, d}), value = randn({n, d});
-  const auto indices = ops::flash_topk(randn({n, 2, d}), randn({n, d}), randn({n, 2}), topk).indices;
+  const auto indices =
+      ops::flash_topk(randn({n, 2, d}), randn({n, d}), randn({n, 2}), topk).indices;
   const auto attn = ops::sparse_attn(q, key, value, indices, 0.5);
   const auto mass = ops::selected_attention_mass(q, key, indices, attn.lse, 0.5);
   for (int64_t t = 0; t < n; ++t) {
@@ -154,17 +159,33 @@ TEST_F(TorchOpsTest, BadArgumentsNameTheOpAndTheArgument) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  expect_error([&] { ops::flash_topk(q, torch::randn({4, 7}), w, 2); }, "hyscale::flash_topk: k must be");
-  expect_error([&] { ops::flash_topk(q, k, torch::randn({4, 3}), 2); }, "hyscale::flash_topk: w must be");
+  expect_error(
+      [&] {
+        ops::flash_topk(q, torch::randn({4, 7}), w, 2);
+      },
+      "hyscale::flash_topk: k must be");
+  expect_error(
+      [&] {
+        ops::flash_topk(q, k, torch::randn({4, 3}), 2);
+      },
+      "hyscale::flash_topk: w must be");
   expect_error([&] { ops::flash_topk(q, k, w, 0); }, "topk must be > 0");
   expect_error([&] { ops::flash_topk(q, k, w, 2, -1); }, "q_offset must be >= 0");
-  expect_error([&] { ops::index_score_gather(q, k, w, torch::zeros({4, 2}, torch::kLong)); },
-               "indices must be int32");
   expect_error(
-      [&] { ops::sparse_attn(q, k, torch::randn({4, 8}), torch::full({4, 2}, 9, torch::kInt), 1.0); },
+      [&] {
+        ops::index_score_gather(q, k, w, torch::zeros({4, 2}, torch::kLong));
+      },
+      "indices must be int32");
+  expect_error(
+      [&] {
+        ops::sparse_attn(q, k, torch::randn({4, 8}), torch::full({4, 2}, 9, torch::kInt), 1.0);
+      },
       "indices must be -1 or in [0, 4)");
-  expect_error([&] { ops::sparse_attn(q, k, torch::randn({3, 8}), torch::zeros({4, 2}, torch::kInt), 1.0); },
-               "value must have as many rows as key");
+  expect_error(
+      [&] {
+        ops::sparse_attn(q, k, torch::randn({3, 8}), torch::zeros({4, 2}, torch::kInt), 1.0);
+      },
+      "value must have as many rows as key");
 }
 
 }  // namespace

@@ -37,15 +37,15 @@ struct TrainedOnce {
 
 // One forward + backward of lm_loss + indexer_loss on a fixed batch, from a fixed init.
 TrainedOnce run_once(const ModelConfig& config, const ForwardOptions& options, bool lm = true,
-             bool indexer = true) {
+                     bool indexer = true) {
   torch::manual_seed(7);
   DsaModel model(config);
   const auto tokens = torch::randint(config.vocab_size, {2, 19}, torch::kLong);
   auto result = model->forward(tokens, options);
   torch::Tensor loss = torch::zeros({});
   if (lm) {
-    loss = loss + torch::nn::functional::cross_entropy(
-                      result.logits.view({-1, config.vocab_size}), tokens.view(-1));
+    loss = loss + torch::nn::functional::cross_entropy(result.logits.view({-1, config.vocab_size}),
+                                                       tokens.view(-1));
   }
   if (indexer) loss = loss + result.indexer_loss;
   loss.backward();
@@ -95,7 +95,9 @@ TEST(ModelTest, ReplayNeverSelectsDuringRecomputation) {
   EXPECT_EQ(reselect.stats.replays, 0);
 }
 
-bool is_indexer(const std::string& name) { return name.find(".indexer.") != std::string::npos; }
+bool is_indexer(const std::string& name) {
+  return name.find(".indexer.") != std::string::npos;
+}
 
 TEST(ModelTest, IndexerLearnsOnlyFromItsLossAndTheModelOnlyFromTheLmLoss) {
   const auto config = small_config();

@@ -142,9 +142,8 @@ TEST_F(TrainCliTest, BadSpecsFailNamingTheField) {
 TEST_F(TrainCliTest, MissingDataFileFailsNamingTheFile) {
   const std::string missing = (dir_ / "no-such-tokens.bin").string();
   auto spec = base_spec();
-  spec["data"] = {{"seq_len", 32},
-                  {"batch_size", 2},
-                  {"token_file", {{"path", missing}, {"dtype", "UINT16"}}}};
+  spec["data"] = {
+      {"seq_len", 32}, {"batch_size", 2}, {"token_file", {{"path", missing}, {"dtype", "UINT16"}}}};
   spec.erase("checkpoint");
   const Result r = run("--config " + write_spec(spec));
   EXPECT_EQ(r.exit_code, 2) << r.output;

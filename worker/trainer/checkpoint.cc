@@ -79,9 +79,8 @@ absl::Status load_weights(torch::nn::Module& model,
     }
     if (it->second.sizes() != item.value().sizes()) {
       return absl::FailedPreconditionError(
-          absl::StrCat(path, ": tensor ", item.key(), " has shape ",
-                       c10::str(it->second.sizes()), ", the model needs ",
-                       c10::str(item.value().sizes())));
+          absl::StrCat(path, ": tensor ", item.key(), " has shape ", c10::str(it->second.sizes()),
+                       ", the model needs ", c10::str(item.value().sizes())));
     }
     item.value().copy_(it->second);
   }
@@ -100,8 +99,8 @@ absl::Status TrainingCheckpoints::Save(int64_t step, const torch::nn::Module& mo
   if (!model_bytes.ok()) return model_bytes.status();
   auto optimizer_bytes = encode(state, step);
   if (!optimizer_bytes.ok()) return optimizer_bytes.status();
-  return store_.Commit(step, {{kModelFile, std::move(*model_bytes)},
-                              {kOptimizerFile, std::move(*optimizer_bytes)}});
+  return store_.Commit(
+      step, {{kModelFile, std::move(*model_bytes)}, {kOptimizerFile, std::move(*optimizer_bytes)}});
 }
 
 absl::StatusOr<int64_t> TrainingCheckpoints::LoadLatest(torch::nn::Module& model,

@@ -7,11 +7,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <ftw.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
-#include <ftw.h>
 #include <nlohmann/json.hpp>
 #include <utility>
 

@@ -28,7 +28,8 @@ std::vector<int64_t> sample_rows(const torch::Tensor& targets, int64_t b, int64_
 
 std::vector<int32_t> predicted_tokens(const torch::Tensor& logits) {
   const auto argmax = logits.argmax(-1).to(torch::kCPU, torch::kInt32).contiguous();
-  return std::vector<int32_t>(argmax.data_ptr<int32_t>(), argmax.data_ptr<int32_t>() + argmax.numel());
+  return std::vector<int32_t>(argmax.data_ptr<int32_t>(),
+                              argmax.data_ptr<int32_t>() + argmax.numel());
 }
 
 double indexer_recall(const std::vector<LayerProbe>& probes, const torch::Tensor& targets,
@@ -43,7 +44,7 @@ double indexer_recall(const std::vector<LayerProbe>& probes, const torch::Tensor
     for (int64_t b = 0; b < probe.q.size(0); ++b) {
       // Rows seeing at most topk keys select all of them: recall 1 by construction, skipped.
       for (int64_t row : sample_rows(targets_cpu, b, config.topk, max_rows)) {
-        const auto keys = probe.key[b].narrow(0, 0, row + 1);                 // [t+1, D]
+        const auto keys = probe.key[b].narrow(0, 0, row + 1);                  // [t+1, D]
         const auto logits = torch::matmul(probe.q[b][row], keys.t()) * scale;  // [H, t+1]
         const auto mass = torch::softmax(logits, -1).sum(0);
         const auto dense = std::get<1>(mass.topk(config.topk)).to(torch::kCPU);

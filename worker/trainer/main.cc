@@ -2,8 +2,8 @@
 //
 // Exit codes: 0 trained to the end; 2 bad command line or job spec (the message names the field
 // or file); 1 training failed.
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <fstream>
 #include <iostream>
@@ -51,8 +51,9 @@ int main(int argc, char** argv) {
               << "\n";
     return kExitBadInput;
   }
-  torch::set_num_threads(spec->threads() > 0 ? spec->threads()
-                                             : static_cast<int>(std::thread::hardware_concurrency()));
+  torch::set_num_threads(spec->threads() > 0
+                             ? spec->threads()
+                             : static_cast<int>(std::thread::hardware_concurrency()));
 
   std::ofstream events_file;
   if (!events_path.empty()) {

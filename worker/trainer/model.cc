@@ -88,8 +88,8 @@ LightningIndexerImpl::LightningIndexerImpl(const ModelConfig& c)
   wq_ = register_module("wq", linear(c.d_model, c.index_heads * c.index_dim, kInitStd));
   wk_ = register_module("wk", linear(c.d_model, c.index_dim, kInitStd));
   ww_ = register_module("ww", linear(c.d_model, c.index_heads, kInitStd));
-  k_norm_ = register_module("k_norm",
-                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.index_dim})));
+  k_norm_ =
+      register_module("k_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.index_dim})));
 }
 
 LightningIndexerImpl::Projections LightningIndexerImpl::project(const torch::Tensor& h) {
@@ -225,11 +225,10 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   if (options.keep_probes) {
     out.probe.q = q.detach();
     out.probe.key = key.detach();
-    out.probe.indices = a.indices.defined()
-                            ? a.indices
-                            : ops::flash_topk(index.q.detach(), index.k.detach(),
-                                              index.w.detach(), config_.topk)
-                                  .indices;
+    out.probe.indices = a.indices.defined() ? a.indices
+                                            : ops::flash_topk(index.q.detach(), index.k.detach(),
+                                                              index.w.detach(), config_.topk)
+                                                  .indices;
   }
   return out;
 }
@@ -259,7 +258,8 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
     if (options.keep_probes) result.probes.push_back(out.probe);
   }
   result.logits = lm_head_(final_norm_(x));
-  result.indexer_loss = losses.empty() ? torch::zeros({}, x.options()) : torch::stack(losses).mean();
+  result.indexer_loss =
+      losses.empty() ? torch::zeros({}, x.options()) : torch::stack(losses).mean();
   return result;
 }
 

@@ -39,18 +39,18 @@ enum class AttentionMode { kDense, kSparse };
 
 // How each layer obtained its selection. Tests use it to prove that replay never re-selects.
 struct SelectionStats {
-  int64_t selections = 0;             // flash_topk calls in forward
-  int64_t recompute_selections = 0;   // flash_topk calls during recomputation (replay off)
-  int64_t replays = 0;                // index_score_gather calls during recomputation (replay on)
+  int64_t selections = 0;            // flash_topk calls in forward
+  int64_t recompute_selections = 0;  // flash_topk calls during recomputation (replay off)
+  int64_t replays = 0;               // index_score_gather calls during recomputation (replay on)
 };
 
 // What one forward pass computes and keeps.
 struct ForwardOptions {
   AttentionMode attention = AttentionMode::kSparse;
   bool indexer_loss = true;
-  bool recompute = false;         // per-layer activation recomputation
-  bool selection_replay = true;   // in recomputation, replay the forward's indices
-  bool keep_probes = false;       // keep per-layer tensors for evaluation (indexer recall)
+  bool recompute = false;        // per-layer activation recomputation
+  bool selection_replay = true;  // in recomputation, replay the forward's indices
+  bool keep_probes = false;      // keep per-layer tensors for evaluation (indexer recall)
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
 };
 

@@ -29,6 +29,6 @@ std::map<std::string, torch::Tensor> optimizer_state(const torch::optim::AdamW& 
 // Restores what optimizer_state() returned; a parameter missing from `state` starts fresh.
 // Fails, naming the tensor, when an entry is incomplete or does not fit its parameter.
 absl::Status load_optimizer_state(torch::optim::AdamW& optimizer, const torch::nn::Module& model,
-                          const std::map<std::string, torch::Tensor>& state);
+                                  const std::map<std::string, torch::Tensor>& state);
 
 }  // namespace hyscale::trainer

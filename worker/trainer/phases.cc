@@ -22,8 +22,8 @@ struct RegionMarker : torch::autograd::Function<RegionMarker<kOpens>> {
     return {x.view_as(x)};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto clock = c10::static_intrusive_pointer_cast<PhaseClock>(
-        ctx->saved_data["clock"].toCapsule());
+    auto clock =
+        c10::static_intrusive_pointer_cast<PhaseClock>(ctx->saved_data["clock"].toCapsule());
     const auto phase = static_cast<Phase>(ctx->saved_data["phase"].toInt());
     if (kOpens) {
       clock->open_backward(phase);
@@ -34,8 +34,8 @@ struct RegionMarker : torch::autograd::Function<RegionMarker<kOpens>> {
   }
 };
 
-torch::Tensor mark(const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>& clock,
-                   Phase phase, bool opens) {
+torch::Tensor mark(const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>& clock, Phase phase,
+                   bool opens) {
   if (!clock || !x.requires_grad()) return x;
   return opens ? RegionMarker<true>::apply(x, clock, phase)[0]
                : RegionMarker<false>::apply(x, clock, phase)[0];
@@ -45,8 +45,8 @@ torch::Tensor mark(const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>&
 
 const char* phase_name(Phase phase) {
   static constexpr std::array<const char*, kPhaseCount> kNames = {
-      "data",        "selection", "attention_fwd", "attention_bwd", "indexer_loss",
-      "recompute",   "mlp",       "optimizer",     "comm"};
+      "data",      "selection", "attention_fwd", "attention_bwd", "indexer_loss",
+      "recompute", "mlp",       "optimizer",     "comm"};
   return kNames[static_cast<std::size_t>(phase)];
 }
 
@@ -75,8 +75,8 @@ PhaseSeconds PhaseClock::take() {
   return out;
 }
 
-torch::Tensor mark_region_output(const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>& clock,
-                                 Phase phase) {
+torch::Tensor mark_region_output(const torch::Tensor& x,
+                                 const c10::intrusive_ptr<PhaseClock>& clock, Phase phase) {
   return mark(x, clock, phase, /*opens=*/true);
 }
 

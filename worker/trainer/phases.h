@@ -67,8 +67,8 @@ class PhaseClock : public torch::CustomClassHolder {
 
 // Identity on x. In backward: mark_region_output opens `phase`, mark_region_input closes it.
 // Place the first on a region's output and the second on its input.
-torch::Tensor mark_region_output(const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>& clock,
-                                 Phase phase);
+torch::Tensor mark_region_output(const torch::Tensor& x,
+                                 const c10::intrusive_ptr<PhaseClock>& clock, Phase phase);
 torch::Tensor mark_region_input(const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>& clock,
                                 Phase phase);
 

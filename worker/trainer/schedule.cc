@@ -5,7 +5,8 @@
 
 namespace hyscale::trainer {
 
-StagePlan::StagePlan(const v1::JobSpec& spec) : stages_(spec.stages().begin(), spec.stages().end()) {
+StagePlan::StagePlan(const v1::JobSpec& spec)
+    : stages_(spec.stages().begin(), spec.stages().end()) {
   for (const auto& stage : stages_) {
     total_steps_ += stage.steps();
     ends_.push_back(total_steps_);

@@ -43,7 +43,8 @@ class Trainer::Impl {
         model_((torch::manual_seed(spec.seed()), ModelConfig::FromSpec(spec.model()))),
         optimizer_(make_adamw(*model_, spec.optimizer())),
         checkpoints_(spec.checkpoint().dir(), spec.checkpoint().keep()) {
-    for (const auto& p : model_->indexer_parameters()) indexer_params_.insert(p.unsafeGetTensorImpl());
+    for (const auto& p : model_->indexer_parameters())
+      indexer_params_.insert(p.unsafeGetTensorImpl());
   }
 
   absl::Status Resume() {
@@ -73,8 +74,8 @@ class Trainer::Impl {
       }
       StepMetrics metrics = TrainStep(step, position);
       if (!std::isfinite(metrics.loss)) {
-        return absl::InternalError(absl::StrCat("loss is not finite at step ", step,
-                                                " (lm_loss ", metrics.lm_loss, ", indexer_loss ",
+        return absl::InternalError(absl::StrCat("loss is not finite at step ", step, " (lm_loss ",
+                                                metrics.lm_loss, ", indexer_loss ",
                                                 metrics.indexer_loss, ")"));
       }
       step_ = step;
@@ -220,6 +221,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
-absl::Status Trainer::Run() { return impl_->Run(); }
+absl::Status Trainer::Run() {
+  return impl_->Run();
+}
 
 }  // namespace hyscale::trainer

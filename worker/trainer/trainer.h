@@ -17,10 +17,10 @@ namespace hyscale::trainer {
 class EventSink;
 
 struct TrainerOptions {
-  bool resume = false;                          // continue from the newest valid checkpoint
-  std::optional<AttentionMode> attention;      // overrides every stage's attention mode
-  std::optional<bool> recompute;               // overrides spec.recompute.enabled
-  std::optional<bool> selection_replay;        // overrides spec.recompute.selection_replay
+  bool resume = false;                     // continue from the newest valid checkpoint
+  std::optional<AttentionMode> attention;  // overrides every stage's attention mode
+  std::optional<bool> recompute;           // overrides spec.recompute.enabled
+  std::optional<bool> selection_replay;    // overrides spec.recompute.selection_replay
 };
 
 class Trainer {
