@@ -29,6 +29,12 @@ torch::Tensor to_tensor(const std::vector<int32_t>& values, int64_t rows, int64_
   return torch::tensor(values, torch::kInt32).view({rows, cols}).to(torch::kInt64);
 }
 
+// The initial weights are a function of the job's seed alone.
+DsaModel seeded_model(const v1::JobSpec& spec) {
+  torch::manual_seed(spec.seed());
+  return DsaModel(ModelConfig::FromSpec(spec.model()));
+}
+
 }  // namespace
 
 class Trainer::Impl {
@@ -40,7 +46,7 @@ class Trainer::Impl {
         events_(events),
         plan_(spec),
         data_(std::move(data)),
-        model_((torch::manual_seed(spec.seed()), ModelConfig::FromSpec(spec.model()))),
+        model_(seeded_model(spec)),
         optimizer_(make_adamw(*model_, spec.optimizer())),
         checkpoints_(spec.checkpoint().dir(), spec.checkpoint().keep()) {
     for (const auto& p : model_->indexer_parameters())
