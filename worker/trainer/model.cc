@@ -47,8 +47,8 @@ ModelConfig ModelConfig::FromSpec(const v1::ModelSpec& spec) {
   c.rope_dim = spec.rope_dim();
   c.head_dim_v = spec.head_dim_v();
   c.d_ff = spec.d_ff();
-  if (spec.rope_theta() > 0) c.rope_theta = spec.rope_theta();
-  if (spec.norm_eps() > 0) c.norm_eps = spec.norm_eps();
+  c.rope_theta = spec.rope_theta();
+  c.norm_eps = spec.norm_eps();
   c.index_heads = spec.indexer().heads();
   c.index_dim = spec.indexer().dim();
   c.index_rope_dim = spec.indexer().rope_dim();
