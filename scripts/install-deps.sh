@@ -13,8 +13,10 @@ packages=(
   libopenblas0-openmp
   # reusing freed pages instead of page-faulting fresh ones: see worker/trainer/allocator.cc
   libjemalloc-dev
-  # tests
-  libgtest-dev libgmock-dev
+  # the service: coordinator, worker agent, CLI
+  libgrpc++-dev protobuf-compiler-grpc libsqlite3-dev libcpp-httplib-dev
+  # tests: a real Prometheus server and promtool, clang's libFuzzer for the spec fuzz target
+  libgtest-dev libgmock-dev prometheus clang libclang-rt-14-dev
 )
 
 missing=()

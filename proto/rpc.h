@@ -1,0 +1,55 @@
+// What every gRPC client and server of HyScale shares: the bearer token, TLS, deadlines and the
+// mapping between absl::Status and grpc::Status.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace hyscale::rpc {
+
+// Metadata key of the bearer token ("authorization: Bearer <token>").
+inline constexpr char kAuthorizationHeader[] = "authorization";
+
+// The token from `--token`-style text, else from the file `token_file`, else from the environment
+// variable `env_name`; empty when none is given. A token file's surrounding whitespace is dropped.
+absl::StatusOr<std::string> ResolveToken(const std::string& token, const std::string& token_file,
+                                         const char* env_name);
+
+// Reads a whole file (certificates, keys, tokens). Errors name the path.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+struct ClientOptions {
+  std::string server;       // host:port
+  std::string token;        // empty: no authorization header
+  std::string tls_ca_file;  // PEM roots; empty: plaintext
+  std::chrono::milliseconds timeout{10000};  // deadline of each unary call
+};
+
+// A channel to `options.server`, TLS when a CA file is given.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(const ClientOptions& options);
+
+// Sets the deadline (now + timeout; none when `timeout` is zero, for follow streams) and the
+// bearer token on a call's context.
+void PrepareCall(grpc::ClientContext* context, const ClientOptions& options,
+                 std::chrono::milliseconds timeout);
+inline void PrepareCall(grpc::ClientContext* context, const ClientOptions& options) {
+  PrepareCall(context, options, options.timeout);
+}
+
+// Server credentials: TLS with `cert_file` and `key_file` when both are given, else insecure.
+// One given without the other is an error naming the missing one.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const std::string& cert_file, const std::string& key_file);
+
+// Checks "authorization: Bearer <expected>" on a server call. OK when `expected` is empty (auth off).
+grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& expected);
+
+grpc::Status ToGrpc(const absl::Status& status);
+absl::Status FromGrpc(const grpc::Status& status);
+
+}  // namespace hyscale::rpc
