@@ -1,0 +1,263 @@
+#include "worker/agent/agent.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <thread>
+
+#include "tests/agent/fake_coordinator.h"
+#include "tests/agent/fake_trainer.h"
+#include "tests/agent/temp_dir.h"
+#include "worker/agent/devices.h"
+
+namespace hyscale::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::FakeCoordinator;
+using testing::FakeWorkerService;
+using testing::TempDir;
+
+v1::Assignment RunAssignment(const std::string& mode, const std::string& job, int attempt = 0) {
+  v1::Assignment assignment;
+  v1::RunRank* run = assignment.mutable_run();
+  run->mutable_ref()->set_job_id(job);
+  run->mutable_ref()->set_rank(0);
+  run->mutable_ref()->set_attempt(attempt);
+  run->set_world_size(1);
+  run->mutable_spec()->set_name(mode);
+  return assignment;
+}
+
+v1::Assignment StopAssignment(const std::string& job, const std::string& reason) {
+  v1::Assignment assignment;
+  assignment.mutable_stop()->mutable_ref()->set_job_id(job);
+  assignment.mutable_stop()->set_reason(reason);
+  return assignment;
+}
+
+// Reports about `job`, in the order the coordinator received them.
+std::vector<v1::RankReport> ReportsOf(const std::vector<v1::RankReport>& reports,
+                                      const std::string& job) {
+  std::vector<v1::RankReport> selected;
+  for (const auto& report : reports) {
+    if (report.ref().job_id() == job) selected.push_back(report);
+  }
+  return selected;
+}
+
+bool HasExit(const std::vector<v1::RankReport>& reports, const std::string& job) {
+  for (const auto& report : reports) {
+    if (report.ref().job_id() == job && report.has_exited()) return true;
+  }
+  return false;
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  AgentTest() : coordinator_(std::make_unique<FakeCoordinator>()) {}
+  ~AgentTest() override { StopAgent(); }
+
+  void StartAgent() {
+    AgentOptions options;
+    options.client.server = coordinator_->address();
+    options.client.timeout = milliseconds(2000);
+    options.name = "worker-a";
+    options.address = "127.0.0.1";
+    options.devices = *ParseDeviceOverride("cpu:2");
+    options.work_dir = dir_.path() + "/work";
+    options.trainer_path = testing::WriteFakeTrainer(dir_.path());
+    options.stop_grace = milliseconds(2000);
+    options.report_linger = milliseconds(20);
+    options.backoff_initial = milliseconds(50);
+    options.backoff_max = milliseconds(300);
+    agent_ = std::make_unique<Agent>(options);
+    runner_ = std::thread([this] { EXPECT_TRUE(agent_->Run().ok()); });
+  }
+
+  void StopAgent() {
+    if (!agent_) return;
+    agent_->Shutdown();
+    runner_.join();
+    agent_.reset();
+  }
+
+  FakeWorkerService& service() { return coordinator_->service(); }
+
+  bool WaitForExit(const std::string& job) {
+    auto& fake = service();
+    return fake.WaitUntil([&] { return HasExit(fake.reports_locked(), job); });
+  }
+
+  bool WaitForStream() {
+    auto& fake = service();
+    return fake.WaitUntil([&] { return fake.open_streams_locked() > 0; });
+  }
+
+  TempDir dir_;
+  std::unique_ptr<FakeCoordinator> coordinator_;
+  std::unique_ptr<Agent> agent_;
+  std::thread runner_;
+};
+
+TEST_F(AgentTest, RegistersDevices) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  const auto registrations = service().registrations();
+  ASSERT_FALSE(registrations.empty());
+  EXPECT_EQ(registrations[0].name(), "worker-a");
+  EXPECT_EQ(registrations[0].address(), "127.0.0.1");
+  ASSERT_EQ(registrations[0].devices_size(), 1);
+  EXPECT_EQ(registrations[0].devices(0).count(), 2);
+  EXPECT_EQ(registrations[0].running_size(), 0);
+}
+
+TEST_F(AgentTest, RunsRankAndForwardsEventsInOrder) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  service().Push(RunAssignment("ok", "job-ok"));
+  ASSERT_TRUE(WaitForExit("job-ok"));
+  const auto reports = ReportsOf(service().reports(), "job-ok");
+  ASSERT_FALSE(reports.empty());
+  EXPECT_GT(reports.front().started_pid(), 0);
+  std::vector<std::string> events;
+  std::string log;
+  for (const auto& report : reports) {
+    if (report.has_event_json()) events.push_back(report.event_json());
+    if (report.has_log()) log += report.log();
+  }
+  ASSERT_EQ(events.size(), 5u);
+  EXPECT_NE(events[0].find("job_started"), std::string::npos);
+  for (int i = 1; i <= 3; ++i) {
+    EXPECT_NE(events[i].find("\"step\":" + std::to_string(i)), std::string::npos) << events[i];
+  }
+  EXPECT_NE(events[4].find("job_finished"), std::string::npos);
+  EXPECT_NE(log.find("not json, just a log line"), std::string::npos);
+  ASSERT_TRUE(reports.back().has_exited());
+  EXPECT_EQ(reports.back().exited().exit_code(), 0);
+  EXPECT_EQ(reports.back().ref().attempt(), 0);
+}
+
+TEST_F(AgentTest, CrashIsReportedAndAgentKeepsServing) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  service().Push(RunAssignment("crash", "job-crash"));
+  ASSERT_TRUE(WaitForExit("job-crash"));
+  const auto crash = ReportsOf(service().reports(), "job-crash");
+  EXPECT_EQ(crash.back().exited().exit_code(), 3);
+  EXPECT_EQ(crash.back().exited().reason(), "exited with code 3");
+
+  service().Push(RunAssignment("ok", "job-after"));
+  ASSERT_TRUE(WaitForExit("job-after"));
+  EXPECT_EQ(ReportsOf(service().reports(), "job-after").back().exited().exit_code(), 0);
+}
+
+TEST_F(AgentTest, StopRankKillsTrainer) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  service().Push(RunAssignment("sleep", "job-stop"));
+  auto& fake = service();
+  ASSERT_TRUE(fake.WaitUntil([&] {
+    for (const auto& report : fake.reports_locked()) {
+      if (report.has_started_pid()) return true;
+    }
+    return false;
+  }));
+  service().Push(StopAssignment("job-stop", "cancelled"));
+  ASSERT_TRUE(WaitForExit("job-stop"));
+  const auto reports = ReportsOf(service().reports(), "job-stop");
+  EXPECT_EQ(reports.back().exited().exit_code(), -1);
+  EXPECT_EQ(reports.back().exited().signal(), SIGTERM);
+  EXPECT_EQ(reports.back().exited().reason(), "cancelled");
+  // The rank is forgotten once the coordinator acknowledged its exit.
+  for (int i = 0; i < 100 && !agent_->Running().empty(); ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(agent_->Running().empty());
+}
+
+TEST_F(AgentTest, DuplicateAssignmentRunsOnce) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  service().Push(RunAssignment("sleep", "job-dup"));
+  service().Push(RunAssignment("sleep", "job-dup"));
+  auto& fake = service();
+  ASSERT_TRUE(fake.WaitUntil([&] { return !fake.reports_locked().empty(); }));
+  std::this_thread::sleep_for(milliseconds(300));
+  int started = 0;
+  for (const auto& report : service().reports()) started += report.has_started_pid() ? 1 : 0;
+  EXPECT_EQ(started, 1);
+  EXPECT_EQ(agent_->Running().size(), 1u);
+}
+
+TEST_F(AgentTest, ReconnectsAfterCoordinatorRestartWithRanksStillRunning) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  service().Push(RunAssignment("slow", "job-slow"));
+  auto& fake = service();
+  ASSERT_TRUE(fake.WaitUntil([&] {
+    for (const auto& report : fake.reports_locked()) {
+      if (report.has_started_pid()) return true;
+    }
+    return false;
+  }));
+  const int port = coordinator_->port();
+  coordinator_->Stop();
+  // The trainer keeps going while the coordinator is away; its reports queue up.
+  std::this_thread::sleep_for(milliseconds(800));
+  coordinator_ = std::make_unique<FakeCoordinator>(port);
+  ASSERT_EQ(coordinator_->port(), port);
+  ASSERT_TRUE(WaitForExit("job-slow"));
+
+  // It registered again, listing the rank it still runs, so nothing starts twice.
+  const auto registrations = service().registrations();
+  ASSERT_FALSE(registrations.empty());
+  ASSERT_EQ(registrations[0].running_size(), 1);
+  EXPECT_EQ(registrations[0].running(0).job_id(), "job-slow");
+  // Reports sent after the restart continue in order: step numbers increase, no duplicates.
+  int64_t last_step = 0;
+  for (const auto& report : ReportsOf(service().reports(), "job-slow")) {
+    EXPECT_FALSE(report.has_started_pid());
+    const std::string& line = report.event_json();
+    const auto at = line.find("\"step\":");
+    if (!report.has_event_json() || at == std::string::npos) continue;
+    const int64_t step = std::stoll(line.substr(at + 7));
+    EXPECT_GT(step, last_step);
+    last_step = step;
+  }
+  EXPECT_EQ(last_step, 10);
+}
+
+TEST_F(AgentTest, RegistersAgainWhenCoordinatorForgetsIt) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  service().Forget("worker-a");
+  auto& fake = service();
+  ASSERT_TRUE(fake.WaitUntil([&] { return fake.registrations_locked().size() >= 2; }));
+}
+
+TEST_F(AgentTest, ShutdownStopsTrainersAndReportsExit) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  service().Push(RunAssignment("sleep", "job-shutdown"));
+  auto& fake = service();
+  ASSERT_TRUE(fake.WaitUntil([&] { return !fake.reports_locked().empty(); }));
+  StopAgent();
+  const auto reports = ReportsOf(service().reports(), "job-shutdown");
+  ASSERT_TRUE(reports.back().has_exited());
+  EXPECT_EQ(reports.back().exited().reason(), "worker shutting down");
+}
+
+TEST_F(AgentTest, RetriesRegistrationUntilCoordinatorComesUp) {
+  const int port = coordinator_->port();
+  coordinator_->Stop();
+  StartAgent();
+  std::this_thread::sleep_for(milliseconds(500));
+  coordinator_ = std::make_unique<FakeCoordinator>(port);
+  ASSERT_TRUE(WaitForStream());
+  service().Push(RunAssignment("ok", "job-late"));
+  ASSERT_TRUE(WaitForExit("job-late"));
+}
+
+}  // namespace
+}  // namespace hyscale::agent

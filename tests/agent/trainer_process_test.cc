@@ -1,0 +1,227 @@
+#include "worker/agent/trainer_process.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "tests/agent/fake_trainer.h"
+#include "tests/agent/temp_dir.h"
+
+namespace hyscale::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::TempDir;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A process that exists and is not a zombie.
+bool Alive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  const std::string stat = ReadAll("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
+v1::RunRank MakeRun(const std::string& mode, int rank = 0, int attempt = 0) {
+  v1::RunRank run;
+  run.mutable_ref()->set_job_id("job-1");
+  run.mutable_ref()->set_rank(rank);
+  run.mutable_ref()->set_attempt(attempt);
+  run.set_world_size(2);
+  run.set_rendezvous("127.0.0.1:29500");
+  run.set_device_index(1);
+  run.mutable_spec()->set_name(mode);
+  run.mutable_spec()->mutable_data()->set_seq_len(64);
+  return run;
+}
+
+// Collects a process's callbacks.
+struct Recorder {
+  std::mutex mu;
+  pid_t started = 0;
+  std::vector<std::string> events;
+  std::string log;
+  std::vector<TrainerExit> exits;
+
+  TrainerProcess::Callbacks Callbacks() {
+    TrainerProcess::Callbacks callbacks;
+    callbacks.on_start = [this](pid_t pid) {
+      std::lock_guard<std::mutex> lock(mu);
+      started = pid;
+    };
+    callbacks.on_event = [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(line);
+    };
+    callbacks.on_log = [this](const std::string& chunk) {
+      std::lock_guard<std::mutex> lock(mu);
+      log += chunk;
+    };
+    callbacks.on_exit = [this](const TrainerExit& exit) {
+      std::lock_guard<std::mutex> lock(mu);
+      exits.push_back(exit);
+    };
+    return callbacks;
+  }
+};
+
+class TrainerProcessTest : public ::testing::Test {
+ protected:
+  TrainerProcessTest() : trainer_(testing::WriteFakeTrainer(dir_.path())) {}
+
+  TrainerCommand Prepare(const v1::RunRank& run, bool gpus = false) {
+    auto command = PrepareRank(run, {dir_.path() + "/work", trainer_, gpus});
+    EXPECT_TRUE(command.ok()) << command.status();
+    return *command;
+  }
+
+  TempDir dir_;
+  std::string trainer_;
+};
+
+TEST_F(TrainerProcessTest, PrepareWritesSpecAndCommand) {
+  v1::RunRank run = MakeRun("ok", 1, 2);
+  run.set_checkpoint_dir("/shared/ckpt/job-1");
+  run.set_resume(true);
+  const TrainerCommand command = Prepare(run, /*gpus=*/true);
+  const std::string rank_dir = dir_.path() + "/work/job-1/2/rank1";
+  EXPECT_EQ(command.args,
+            (std::vector<std::string>{"--config", rank_dir + "/job.json", "--checkpoint-dir",
+                                      "/shared/ckpt/job-1", "--resume"}));
+  EXPECT_EQ(command.log_path, dir_.path() + "/work/job-1/2/rank1.log");
+  const std::string json = ReadAll(rank_dir + "/job.json");
+  EXPECT_NE(json.find("\"seq_len\": 64"), std::string::npos) << json;  // proto field names
+  const auto env = [&](const std::string& name) {
+    for (const auto& [key, value] : command.env) {
+      if (key == name) return value;
+    }
+    return std::string("<unset>");
+  };
+  EXPECT_EQ(env("HYSCALE_JOB_ID"), "job-1");
+  EXPECT_EQ(env("HYSCALE_RANK"), "1");
+  EXPECT_EQ(env("HYSCALE_WORLD_SIZE"), "2");
+  EXPECT_EQ(env("HYSCALE_RENDEZVOUS"), "127.0.0.1:29500");
+  EXPECT_EQ(env("HYSCALE_DEVICE_INDEX"), "1");
+  EXPECT_EQ(env("CUDA_VISIBLE_DEVICES"), "1");
+}
+
+TEST_F(TrainerProcessTest, PrepareDefaultsCheckpointDirAndSkipsCudaOnCpu) {
+  const TrainerCommand command = Prepare(MakeRun("ok"));
+  EXPECT_EQ(command.args[3], dir_.path() + "/work/job-1/checkpoints");
+  for (const auto& [key, value] : command.env) EXPECT_NE(key, "CUDA_VISIBLE_DEVICES");
+}
+
+TEST_F(TrainerProcessTest, PrepareRejectsUnsafeJobId) {
+  v1::RunRank run = MakeRun("ok");
+  run.mutable_ref()->set_job_id("../escape");
+  auto command = PrepareRank(run, {dir_.path(), trainer_, false});
+  ASSERT_FALSE(command.ok());
+  EXPECT_NE(command.status().message().find("job_id"), std::string::npos);
+}
+
+TEST_F(TrainerProcessTest, EventsInOrderAndLogKept) {
+  const TrainerCommand command = Prepare(MakeRun("ok"));
+  Recorder recorder;
+  auto process = TrainerProcess::Start(command, recorder.Callbacks());
+  ASSERT_TRUE(process.ok()) << process.status();
+  ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(20)));
+  std::lock_guard<std::mutex> lock(recorder.mu);
+  EXPECT_EQ(recorder.started, (*process)->pid());
+  ASSERT_EQ(recorder.events.size(), 5u);
+  EXPECT_NE(recorder.events[0].find("job_started"), std::string::npos);
+  for (int i = 1; i <= 3; ++i) {
+    EXPECT_NE(recorder.events[i].find("\"step\":" + std::to_string(i)), std::string::npos);
+  }
+  EXPECT_NE(recorder.events[4].find("job_finished"), std::string::npos);
+  ASSERT_EQ(recorder.exits.size(), 1u);
+  EXPECT_EQ(recorder.exits[0].exit_code, 0);
+  EXPECT_EQ(recorder.exits[0].signal, 0);
+  // stdout and stderr both in the log, forwarded and on disk.
+  const std::string file = ReadAll(command.log_path);
+  for (const std::string* log : {static_cast<const std::string*>(&recorder.log), &file}) {
+    EXPECT_NE(log->find("not json, just a log line"), std::string::npos) << *log;
+    EXPECT_NE(log->find("fake trainer ok: job job-1 rank 0 of 2"), std::string::npos) << *log;
+    EXPECT_NE(log->find("\"event\":\"step\""), std::string::npos) << *log;
+  }
+}
+
+TEST_F(TrainerProcessTest, CrashReportsExitCode) {
+  Recorder recorder;
+  auto process = TrainerProcess::Start(Prepare(MakeRun("crash")), recorder.Callbacks());
+  ASSERT_TRUE(process.ok()) << process.status();
+  ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(20)));
+  std::lock_guard<std::mutex> lock(recorder.mu);
+  ASSERT_EQ(recorder.exits.size(), 1u);
+  EXPECT_EQ(recorder.exits[0].exit_code, 3);
+  EXPECT_EQ(recorder.exits[0].reason, "exited with code 3");
+  EXPECT_NE(recorder.log.find("boom"), std::string::npos);
+}
+
+TEST_F(TrainerProcessTest, StopKillsTheProcessGroup) {
+  const TrainerCommand command = Prepare(MakeRun("sleep"));
+  Recorder recorder;
+  auto process = TrainerProcess::Start(command, recorder.Callbacks());
+  ASSERT_TRUE(process.ok()) << process.status();
+  const std::string pid_file = dir_.path() + "/work/job-1/0/rank0/child.pid";
+  for (int i = 0; i < 200 && ReadAll(pid_file).empty(); ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  const pid_t child = std::stoi(ReadAll(pid_file));
+  ASSERT_TRUE(Alive(child));
+  (*process)->Stop("cancelled", std::chrono::seconds(10));
+  ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
+  {
+    std::lock_guard<std::mutex> lock(recorder.mu);
+    ASSERT_EQ(recorder.exits.size(), 1u);
+    EXPECT_EQ(recorder.exits[0].exit_code, -1);
+    EXPECT_EQ(recorder.exits[0].signal, SIGTERM);
+    EXPECT_EQ(recorder.exits[0].reason, "cancelled");
+  }
+  for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(Alive(child)) << "the trainer's child survived";
+}
+
+TEST_F(TrainerProcessTest, StopEscalatesToSigkill) {
+  const TrainerCommand command = Prepare(MakeRun("stubborn"));
+  Recorder recorder;
+  auto process = TrainerProcess::Start(command, recorder.Callbacks());
+  ASSERT_TRUE(process.ok()) << process.status();
+  const std::string pid_file = dir_.path() + "/work/job-1/0/rank0/child.pid";
+  for (int i = 0; i < 200 && ReadAll(pid_file).empty(); ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  const pid_t child = std::stoi(ReadAll(pid_file));
+  (*process)->Stop("cancelled", milliseconds(300));
+  ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
+  {
+    std::lock_guard<std::mutex> lock(recorder.mu);
+    ASSERT_EQ(recorder.exits.size(), 1u);
+    EXPECT_EQ(recorder.exits[0].signal, SIGKILL);
+  }
+  for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(Alive(child));
+}
+
+TEST_F(TrainerProcessTest, MissingProgramIsAnError) {
+  TrainerCommand command = Prepare(MakeRun("ok"));
+  command.program = dir_.path() + "/no-such-trainer";
+  Recorder recorder;
+  auto process = TrainerProcess::Start(command, recorder.Callbacks());
+  ASSERT_FALSE(process.ok());
+  EXPECT_NE(process.status().message().find("no-such-trainer"), std::string::npos);
+  EXPECT_EQ(recorder.started, 0);
+}
+
+}  // namespace
+}  // namespace hyscale::agent

@@ -1,0 +1,163 @@
+// hyscale-worker: the worker agent. Registers this machine's devices with the coordinator
+// (hyscaled), runs the ranks it assigns as hyscale-train processes and reports their progress.
+// SIGTERM or SIGINT stops the trainers and exits.
+//
+// Exit codes: 0 after a signal-initiated shutdown; 2 bad flags; 1 setup failed.
+#include <limits.h>
+#include <signal.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "proto/rpc.h"
+#include "worker/agent/agent.h"
+#include "worker/agent/devices.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kExitSetup = 1;
+constexpr int kExitUsage = 2;
+
+std::string Hostname() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+bool IsExecutable(const fs::path& path) {
+  std::error_code error;
+  return fs::is_regular_file(path, error) && access(path.c_str(), X_OK) == 0;
+}
+
+// hyscale-train next to this binary (installed layout), else ../trainer/hyscale-train (build
+// layout: worker/agent and worker/trainer), else on PATH. Empty when none is found.
+std::string FindTrainer() {
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    for (const fs::path& candidate : {self.parent_path() / "hyscale-train",
+                                      self.parent_path() / ".." / "trainer" / "hyscale-train"}) {
+      if (IsExecutable(candidate)) return fs::weakly_canonical(candidate, error).string();
+    }
+  }
+  if (const char* path = std::getenv("PATH"); path != nullptr) {
+    std::string directories = path;
+    size_t start = 0;
+    while (start <= directories.size()) {
+      const size_t end = std::min(directories.find(':', start), directories.size());
+      const fs::path candidate = fs::path(directories.substr(start, end - start)) / "hyscale-train";
+      if (end > start && IsExecutable(candidate)) return candidate.string();
+      start = end + 1;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hyscale-worker: runs HyScale trainer processes for the coordinator"};
+  std::string server, token, token_file, tls_ca, name = Hostname(), address, devices_text,
+                                                 work_dir = "./hyscale-worker", trainer;
+  int64_t heartbeat_ms = 2000, stop_grace_ms = 10000, timeout_ms = 10000;
+  app.add_option("--server", server, "Coordinator host:port (env HYSCALE_SERVER)")
+      ->envname("HYSCALE_SERVER")
+      ->default_str("127.0.0.1:50051");
+  app.add_option("--token", token, "Bearer token (else --token-file, else env HYSCALE_TOKEN)");
+  app.add_option("--token-file", token_file, "File holding the bearer token");
+  app.add_option("--tls-ca", tls_ca, "PEM CA certificates: connect with TLS");
+  app.add_option("--name", name, "Worker name, the worker id (default: hostname)");
+  app.add_option("--address", address, "Host other ranks reach this one at (default: --name)");
+  app.add_option("--devices", devices_text,
+                 "Device override, e.g. cpu:2 or gpu:8:141GB (default: detect)");
+  app.add_option("--work-dir", work_dir, "Directory for job specs and rank logs")
+      ->capture_default_str();
+  app.add_option("--trainer", trainer,
+                 "hyscale-train binary (default: next to hyscale-worker, ../trainer, or PATH)");
+  app.add_option("--heartbeat-interval-ms", heartbeat_ms,
+                 "Heartbeat period until the coordinator sets one")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--stop-grace-ms", stop_grace_ms, "SIGTERM to SIGKILL grace for trainers")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout-ms", timeout_ms, "Deadline of each call to the coordinator")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  if (server.empty()) server = "127.0.0.1:50051";
+
+  hyscale::agent::AgentOptions options;
+  auto resolved_token = hyscale::rpc::ResolveToken(token, token_file, "HYSCALE_TOKEN");
+  if (!resolved_token.ok()) {
+    std::cerr << "hyscale-worker: " << resolved_token.status().message() << "\n";
+    return kExitUsage;
+  }
+  options.client = {server, *resolved_token, tls_ca, std::chrono::milliseconds(timeout_ms)};
+  options.name = name;
+  options.address = address.empty() ? name : address;
+  if (devices_text.empty()) {
+    options.devices = hyscale::agent::DetectDevices();
+  } else {
+    auto devices = hyscale::agent::ParseDeviceOverride(devices_text);
+    if (!devices.ok()) {
+      std::cerr << "hyscale-worker: " << devices.status().message() << "\n";
+      return kExitUsage;
+    }
+    options.devices = *std::move(devices);
+  }
+  options.trainer_path = trainer.empty() ? FindTrainer() : trainer;
+  if (options.trainer_path.empty()) {
+    std::cerr << "hyscale-worker: trainer: hyscale-train not found next to hyscale-worker, in "
+                 "../trainer or on PATH; pass --trainer\n";
+    return kExitUsage;
+  }
+  std::error_code error;
+  fs::create_directories(work_dir, error);
+  if (error) {
+    std::cerr << "hyscale-worker: work-dir: cannot create " << work_dir << ": " << error.message()
+              << "\n";
+    return kExitSetup;
+  }
+  options.work_dir = fs::absolute(work_dir).string();
+  options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  options.stop_grace = std::chrono::milliseconds(stop_grace_ms);
+
+  // Signals are taken by one thread with sigwait; every other thread (and, once they unblock it,
+  // the trainers) never sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  hyscale::agent::Agent agent(options);
+  std::thread signal_thread([&agent, signals] {
+    int received = 0;
+    sigwait(&signals, &received);
+    std::cerr << "hyscale-worker: " << strsignal(received) << ": stopping trainers\n";
+    agent.Shutdown();
+  });
+  signal_thread.detach();
+
+  const absl::Status status = agent.Run();
+  if (!status.ok()) {
+    std::cerr << "hyscale-worker: " << status.message() << "\n";
+    return kExitSetup;
+  }
+  std::cerr << "hyscale-worker: stopped\n";
+  return 0;
+}

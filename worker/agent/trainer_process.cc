@@ -1,0 +1,358 @@
+#include "worker/agent/trainer_process.h"
+
+#include <absl/strings/str_cat.h>
+#include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+extern char** environ;
+
+namespace hyscale::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A stdout line longer than this is not an event; it only goes to the log.
+constexpr size_t kMaxEventLine = 1 << 20;
+// How long to keep reading a dead trainer's pipes that a leftover child still holds.
+constexpr std::chrono::seconds kDrainAfterExit{2};
+constexpr int kPollMillis = 100;
+
+bool SafePathComponent(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat(temporary.string(), ": write failed"));
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) return absl::InternalError(absl::StrCat(path.string(), ": ", error.message()));
+  return absl::OkStatus();
+}
+
+// Sets close-on-exec and non-blocking reads on a pipe end we keep.
+void PrepareReadEnd(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+}  // namespace
+
+absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSetup& setup) {
+  const v1::RankRef& ref = run.ref();
+  if (!SafePathComponent(ref.job_id())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run.ref.job_id: not a usable directory name (got '", ref.job_id(), "')"));
+  }
+  if (ref.rank() < 0 || ref.attempt() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("run.ref: negative rank or attempt (got rank ",
+                                                   ref.rank(), ", attempt ", ref.attempt(), ")"));
+  }
+  const fs::path attempt_dir =
+      fs::path(setup.work_dir) / ref.job_id() / std::to_string(ref.attempt());
+  const fs::path rank_dir = attempt_dir / absl::StrCat("rank", ref.rank());
+  std::error_code error;
+  fs::create_directories(rank_dir, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat(rank_dir.string(), ": cannot create: ", error.message()));
+  }
+
+  google::protobuf::util::JsonPrintOptions json_options;
+  json_options.preserve_proto_field_names = true;
+  json_options.add_whitespace = true;
+  std::string json;
+  if (auto status = google::protobuf::util::MessageToJsonString(run.spec(), &json, json_options);
+      !status.ok()) {
+    return absl::InternalError(absl::StrCat("run.spec: cannot write as JSON: ", status.ToString()));
+  }
+  const fs::path config = rank_dir / "job.json";
+  if (auto status = WriteFileAtomically(config, json); !status.ok()) return status;
+
+  std::string checkpoint_dir = run.checkpoint_dir();
+  if (checkpoint_dir.empty()) {
+    checkpoint_dir = (fs::path(setup.work_dir) / ref.job_id() / "checkpoints").string();
+  }
+
+  TrainerCommand command;
+  command.program = setup.trainer_path;
+  command.args = {"--config", config.string(), "--checkpoint-dir", checkpoint_dir};
+  if (run.resume()) command.args.push_back("--resume");
+  command.env = {{"HYSCALE_JOB_ID", ref.job_id()},
+                 {"HYSCALE_RANK", std::to_string(ref.rank())},
+                 {"HYSCALE_WORLD_SIZE", std::to_string(std::max(1, run.world_size()))},
+                 {"HYSCALE_RENDEZVOUS", run.rendezvous()},
+                 {"HYSCALE_DEVICE_INDEX", std::to_string(run.device_index())}};
+  if (setup.gpus)
+    command.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(run.device_index()));
+  command.log_path = (attempt_dir / absl::StrCat("rank", ref.rank(), ".log")).string();
+  return command;
+}
+
+absl::StatusOr<std::unique_ptr<TrainerProcess>> TrainerProcess::Start(const TrainerCommand& command,
+                                                                      Callbacks callbacks) {
+  // Everything the child needs is built before fork: between fork and exec only
+  // async-signal-safe calls are allowed (the agent is multi-threaded).
+  std::vector<std::string> argv_strings = {command.program};
+  argv_strings.insert(argv_strings.end(), command.args.begin(), command.args.end());
+  std::vector<char*> argv;
+  for (auto& arg : argv_strings) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  std::vector<std::string> env_strings;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string variable = *entry;
+    bool replaced = false;
+    for (const auto& [name, value] : command.env) {
+      if (variable.compare(0, name.size() + 1, name + "=") == 0) replaced = true;
+    }
+    if (!replaced) env_strings.push_back(variable);
+  }
+  for (const auto& [name, value] : command.env) env_strings.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& variable : env_strings) envp.push_back(variable.data());
+  envp.push_back(nullptr);
+
+  const int log_fd =
+      open(command.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) {
+    return absl::InternalError(
+        absl::StrCat(command.log_path, ": cannot open: ", std::strerror(errno)));
+  }
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (null_fd < 0 || pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0 ||
+      pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    const int saved = errno;
+    close(log_fd);
+    return absl::InternalError(absl::StrCat("cannot create pipes: ", std::strerror(saved)));
+  }
+
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int saved = errno;
+    for (int fd : {log_fd, null_fd, out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1],
+                   exec_pipe[0], exec_pipe[1]}) {
+      close(fd);
+    }
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(saved)));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    // The agent blocks SIGTERM/SIGINT for its signal thread; the trainer must see them.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : {SIGPIPE, SIGTERM, SIGINT, SIGHUP}) signal(sig, SIG_DFL);
+    dup2(null_fd, STDIN_FILENO);
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    execve(argv[0], argv.data(), envp.data());
+    const int error = errno;
+    ssize_t ignored = write(exec_pipe[1], &error, sizeof error);
+    (void)ignored;
+    _exit(127);
+  }
+  // Also set in the parent so a Stop right after Start finds the group.
+  setpgid(pid, pid);
+  for (int fd : {null_fd, out_pipe[1], err_pipe[1], exec_pipe[1]}) close(fd);
+
+  int exec_error = 0;
+  ssize_t n;
+  do {
+    n = read(exec_pipe[0], &exec_error, sizeof exec_error);
+  } while (n < 0 && errno == EINTR);
+  close(exec_pipe[0]);
+  if (n == sizeof exec_error) {
+    waitpid(pid, nullptr, 0);
+    for (int fd : {log_fd, out_pipe[0], err_pipe[0]}) close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(command.program, ": cannot execute: ", std::strerror(exec_error)));
+  }
+  PrepareReadEnd(out_pipe[0]);
+  PrepareReadEnd(err_pipe[0]);
+  if (callbacks.on_start) callbacks.on_start(pid);
+  return std::unique_ptr<TrainerProcess>(
+      new TrainerProcess(pid, out_pipe[0], err_pipe[0], log_fd, std::move(callbacks)));
+}
+
+TrainerProcess::TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd,
+                               Callbacks callbacks)
+    : pid_(pid),
+      stdout_fd_(stdout_fd),
+      stderr_fd_(stderr_fd),
+      log_fd_(log_fd),
+      callbacks_(std::move(callbacks)) {
+  monitor_ = std::thread([this] { Monitor(); });
+}
+
+TrainerProcess::~TrainerProcess() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!exited_) {
+      if (!stop_reason_) stop_reason_ = "agent shutting down";
+      kill_at_ = Clock::now();
+    }
+  }
+  monitor_.join();
+}
+
+void TrainerProcess::Stop(const std::string& reason, std::chrono::milliseconds grace) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (exited_ || stop_reason_) return;
+  stop_reason_ = reason;
+  kill_at_ = Clock::now() + grace;
+  killpg(pid_, SIGTERM);
+}
+
+bool TrainerProcess::WaitForExit(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return exited_cv_.wait_for(lock, timeout, [this] { return exited_; });
+}
+
+void TrainerProcess::Monitor() {
+  bool leader_exited = false;
+  Clock::time_point drain_until{};
+  char buffer[64 * 1024];
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (kill_at_ && !killed_ && Clock::now() >= *kill_at_) {
+        killpg(pid_, SIGKILL);
+        killed_ = true;
+      }
+    }
+    if (!leader_exited) {
+      // WNOWAIT leaves the zombie in place, so the group id cannot be reused while we kill
+      // whatever the trainer left behind.
+      siginfo_t info{};
+      if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_) {
+        leader_exited = true;
+        killpg(pid_, SIGKILL);
+        drain_until = Clock::now() + kDrainAfterExit;
+      }
+    }
+    const bool pipes_open = stdout_fd_ >= 0 || stderr_fd_ >= 0;
+    if (leader_exited && (!pipes_open || Clock::now() >= drain_until)) break;
+
+    pollfd fds[2];
+    int count = 0;
+    if (stdout_fd_ >= 0) fds[count++] = {stdout_fd_, POLLIN, 0};
+    if (stderr_fd_ >= 0) fds[count++] = {stderr_fd_, POLLIN, 0};
+    if (poll(fds, count, kPollMillis) <= 0) continue;
+    for (int i = 0; i < count; ++i) {
+      if (fds[i].revents == 0) continue;
+      int* fd = fds[i].fd == stdout_fd_ ? &stdout_fd_ : &stderr_fd_;
+      const ssize_t n = read(*fd, buffer, sizeof buffer);
+      if (n > 0) {
+        if (fd == &stdout_fd_) {
+          HandleStdout(buffer, static_cast<size_t>(n));
+        } else {
+          WriteLog(buffer, static_cast<size_t>(n));
+          if (callbacks_.on_log) callbacks_.on_log(std::string(buffer, static_cast<size_t>(n)));
+        }
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        close(*fd);
+        *fd = -1;
+      }
+    }
+  }
+  for (int* fd : {&stdout_fd_, &stderr_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+  if (!partial_line_.empty()) HandleLine(partial_line_);
+  partial_line_.clear();
+
+  int wait_status = 0;
+  while (waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
+  }
+  close(log_fd_);
+  const TrainerExit exit = DescribeExit(wait_status);
+  if (callbacks_.on_exit) callbacks_.on_exit(exit);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exited_ = true;
+  }
+  exited_cv_.notify_all();
+}
+
+void TrainerProcess::HandleStdout(const char* data, size_t size) {
+  WriteLog(data, size);
+  if (callbacks_.on_log) callbacks_.on_log(std::string(data, size));
+  size_t start = 0;
+  for (size_t i = 0; i < size; ++i) {
+    if (data[i] != '\n') continue;
+    partial_line_.append(data + start, i - start);
+    HandleLine(partial_line_);
+    partial_line_.clear();
+    start = i + 1;
+  }
+  partial_line_.append(data + start, size - start);
+  if (partial_line_.size() > kMaxEventLine) partial_line_.clear();
+}
+
+void TrainerProcess::HandleLine(const std::string& raw) {
+  std::string line = raw;
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (line.empty() || line.front() != '{' || line.size() > kMaxEventLine) return;
+  const auto event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!event.is_object()) return;
+  const auto name = event.find("event");
+  if (name == event.end() || !name->is_string()) return;
+  if (*name == "job_finished") {
+    const auto reason = event.find("reason");
+    job_finished_reason_ =
+        reason != event.end() && reason->is_string() ? reason->get<std::string>() : "";
+  }
+  if (callbacks_.on_event) callbacks_.on_event(line);
+}
+
+void TrainerProcess::WriteLog(const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = write(log_fd_, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a full disk must not stop the trainer's events
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+TrainerExit TrainerProcess::DescribeExit(int wait_status) {
+  TrainerExit exit;
+  if (WIFSIGNALED(wait_status)) {
+    exit.exit_code = -1;
+    exit.signal = WTERMSIG(wait_status);
+  } else {
+    exit.exit_code = WEXITSTATUS(wait_status);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_reason_) {
+    exit.reason = *stop_reason_;
+  } else if (!job_finished_reason_.empty()) {
+    exit.reason = job_finished_reason_;
+  } else if (exit.signal != 0) {
+    exit.reason = absl::StrCat("killed by signal ", exit.signal, " (", strsignal(exit.signal), ")");
+  } else if (exit.exit_code != 0) {
+    exit.reason = absl::StrCat("exited with code ", exit.exit_code);
+  }
+  return exit;
+}
+
+}  // namespace hyscale::agent

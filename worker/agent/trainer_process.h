@@ -1,0 +1,114 @@
+// One trainer process (hyscale-train) for one rank: launched in its own process group, its stdout
+// JSON lines read as events, its stdout and stderr kept as the rank's log, stopped as a group, and
+// reaped with its exit code or signal.
+#pragma once
+
+#include <absl/status/statusor.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "hyscale/v1/service.pb.h"
+
+namespace hyscale::agent {
+
+// What to execute, fully resolved.
+struct TrainerCommand {
+  std::string program;                                   // absolute or relative path
+  std::vector<std::string> args;                         // without argv[0]
+  std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) ours
+  std::string log_path;                                  // the rank's log file, appended to
+};
+
+// Where a rank's files go and what the worker knows about its devices.
+struct RankSetup {
+  std::string work_dir;
+  std::string trainer_path;
+  bool gpus = false;  // the worker's device slots are GPUs: set CUDA_VISIBLE_DEVICES
+};
+
+// Writes `run.spec` as <work_dir>/<job>/<attempt>/rank<N>/job.json (protobuf JSON with the
+// proto's field names) and returns the command that trains it:
+//   <trainer> --config job.json --checkpoint-dir <dir> [--resume]
+// with HYSCALE_JOB_ID, HYSCALE_RANK, HYSCALE_WORLD_SIZE, HYSCALE_RENDEZVOUS, HYSCALE_DEVICE_INDEX
+// (and CUDA_VISIBLE_DEVICES for GPUs) set, and the log at <work_dir>/<job>/<attempt>/rank<N>.log.
+// An empty checkpoint_dir becomes <work_dir>/<job>/checkpoints.
+absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSetup& setup);
+
+// How a trainer ended.
+struct TrainerExit {
+  int exit_code = 0;  // -1 when killed by a signal
+  int signal = 0;
+  std::string reason;  // the stop reason, the trainer's job_finished reason, or what happened
+};
+
+class TrainerProcess {
+ public:
+  // Called in the order things happened: on_start from Start, the others from the process's
+  // monitor thread.
+  struct Callbacks {
+    std::function<void(pid_t pid)> on_start;                     // before any other callback
+    std::function<void(const std::string& json_line)> on_event;  // one stdout JSON event line
+    std::function<void(const std::string& chunk)> on_log;        // stdout/stderr bytes
+    std::function<void(const TrainerExit& exit)> on_exit;        // once, after reaping
+  };
+
+  // Forks and execs `command` in a new process group. Fails (naming the program) when it cannot
+  // be executed; callbacks only run for a process that started.
+  static absl::StatusOr<std::unique_ptr<TrainerProcess>> Start(const TrainerCommand& command,
+                                                               Callbacks callbacks);
+
+  // Kills the process group if it still runs and waits for the monitor to finish.
+  ~TrainerProcess();
+
+  TrainerProcess(const TrainerProcess&) = delete;
+  TrainerProcess& operator=(const TrainerProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+  // SIGTERM to the whole process group now, SIGKILL after `grace` if the trainer still runs.
+  // `reason` becomes the exit's reason. Returns at once; repeated calls keep the first reason.
+  void Stop(const std::string& reason, std::chrono::milliseconds grace);
+
+  // Waits up to `timeout` for the exit to be reported; true when it was.
+  bool WaitForExit(std::chrono::milliseconds timeout);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd, Callbacks callbacks);
+  void Monitor();
+  // Splits stdout into lines: events go to on_event (and all bytes to the log).
+  void HandleStdout(const char* data, size_t size);
+  void HandleLine(const std::string& line);
+  void WriteLog(const char* data, size_t size);
+  TrainerExit DescribeExit(int wait_status);
+
+  const pid_t pid_;
+  int stdout_fd_;
+  int stderr_fd_;
+  const int log_fd_;
+  const Callbacks callbacks_;
+  std::string partial_line_;         // monitor thread only
+  std::string job_finished_reason_;  // monitor thread only
+
+  std::mutex mu_;
+  std::condition_variable exited_cv_;
+  bool exited_ = false;
+  std::optional<std::string> stop_reason_;
+  std::optional<Clock::time_point> kill_at_;
+  bool killed_ = false;
+
+  std::thread monitor_;
+};
+
+}  // namespace hyscale::agent
