@@ -1,0 +1,995 @@
+#include "server/coordinator.h"
+
+#include <absl/strings/escaping.h>
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
+#include <google/protobuf/util/message_differencer.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "proto/job_spec.h"
+#include "server/planner/planner.h"
+#include "server/trainer_events.h"
+
+namespace hyscale::server {
+namespace {
+
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+constexpr int kEventBatch = 256;
+constexpr size_t kLogChunkBytes = 64 * 1024;
+// How often a waiting stream re-checks for a departed client.
+constexpr auto kStreamPoll = std::chrono::milliseconds(200);
+// Rendezvous ports are spread over [kPortBase, kPortBase + kPortSpan) by job and attempt, so a
+// restarted job does not wait for its previous attempt's port to leave TIME_WAIT.
+constexpr int kPortBase = 20000;
+constexpr int kPortSpan = 20000;
+// Backoff doubles per restart up to 2^kMaxBackoffDoublings times the base.
+constexpr int kMaxBackoffDoublings = 10;
+
+void SetTime(google::protobuf::Timestamp* stamp, absl::Time time) {
+  const int64_t nanos = absl::ToUnixNanos(time);
+  stamp->set_seconds(nanos / 1'000'000'000);
+  stamp->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
+}
+
+std::string StateName(v1::JobState state) {
+  return v1::JobState_Name(state).substr(10);
+}
+
+std::string DescribeExit(int rank, const v1::RankExit& exit) {
+  std::string text = exit.exit_code() == -1
+                         ? absl::StrCat("rank ", rank, " was killed by signal ", exit.signal())
+                         : absl::StrCat("rank ", rank, " exited with code ", exit.exit_code());
+  if (!exit.reason().empty()) absl::StrAppend(&text, ": ", exit.reason());
+  return text;
+}
+
+bool SameRef(const v1::RankRef& a, const v1::RankRef& b) {
+  return a.job_id() == b.job_id() && a.rank() == b.rank() && a.attempt() == b.attempt();
+}
+
+}  // namespace
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening and recovery
+
+Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, ServerMetrics* metrics,
+                         std::unique_ptr<Store> store)
+    : options_(std::move(options)),
+      clock_(clock),
+      metrics_(metrics),
+      store_(std::move(store)),
+      random_(std::random_device{}()) {}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOptions options,
+                                                               Clock* clock,
+                                                               ServerMetrics* metrics) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir: required");
+  std::error_code error;
+  std::filesystem::create_directories(options.data_dir, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat(options.data_dir, ": cannot create directory: ", error.message()));
+  }
+  auto store = Store::Open((std::filesystem::path(options.data_dir) / "hyscale.db").string());
+  if (!store.ok()) return store.status();
+  std::unique_ptr<Coordinator> coordinator(
+      new Coordinator(std::move(options), clock, metrics, std::move(*store)));
+  if (auto status = coordinator->Load(); !status.ok()) return status;
+  return coordinator;
+}
+
+absl::Status Coordinator::Load() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = clock_->Now();
+  auto workers = store_->LoadWorkers();
+  if (!workers.ok()) return workers.status();
+  for (auto& info : *workers) {
+    WorkerEntry& worker = workers_[info.id()];
+    worker.slots = SlotsOf(info.devices());
+    worker.info = std::move(info);
+    worker.last_seen = now;  // a full heartbeat timeout to come back after our restart
+  }
+  auto jobs = store_->LoadJobs();
+  if (!jobs.ok()) return jobs.status();
+  for (auto& job : *jobs) {
+    auto last = store_->LastSequence(job.id());
+    if (!last.ok()) return last.status();
+    JobEntry& entry = jobs_[job.id()];
+    entry.order = next_order_++;
+    entry.last_sequence = *last;
+    entry.queued_at = now;
+    entry.restart_at = now + options_.restart_backoff;
+    // A RUNNING job's ranks had all started; a SCHEDULED job's ranks are re-sent to workers that
+    // do not report them.
+    entry.ranks.assign(job.placement_size(),
+                       RankState{job.state() == v1::JOB_STATE_RUNNING, false, false});
+    by_order_[entry.order] = job.id();
+    if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
+    entry.job = std::move(job);
+  }
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Persistence and transitions
+
+absl::Status Coordinator::Commit(JobEntry& entry, v1::Job updated,
+                                 std::vector<v1::JobEvent> events) {
+  const absl::Time now = clock_->Now();
+  SetTime(updated.mutable_updated_at(), now);
+  int64_t sequence = entry.last_sequence;
+  for (auto& event : events) {
+    event.set_job_id(updated.id());
+    event.set_sequence(++sequence);
+    SetTime(event.mutable_time(), now);
+  }
+  if (auto status = store_->UpdateJob(updated, events); !status.ok()) {
+    std::fprintf(stderr, "hyscaled: storing job %s failed: %s\n", updated.id().c_str(),
+                 std::string(status.message()).c_str());
+    return status;
+  }
+  entry.job = std::move(updated);
+  entry.last_sequence = sequence;
+  if (!events.empty()) changed_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Transition(JobEntry& entry, v1::JobState to, const std::string& reason) {
+  return TransitionWith(entry, entry.job, to, reason);
+}
+
+absl::Status Coordinator::TransitionWith(JobEntry& entry, v1::Job updated, v1::JobState to,
+                                         const std::string& reason) {
+  const v1::JobState from = entry.job.state();
+  const absl::Time now = clock_->Now();
+  updated.set_state(to);
+  updated.set_reason(reason);
+  if (to == v1::JOB_STATE_RUNNING && !updated.has_started_at()) {
+    SetTime(updated.mutable_started_at(), now);
+  }
+  if (IsTerminal(to)) SetTime(updated.mutable_finished_at(), now);
+  v1::JobEvent event;
+  auto* change = event.mutable_state_change();
+  change->set_from(from);
+  change->set_to(to);
+  change->set_reason(reason);
+  change->set_restarts(updated.restarts());
+  if (auto status = Commit(entry, std::move(updated), {std::move(event)}); !status.ok()) {
+    return status;
+  }
+  if (metrics_ != nullptr && IsTerminal(to)) metrics_->JobEnded(entry.job.id(), now);
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+void Coordinator::UpdateGauges() {
+  if (metrics_ == nullptr) return;
+  std::map<v1::JobState, int> jobs;
+  for (const auto& [id, entry] : jobs_) ++jobs[entry.job.state()];
+  metrics_->SetJobCounts(jobs);
+  std::map<v1::WorkerState, int> workers;
+  for (const auto& [id, worker] : workers_) ++workers[worker.info.state()];
+  metrics_->SetWorkerCounts(workers);
+}
+
+absl::Status Coordinator::PersistWorker(const WorkerEntry& worker) {
+  auto status = store_->PutWorker(worker.info);
+  if (!status.ok()) {
+    std::fprintf(stderr, "hyscaled: storing worker %s failed: %s\n", worker.info.id().c_str(),
+                 std::string(status.message()).c_str());
+  }
+  UpdateGauges();
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placement and rank control
+
+int Coordinator::FlatSlot(const WorkerEntry& worker, const v1::Job& job,
+                          const v1::RankPlacement& placement) const {
+  const v1::DeviceKind kind = job.resources().device_kind();
+  for (const Slot& slot : worker.slots) {
+    if (kind != v1::DEVICE_KIND_UNSPECIFIED && slot.kind != kind) continue;
+    if (slot.kind_index == placement.device_index() && slot.name == placement.device_name()) {
+      return slot.flat_index;
+    }
+  }
+  return -1;
+}
+
+std::vector<WorkerView> Coordinator::WorkerViews() const {
+  std::vector<WorkerView> views;
+  std::map<std::string, size_t> index;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() != v1::WORKER_STATE_ONLINE) continue;
+    WorkerView view;
+    view.id = id;
+    view.slots = worker.slots;
+    for (const auto& [key, flat] : worker.stopping) view.busy.insert(flat);
+    index[id] = views.size();
+    views.push_back(std::move(view));
+  }
+  for (const auto& [id, entry] : jobs_) {
+    const v1::JobState state = entry.job.state();
+    if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
+    for (const auto& placement : entry.job.placement()) {
+      const auto found = index.find(placement.worker_id());
+      if (found == index.end()) continue;
+      const int flat = FlatSlot(workers_.at(placement.worker_id()), entry.job, placement);
+      if (flat >= 0) views[found->second].busy.insert(flat);
+    }
+  }
+  return views;
+}
+
+void Coordinator::Schedule() {
+  const absl::Time now = clock_->Now();
+  std::vector<JobRequest> queue;
+  for (const auto& [id, entry] : jobs_) {
+    const v1::JobState state = entry.job.state();
+    if (state == v1::JOB_STATE_PENDING ||
+        (state == v1::JOB_STATE_RESTARTING && now >= entry.restart_at)) {
+      queue.push_back({id, entry.job.priority(), entry.order, entry.job.resources()});
+    }
+  }
+  if (queue.empty()) return;
+  for (auto& decision : server::Schedule(std::move(queue), WorkerViews())) {
+    JobEntry& entry = jobs_.at(decision.job_id);
+    if (decision.placement.empty()) {
+      // A PENDING job's reason says why it waits; a RESTARTING one keeps why it restarted.
+      if (entry.job.state() == v1::JOB_STATE_PENDING && entry.job.reason() != decision.reason) {
+        v1::Job updated = entry.job;
+        updated.set_reason(decision.reason);
+        (void)Commit(entry, std::move(updated), {});
+      }
+      continue;
+    }
+    const bool first_placement = entry.job.state() == v1::JOB_STATE_PENDING;
+    v1::Job updated = entry.job;
+    updated.clear_placement();
+    std::set<std::string> hosts;
+    for (auto& placement : decision.placement) {
+      hosts.insert(placement.worker_id());
+      *updated.add_placement() = std::move(placement);
+    }
+    const std::string reason = absl::StrCat("placed ", updated.placement_size(), " rank(s) on ",
+                                            absl::StrJoin(hosts, ", "));
+    if (!TransitionWith(entry, std::move(updated), v1::JOB_STATE_SCHEDULED, reason).ok()) continue;
+    entry.ranks.assign(entry.job.placement_size(), RankState{});
+    if (metrics_ != nullptr && first_placement) {
+      metrics_->JobScheduled(absl::ToDoubleSeconds(now - entry.queued_at));
+    }
+    StartRanks(entry);
+  }
+}
+
+v1::RunRank Coordinator::MakeRunRank(const JobEntry& entry,
+                                     const v1::RankPlacement& placement) const {
+  const v1::Job& job = entry.job;
+  v1::RunRank run;
+  run.mutable_ref()->set_job_id(job.id());
+  run.mutable_ref()->set_rank(placement.rank());
+  run.mutable_ref()->set_attempt(job.restarts());
+  run.set_world_size(job.placement_size());
+  *run.mutable_spec() = job.spec();
+  run.set_device_index(placement.device_index());
+  const auto rank0 = workers_.find(job.placement(0).worker_id());
+  const std::string host = rank0 == workers_.end() ? "" : rank0->second.info.address();
+  const size_t port = kPortBase + (std::hash<std::string>{}(job.id()) + job.restarts()) % kPortSpan;
+  run.set_rendezvous(absl::StrCat(host, ":", port));
+  run.set_checkpoint_dir(CheckpointDir(job.id()));
+  run.set_resume(job.restarts() > 0);
+  return run;
+}
+
+void Coordinator::StartRanks(JobEntry& entry) {
+  for (const auto& placement : entry.job.placement()) {
+    v1::Assignment assignment;
+    *assignment.mutable_run() = MakeRunRank(entry, placement);
+    Send(placement.worker_id(), std::move(assignment));
+  }
+}
+
+void Coordinator::StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,
+                            const std::string& reason) {
+  for (const auto& placement : job.placement()) {
+    const int rank = placement.rank();
+    if (rank < static_cast<int>(ranks.size()) && ranks[rank].exited) continue;
+    v1::Assignment assignment;
+    auto* stop = assignment.mutable_stop();
+    stop->mutable_ref()->set_job_id(job.id());
+    stop->mutable_ref()->set_rank(rank);
+    stop->mutable_ref()->set_attempt(job.restarts());
+    stop->set_reason(reason);
+    const auto worker = workers_.find(placement.worker_id());
+    if (worker == workers_.end() || worker->second.info.state() != v1::WORKER_STATE_ONLINE) {
+      continue;
+    }
+    const int flat = FlatSlot(worker->second, job, placement);
+    if (flat >= 0) worker->second.stopping[{job.id(), rank, job.restarts()}] = flat;
+    Send(placement.worker_id(), std::move(assignment));
+  }
+}
+
+void Coordinator::Send(const std::string& worker_id, v1::Assignment assignment) {
+  const auto worker = workers_.find(worker_id);
+  if (worker != workers_.end() && worker->second.queue) {
+    worker->second.queue->Push(std::move(assignment));
+  }
+}
+
+bool Coordinator::Wanted(const v1::RankRef& ref, const std::string& worker_id) const {
+  const auto found = jobs_.find(ref.job_id());
+  if (found == jobs_.end()) return false;
+  const v1::Job& job = found->second.job;
+  if (job.state() != v1::JOB_STATE_SCHEDULED && job.state() != v1::JOB_STATE_RUNNING) return false;
+  if (ref.attempt() != job.restarts()) return false;
+  if (ref.rank() < 0 || ref.rank() >= job.placement_size()) return false;
+  return job.placement(ref.rank()).worker_id() == worker_id;
+}
+
+void Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
+  const v1::Job before = entry.job;
+  const std::vector<RankState> ranks = entry.ranks;
+  if (before.restarts() >= before.max_restarts()) {
+    const std::string reason =
+        before.max_restarts() == 0
+            ? absl::StrCat(why, " (max_restarts is 0)")
+            : absl::StrCat(why, " (max_restarts ", before.max_restarts(), " used up)");
+    if (!Transition(entry, v1::JOB_STATE_FAILED, reason).ok()) return;
+  } else {
+    v1::Job updated = before;
+    updated.set_restarts(before.restarts() + 1);
+    updated.clear_placement();
+    const std::string reason =
+        absl::StrCat(why, " (restart ", updated.restarts(), " of ", before.max_restarts(), ")");
+    if (!TransitionWith(entry, std::move(updated), v1::JOB_STATE_RESTARTING, reason).ok()) return;
+    const int doublings = std::min(entry.job.restarts() - 1, kMaxBackoffDoublings);
+    entry.restart_at = clock_->Now() + options_.restart_backoff * (int64_t{1} << doublings);
+    entry.ranks.clear();
+  }
+  StopRanks(before, ranks, why);
+}
+
+void Coordinator::MarkStarted(JobEntry& entry, int rank) {
+  entry.ranks[rank].started = true;
+  if (entry.job.state() != v1::JOB_STATE_SCHEDULED) return;
+  for (const auto& state : entry.ranks) {
+    if (!state.started) return;
+  }
+  (void)Transition(entry, v1::JOB_STATE_RUNNING,
+                   absl::StrCat("all ", entry.ranks.size(), " rank(s) started"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// JobService
+
+absl::Status Coordinator::ValidateSubmit(const v1::SubmitJobRequest& request) const {
+  std::vector<std::string> problems;
+  if (request.ByteSizeLong() > kMaxRequestBytes) {
+    problems.push_back(absl::StrCat("request: ", request.ByteSizeLong(),
+                                    " bytes exceeds the limit of ", kMaxRequestBytes));
+  }
+  if (!request.has_spec()) {
+    problems.push_back("spec: required");
+  } else if (auto status = ValidateJobSpec(request.spec()); !status.ok()) {
+    for (absl::string_view problem : absl::StrSplit(status.message(), "; ")) {
+      problems.push_back(absl::StrCat("spec.", problem));
+    }
+  }
+  const auto& resources = request.resources();
+  if (resources.ranks() < 0 || resources.ranks() > kMaxRanks) {
+    problems.push_back(absl::StrCat("resources.ranks: must be in [1, ", kMaxRanks, "] (got ",
+                                    resources.ranks(), ")"));
+  }
+  if (!v1::DeviceKind_IsValid(resources.device_kind())) {
+    problems.push_back(
+        absl::StrCat("resources.device_kind: unknown kind (got ", resources.device_kind(), ")"));
+  }
+  if (resources.memory_bytes_per_rank() < 0) {
+    problems.push_back(absl::StrCat("resources.memory_bytes_per_rank: must be >= 0 (got ",
+                                    resources.memory_bytes_per_rank(), ")"));
+  }
+  if (request.priority() < kMinPriority || request.priority() > kMaxPriority) {
+    problems.push_back(absl::StrCat("priority: must be in [", kMinPriority, ", ", kMaxPriority,
+                                    "] (got ", request.priority(), ")"));
+  }
+  if (request.max_restarts() < 0 || request.max_restarts() > kMaxRestarts) {
+    problems.push_back(absl::StrCat("max_restarts: must be in [0, ", kMaxRestarts, "] (got ",
+                                    request.max_restarts(), ")"));
+  }
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    problems.push_back(absl::StrCat("request_id: must be at most ", kMaxRequestIdBytes, " bytes"));
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
+}
+
+std::string Coordinator::NewJobId() {
+  for (;;) {
+    char id[32];
+    std::snprintf(id, sizeof(id), "job-%012llx",
+                  static_cast<unsigned long long>(random_() & 0xffffffffffffULL));
+    if (jobs_.count(id) == 0) return id;
+  }
+}
+
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+  if (auto status = ValidateSubmit(request); !status.ok()) return status;
+  v1::Job job;
+  *job.mutable_spec() = request.spec();
+  ApplyDefaults(job.mutable_spec());
+  *job.mutable_resources() = request.resources();
+  job.mutable_resources()->set_ranks(RanksOf(request.resources()));
+  job.set_priority(request.priority());
+  job.set_max_restarts(request.max_restarts());
+  job.set_request_id(request.request_id());
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!request.request_id().empty()) {
+    const auto existing = by_request_.find(request.request_id());
+    if (existing != by_request_.end()) {
+      const v1::Job& prior = jobs_.at(existing->second).job;
+      using google::protobuf::util::MessageDifferencer;
+      if (MessageDifferencer::Equals(prior.spec(), job.spec()) &&
+          MessageDifferencer::Equals(prior.resources(), job.resources()) &&
+          prior.priority() == job.priority() && prior.max_restarts() == job.max_restarts()) {
+        return prior;
+      }
+      return absl::AlreadyExistsError(absl::StrCat("request_id: '", request.request_id(),
+                                                   "' was used for a different request (job ",
+                                                   prior.id(), ")"));
+    }
+  }
+  const absl::Time now = clock_->Now();
+  job.set_id(NewJobId());
+  job.set_name(job.spec().name());
+  job.set_state(v1::JOB_STATE_PENDING);
+  job.set_reason("waiting to be scheduled");
+  SetTime(job.mutable_created_at(), now);
+  SetTime(job.mutable_updated_at(), now);
+  v1::JobEvent event;
+  event.set_job_id(job.id());
+  event.set_sequence(1);
+  SetTime(event.mutable_time(), now);
+  event.mutable_state_change()->set_to(v1::JOB_STATE_PENDING);
+  event.mutable_state_change()->set_reason(job.reason());
+  if (auto status = store_->InsertJob(job, {event}); !status.ok()) return status;
+
+  JobEntry& entry = jobs_[job.id()];
+  entry.order = next_order_++;
+  entry.last_sequence = 1;
+  entry.queued_at = now;
+  entry.job = job;
+  by_order_[entry.order] = job.id();
+  if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
+  if (metrics_ != nullptr) metrics_->JobSubmitted();
+  changed_.notify_all();
+  UpdateGauges();
+  Schedule();
+  return jobs_.at(job.id()).job;
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto found = jobs_.find(job_id);
+  if (found == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  return found->second.job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be >= 0 (got ", request.page_size(), ")"));
+  }
+  const int page_size =
+      request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
+  // The token is the submission order of the last job returned, opaque to clients.
+  int64_t before = INT64_MAX;
+  if (!request.page_token().empty()) {
+    std::string decoded;
+    if (!absl::WebSafeBase64Unescape(request.page_token(), &decoded) ||
+        !absl::SimpleAtoi(decoded, &before) || before <= 0) {
+      return absl::InvalidArgumentError("page_token: not a token from ListJobs");
+    }
+  }
+  std::set<int> states;
+  for (int state : request.states()) states.insert(state);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::ListJobsResponse response;
+  for (auto it = std::make_reverse_iterator(by_order_.lower_bound(before)); it != by_order_.rend();
+       ++it) {
+    const v1::Job& job = jobs_.at(it->second).job;
+    if (!states.empty() && states.count(job.state()) == 0) continue;
+    if (response.jobs_size() == page_size) {
+      // More remain: the next page starts after the last job returned.
+      const int64_t last = jobs_.at(response.jobs(page_size - 1).id()).order;
+      response.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat(last)));
+      break;
+    }
+    *response.add_jobs() = job;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
+                                               const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto found = jobs_.find(job_id);
+  if (found == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  JobEntry& entry = found->second;
+  if (IsTerminal(entry.job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", StateName(entry.job.state()),
+                     ": only a job that has not ended can be cancelled"));
+  }
+  const v1::Job before = entry.job;
+  const std::vector<RankState> ranks = entry.ranks;
+  const std::string why = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
+  if (auto status = Transition(entry, v1::JOB_STATE_CANCELLED, why); !status.ok()) return status;
+  if (before.state() == v1::JOB_STATE_SCHEDULED || before.state() == v1::JOB_STATE_RUNNING) {
+    StopRanks(before, ranks, why);
+  }
+  Schedule();
+  return entry.job;
+}
+
+absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request) {
+  v1::SubmitJobRequest as_submit;
+  *as_submit.mutable_spec() = request.spec();
+  *as_submit.mutable_resources() = request.resources();
+  if (auto status = ValidateSubmit(as_submit); !status.ok()) return status;
+  v1::JobSpec spec = request.spec();
+  ApplyDefaults(&spec);
+  const planner::PlanShape shape = planner::PlanSingleDevice(spec);
+
+  v1::Plan plan;
+  plan.set_ranks(shape.ranks);
+  plan.set_context_parallel(shape.context_parallel);
+  plan.set_cp_layout(shape.cp_layout);
+  plan.set_query_group(shape.query_group);
+  plan.set_memory_bytes_per_rank(shape.memory.total_bytes);
+  for (const auto& note : shape.notes) plan.add_notes(note);
+  if (RanksOf(request.resources()) != shape.ranks) {
+    plan.add_notes(absl::StrCat("resources.ranks ", RanksOf(request.resources()),
+                                " requested; planned for ", shape.ranks));
+  }
+  // Placement as the scheduler would choose it now, for the planned ranks and, unless the
+  // request names a memory requirement, the estimated memory.
+  v1::Resources resources = request.resources();
+  resources.set_ranks(shape.ranks);
+  if (resources.memory_bytes_per_rank() == 0) {
+    resources.set_memory_bytes_per_rank(shape.memory.total_bytes);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<WorkerView> views = WorkerViews();
+  std::vector<WorkerView> idle = views;
+  for (auto& view : idle) view.busy.clear();
+  plan.set_feasible(Place(resources, idle).has_value());
+  if (auto placement = Place(resources, views)) {
+    for (auto& p : *placement) *plan.add_placement() = std::move(p);
+  } else {
+    plan.set_reason(WhyNotPlaced(resources, views));
+  }
+  return plan;
+}
+
+absl::Status Coordinator::WatchJob(const v1::WatchJobRequest& request, const EventSink& send,
+                                   const Cancelled& cancelled) {
+  v1::JobEvent snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto found = jobs_.find(request.job_id());
+    if (found == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " not found"));
+    }
+    const v1::Job& job = found->second.job;
+    snapshot.set_job_id(job.id());
+    SetTime(snapshot.mutable_time(), clock_->Now());
+    snapshot.mutable_state_change()->set_from(job.state());
+    snapshot.mutable_state_change()->set_to(job.state());
+    snapshot.mutable_state_change()->set_reason(job.reason());
+    snapshot.mutable_state_change()->set_restarts(job.restarts());
+  }
+  if (!send(snapshot)) return absl::OkStatus();
+  int64_t sent = std::max<int64_t>(request.after_sequence(), 0);
+  for (;;) {
+    auto events = store_->LoadEvents(request.job_id(), sent, kEventBatch);
+    if (!events.ok()) return events.status();
+    for (const auto& event : *events) {
+      if (!send(event)) return absl::OkStatus();
+      sent = event.sequence();
+    }
+    if (static_cast<int>(events->size()) == kEventBatch) continue;
+    std::unique_lock<std::mutex> lock(mu_);
+    const JobEntry& entry = jobs_.at(request.job_id());
+    if (IsTerminal(entry.job.state()) && sent >= entry.last_sequence) return absl::OkStatus();
+    changed_.wait_for(lock, kStreamPoll, [&] { return shutdown_ || entry.last_sequence > sent; });
+    if (shutdown_) return absl::UnavailableError("hyscaled is shutting down");
+    if (cancelled()) return absl::CancelledError("watch cancelled by the client");
+  }
+}
+
+absl::Status Coordinator::StreamLogs(const v1::StreamLogsRequest& request, const LogSink& send,
+                                     const Cancelled& cancelled) {
+  if (request.offset() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("offset: must be >= 0 (got ", request.offset(), ")"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto found = jobs_.find(request.job_id());
+    if (found == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " not found"));
+    }
+    const int ranks = found->second.job.resources().ranks();
+    if (request.rank() < 0 || request.rank() >= ranks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank: must be in [0, ", ranks, ") (got ", request.rank(), ")"));
+    }
+  }
+  const std::string path = LogPath(request.job_id(), request.rank());
+  int64_t offset = request.offset();
+  std::string buffer(kLogChunkBytes, '\0');
+  for (;;) {
+    // Whether the job had ended before this read: then the read sees every byte there will be.
+    bool ended;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ended = IsTerminal(jobs_.at(request.job_id()).job.state());
+    }
+    std::ifstream in(path, std::ios::binary);
+    if (in) in.seekg(offset);
+    while (in && in.good()) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      const std::streamsize got = in.gcount();
+      if (got <= 0) break;
+      v1::LogChunk chunk;
+      chunk.set_rank(request.rank());
+      chunk.set_offset(offset);
+      chunk.set_data(buffer.data(), static_cast<size_t>(got));
+      if (!send(chunk)) return absl::OkStatus();
+      offset += got;
+    }
+    if (!request.follow() || ended) return absl::OkStatus();
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait_for(lock, kStreamPoll, [&] { return shutdown_; });
+    if (shutdown_) return absl::UnavailableError("hyscaled is shutting down");
+    if (cancelled()) return absl::CancelledError("log stream cancelled by the client");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// WorkerService
+
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  if (request.name().empty()) return absl::InvalidArgumentError("name: required");
+  for (int i = 0; i < request.devices_size(); ++i) {
+    const auto& device = request.devices(i);
+    if (device.count() < 1 || device.count() > kMaxRanks) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "].count: must be in [1, ",
+                                                     kMaxRanks, "] (got ", device.count(), ")"));
+    }
+    if (device.memory_bytes() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices[", i, "].memory_bytes: must be >= 0"));
+    }
+    if (!v1::DeviceKind_IsValid(device.kind()) || device.kind() == v1::DEVICE_KIND_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "].kind: must be CPU or GPU"));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = clock_->Now();
+  WorkerEntry& worker = workers_[request.name()];
+  worker.info.set_id(request.name());
+  worker.info.set_address(request.address());
+  worker.info.set_state(v1::WORKER_STATE_ONLINE);
+  *worker.info.mutable_devices() = request.devices();
+  *worker.info.mutable_running() = request.running();
+  SetTime(worker.info.mutable_last_heartbeat(), now);
+  worker.last_seen = now;
+  worker.slots = SlotsOf(request.devices());
+  worker.stopping.clear();
+
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(request.name());
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  // Ranks it runs that we still want keep running; the others are stopped (their slots stay
+  // busy until the worker stops reporting them).
+  for (const auto& ref : request.running()) {
+    if (Wanted(ref, request.name())) {
+      JobEntry& entry = jobs_.at(ref.job_id());
+      MarkStarted(entry, ref.rank());
+      continue;
+    }
+    *response.add_stop() = ref;
+    const auto job = jobs_.find(ref.job_id());
+    if (job != jobs_.end() && ref.rank() >= 0 && ref.rank() < job->second.job.placement_size()) {
+      const int flat = FlatSlot(worker, job->second.job, job->second.job.placement(ref.rank()));
+      if (flat >= 0) worker.stopping[{ref.job_id(), ref.rank(), ref.attempt()}] = flat;
+    }
+  }
+  // Ranks we believe started here that the worker no longer runs have exited unseen.
+  for (auto& [id, entry] : jobs_) {
+    const v1::JobState state = entry.job.state();
+    if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
+    for (const auto& placement : entry.job.placement()) {
+      if (placement.worker_id() != request.name()) continue;
+      const RankState& rank = entry.ranks[placement.rank()];
+      if (!rank.started || rank.exited) continue;
+      const bool reported = std::any_of(
+          request.running().begin(), request.running().end(), [&](const v1::RankRef& ref) {
+            return ref.job_id() == id && ref.rank() == placement.rank() &&
+                   ref.attempt() == entry.job.restarts();
+          });
+      if (reported) continue;
+      entry.ranks[placement.rank()].exited = true;
+      FailAttempt(entry, absl::StrCat("rank ", placement.rank(), " is no longer running on worker ",
+                                      request.name(), " after it re-registered"));
+      break;
+    }
+  }
+  if (auto status = PersistWorker(worker); !status.ok()) return status;
+  Schedule();
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::HeartbeatResponse response;
+  const auto found = workers_.find(request.worker_id());
+  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+    response.set_registered(false);
+    return response;
+  }
+  WorkerEntry& worker = found->second;
+  response.set_registered(true);
+  const absl::Time now = clock_->Now();
+  worker.last_seen = now;
+  SetTime(worker.info.mutable_last_heartbeat(), now);
+  *worker.info.mutable_running() = request.running();
+  for (const auto& ref : request.running()) {
+    if (Wanted(ref, worker.info.id())) {
+      JobEntry& entry = jobs_.at(ref.job_id());
+      if (!entry.ranks[ref.rank()].started) MarkStarted(entry, ref.rank());
+    } else {
+      *response.add_stop() = ref;
+    }
+  }
+  // A stopped rank's slot is free once the worker no longer reports it.
+  bool freed = false;
+  for (auto it = worker.stopping.begin(); it != worker.stopping.end();) {
+    const auto& [job_id, rank, attempt] = it->first;
+    const bool still = std::any_of(
+        request.running().begin(), request.running().end(), [&](const v1::RankRef& ref) {
+          return ref.job_id() == job_id && ref.rank() == rank && ref.attempt() == attempt;
+        });
+    if (still) {
+      ++it;
+    } else {
+      it = worker.stopping.erase(it);
+      freed = true;
+    }
+  }
+  if (freed) Schedule();
+  return response;
+}
+
+absl::StatusOr<std::shared_ptr<AssignmentQueue>> Coordinator::OpenAssignments(
+    const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto found = workers_.find(worker_id);
+  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker_id: ", worker_id, " is not registered; call RegisterWorker first"));
+  }
+  WorkerEntry& worker = found->second;
+  if (worker.queue) worker.queue->Close();
+  worker.queue = std::make_shared<AssignmentQueue>();
+  if (shutdown_) worker.queue->Close();
+  for (const auto& [id, entry] : jobs_) {
+    const v1::JobState state = entry.job.state();
+    if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
+    for (const auto& placement : entry.job.placement()) {
+      if (placement.worker_id() != worker_id) continue;
+      v1::RunRank run = MakeRunRank(entry, placement);
+      const bool running =
+          std::any_of(worker.info.running().begin(), worker.info.running().end(),
+                      [&](const v1::RankRef& ref) { return SameRef(ref, run.ref()); });
+      if (running || entry.ranks[placement.rank()].exited) continue;
+      v1::Assignment assignment;
+      *assignment.mutable_run() = std::move(run);
+      worker.queue->Push(std::move(assignment));
+    }
+  }
+  return worker.queue;
+}
+
+absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto found = workers_.find(request.worker_id());
+  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker_id: ", request.worker_id(), " is not registered; call RegisterWorker first"));
+  }
+  found->second.last_seen = clock_->Now();
+  for (const auto& report : request.reports()) HandleReport(found->second, report);
+  Schedule();
+  return absl::OkStatus();
+}
+
+void Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport& report) {
+  const v1::RankRef& ref = report.ref();
+  if (report.has_exited()) worker.stopping.erase({ref.job_id(), ref.rank(), ref.attempt()});
+  const auto found = jobs_.find(ref.job_id());
+  if (found == jobs_.end()) return;
+  JobEntry& entry = found->second;
+  const v1::Job& job = entry.job;
+  if (ref.rank() < 0 || ref.rank() >= job.resources().ranks()) return;
+  // A rank's output is kept whatever its attempt: it is what a user debugging a restart needs.
+  if (report.kind_case() == v1::RankReport::kLog) {
+    AppendLog(job.id(), ref.rank(), report.log());
+    return;
+  }
+  // Only the current attempt, on the worker it was placed on, moves the job.
+  if (IsTerminal(job.state()) || !Wanted(ref, worker.info.id())) return;
+  switch (report.kind_case()) {
+    case v1::RankReport::kStartedPid:
+      MarkStarted(entry, ref.rank());
+      break;
+    case v1::RankReport::kEventJson: {
+      auto event = ParseTrainerEvent(ref.rank(), report.event_json());
+      if (!event.ok()) {
+        std::fprintf(stderr, "hyscaled: job %s rank %d: %s\n", job.id().c_str(), ref.rank(),
+                     std::string(event.status().message()).c_str());
+        break;
+      }
+      v1::Job updated = job;
+      if (event->has_step() && ref.rank() == 0) {
+        const v1::StepProgress& step = event->step();
+        auto* progress = updated.mutable_progress();
+        progress->set_step(step.step());
+        progress->set_total_steps(step.total_steps());
+        progress->set_stage(step.stage());
+        progress->set_loss(step.loss());
+        progress->set_tokens_per_second(step.tokens_per_second());
+        progress->set_eta_seconds(step.eta_seconds());
+        if (step.evaluated()) {
+          progress->set_accuracy(step.accuracy());
+          progress->set_indexer_recall(step.indexer_recall());
+        }
+        if (metrics_ != nullptr) metrics_->Step(job.id(), step);
+      }
+      (void)Commit(entry, std::move(updated), {std::move(*event)});
+      break;
+    }
+    case v1::RankReport::kExited:
+      HandleExit(entry, ref.rank(), report.exited());
+      break;
+    default:
+      break;
+  }
+}
+
+void Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit) {
+  entry.ranks[rank].exited = true;
+  if (exit.exit_code() == 0) {
+    entry.ranks[rank].succeeded = true;
+    for (const auto& state : entry.ranks) {
+      if (!state.succeeded) return;
+    }
+    (void)Transition(entry, v1::JOB_STATE_SUCCEEDED,
+                     absl::StrCat("all ", entry.ranks.size(), " rank(s) finished"));
+    return;
+  }
+  const std::string why = DescribeExit(rank, exit);
+  if (exit.exit_code() == 2) {
+    // Bad input fails the same way on every attempt: no restart.
+    const v1::Job before = entry.job;
+    const std::vector<RankState> ranks = entry.ranks;
+    if (Transition(entry, v1::JOB_STATE_FAILED, absl::StrCat(why, " (bad input)")).ok()) {
+      StopRanks(before, ranks, why);
+    }
+    return;
+  }
+  FailAttempt(entry, why);
+}
+
+void Coordinator::AppendLog(const std::string& job_id, int rank, const std::string& data) {
+  const std::string path = LogPath(job_id, rank);
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
+  std::ofstream out(path, std::ios::binary | std::ios::app);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  if (!out) {
+    std::fprintf(stderr, "hyscaled: %s: cannot append the log\n", path.c_str());
+    return;
+  }
+  changed_.notify_all();
+}
+
+v1::ListWorkersResponse Coordinator::ListWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::ListWorkersResponse response;
+  for (const auto& [id, worker] : workers_) *response.add_workers() = worker.info;
+  return response;
+}
+
+void Coordinator::DeclareLost(WorkerEntry& worker) {
+  const std::string id = worker.info.id();
+  worker.info.set_state(v1::WORKER_STATE_LOST);
+  worker.info.clear_running();
+  worker.stopping.clear();
+  if (worker.queue) {
+    worker.queue->Close();
+    worker.queue.reset();
+  }
+  (void)PersistWorker(worker);
+  const std::string why =
+      absl::StrCat("worker ", id, " lost: no heartbeat for ",
+                   absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms");
+  for (auto& [job_id, entry] : jobs_) {
+    const v1::JobState state = entry.job.state();
+    if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
+    bool affected = false;
+    for (const auto& placement : entry.job.placement()) {
+      if (placement.worker_id() != id) continue;
+      affected = true;
+      entry.ranks[placement.rank()].exited = true;  // nothing to tell a lost worker
+    }
+    if (affected) FailAttempt(entry, why);
+  }
+}
+
+void Coordinator::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = clock_->Now();
+  for (auto& [id, worker] : workers_) {
+    if (worker.info.state() == v1::WORKER_STATE_ONLINE &&
+        now - worker.last_seen > options_.heartbeat_timeout) {
+      DeclareLost(worker);
+    }
+  }
+  Schedule();
+  if (metrics_ != nullptr) metrics_->Expire(now);
+}
+
+void Coordinator::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  for (auto& [id, worker] : workers_) {
+    if (worker.queue) worker.queue->Close();
+  }
+  changed_.notify_all();
+}
+
+std::string Coordinator::LogPath(const std::string& job_id, int rank) const {
+  return (std::filesystem::path(options_.data_dir) / "logs" / job_id /
+          absl::StrCat("rank", rank, ".log"))
+      .string();
+}
+
+std::string Coordinator::CheckpointDir(const std::string& job_id) const {
+  const std::string root = options_.checkpoint_root.empty()
+                               ? (std::filesystem::path(options_.data_dir) / "checkpoints").string()
+                               : options_.checkpoint_root;
+  return (std::filesystem::path(root) / job_id).string();
+}
+
+}  // namespace hyscale::server

@@ -1,0 +1,184 @@
+// The coordinator's core: jobs, workers and the job state machine, persisted in the Store.
+//
+//   PENDING -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
+//   SCHEDULED | RUNNING -> RESTARTING -> (backoff) -> SCHEDULED ...
+//
+// A job becomes SCHEDULED when the Scheduler places all its ranks (RunRank goes to each worker),
+// RUNNING when every rank reported its trainer started, SUCCEEDED when every rank exited 0.
+// A rank exiting 2 (bad input) fails the job; any other failure, or the loss of a worker, stops
+// the job's other ranks and restarts it (attempt = restarts, resume from its checkpoints) after
+// restart_backoff x 2^(restarts-1), until max_restarts is used up. Reports of an older attempt
+// are ignored, so no job runs twice. Every transition and event is in the Store before the call
+// that caused it returns.
+//
+// No threads of its own and no gRPC: the services call it, and whoever owns it calls Tick()
+// periodically (worker liveness, restart backoff, metric expiry), so tests drive it with a
+// FakeClock.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/time/time.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hyscale/v1/service.pb.h"
+#include "server/assignment_queue.h"
+#include "server/clock.h"
+#include "server/scheduler.h"
+#include "server/server_metrics.h"
+#include "server/store.h"
+
+namespace hyscale::server {
+
+struct CoordinatorOptions {
+  std::string data_dir;         // hyscale.db and logs/ live here
+  std::string checkpoint_root;  // empty: <data_dir>/checkpoints
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+  absl::Duration restart_backoff = absl::Seconds(1);
+};
+
+// Limits of SubmitJob's validation.
+inline constexpr int kMaxRanks = 1024;
+inline constexpr int kMinPriority = -1000;
+inline constexpr int kMaxPriority = 1000;
+inline constexpr int kMaxRestarts = 100;
+inline constexpr size_t kMaxRequestBytes = 1 << 20;
+inline constexpr size_t kMaxRequestIdBytes = 256;
+
+bool IsTerminal(v1::JobState state);
+
+class Coordinator {
+ public:
+  // Opens (or creates) the store under `options.data_dir` and loads every job and worker: jobs
+  // that were SCHEDULED or RUNNING stay so and are reconciled as their workers re-register; a
+  // worker that does not come back within the heartbeat timeout is declared lost. `metrics` may
+  // be null.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(CoordinatorOptions options, Clock* clock,
+                                                           ServerMetrics* metrics);
+
+  // ---- JobService ----
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<v1::Plan> PlanJob(const v1::PlanJobRequest& request);
+
+  // Streams call `send` for each item (false: the client is gone, stop) and poll `cancelled`.
+  using EventSink = std::function<bool(const v1::JobEvent&)>;
+  using LogSink = std::function<bool(const v1::LogChunk&)>;
+  using Cancelled = std::function<bool()>;
+  // A StateChange with the current state first (sequence 0: a snapshot, not a stored event), then
+  // the stored events after `after_sequence`, then new ones; returns after the terminal state's
+  // event, when the client leaves, or on Shutdown (UNAVAILABLE).
+  absl::Status WatchJob(const v1::WatchJobRequest& request, const EventSink& send,
+                        const Cancelled& cancelled);
+  // A rank's log from `offset`; with `follow`, keeps going until the job is terminal.
+  absl::Status StreamLogs(const v1::StreamLogsRequest& request, const LogSink& send,
+                          const Cancelled& cancelled);
+
+  // ---- WorkerService ----
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  // A new assignment queue for the worker (closing its previous one), holding a RunRank for each
+  // rank the coordinator wants there that the worker does not report running.
+  absl::StatusOr<std::shared_ptr<AssignmentQueue>> OpenAssignments(const std::string& worker_id);
+  absl::Status ReportStatus(const v1::ReportStatusRequest& request);
+  v1::ListWorkersResponse ListWorkers();
+
+  // Declares silent workers lost, restarts jobs whose backoff ended, expires metrics.
+  void Tick();
+  // Ends every stream (watch, logs, assignments) now and any opened later.
+  void Shutdown();
+
+  std::string LogPath(const std::string& job_id, int rank) const;
+  std::string CheckpointDir(const std::string& job_id) const;
+
+ private:
+  using RankKey = std::tuple<std::string, int, int>;  // job id, rank, attempt
+
+  struct RankState {
+    bool started = false;
+    bool exited = false;
+    bool succeeded = false;  // exited 0
+  };
+  struct JobEntry {
+    v1::Job job;
+    int64_t order = 0;             // submission order
+    int64_t last_sequence = 0;     // of its stored events
+    std::vector<RankState> ranks;  // of the current attempt
+    absl::Time queued_at;          // PENDING since (scheduling latency)
+    absl::Time restart_at;         // RESTARTING: placed again from then on
+  };
+  struct WorkerEntry {
+    v1::WorkerInfo info;
+    absl::Time last_seen;
+    std::vector<Slot> slots;
+    std::map<RankKey, int> stopping;  // told to stop, slot (flat index) busy until gone
+    std::shared_ptr<AssignmentQueue> queue;
+  };
+
+  Coordinator(CoordinatorOptions options, Clock* clock, ServerMetrics* metrics,
+              std::unique_ptr<Store> store);
+  absl::Status Load();
+
+  // Persists `updated` (and `events`, stamped with sequence and time) and then adopts it.
+  absl::Status Commit(JobEntry& entry, v1::Job updated, std::vector<v1::JobEvent> events);
+  // Commit with a StateChange event; terminal states get finished_at and release their ranks.
+  absl::Status Transition(JobEntry& entry, v1::JobState to, const std::string& reason);
+  absl::Status TransitionWith(JobEntry& entry, v1::Job updated, v1::JobState to,
+                              const std::string& reason);
+
+  void Schedule();
+  void StartRanks(JobEntry& entry);
+  // Sends StopRank to every placed rank of `job` (as it was before a transition) that has not
+  // exited; their slots stay busy until their worker stops reporting them.
+  void StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,
+                 const std::string& reason);
+  // A rank failed or was lost: restart the job if restarts remain, else fail it.
+  void FailAttempt(JobEntry& entry, const std::string& why);
+  void MarkStarted(JobEntry& entry, int rank);
+  void HandleReport(WorkerEntry& worker, const v1::RankReport& report);
+  void HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit);
+  void AppendLog(const std::string& job_id, int rank, const std::string& data);
+  void DeclareLost(WorkerEntry& worker);
+  absl::Status PersistWorker(const WorkerEntry& worker);
+  void Send(const std::string& worker_id, v1::Assignment assignment);
+  bool Wanted(const v1::RankRef& ref, const std::string& worker_id) const;
+  std::vector<WorkerView> WorkerViews() const;
+  int FlatSlot(const WorkerEntry& worker, const v1::Job& job,
+               const v1::RankPlacement& placement) const;
+  v1::RunRank MakeRunRank(const JobEntry& entry, const v1::RankPlacement& placement) const;
+  void UpdateGauges();
+  std::string NewJobId();
+  absl::Status ValidateSubmit(const v1::SubmitJobRequest& request) const;
+
+  const CoordinatorOptions options_;
+  Clock* const clock_;
+  ServerMetrics* const metrics_;
+  const std::unique_ptr<Store> store_;
+
+  std::mutex mu_;
+  std::condition_variable changed_;  // an event was stored, a log grew, or shutdown
+  bool shutdown_ = false;
+  std::map<std::string, JobEntry> jobs_;
+  std::map<int64_t, std::string> by_order_;        // submission order -> job id
+  std::map<std::string, std::string> by_request_;  // request_id -> job id
+  std::map<std::string, WorkerEntry> workers_;
+  int64_t next_order_ = 1;
+  std::mt19937_64 random_;
+};
+
+}  // namespace hyscale::server

@@ -1,0 +1,190 @@
+// hyscaled: the HyScale coordinator daemon.
+//
+// Exit codes: 0 after a graceful shutdown (SIGTERM/SIGINT) or --help; 1 when it cannot start
+// (store, TLS files, ports); 2 for bad flags.
+#include <absl/strings/str_cat.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "proto/rpc.h"
+#include "server/coordinator.h"
+#include "server/job_service.h"
+#include "server/metrics_http.h"
+#include "server/rpc_metrics.h"
+#include "server/server_metrics.h"
+#include "server/worker_service.h"
+
+namespace hyscale::server {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitBadFlags = 2;
+// Streams and in-flight calls get this long to finish on shutdown before they are cancelled.
+constexpr auto kShutdownGrace = std::chrono::seconds(5);
+// A finished job's per-job metric series stay this long, so a scrape sees its last values.
+constexpr absl::Duration kJobMetricsRetention = absl::Minutes(10);
+constexpr int kMaxMessageBytes = 4 << 20;
+
+struct Flags {
+  std::string listen = "127.0.0.1:50051";
+  std::string data_dir;
+  std::string metrics_listen = "127.0.0.1:9464";
+  std::string token_file;
+  std::string tls_cert;
+  std::string tls_key;
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t heartbeat_timeout_ms = 0;  // 0: 3 x the interval
+  int64_t restart_backoff_ms = 1000;
+  std::string checkpoint_root;
+};
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "hyscaled: %s\n", std::string(status.message()).c_str());
+  return kExitFailed;
+}
+
+int Run(const Flags& flags) {
+  auto token = rpc::ResolveToken("", flags.token_file, "HYSCALE_TOKEN");
+  if (!token.ok()) return Fail(token.status());
+  if (token->empty()) {
+    std::fprintf(stderr,
+                 "hyscaled: warning: no token (--token-file or HYSCALE_TOKEN): auth is off\n");
+  }
+  auto credentials = rpc::ServerCredentials(flags.tls_cert, flags.tls_key);
+  if (!credentials.ok()) return Fail(credentials.status());
+  auto metrics_address = SplitHostPort(flags.metrics_listen, "metrics_listen");
+  if (!metrics_address.ok()) return Fail(metrics_address.status());
+  auto listen = SplitHostPort(flags.listen, "listen");
+  if (!listen.ok()) return Fail(listen.status());
+
+  CoordinatorOptions options;
+  options.data_dir = flags.data_dir;
+  options.checkpoint_root = flags.checkpoint_root;
+  options.heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms);
+  options.heartbeat_timeout =
+      absl::Milliseconds(flags.heartbeat_timeout_ms > 0 ? flags.heartbeat_timeout_ms
+                                                        : 3 * flags.heartbeat_interval_ms);
+  options.restart_backoff = absl::Milliseconds(flags.restart_backoff_ms);
+  SystemClock clock;
+  ServerMetrics metrics(kJobMetricsRetention);
+  auto coordinator = Coordinator::Open(options, &clock, &metrics);
+  if (!coordinator.ok()) return Fail(coordinator.status());
+
+  JobService job_service(coordinator->get(), *token);
+  WorkerService worker_service(coordinator->get(), *token);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(flags.listen, *credentials, &port);
+  builder.RegisterService(&job_service);
+  builder.RegisterService(&worker_service);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.experimental().SetInterceptorCreators(RpcMetricsInterceptors(&metrics));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(absl::UnavailableError(absl::StrCat("listen: cannot serve on ", flags.listen)));
+  }
+
+  MetricsHttpServer metrics_http([&metrics] { return metrics.Render(); });
+  if (metrics_address->second != 0) {
+    auto bound = metrics_http.Start(metrics_address->first, metrics_address->second);
+    if (!bound.ok()) {
+      server->Shutdown();
+      return Fail(bound.status());
+    }
+    std::printf("hyscaled: metrics on http://%s:%d/metrics\n", metrics_address->first.c_str(),
+                *bound);
+  }
+  std::printf("hyscaled: listening on %s:%d\n", listen->first.c_str(), port);
+  std::fflush(stdout);
+
+  // Liveness, restart backoff and metric expiry run on their own clock, well inside the
+  // heartbeat timeout.
+  std::mutex mu;
+  std::condition_variable stop;
+  bool stopping = false;
+  std::thread ticker([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping; })) {
+      lock.unlock();
+      (*coordinator)->Tick();
+      lock.lock();
+    }
+  });
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::fprintf(stderr, "hyscaled: %s received, shutting down\n",
+               signal == SIGTERM ? "SIGTERM" : "SIGINT");
+
+  (*coordinator)->Shutdown();  // ends watch, log and assignment streams
+  server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stopping = true;
+  }
+  stop.notify_all();
+  ticker.join();
+  metrics_http.Stop();
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace hyscale::server
+
+int main(int argc, char** argv) {
+  // Block the shutdown signals before any thread starts, so only sigwait in Run sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  hyscale::server::Flags flags;
+  CLI::App app{"hyscaled: the HyScale coordinator"};
+  app.add_option("--listen", flags.listen, "gRPC address HOST:PORT (port 0: any free port)")
+      ->capture_default_str();
+  app.add_option("--data-dir", flags.data_dir, "Directory of hyscale.db and job logs")->required();
+  app.add_option("--metrics-listen", flags.metrics_listen,
+                 "HTTP address of /metrics HOST:PORT (port 0 disables)")
+      ->capture_default_str();
+  app.add_option("--token-file", flags.token_file,
+                 "File holding the bearer token (else env HYSCALE_TOKEN; none: auth off)");
+  app.add_option("--tls-cert", flags.tls_cert, "PEM certificate chain (TLS with --tls-key)");
+  app.add_option("--tls-key", flags.tls_key, "PEM private key (TLS with --tls-cert)");
+  app.add_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,
+                 "Heartbeat interval told to workers")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{10}, int64_t{3'600'000}));
+  app.add_option("--heartbeat-timeout-ms", flags.heartbeat_timeout_ms,
+                 "Silence after which a worker is lost (default 3 x interval)")
+      ->check(CLI::Range(int64_t{10}, int64_t{86'400'000}));
+  app.add_option("--restart-backoff-ms", flags.restart_backoff_ms,
+                 "Wait before the first restart of a failed job; doubles per restart")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
+  app.add_option("--checkpoint-root", flags.checkpoint_root,
+                 "Where jobs' checkpoint directories go (default <data-dir>/checkpoints)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return hyscale::server::Run(flags);
+}

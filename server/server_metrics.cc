@@ -1,0 +1,122 @@
+#include "server/server_metrics.h"
+
+namespace hyscale::server {
+namespace {
+
+// Step times span a millisecond (tiny CPU models) to minutes (large models), so the default
+// request-latency buckets would put everything in one bucket.
+std::vector<double> StepBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+          1,     2.5,    5,     10,   30,    60,   120, 300,  600};
+}
+
+std::vector<double> RpcBuckets() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+}
+
+std::vector<double> SchedulingBuckets() {
+  return {0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400};
+}
+
+std::string StateLabel(const std::string& enum_name, size_t prefix) {
+  std::string label = enum_name.substr(prefix);
+  for (char& c : label) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return label;
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(absl::Duration retention)
+    : retention_(retention),
+      jobs_(registry_.AddGauge("hyscale_jobs", "Jobs by state.", {"state"})),
+      submissions_(registry_.AddCounter("hyscale_job_submissions_total", "Jobs submitted.")),
+      scheduling_latency_(registry_.AddHistogram("hyscale_scheduling_latency_seconds",
+                                                 "Time from PENDING to SCHEDULED.", {},
+                                                 SchedulingBuckets())),
+      rpc_requests_(registry_.AddCounter("hyscale_rpc_requests_total",
+                                         "gRPC requests by method and status code.",
+                                         {"method", "code"})),
+      rpc_duration_(registry_.AddHistogram("hyscale_rpc_duration_seconds",
+                                           "gRPC request handling time (streams: whole stream).",
+                                           {"method"}, RpcBuckets())),
+      workers_(registry_.AddGauge("hyscale_workers", "Workers by state.", {"state"})),
+      step_phase_(registry_.AddHistogram("hyscale_job_step_phase_seconds",
+                                         "Time per training step phase (rank 0).", {"job", "phase"},
+                                         StepBuckets())),
+      step_seconds_(registry_.AddHistogram("hyscale_job_step_seconds",
+                                           "Training step time (rank 0).", {"job"}, StepBuckets())),
+      tokens_per_second_(registry_.AddGauge("hyscale_job_tokens_per_second",
+                                            "Training throughput (rank 0).", {"job"})),
+      loss_(registry_.AddGauge("hyscale_job_loss", "Training loss (rank 0).", {"job"})),
+      indexer_recall_(registry_.AddGauge("hyscale_job_indexer_recall",
+                                         "Indexer recall at the last evaluation.", {"job"})),
+      peak_memory_(registry_.AddGauge("hyscale_job_peak_memory_bytes",
+                                      "Peak memory of rank 0's trainer.", {"job"})),
+      step_(registry_.AddGauge("hyscale_job_step", "Last reported training step.", {"job"})) {
+  submissions_->Inc({}, 0);  // exported as 0 before the first submission
+  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
+    jobs_->Set({StateLabel(v1::JobState_Name(s), 10)}, 0);
+  }
+  for (int s = v1::WorkerState_MIN + 1; s <= v1::WorkerState_MAX; ++s) {
+    workers_->Set({StateLabel(v1::WorkerState_Name(s), 13)}, 0);
+  }
+}
+
+void ServerMetrics::SetJobCounts(const std::map<v1::JobState, int>& counts) {
+  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
+    const auto it = counts.find(static_cast<v1::JobState>(s));
+    jobs_->Set({StateLabel(v1::JobState_Name(s), 10)}, it == counts.end() ? 0 : it->second);
+  }
+}
+
+void ServerMetrics::SetWorkerCounts(const std::map<v1::WorkerState, int>& counts) {
+  for (int s = v1::WorkerState_MIN + 1; s <= v1::WorkerState_MAX; ++s) {
+    const auto it = counts.find(static_cast<v1::WorkerState>(s));
+    workers_->Set({StateLabel(v1::WorkerState_Name(s), 13)}, it == counts.end() ? 0 : it->second);
+  }
+}
+
+void ServerMetrics::JobSubmitted() {
+  submissions_->Inc({});
+}
+
+void ServerMetrics::JobScheduled(double latency_seconds) {
+  scheduling_latency_->Observe({}, latency_seconds);
+}
+
+void ServerMetrics::Step(const std::string& job_id, const v1::StepProgress& step) {
+  if (step.rank() != 0) return;  // one series per job, not per rank
+  for (const auto& [phase, seconds] : step.phase_seconds()) {
+    step_phase_->Observe({job_id, phase}, seconds);
+  }
+  step_seconds_->Observe({job_id}, step.step_seconds());
+  tokens_per_second_->Set({job_id}, step.tokens_per_second());
+  loss_->Set({job_id}, step.loss());
+  if (step.evaluated()) indexer_recall_->Set({job_id}, step.indexer_recall());
+  peak_memory_->Set({job_id}, static_cast<double>(step.peak_memory_bytes()));
+  step_->Set({job_id}, static_cast<double>(step.step()));
+}
+
+void ServerMetrics::JobEnded(const std::string& job_id, absl::Time when) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ended_.emplace(job_id, when);
+}
+
+void ServerMetrics::Expire(absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = ended_.begin(); it != ended_.end();) {
+    if (now - it->second < retention_) {
+      ++it;
+      continue;
+    }
+    registry_.RemoveWhere("job", it->first);
+    it = ended_.erase(it);
+  }
+}
+
+void ServerMetrics::Rpc(const std::string& method, const std::string& code, double seconds) {
+  rpc_requests_->Inc({method, code});
+  rpc_duration_->Observe({method}, seconds);
+}
+
+}  // namespace hyscale::server

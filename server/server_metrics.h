@@ -1,0 +1,55 @@
+// The coordinator's metrics (DESIGN.md section 6): job and worker counts, submissions,
+// scheduling latency, RPCs, and per running job its step-time breakdown and progress. A job's
+// series are dropped a while after it ends, so the job label stays bounded.
+#pragma once
+
+#include <absl/time/time.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "hyscale/v1/service.pb.h"
+#include "server/metrics.h"
+
+namespace hyscale::server {
+
+class ServerMetrics {
+ public:
+  // `retention`: how long a finished job's series stay exported.
+  explicit ServerMetrics(absl::Duration retention);
+
+  void SetJobCounts(const std::map<v1::JobState, int>& counts);
+  void SetWorkerCounts(const std::map<v1::WorkerState, int>& counts);
+  void JobSubmitted();
+  void JobScheduled(double latency_seconds);  // PENDING -> SCHEDULED
+  void Step(const std::string& job_id, const v1::StepProgress& step);
+  void JobEnded(const std::string& job_id, absl::Time when);
+  // Drops the series of jobs that ended more than `retention` before `now`.
+  void Expire(absl::Time now);
+  void Rpc(const std::string& method, const std::string& code, double seconds);
+
+  std::string Render() const { return registry_.Render(); }
+
+ private:
+  const absl::Duration retention_;
+  MetricsRegistry registry_;
+  Gauge* jobs_;
+  Counter* submissions_;
+  Histogram* scheduling_latency_;
+  Counter* rpc_requests_;
+  Histogram* rpc_duration_;
+  Gauge* workers_;
+  Histogram* step_phase_;
+  Histogram* step_seconds_;
+  Gauge* tokens_per_second_;
+  Gauge* loss_;
+  Gauge* indexer_recall_;
+  Gauge* peak_memory_;
+  Gauge* step_;
+
+  std::mutex mu_;
+  std::map<std::string, absl::Time> ended_;  // job id -> when it ended
+};
+
+}  // namespace hyscale::server

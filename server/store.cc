@@ -1,0 +1,332 @@
+#include "server/store.h"
+
+#include <absl/strings/str_cat.h>
+#include <sqlite3.h>
+
+#include <utility>
+
+namespace hyscale::server {
+namespace {
+
+// Ordered migrations: entry i brings the schema from version i to version i + 1. Never edit a
+// shipped entry; append a new one.
+constexpr const char* kMigrations[] = {
+    // 1: jobs, their events and the workers. `seq` orders jobs by submission (FIFO, newest-first
+    // listing); request_id is NULL when the client gave none, so it stays unique only when set.
+    R"sql(
+      CREATE TABLE jobs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        request_id TEXT UNIQUE,
+        state INTEGER NOT NULL,
+        priority INTEGER NOT NULL,
+        job BLOB NOT NULL);
+      CREATE TABLE job_events (
+        job_id TEXT NOT NULL,
+        sequence INTEGER NOT NULL,
+        event BLOB NOT NULL,
+        PRIMARY KEY (job_id, sequence));
+      CREATE TABLE workers (
+        id TEXT PRIMARY KEY,
+        worker BLOB NOT NULL);
+    )sql",
+};
+
+constexpr int kBusyTimeoutMs = 5000;
+
+// A prepared statement, finalized on scope exit.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  bool ok() const { return rc_ == SQLITE_OK; }
+  void Bind(int index, const std::string& text) {
+    sqlite3_bind_text(stmt_, index, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+  }
+  void BindBlob(int index, const std::string& bytes) {
+    sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+  }
+  void BindNull(int index) { sqlite3_bind_null(stmt_, index); }
+  void Bind(int index, int64_t value) { sqlite3_bind_int64(stmt_, index, value); }
+  // SQLITE_ROW, SQLITE_DONE or an error code.
+  int Step() { return rc_ = sqlite3_step(stmt_); }
+  int64_t Int(int column) { return sqlite3_column_int64(stmt_, column); }
+  std::string Blob(int column) {
+    const void* data = sqlite3_column_blob(stmt_, column);
+    return std::string(static_cast<const char*>(data), sqlite3_column_bytes(stmt_, column));
+  }
+  std::string Text(int column) {
+    const unsigned char* data = sqlite3_column_text(stmt_, column);
+    return data == nullptr ? std::string() : reinterpret_cast<const char*>(data);
+  }
+  int rc() const { return rc_; }
+
+ private:
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+// Rolls back unless committed, so an error path never leaves a transaction open.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) {
+    ok_ = sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+  }
+  ~Transaction() {
+    if (ok_ && !committed_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  bool ok() const { return ok_; }
+  bool Commit() {
+    committed_ = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK;
+    return committed_;
+  }
+
+ private:
+  sqlite3* db_;
+  bool ok_ = false;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+int Store::LatestSchemaVersion() {
+  return static_cast<int>(std::size(kMigrations));
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  const int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string message = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat(path, ": cannot open database: ", message));
+  }
+  std::unique_ptr<Store> store(new Store(db));
+  sqlite3_busy_timeout(db, kBusyTimeoutMs);
+  for (const char* pragma :
+       {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"}) {
+    if (auto status = store->Exec(pragma); !status.ok()) {
+      return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+    }
+  }
+  auto mode = store->JournalMode();
+  if (!mode.ok()) return mode.status();
+  if (*mode != "wal") {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": WAL journal mode unavailable (got ", *mode, ")"));
+  }
+  if (auto status = store->Migrate(); !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  }
+  return store;
+}
+
+Store::~Store() {
+  sqlite3_close(db_);
+}
+
+absl::Status Store::Error(const char* what) const {
+  return absl::InternalError(absl::StrCat(what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::Status Store::Exec(const char* sql) {
+  char* message = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+    std::string text = message != nullptr ? message : "unknown error";
+    sqlite3_free(message);
+    return absl::InternalError(absl::StrCat("sqlite: ", text));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::Migrate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction tx(db_);
+  if (!tx.ok()) return Error("begin migration");
+  if (auto s = Exec("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)");
+      !s.ok()) {
+    return s;
+  }
+  int version = 0;
+  {
+    Statement select(db_, "SELECT version FROM schema_version");
+    if (!select.ok()) return Error("read schema_version");
+    if (select.Step() == SQLITE_ROW) {
+      version = static_cast<int>(select.Int(0));
+    } else if (auto s = Exec("INSERT INTO schema_version (version) VALUES (0)"); !s.ok()) {
+      return s;
+    }
+  }
+  if (version > LatestSchemaVersion()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "schema version ", version, " is newer than this hyscaled (", LatestSchemaVersion(), ")"));
+  }
+  for (; version < LatestSchemaVersion(); ++version) {
+    if (auto s = Exec(kMigrations[version]); !s.ok()) {
+      return absl::InternalError(absl::StrCat("migration ", version + 1, ": ", s.message()));
+    }
+    Statement update(db_, "UPDATE schema_version SET version = ?");
+    update.Bind(1, int64_t{version + 1});
+    if (update.Step() != SQLITE_DONE) return Error("write schema_version");
+  }
+  if (!tx.Commit()) return Error("commit migration");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Store::SchemaVersion() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement select(db_, "SELECT version FROM schema_version");
+  if (!select.ok() || select.Step() != SQLITE_ROW) return Error("read schema_version");
+  return static_cast<int>(select.Int(0));
+}
+
+absl::StatusOr<std::string> Store::JournalMode() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement select(db_, "PRAGMA journal_mode");
+  if (!select.ok() || select.Step() != SQLITE_ROW) return Error("read journal_mode");
+  return select.Text(0);
+}
+
+absl::Status Store::AppendEvents(const std::vector<v1::JobEvent>& events) {
+  for (const auto& event : events) {
+    Statement insert(db_, "INSERT INTO job_events (job_id, sequence, event) VALUES (?, ?, ?)");
+    insert.Bind(1, event.job_id());
+    insert.Bind(2, event.sequence());
+    insert.BindBlob(3, event.SerializeAsString());
+    if (insert.Step() != SQLITE_DONE) return Error("insert job event");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction tx(db_);
+  if (!tx.ok()) return Error("begin insert job");
+  {
+    Statement insert(
+        db_, "INSERT INTO jobs (id, request_id, state, priority, job) VALUES (?, ?, ?, ?, ?)");
+    insert.Bind(1, job.id());
+    if (job.request_id().empty()) {
+      insert.BindNull(2);
+    } else {
+      insert.Bind(2, job.request_id());
+    }
+    insert.Bind(3, int64_t{job.state()});
+    insert.Bind(4, int64_t{job.priority()});
+    insert.BindBlob(5, job.SerializeAsString());
+    const int rc = insert.Step();
+    if (rc == SQLITE_CONSTRAINT) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("job ", job.id(), " or request_id '", job.request_id(), "' exists"));
+    }
+    if (rc != SQLITE_DONE) return Error("insert job");
+  }
+  if (auto s = AppendEvents(events); !s.ok()) return s;
+  if (!tx.Commit()) return Error("commit insert job");
+  return absl::OkStatus();
+}
+
+absl::Status Store::UpdateJob(const v1::Job& job, const std::vector<v1::JobEvent>& events) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction tx(db_);
+  if (!tx.ok()) return Error("begin update job");
+  {
+    Statement update(db_, "UPDATE jobs SET state = ?, priority = ?, job = ? WHERE id = ?");
+    update.Bind(1, int64_t{job.state()});
+    update.Bind(2, int64_t{job.priority()});
+    update.BindBlob(3, job.SerializeAsString());
+    update.Bind(4, job.id());
+    if (update.Step() != SQLITE_DONE) return Error("update job");
+    if (sqlite3_changes(db_) != 1) return absl::NotFoundError("job " + job.id() + " not stored");
+  }
+  if (auto s = AppendEvents(events); !s.ok()) return s;
+  if (!tx.Commit()) return Error("commit update job");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::Job>> Store::LoadJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement select(db_, "SELECT id, job FROM jobs ORDER BY seq");
+  if (!select.ok()) return Error("load jobs");
+  std::vector<v1::Job> jobs;
+  int rc;
+  while ((rc = select.Step()) == SQLITE_ROW) {
+    v1::Job job;
+    if (!job.ParseFromString(select.Blob(1))) {
+      return absl::DataLossError("job " + select.Text(0) + ": stored record does not parse");
+    }
+    jobs.push_back(std::move(job));
+  }
+  if (rc != SQLITE_DONE) return Error("load jobs");
+  return jobs;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Store::LoadEvents(const std::string& job_id,
+                                                            int64_t after_sequence, int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement select(db_,
+                   "SELECT event FROM job_events WHERE job_id = ? AND sequence > ? "
+                   "ORDER BY sequence LIMIT ?");
+  if (!select.ok()) return Error("load events");
+  select.Bind(1, job_id);
+  select.Bind(2, after_sequence);
+  select.Bind(3, int64_t{limit});
+  std::vector<v1::JobEvent> events;
+  int rc;
+  while ((rc = select.Step()) == SQLITE_ROW) {
+    v1::JobEvent event;
+    if (!event.ParseFromString(select.Blob(0))) {
+      return absl::DataLossError("job " + job_id + ": stored event does not parse");
+    }
+    events.push_back(std::move(event));
+  }
+  if (rc != SQLITE_DONE) return Error("load events");
+  return events;
+}
+
+absl::StatusOr<int64_t> Store::LastSequence(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement select(db_, "SELECT COALESCE(MAX(sequence), 0) FROM job_events WHERE job_id = ?");
+  if (!select.ok()) return Error("last sequence");
+  select.Bind(1, job_id);
+  if (select.Step() != SQLITE_ROW) return Error("last sequence");
+  return select.Int(0);
+}
+
+absl::Status Store::PutWorker(const v1::WorkerInfo& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement upsert(db_,
+                   "INSERT INTO workers (id, worker) VALUES (?, ?) "
+                   "ON CONFLICT (id) DO UPDATE SET worker = excluded.worker");
+  if (!upsert.ok()) return Error("put worker");
+  upsert.Bind(1, worker.id());
+  upsert.BindBlob(2, worker.SerializeAsString());
+  if (upsert.Step() != SQLITE_DONE) return Error("put worker");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> Store::LoadWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement select(db_, "SELECT id, worker FROM workers ORDER BY id");
+  if (!select.ok()) return Error("load workers");
+  std::vector<v1::WorkerInfo> workers;
+  int rc;
+  while ((rc = select.Step()) == SQLITE_ROW) {
+    v1::WorkerInfo worker;
+    if (!worker.ParseFromString(select.Blob(1))) {
+      return absl::DataLossError("worker " + select.Text(0) + ": stored record does not parse");
+    }
+    workers.push_back(std::move(worker));
+  }
+  if (rc != SQLITE_DONE) return Error("load workers");
+  return workers;
+}
+
+}  // namespace hyscale::server

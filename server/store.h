@@ -1,0 +1,61 @@
+// JobStore: the coordinator's durable state in one SQLite file (<data-dir>/hyscale.db).
+// Every write is a transaction with synchronous=FULL in WAL mode, so a job's transition and its
+// event are on disk together before the RPC that caused them answers.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hyscale/v1/service.pb.h"
+
+struct sqlite3;
+
+namespace hyscale::server {
+
+class Store {
+ public:
+  // Opens (creating if needed) `path` and brings its schema up to the newest version.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Inserts a new job and its first events. ALREADY_EXISTS when the job id or a non-empty
+  // request_id is taken.
+  absl::Status InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events);
+  // Replaces a stored job and appends `events`, in one transaction.
+  absl::Status UpdateJob(const v1::Job& job, const std::vector<v1::JobEvent>& events);
+  // Every job, oldest first (the order they were inserted).
+  absl::StatusOr<std::vector<v1::Job>> LoadJobs();
+  // A job's events with sequence > `after_sequence`, in order, at most `limit`.
+  absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(const std::string& job_id,
+                                                       int64_t after_sequence, int limit);
+  // The largest event sequence of a job, 0 when it has none.
+  absl::StatusOr<int64_t> LastSequence(const std::string& job_id);
+
+  absl::Status PutWorker(const v1::WorkerInfo& worker);
+  absl::StatusOr<std::vector<v1::WorkerInfo>> LoadWorkers();
+
+  // For tests and diagnostics.
+  absl::StatusOr<std::string> JournalMode();
+  absl::StatusOr<int> SchemaVersion();
+  static int LatestSchemaVersion();
+
+ private:
+  explicit Store(sqlite3* db) : db_(db) {}
+  absl::Status Migrate();
+  absl::Status Exec(const char* sql);
+  absl::Status AppendEvents(const std::vector<v1::JobEvent>& events);
+  absl::Status Error(const char* what) const;
+
+  std::mutex mu_;  // one connection, used by the coordinator and by watch/log streams
+  sqlite3* const db_;
+};
+
+}  // namespace hyscale::server

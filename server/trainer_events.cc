@@ -1,0 +1,51 @@
+#include "server/trainer_events.h"
+
+#include <nlohmann/json.hpp>
+
+namespace hyscale::server {
+
+absl::StatusOr<v1::JobEvent> ParseTrainerEvent(int rank, const std::string& line) {
+  const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.contains("event") || !json["event"].is_string()) {
+    return absl::InvalidArgumentError("event_json: not a JSON object with a string \"event\"");
+  }
+  const std::string name = json["event"].get<std::string>();
+  v1::JobEvent event;
+  if (name != "step") {
+    auto* trainer = event.mutable_trainer();
+    trainer->set_rank(rank);
+    trainer->set_event(name);
+    trainer->set_json(line);
+    return event;
+  }
+  try {
+    auto* step = event.mutable_step();
+    step->set_rank(rank);
+    step->set_step(json.value("step", int64_t{0}));
+    step->set_total_steps(json.value("total_steps", int64_t{0}));
+    step->set_stage(json.value("stage", 0));
+    step->set_loss(json.value("loss", 0.0));
+    step->set_lm_loss(json.value("lm_loss", 0.0));
+    step->set_indexer_loss(json.value("indexer_loss", 0.0));
+    step->set_lr(json.value("lr", 0.0));
+    step->set_step_seconds(json.value("step_seconds", 0.0));
+    step->set_tokens_per_second(json.value("tokens_per_second", 0.0));
+    step->set_peak_memory_bytes(json.value("peak_memory_bytes", int64_t{0}));
+    step->set_eta_seconds(json.value("eta_seconds", 0.0));
+    if (json.contains("phase_seconds") && json["phase_seconds"].is_object()) {
+      for (const auto& [phase, seconds] : json["phase_seconds"].items()) {
+        if (seconds.is_number()) (*step->mutable_phase_seconds())[phase] = seconds.get<double>();
+      }
+    }
+    if (json.contains("accuracy") || json.contains("indexer_recall")) {
+      step->set_evaluated(true);
+      step->set_accuracy(json.value("accuracy", 0.0));
+      step->set_indexer_recall(json.value("indexer_recall", 0.0));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(std::string("event_json: step event: ") + e.what());
+  }
+  return event;
+}
+
+}  // namespace hyscale::server

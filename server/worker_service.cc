@@ -1,0 +1,64 @@
+#include "server/worker_service.h"
+
+#include <utility>
+
+#include "proto/rpc.h"
+
+namespace hyscale::server {
+namespace {
+
+// How long an idle assignment stream waits before re-checking for a departed agent.
+constexpr absl::Duration kAssignmentPoll = absl::Milliseconds(200);
+
+}  // namespace
+
+grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
+                                           const v1::RegisterWorkerRequest* request,
+                                           v1::RegisterWorkerResponse* response) {
+  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  auto result = coordinator_->RegisterWorker(*request);
+  if (!result.ok()) return rpc::ToGrpc(result.status());
+  *response = std::move(*result);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) {
+  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  auto result = coordinator_->Heartbeat(*request);
+  if (!result.ok()) return rpc::ToGrpc(result.status());
+  *response = std::move(*result);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::StreamAssignments(grpc::ServerContext* context,
+                                              const v1::StreamAssignmentsRequest* request,
+                                              grpc::ServerWriter<v1::Assignment>* writer) {
+  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  auto queue = coordinator_->OpenAssignments(request->worker_id());
+  if (!queue.ok()) return rpc::ToGrpc(queue.status());
+  // Ends when the agent leaves, when a newer stream of the same worker replaces this one, or on
+  // shutdown (the queue is closed then).
+  while (!context->IsCancelled() && !(*queue)->closed()) {
+    auto assignment = (*queue)->Pop(kAssignmentPoll);
+    if (assignment && !writer->Write(*assignment)) break;
+  }
+  if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "stream cancelled"};
+  return {grpc::StatusCode::UNAVAILABLE, "assignment stream closed: reopen it"};
+}
+
+grpc::Status WorkerService::ReportStatus(grpc::ServerContext* context,
+                                         const v1::ReportStatusRequest* request,
+                                         v1::ReportStatusResponse*) {
+  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  return rpc::ToGrpc(coordinator_->ReportStatus(*request));
+}
+
+grpc::Status WorkerService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                        v1::ListWorkersResponse* response) {
+  *response = coordinator_->ListWorkers();
+  return grpc::Status::OK;
+}
+
+}  // namespace hyscale::server

@@ -1,0 +1,35 @@
+// WorkerService over the Coordinator, for worker agents. Every RPC but ListWorkers needs the
+// bearer token.
+#pragma once
+
+#include <string>
+
+#include "hyscale/v1/service.grpc.pb.h"
+#include "server/coordinator.h"
+
+namespace hyscale::server {
+
+class WorkerService final : public v1::WorkerService::Service {
+ public:
+  WorkerService(Coordinator* coordinator, std::string token)
+      : coordinator_(coordinator), token_(std::move(token)) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status StreamAssignments(grpc::ServerContext* context,
+                                 const v1::StreamAssignmentsRequest* request,
+                                 grpc::ServerWriter<v1::Assignment>* writer) override;
+  grpc::Status ReportStatus(grpc::ServerContext* context, const v1::ReportStatusRequest* request,
+                            v1::ReportStatusResponse* response) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
+
+ private:
+  Coordinator* const coordinator_;
+  const std::string token_;
+};
+
+}  // namespace hyscale::server
