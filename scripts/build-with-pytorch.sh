@@ -4,6 +4,8 @@
 #   HYSCALE_DEPS_PREFIX  a folder holding Debian packages unpacked with `dpkg -x` (for machines
 #                        without absl, yaml-cpp, CLI11, GoogleTest or protobuf installed)
 #   HYSCALE_BUILD_DIR    build folder (default build-pytorch)
+#   HYSCALE_WITH_SERVICE ON to build the coordinator, agent and CLI too (needs gRPC; default OFF:
+#                        GPU images rarely carry gRPC, and the service never links torch anyway)
 # Extra arguments go to ctest (e.g. -R Kernel).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,8 +22,11 @@ if [[ -n ${HYSCALE_DEPS_PREFIX:-} ]]; then
           -DProtobuf_LIBRARY="$deps/usr/lib/x86_64-linux-gnu/libprotobuf.so")
 fi
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$prefixes" "${extra[@]}"
+  -DHYSCALE_WITH_SERVICE="${HYSCALE_WITH_SERVICE:-OFF}" -DHYSCALE_CUDA="${HYSCALE_CUDA:-AUTO}" -DCMAKE_PREFIX_PATH="$prefixes" "${extra[@]}"
 cmake --build "$build" -j "$(nproc)"
 cd "$build"
 ctest --output-on-failure -j 4 --timeout 900 "$@"

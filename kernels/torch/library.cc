@@ -10,6 +10,11 @@ TORCH_LIBRARY(hyscale, m) {
   m.def(
       "index_score_gather(Tensor q, Tensor k, Tensor w, Tensor indices, int q_offset=0,"
       " int tokens_per_key=1) -> Tensor");
+  // Scores of rows [row_begin, row_begin + rows) against every key, as an fp32 table (-inf where
+  // not visible): the score-table baseline of DESIGN.md section 4 (b), for benchmarks. CUDA only.
+  m.def(
+      "index_score_table(Tensor q, Tensor k, Tensor w, int row_begin, int rows, int q_offset=0,"
+      " int tokens_per_key=1) -> Tensor");
   m.def(
       "index_score_backward(Tensor grad_scores, Tensor q, Tensor k, Tensor w, Tensor indices,"
       " int q_offset=0, int tokens_per_key=1) -> (Tensor grad_q, Tensor grad_k, Tensor grad_w)");

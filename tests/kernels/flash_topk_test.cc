@@ -12,15 +12,10 @@
 #include "kernels/index_score.h"
 #include "tests/kernels/reference.h"
 #include "tests/kernels/test_support.h"
+#include "tests/kernels/topk_check.h"
 
 namespace hyscale::test {
 namespace {
-
-template <typename T>
-struct Selection {
-  std::vector<int32_t> indices;
-  std::vector<T> scores;
-};
 
 template <typename T>
 Selection<T> run_flash_topk(const IndexerProblem& p, int64_t topk, int threads) {
@@ -30,63 +25,6 @@ Selection<T> run_flash_topk(const IndexerProblem& p, int64_t topk, int threads) 
   flash_topk_cpu<T>(p.shape, q.data(), k.data(), w.data(), topk, out.indices.data(),
                     out.scores.data(), CpuContext{threads});
   return out;
-}
-
-// Checks one kernel selection against the float64 reference of the inputs it saw (`p`, already
-// rounded to T). With exact scores (integer inputs) the whole list must equal the reference:
-// same keys, same order, ties resolved towards the lower index.
-template <typename T>
-void expect_exact_topk(const IndexerProblem& p, int64_t topk, const Selection<T>& got,
-                       bool exact_scores) {
-  for (int64_t row = 0; row < p.shape.num_queries; ++row) {
-    SCOPED_TRACE("row " + std::to_string(row));
-    const std::vector<double> ref = ref_score_row(p, row);
-    const int64_t visible = ref.size(), selected = std::min(topk, visible);
-    const int32_t* idx = got.indices.data() + row * topk;
-    const T* score = got.scores.data() + row * topk;
-
-    // Layout: `selected` valid, causal, distinct keys, then -1 / -infinity.
-    std::vector<bool> chosen(visible, false);
-    for (int64_t i = 0; i < topk; ++i) {
-      if (i >= selected) {
-        ASSERT_EQ(idx[i], -1) << "slot " << i;
-        ASSERT_EQ(score[i], -std::numeric_limits<T>::infinity()) << "slot " << i;
-        continue;
-      }
-      ASSERT_GE(idx[i], 0) << "slot " << i;
-      ASSERT_LT(idx[i], visible) << "slot " << i << ": not visible (causal)";
-      ASSERT_FALSE(chosen[idx[i]]) << "slot " << i << ": key " << idx[i] << " twice";
-      chosen[idx[i]] = true;
-      // The kernel's score is the key's score, to rounding.
-      ASSERT_NEAR(score[i], ref[idx[i]], kRelTol<T> * index_score_magnitude(p, row, idx[i]))
-          << "slot " << i;
-      // Sorted by its own scores, descending; equal scores by index.
-      if (i > 0) {
-        ASSERT_TRUE(score[i - 1] > score[i] || (score[i - 1] == score[i] && idx[i - 1] < idx[i]))
-            << "slots " << i - 1 << ", " << i << " out of order";
-      }
-    }
-    if (selected == 0) continue;
-
-    // Exactness (DESIGN.md section 3): compare sets, with ties within eps of tau either way.
-    std::vector<double> sorted = ref;
-    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-    const double tau = sorted[selected - 1], eps = 1e-4 * std::abs(tau);
-    for (int64_t i = 0; i < selected; ++i) {
-      ASSERT_GE(ref[idx[i]], tau - eps) << "slot " << i << " key " << idx[i] << " tau " << tau;
-    }
-    for (int64_t s = 0; s < visible; ++s) {
-      ASSERT_TRUE(chosen[s] || ref[s] <= tau + eps) << "key " << s << " missed, tau " << tau;
-    }
-
-    if (exact_scores) {
-      const std::vector<int32_t> want = ref_topk_row(ref, topk);
-      for (int64_t i = 0; i < selected; ++i) {
-        ASSERT_EQ(idx[i], want[i]) << "slot " << i << " (tie rule: lower index wins)";
-        ASSERT_EQ(static_cast<double>(score[i]), ref[want[i]]) << "slot " << i;
-      }
-    }
-  }
 }
 
 // Runs flash_topk on one problem with 1 and 3 threads and checks everything about the result.

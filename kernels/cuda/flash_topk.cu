@@ -1,0 +1,648 @@
+// FlashTopK on the GPU: fused lightning-indexer scoring and exact top-k without a score table.
+//
+// Per chunk of query rows (docs/flash_topk.md has the why):
+//   1. sample pass: score every row against a strided sample of the keys (1/stride of the work);
+//   2. threshold:  per row, the score that about 2*topk of its visible keys should reach;
+//   3. main pass:  score every visible key, keep (score, key) only when score >= threshold, in a
+//                  bounded per-row candidate buffer;
+//   4. finish:     per row, exact top-k of the candidates (radix select, ties to the smaller key,
+//                  bitonic sort); rows whose threshold missed (fewer than topk candidates, or more
+//                  than the buffer holds) are listed...
+//   5. fallback:   ...and rescored with no threshold into full-row buffers, then finished alike.
+// Scores are never written for all keys (except in the fallback, for the few listed rows).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/flash_topk_cuda.h"
+#include "kernels/cuda/index_score_warp.cuh"
+#include "kernels/cuda/radix_select.cuh"
+
+namespace hyscale::cuda {
+namespace {
+
+constexpr float kNegInf = -INFINITY;
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("hyscale::flash_topk (CUDA): ") + what + ": " +
+                             cudaGetErrorString(status));
+  }
+}
+
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Where a block's rows come from: rows [row0, row0 + rows), or the listed rows.
+struct RowSet {
+  int64_t row0 = 0;
+  int rows = 0;
+  const int* list = nullptr;
+  __device__ int64_t row(int slot) const { return list ? list[slot] : row0 + slot; }
+};
+
+struct ScoreParams {
+  const __nv_bfloat16* q;     // [N, H, D]
+  const __nv_bfloat16* keys;  // [num_array_keys, D]: all keys, or every key_stride-th (sample)
+  const float* w;             // [N, H]
+  RowSet rows;
+  int64_t q_offset;
+  int64_t tokens_per_key;
+  int64_t num_keys;    // M of the full key array (visibility)
+  int64_t key_stride;  // array key i is key i * key_stride
+  int64_t num_array_keys;
+  const float* thresholds;  // [rows] or null (keep every visible key)
+  int capacity;             // candidate slots per row
+  float* cand_scores;       // [rows, capacity]
+  int* cand_keys;           // [rows, capacity] or null (sample pass: scores only)
+  int* counts;              // [rows]: candidates found (may exceed capacity)
+  float* table;             // score-table mode: [rows, table_stride]
+  int64_t table_stride;
+};
+
+__device__ __forceinline__ int64_t visible_keys(int64_t row, int64_t q_offset,
+                                                int64_t tokens_per_key, int64_t num_keys) {
+  const int64_t v = (q_offset + row + 1) / tokens_per_key;
+  return v < 0 ? 0 : (v < num_keys ? v : num_keys);
+}
+
+__device__ __forceinline__ uint32_t lanemask_lt() {
+  uint32_t mask;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));
+  return mask;
+}
+
+enum class ScoreMode { kCandidates, kTable };
+
+// One warp per query row, kQueriesPerBlock rows per block sharing each key tile (cp.async, two
+// stages). Causal: the block walks the keys its latest row sees; a warp idles past its own row.
+template <class Traits, ScoreMode kMode>
+__global__ void __launch_bounds__(SelectTraits::kThreads, 1) score_rows_kernel(ScoreParams p) {
+  constexpr int kWarps = SelectTraits::kQueriesPerBlock;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto* query_tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  auto* key_tiles = query_tiles + kWarps * Traits::kQueryElems;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Causal rows late in the sequence cost the most: start them first, so the tail is short.
+  const int block = gridDim.x - 1 - blockIdx.x;
+  const int slot = block * kWarps + warp;
+  const bool active = slot < p.rows.rows;
+  const int64_t row = active ? p.rows.row(slot) : 0;
+  auto array_visible = [&](int64_t r) {
+    const int64_t v = visible_keys(r, p.q_offset, p.tokens_per_key, p.num_keys);
+    return min(ceil_div(v, p.key_stride), p.num_array_keys);
+  };
+  const int64_t visible = active ? array_visible(row) : 0;
+  int64_t block_visible = 0;
+  for (int s = block * kWarps; s < min(block * kWarps + kWarps, p.rows.rows); ++s) {
+    block_visible = max(block_visible, array_visible(p.rows.row(s)));
+  }
+
+  __nv_bfloat16* query = query_tiles + warp * Traits::kQueryElems;
+  const __nv_bfloat16* q_row = p.q + row * Traits::kHeads * Traits::kDim;
+  load_rows_async<Traits>(query, Traits::kHeads, lane, 32,
+                          [&](int h) { return active ? q_row + h * Traits::kDim : nullptr; });
+  float weights[Traits::kHeadsPerLane] = {};
+  if (active) load_lane_weights<Traits>(p.w + row * Traits::kHeads, lane, weights);
+  const float threshold = (active && p.thresholds) ? p.thresholds[slot] : kNegInf;
+
+  const int64_t tiles = ceil_div(block_visible, Traits::kKeysPerTile);
+  auto load_tile = [&](int64_t tile) {
+    __nv_bfloat16* dst = key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems;
+    load_rows_async<Traits>(dst, Traits::kKeysPerTile, threadIdx.x, SelectTraits::kThreads,
+                            [&](int r) -> const __nv_bfloat16* {
+                              const int64_t key = tile * Traits::kKeysPerTile + r;
+                              return key < p.num_array_keys ? p.keys + key * Traits::kDim : nullptr;
+                            });
+  };
+  if (tiles > 0) load_tile(0);
+  cp_async_commit();
+
+  int count = 0;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) {
+      load_tile(tile + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int64_t base = tile * Traits::kKeysPerTile;
+    if (base < visible) {
+      const float2 s = score_key_tile<Traits>(
+          key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems, query, lane, weights);
+      const int64_t key0 = base + lane_key(lane), key1 = key0 + 8;
+      if constexpr (kMode == ScoreMode::kCandidates) {
+        const bool keep0 = key0 < visible && s.x >= threshold;
+        const bool keep1 = key1 < visible && s.y >= threshold;
+        const uint32_t ballot0 = __ballot_sync(0xffffffffu, keep0);
+        const uint32_t ballot1 = __ballot_sync(0xffffffffu, keep1);
+        const int pos0 = count + __popc(ballot0 & lanemask_lt());
+        const int pos1 = count + __popc(ballot0) + __popc(ballot1 & lanemask_lt());
+        const int64_t out = static_cast<int64_t>(slot) * p.capacity;
+        if (keep0 && pos0 < p.capacity) {
+          p.cand_scores[out + pos0] = s.x;
+          if (p.cand_keys) p.cand_keys[out + pos0] = static_cast<int>(key0 * p.key_stride);
+        }
+        if (keep1 && pos1 < p.capacity) {
+          p.cand_scores[out + pos1] = s.y;
+          if (p.cand_keys) p.cand_keys[out + pos1] = static_cast<int>(key1 * p.key_stride);
+        }
+        count += __popc(ballot0) + __popc(ballot1);
+      } else {
+        float* out = p.table + static_cast<int64_t>(slot) * p.table_stride;
+        if (key0 < visible) out[key0] = s.x;
+        if (key1 < visible) out[key1] = s.y;
+      }
+    }
+    __syncthreads();  // the next load reuses this stage
+  }
+  cp_async_wait<0>();  // a block with no key tiles still has its query copy in flight
+  if constexpr (kMode == ScoreMode::kCandidates) {
+    if (active && lane == 0) p.counts[slot] = count;
+  }
+}
+
+// Per row: the threshold that about `target` of its visible keys reach, from its sample scores.
+// Rows that see at most `keep_all` keys keep everything (-infinity).
+__global__ void __launch_bounds__(SelectTraits::kSelectThreads)
+    sample_threshold_kernel(const float* sample_scores, const int* sample_counts,
+                            int sample_capacity, RowSet rows, int64_t q_offset,
+                            int64_t tokens_per_key, int64_t num_keys, int64_t keep_all,
+                            int64_t target, float* thresholds) {
+  __shared__ RadixSelectShared shared;
+  const int slot = blockIdx.x;
+  const int64_t visible = visible_keys(rows.row(slot), q_offset, tokens_per_key, num_keys);
+  if (visible <= keep_all) {
+    if (threadIdx.x == 0) thresholds[slot] = kNegInf;
+    return;
+  }
+  const int n = min(sample_counts[slot], sample_capacity);
+  const int64_t wanted = ceil_div(target * n, visible);
+  const int r = static_cast<int>(wanted < 1 ? 1 : (wanted > n ? n : wanted));
+  const float* scores = sample_scores + static_cast<int64_t>(slot) * sample_capacity;
+  const RadixSelection sel = block_radix_select(
+      n, r,
+      [&](int i, uint32_t& key) {
+        key = ordered_key(scores[i]);
+        return true;
+      },
+      shared);
+  if (threadIdx.x == 0) thresholds[slot] = from_ordered_key(sel.key);
+}
+
+struct FinishParams {
+  const float* cand_scores;
+  const int* cand_keys;
+  const int* counts;
+  int capacity;
+  RowSet rows;
+  int64_t q_offset;
+  int64_t tokens_per_key;
+  int64_t num_keys;
+  int topk;
+  int sort_size;  // power of two >= topk
+  int32_t* indices;
+  float* scores;
+  int* failed_rows;  // null: rows cannot fail (full-row buffers)
+  int* failed_count;
+};
+
+// Per row: exact top-k of its candidates, sorted by score descending then key ascending.
+__global__ void __launch_bounds__(SelectTraits::kSelectThreads) finish_rows_kernel(FinishParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto* sorted = reinterpret_cast<unsigned long long*>(smem_raw);
+  __shared__ RadixSelectShared shared;
+  __shared__ int filled;
+
+  const int slot = blockIdx.x;
+  const int64_t row = p.rows.row(slot);
+  const int64_t visible = visible_keys(row, p.q_offset, p.tokens_per_key, p.num_keys);
+  const int want = static_cast<int>(visible < p.topk ? visible : p.topk);
+  const int count = p.counts[slot];
+  const int n = min(count, p.capacity);
+  if (count > p.capacity || n < want) {
+    // The threshold was too low (buffer overflowed) or too high (too few candidates).
+    if (threadIdx.x == 0) p.failed_rows[atomicAdd(p.failed_count, 1)] = static_cast<int>(row);
+    return;
+  }
+  const float* scores = p.cand_scores + static_cast<int64_t>(slot) * p.capacity;
+  const int* keys = p.cand_keys + static_cast<int64_t>(slot) * p.capacity;
+  if (want > 0) {
+    const RadixSelection kth = block_radix_select(
+        n, want,
+        [&](int i, uint32_t& key) {
+          key = ordered_key(scores[i]);
+          return true;
+        },
+        shared);
+    // Ties at the k-th score: keep the smallest keys among those equal to it.
+    const int needed = want - kth.greater;
+    uint32_t last_key = 0xffffffffu;
+    if (kth.equal > needed) {
+      const RadixSelection cut = block_radix_select(
+          n, needed,
+          [&](int i, uint32_t& key) {
+            key = ~static_cast<uint32_t>(keys[i]);
+            return ordered_key(scores[i]) == kth.key;
+          },
+          shared);
+      last_key = ~cut.key;
+    }
+    if (threadIdx.x == 0) filled = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint32_t score_key = ordered_key(scores[i]);
+      const uint32_t key = static_cast<uint32_t>(keys[i]);
+      if (score_key > kth.key || (score_key == kth.key && key <= last_key)) {
+        sorted[atomicAdd(&filled, 1)] = (static_cast<unsigned long long>(~score_key) << 32) | key;
+      }
+    }
+    __syncthreads();
+    for (int i = want + threadIdx.x; i < p.sort_size; i += blockDim.x) sorted[i] = ~0ull;
+    __syncthreads();
+    block_bitonic_sort(sorted, p.sort_size);
+  }
+  int32_t* out_indices = p.indices + row * p.topk;
+  float* out_scores = p.scores ? p.scores + row * p.topk : nullptr;
+  for (int j = threadIdx.x; j < p.topk; j += blockDim.x) {
+    const bool used = j < want;
+    const unsigned long long entry = used ? sorted[j] : 0;
+    out_indices[j] = used ? static_cast<int32_t>(entry & 0xffffffffu) : -1;
+    if (out_scores) {
+      out_scores[j] = used ? from_ordered_key(~static_cast<uint32_t>(entry >> 32)) : kNegInf;
+    }
+  }
+}
+
+// keys[i * stride] -> sample[i]: the strided key sample the thresholds are estimated from.
+__global__ void gather_key_sample_kernel(const uint4* keys, int64_t chunks_per_key, int64_t stride,
+                                         int64_t sample_keys, uint4* sample) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < sample_keys * chunks_per_key;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t key = i / chunks_per_key, chunk = i % chunks_per_key;
+    sample[i] = keys[key * stride * chunks_per_key + chunk];
+  }
+}
+
+__global__ void fill_kernel(float* data, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    data[i] = value;
+  }
+}
+
+// ---- Sizes of one call: chunking, buffers and the sampling stride --------------------------
+
+constexpr int64_t kWorkspaceBudget = int64_t(2) << 30;  // bytes of scratch per chunk, about
+constexpr int64_t kMinSample = 4096;                    // sample slots per row at least
+constexpr int64_t kMaxSampleStride = 32;
+
+struct Plan {
+  int64_t capacity;         // candidate slots per row: 3 * topk
+  int64_t target;           // candidates a threshold aims at: 2 * topk
+  int64_t max_visible;      // keys the last row sees
+  bool sample;              // false: every row keeps all visible keys (no threshold needed)
+  int64_t stride;           // sampling stride
+  int64_t sample_keys;      // keys in the sample
+  int64_t sample_capacity;  // sample slots per row
+  int64_t chunk_rows;
+  int64_t fallback_rows;  // rows per fallback batch
+  int64_t fallback_capacity;
+  int sort_size;
+};
+
+int64_t round_up(int64_t a, int64_t b) {
+  return ceil_div(a, b) * b;
+}
+
+Plan make_plan(const IndexerShape& shape, int64_t topk) {
+  Plan plan{};
+  plan.capacity = round_up(3 * topk, 64);
+  plan.target = 2 * topk;
+  plan.max_visible = shape.num_queries > 0 ? shape.visible_keys(shape.num_queries - 1) : 0;
+  plan.sample = plan.max_visible > plan.capacity;
+  plan.sample_capacity = std::max(kMinSample, ceil_div(plan.max_visible, kMaxSampleStride));
+  plan.stride = plan.sample ? ceil_div(plan.max_visible, plan.sample_capacity) : 1;
+  plan.sample_keys = plan.sample ? ceil_div(shape.num_keys, plan.stride) : 0;
+  const int64_t bytes_per_row = plan.capacity * 8 + (plan.sample ? plan.sample_capacity * 4 : 0) +
+                                4 * 4;  // counts, sample counts, threshold, failed list
+  plan.chunk_rows = std::max<int64_t>(
+      SelectTraits::kQueriesPerBlock,
+      std::min(round_up(std::max<int64_t>(shape.num_queries, 1), SelectTraits::kQueriesPerBlock),
+               round_up(kWorkspaceBudget / bytes_per_row, SelectTraits::kQueriesPerBlock)));
+  plan.fallback_capacity = round_up(std::max<int64_t>(shape.num_keys, 1), 64);
+  plan.fallback_rows = std::max<int64_t>(
+      SelectTraits::kQueriesPerBlock,
+      std::min<int64_t>(plan.chunk_rows,
+                        round_up(kWorkspaceBudget / 16 / (plan.fallback_capacity * 8),
+                                 SelectTraits::kQueriesPerBlock)));
+  plan.sort_size = 1;
+  while (plan.sort_size < topk) plan.sort_size <<= 1;
+  return plan;
+}
+
+// Carves the workspace into the buffers of a Plan (same layout for sizing and for use).
+struct Workspace {
+  float* cand_scores;
+  int* cand_keys;
+  int* counts;
+  float* sample_scores;
+  int* sample_counts;
+  float* thresholds;
+  int* failed_rows;
+  int* failed_count;
+  float* fallback_scores;
+  int* fallback_keys;
+  int* fallback_counts;
+  __nv_bfloat16* sample_keys;
+  size_t bytes;
+
+  Workspace(const Plan& plan, int64_t dim, unsigned char* base) {
+    size_t offset = 0;
+    auto take = [&](size_t size) {
+      unsigned char* at = base ? base + offset : nullptr;
+      offset += (size + 255) / 256 * 256;
+      return at;
+    };
+    const int64_t rows = plan.chunk_rows;
+    cand_scores = reinterpret_cast<float*>(take(rows * plan.capacity * 4));
+    cand_keys = reinterpret_cast<int*>(take(rows * plan.capacity * 4));
+    counts = reinterpret_cast<int*>(take(rows * 4));
+    sample_scores =
+        reinterpret_cast<float*>(take(plan.sample ? rows * plan.sample_capacity * 4 : 0));
+    sample_counts = reinterpret_cast<int*>(take(rows * 4));
+    thresholds = reinterpret_cast<float*>(take(rows * 4));
+    failed_rows = reinterpret_cast<int*>(take(rows * 4));
+    failed_count = reinterpret_cast<int*>(take(4));
+    fallback_scores =
+        reinterpret_cast<float*>(take(plan.fallback_rows * plan.fallback_capacity * 4));
+    fallback_keys = reinterpret_cast<int*>(take(plan.fallback_rows * plan.fallback_capacity * 4));
+    fallback_counts = reinterpret_cast<int*>(take(plan.fallback_rows * 4));
+    sample_keys = reinterpret_cast<__nv_bfloat16*>(take(plan.sample_keys * dim * 2));
+    bytes = offset;
+  }
+};
+
+template <class Traits, ScoreMode kMode>
+void launch_score(const ScoreParams& p, cudaStream_t stream) {
+  if (p.rows.rows == 0) return;
+  constexpr size_t kSmem = (SelectTraits::kQueriesPerBlock * Traits::kQueryElems +
+                            SelectTraits::kStages * Traits::kKeyTileElems) *
+                           sizeof(__nv_bfloat16);
+  auto kernel = score_rows_kernel<Traits, kMode>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+        "shared memory size");
+  const int blocks = static_cast<int>(ceil_div(p.rows.rows, SelectTraits::kQueriesPerBlock));
+  kernel<<<blocks, SelectTraits::kThreads, kSmem, stream>>>(p);
+  check(cudaGetLastError(), "score kernel launch");
+}
+
+void launch_finish(const FinishParams& p, cudaStream_t stream) {
+  if (p.rows.rows == 0) return;
+  const size_t smem = size_t(p.sort_size) * sizeof(unsigned long long);
+  check(cudaFuncSetAttribute(finish_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        "shared memory size");
+  finish_rows_kernel<<<p.rows.rows, SelectTraits::kSelectThreads, smem, stream>>>(p);
+  check(cudaGetLastError(), "finish kernel launch");
+}
+
+template <class Traits>
+FlashTopkStats flash_topk_impl(const IndexerShape& shape, const void* q, const void* k,
+                               const float* w, int64_t topk, int32_t* indices, float* scores,
+                               void* workspace, cudaStream_t stream) {
+  const Plan plan = make_plan(shape, topk);
+  Workspace ws(plan, shape.dim, static_cast<unsigned char*>(workspace));
+  const auto* keys = static_cast<const __nv_bfloat16*>(k);
+  if (plan.sample) {
+    const int64_t chunks = shape.dim * 2 / 16;
+    gather_key_sample_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(k), chunks,
+                                                       plan.stride, plan.sample_keys,
+                                                       reinterpret_cast<uint4*>(ws.sample_keys));
+    check(cudaGetLastError(), "sample gather launch");
+  }
+  ScoreParams base{};
+  base.q = static_cast<const __nv_bfloat16*>(q);
+  base.w = w;
+  base.q_offset = shape.q_offset;
+  base.tokens_per_key = shape.visibility.tokens_per_key;
+  base.num_keys = shape.num_keys;
+
+  FinishParams finish{};
+  finish.q_offset = shape.q_offset;
+  finish.tokens_per_key = shape.visibility.tokens_per_key;
+  finish.num_keys = shape.num_keys;
+  finish.topk = static_cast<int>(topk);
+  finish.sort_size = plan.sort_size;
+  finish.indices = indices;
+  finish.scores = scores;
+
+  FlashTopkStats stats;
+  for (int64_t row0 = 0; row0 < shape.num_queries; row0 += plan.chunk_rows) {
+    const RowSet rows{row0, static_cast<int>(std::min(plan.chunk_rows, shape.num_queries - row0)),
+                      nullptr};
+    if (plan.sample) {
+      ScoreParams sample = base;
+      sample.keys = ws.sample_keys;
+      sample.rows = rows;
+      sample.key_stride = plan.stride;
+      sample.num_array_keys = plan.sample_keys;
+      sample.capacity = static_cast<int>(plan.sample_capacity);
+      sample.cand_scores = ws.sample_scores;
+      sample.counts = ws.sample_counts;
+      launch_score<Traits, ScoreMode::kCandidates>(sample, stream);
+      sample_threshold_kernel<<<rows.rows, SelectTraits::kSelectThreads, 0, stream>>>(
+          ws.sample_scores, ws.sample_counts, static_cast<int>(plan.sample_capacity), rows,
+          shape.q_offset, shape.visibility.tokens_per_key, shape.num_keys, plan.capacity,
+          plan.target, ws.thresholds);
+      check(cudaGetLastError(), "threshold kernel launch");
+    }
+    ScoreParams main = base;
+    main.keys = keys;
+    main.rows = rows;
+    main.key_stride = 1;
+    main.num_array_keys = shape.num_keys;
+    main.thresholds = plan.sample ? ws.thresholds : nullptr;
+    main.capacity = static_cast<int>(plan.capacity);
+    main.cand_scores = ws.cand_scores;
+    main.cand_keys = ws.cand_keys;
+    main.counts = ws.counts;
+    launch_score<Traits, ScoreMode::kCandidates>(main, stream);
+
+    check(cudaMemsetAsync(ws.failed_count, 0, sizeof(int), stream), "memset");
+    FinishParams chunk = finish;
+    chunk.cand_scores = ws.cand_scores;
+    chunk.cand_keys = ws.cand_keys;
+    chunk.counts = ws.counts;
+    chunk.capacity = static_cast<int>(plan.capacity);
+    chunk.rows = rows;
+    chunk.failed_rows = ws.failed_rows;
+    chunk.failed_count = ws.failed_count;
+    launch_finish(chunk, stream);
+
+    int failed = 0;
+    check(cudaMemcpyAsync(&failed, ws.failed_count, sizeof(int), cudaMemcpyDeviceToHost, stream),
+          "copy of the fallback count");
+    check(cudaStreamSynchronize(stream), "synchronize");
+    stats.fallback_rows += failed;
+    for (int done = 0; done < failed; done += static_cast<int>(plan.fallback_rows)) {
+      const RowSet listed{0, static_cast<int>(std::min<int64_t>(plan.fallback_rows, failed - done)),
+                          ws.failed_rows + done};
+      ScoreParams full = main;
+      full.rows = listed;
+      full.thresholds = nullptr;
+      full.capacity = static_cast<int>(plan.fallback_capacity);
+      full.cand_scores = ws.fallback_scores;
+      full.cand_keys = ws.fallback_keys;
+      full.counts = ws.fallback_counts;
+      launch_score<Traits, ScoreMode::kCandidates>(full, stream);
+      FinishParams exact = finish;
+      exact.cand_scores = ws.fallback_scores;
+      exact.cand_keys = ws.fallback_keys;
+      exact.counts = ws.fallback_counts;
+      exact.capacity = static_cast<int>(plan.fallback_capacity);
+      exact.rows = listed;
+      launch_finish(exact, stream);
+    }
+  }
+  return stats;
+}
+
+// ---- index_score_gather ---------------------------------------------------------------------
+
+constexpr int kGatherWarps = 4;
+
+template <class Traits>
+__global__ void __launch_bounds__(kGatherWarps * 32)
+    gather_scores_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
+                         const int32_t* indices, int64_t topk, int64_t num_keys, float* scores) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto* query = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __nv_bfloat16* key_tile = query + Traits::kQueryElems + warp * Traits::kKeyTileElems;
+  const int64_t row = blockIdx.x;
+  const int32_t* row_indices = indices + row * topk;
+
+  load_rows_async<Traits>(query, Traits::kHeads, threadIdx.x, kGatherWarps * 32,
+                          [&](int h) { return q + (row * Traits::kHeads + h) * Traits::kDim; });
+  cp_async_commit();
+  float weights[Traits::kHeadsPerLane];
+  load_lane_weights<Traits>(w + row * Traits::kHeads, lane, weights);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  auto key_at = [&](int64_t j) -> int64_t {
+    const int64_t key = j < topk ? row_indices[j] : -1;
+    return key >= 0 && key < num_keys ? key : -1;
+  };
+  for (int64_t tile = warp; tile * Traits::kKeysPerTile < topk; tile += kGatherWarps) {
+    const int64_t base = tile * Traits::kKeysPerTile;
+    load_rows_async<Traits>(key_tile, Traits::kKeysPerTile, lane, 32,
+                            [&](int r) -> const __nv_bfloat16* {
+                              const int64_t key = key_at(base + r);
+                              return key >= 0 ? keys + key * Traits::kDim : nullptr;
+                            });
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+    const float2 s = score_key_tile<Traits>(key_tile, query, lane, weights);
+    const int64_t j0 = base + lane_key(lane), j1 = j0 + 8;
+    if (j0 < topk) scores[row * topk + j0] = key_at(j0) >= 0 ? s.x : kNegInf;
+    if (j1 < topk) scores[row * topk + j1] = key_at(j1) >= 0 ? s.y : kNegInf;
+    __syncwarp();  // the next tile overwrites key_tile
+  }
+}
+
+// ---- Dispatch over the compiled (heads, dim) -------------------------------------------------
+
+template <class Fn>
+void dispatch_shape(int64_t heads, int64_t dim, Fn&& fn) {
+  auto with_dim = [&](auto heads_constant) {
+    constexpr int kHeads = decltype(heads_constant)::value;
+    if (dim == 128) return fn(IndexTileTraits<kHeads, 128>{});
+    if (dim == 64) return fn(IndexTileTraits<kHeads, 64>{});
+    throw std::invalid_argument("hyscale CUDA indexer: d_I must be 64 or 128, got " +
+                                std::to_string(dim));
+  };
+  if (heads == 64) return with_dim(std::integral_constant<int, 64>{});
+  if (heads == 32) return with_dim(std::integral_constant<int, 32>{});
+  if (heads == 16) return with_dim(std::integral_constant<int, 16>{});
+  throw std::invalid_argument("hyscale CUDA indexer: H_I must be 16, 32 or 64, got " +
+                              std::to_string(heads));
+}
+
+}  // namespace
+
+bool indexer_shape_supported(int64_t heads, int64_t dim) {
+  return (heads == 16 || heads == 32 || heads == 64) && (dim == 64 || dim == 128);
+}
+
+size_t flash_topk_workspace_bytes(const IndexerShape& shape, int64_t topk) {
+  return Workspace(make_plan(shape, topk), shape.dim, nullptr).bytes;
+}
+
+FlashTopkStats flash_topk(const IndexerShape& shape, const void* q, const void* k, const float* w,
+                          int64_t topk, int32_t* indices, float* scores, void* workspace,
+                          Stream stream) {
+  if (topk < 1 || topk > kMaxTopk) {
+    throw std::invalid_argument("hyscale::flash_topk (CUDA): topk must be in [1, " +
+                                std::to_string(kMaxTopk) + "], got " + std::to_string(topk));
+  }
+  if (shape.num_queries == 0) return {};
+  FlashTopkStats stats;
+  dispatch_shape(shape.heads, shape.dim, [&](auto traits) {
+    stats = flash_topk_impl<decltype(traits)>(shape, q, k, w, topk, indices, scores, workspace,
+                                              static_cast<cudaStream_t>(stream));
+  });
+  return stats;
+}
+
+void index_score_gather(const IndexerShape& shape, const void* q, const void* k, const float* w,
+                        const int32_t* indices, int64_t topk, float* scores, Stream stream) {
+  if (shape.num_queries == 0 || topk == 0) return;
+  dispatch_shape(shape.heads, shape.dim, [&](auto traits) {
+    using Traits = decltype(traits);
+    constexpr size_t kSmem =
+        (Traits::kQueryElems + kGatherWarps * Traits::kKeyTileElems) * sizeof(__nv_bfloat16);
+    auto kernel = gather_scores_kernel<Traits>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+          "shared memory size");
+    kernel<<<static_cast<unsigned>(shape.num_queries), kGatherWarps * 32, kSmem,
+             static_cast<cudaStream_t>(stream)>>>(static_cast<const __nv_bfloat16*>(q),
+                                                  static_cast<const __nv_bfloat16*>(k), w, indices,
+                                                  topk, shape.num_keys, scores);
+    check(cudaGetLastError(), "gather kernel launch");
+  });
+}
+
+void index_score_table(const IndexerShape& shape, const void* q, const void* k, const float* w,
+                       int64_t row_begin, int64_t rows, float* table, Stream stream) {
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  fill_kernel<<<1024, 256, 0, cuda_stream>>>(table, rows * shape.num_keys, kNegInf);
+  check(cudaGetLastError(), "fill launch");
+  dispatch_shape(shape.heads, shape.dim, [&](auto traits) {
+    ScoreParams p{};
+    p.q = static_cast<const __nv_bfloat16*>(q);
+    p.keys = static_cast<const __nv_bfloat16*>(k);
+    p.w = w;
+    p.rows = RowSet{row_begin, static_cast<int>(rows), nullptr};
+    p.q_offset = shape.q_offset;
+    p.tokens_per_key = shape.visibility.tokens_per_key;
+    p.num_keys = shape.num_keys;
+    p.key_stride = 1;
+    p.num_array_keys = shape.num_keys;
+    p.table = table;
+    p.table_stride = shape.num_keys;
+    launch_score<decltype(traits), ScoreMode::kTable>(p, cuda_stream);
+  });
+}
+
+}  // namespace hyscale::cuda

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with an NVIDIA GPU and PyTorch (CUDA): builds HyScale against
+# PyTorch's libtorch with the CUDA kernels, runs the whole test suite (GPU tests included), then
+# the kernel benchmarks, and prints a summary table. Results (JSON, logs) go to HYSCALE_GPU_OUT
+# (default build-pytorch/gpu-check).
+#   HYSCALE_DEPS_PREFIX    as for scripts/build-with-pytorch.sh
+#   HYSCALE_BENCH_SIZES    N values for the FlashTopK benchmark (default 16K..256K)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${HYSCALE_BUILD_DIR:-$root/build-pytorch}
+out=${HYSCALE_GPU_OUT:-$build/gpu-check}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+
+HYSCALE_BUILD_DIR=$build HYSCALE_CUDA=ON "$root/scripts/build-with-pytorch.sh" \
+  2>&1 | tee "$out/tests.log" | grep -E "tests passed|tests failed|Failed|SKIPPED|\*\*\*" || true
+grep -q "100% tests passed" "$out/tests.log" || { echo "gpu-check: tests failed (see $out/tests.log)"; exit 1; }
+"$build/tests/kernels/flash_topk_cuda_test" 2>&1 | tail -3
+
+python3 "$root/bench/flash_topk_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
+  --sizes "${HYSCALE_BENCH_SIZES:-16384,32768,65536,131072,262144}" \
+  --json "$out/flash_topk.json" 2>&1 | tee "$out/flash_topk.txt"
