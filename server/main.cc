@@ -3,9 +3,6 @@
 // Exit codes: 0 after a graceful shutdown (SIGTERM/SIGINT) or --help; 1 when it cannot start
 // (store, TLS files, ports); 2 for bad flags.
 #include <absl/strings/str_cat.h>
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -17,11 +14,9 @@
 
 #include "proto/rpc.h"
 #include "server/coordinator.h"
-#include "server/job_service.h"
+#include "server/grpc_server.h"
 #include "server/metrics_http.h"
-#include "server/rpc_metrics.h"
 #include "server/server_metrics.h"
-#include "server/worker_service.h"
 
 namespace hyscale::server {
 namespace {
@@ -33,7 +28,6 @@ constexpr int kExitBadFlags = 2;
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
 // A finished job's per-job metric series stay this long, so a scrape sees its last values.
 constexpr absl::Duration kJobMetricsRetention = absl::Minutes(10);
-constexpr int kMaxMessageBytes = 4 << 20;
 
 struct Flags {
   std::string listen = "127.0.0.1:50051";
@@ -80,33 +74,20 @@ int Run(const Flags& flags) {
   auto coordinator = Coordinator::Open(options, &clock, &metrics);
   if (!coordinator.ok()) return Fail(coordinator.status());
 
-  JobService job_service(coordinator->get(), *token);
-  WorkerService worker_service(coordinator->get(), *token);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(flags.listen, *credentials, &port);
-  builder.RegisterService(&job_service);
-  builder.RegisterService(&worker_service);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.experimental().SetInterceptorCreators(RpcMetricsInterceptors(&metrics));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return Fail(absl::UnavailableError(absl::StrCat("listen: cannot serve on ", flags.listen)));
-  }
+  auto server = GrpcServer::Start(coordinator->get(), *token, *credentials, flags.listen, &metrics);
+  if (!server.ok()) return Fail(server.status());
 
   MetricsHttpServer metrics_http([&metrics] { return metrics.Render(); });
   if (metrics_address->second != 0) {
     auto bound = metrics_http.Start(metrics_address->first, metrics_address->second);
     if (!bound.ok()) {
-      server->Shutdown();
+      (*server)->Shutdown(std::chrono::system_clock::now());
       return Fail(bound.status());
     }
     std::printf("hyscaled: metrics on http://%s:%d/metrics\n", metrics_address->first.c_str(),
                 *bound);
   }
-  std::printf("hyscaled: listening on %s:%d\n", listen->first.c_str(), port);
+  std::printf("hyscaled: listening on %s:%d\n", listen->first.c_str(), (*server)->port());
   std::fflush(stdout);
 
   // Liveness, restart backoff and metric expiry run on their own clock, well inside the
@@ -132,8 +113,8 @@ int Run(const Flags& flags) {
   std::fprintf(stderr, "hyscaled: %s received, shutting down\n",
                signal == SIGTERM ? "SIGTERM" : "SIGINT");
 
-  (*coordinator)->Shutdown();  // ends watch, log and assignment streams
-  server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+  // Ends watch, log and assignment streams first, so in-flight calls finish within the grace.
+  (*server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   {
     std::lock_guard<std::mutex> lock(mu);
     stopping = true;

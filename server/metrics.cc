@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 namespace hyscale::server {
@@ -45,8 +46,10 @@ std::string FormatValue(double value) {
   if (value == std::floor(value) && std::fabs(value) < 1e15) {
     return absl::StrCat(static_cast<long long>(value));
   }
+  // The shortest of %.15g / %.17g that reads back exactly, so bucket bounds print as written.
   char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%.17g", value);
+  std::snprintf(buffer, sizeof(buffer), "%.15g", value);
+  if (std::strtod(buffer, nullptr) != value) std::snprintf(buffer, sizeof(buffer), "%.17g", value);
   return buffer;
 }
 

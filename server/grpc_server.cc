@@ -1,0 +1,44 @@
+#include "server/grpc_server.h"
+
+#include <absl/strings/str_cat.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "server/rpc_metrics.h"
+
+namespace hyscale::server {
+namespace {
+
+constexpr int kMaxMessageBytes = 4 << 20;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
+    Coordinator* coordinator, const std::string& token,
+    std::shared_ptr<grpc::ServerCredentials> credentials, const std::string& listen,
+    ServerMetrics* metrics) {
+  std::unique_ptr<GrpcServer> server(new GrpcServer(coordinator, token));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, std::move(credentials), &server->port_);
+  builder.RegisterService(&server->jobs_);
+  builder.RegisterService(&server->workers_);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  if (metrics != nullptr) {
+    builder.experimental().SetInterceptorCreators(RpcMetricsInterceptors(metrics));
+  }
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", listen));
+  }
+  return server;
+}
+
+void GrpcServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+  coordinator_->Shutdown();
+  server_->Shutdown(deadline);
+  server_->Wait();
+}
+
+}  // namespace hyscale::server

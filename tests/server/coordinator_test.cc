@@ -1,0 +1,612 @@
+// The coordinator's state machine, driven in-process with a fake clock: no gRPC, no threads
+// except where a stream must block.
+#include "server/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "tests/server/test_util.h"
+
+namespace hyscale::server {
+namespace {
+
+using testing::ScratchDir;
+using testing::SubmitRequest;
+using testing::WorkerRequest;
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ScratchDir();
+    Open();
+  }
+
+  void Open() {
+    CoordinatorOptions options;
+    options.data_dir = dir_;
+    options.heartbeat_interval = absl::Seconds(1);
+    options.heartbeat_timeout = absl::Seconds(3);
+    options.restart_backoff = absl::Seconds(1);
+    auto coordinator = Coordinator::Open(options, &clock_, &metrics_);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    c_ = std::move(*coordinator);
+  }
+
+  v1::Job Submit(int ranks = 1, int priority = 0, int max_restarts = 0) {
+    auto job = c_->SubmitJob(SubmitRequest(ranks, priority, max_restarts));
+    EXPECT_TRUE(job.ok()) << job.status();
+    return *job;
+  }
+
+  std::shared_ptr<AssignmentQueue> Register(const std::string& name, int gpus,
+                                            std::vector<v1::RankRef> running = {},
+                                            v1::RegisterWorkerResponse* response = nullptr) {
+    auto request = WorkerRequest(name, gpus);
+    for (auto& ref : running) *request.add_running() = ref;
+    auto registered = c_->RegisterWorker(request);
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    if (response != nullptr) *response = *registered;
+    auto queue = c_->OpenAssignments(name);
+    EXPECT_TRUE(queue.ok()) << queue.status();
+    return *queue;
+  }
+
+  static std::vector<v1::Assignment> Drain(const std::shared_ptr<AssignmentQueue>& queue) {
+    std::vector<v1::Assignment> out;
+    while (auto next = queue->Pop(absl::ZeroDuration())) out.push_back(*next);
+    return out;
+  }
+
+  static v1::RankRef Ref(const std::string& job, int rank, int attempt) {
+    v1::RankRef ref;
+    ref.set_job_id(job);
+    ref.set_rank(rank);
+    ref.set_attempt(attempt);
+    return ref;
+  }
+
+  void Report(const std::string& worker, v1::RankReport report) {
+    v1::ReportStatusRequest request;
+    request.set_worker_id(worker);
+    *request.add_reports() = std::move(report);
+    ASSERT_TRUE(c_->ReportStatus(request).ok());
+  }
+  void Started(const std::string& worker, const v1::RankRef& ref) {
+    v1::RankReport report;
+    *report.mutable_ref() = ref;
+    report.set_started_pid(1234);
+    Report(worker, report);
+  }
+  void Exited(const std::string& worker, const v1::RankRef& ref, int code) {
+    v1::RankReport report;
+    *report.mutable_ref() = ref;
+    report.mutable_exited()->set_exit_code(code);
+    Report(worker, report);
+  }
+  void EventLine(const std::string& worker, const v1::RankRef& ref, const std::string& json) {
+    v1::RankReport report;
+    *report.mutable_ref() = ref;
+    report.set_event_json(json);
+    Report(worker, report);
+  }
+  void Log(const std::string& worker, const v1::RankRef& ref, const std::string& text) {
+    v1::RankReport report;
+    *report.mutable_ref() = ref;
+    report.set_log(text);
+    Report(worker, report);
+  }
+  void Heartbeat(const std::string& worker, std::vector<v1::RankRef> running,
+                 v1::HeartbeatResponse* response = nullptr) {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(worker);
+    for (auto& ref : running) *request.add_running() = ref;
+    auto result = c_->Heartbeat(request);
+    ASSERT_TRUE(result.ok());
+    if (response != nullptr) *response = *result;
+  }
+
+  v1::JobState State(const std::string& job_id) { return c_->GetJob(job_id)->state(); }
+
+  std::vector<v1::JobEvent> Events(const std::string& job_id, int64_t after = 0) {
+    std::vector<v1::JobEvent> events;
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    request.set_after_sequence(after);
+    // Only for terminal jobs: the watch ends by itself.
+    EXPECT_TRUE(c_->WatchJob(
+                      request,
+                      [&](const v1::JobEvent& e) {
+                        events.push_back(e);
+                        return true;
+                      },
+                      [] { return false; })
+                    .ok());
+    return events;
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  ServerMetrics metrics_{absl::Minutes(1)};
+  std::unique_ptr<Coordinator> c_;
+};
+
+TEST_F(CoordinatorTest, JobRunsToSuccess) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  ASSERT_EQ(job.placement_size(), 1);
+  EXPECT_EQ(job.placement(0).worker_id(), "w1");
+
+  auto assignments = Drain(queue);
+  ASSERT_EQ(assignments.size(), 1u);
+  const v1::RunRank& run = assignments[0].run();
+  EXPECT_EQ(run.ref().job_id(), job.id());
+  EXPECT_EQ(run.ref().attempt(), 0);
+  EXPECT_EQ(run.world_size(), 1);
+  EXPECT_FALSE(run.resume());
+  EXPECT_EQ(run.checkpoint_dir(), dir_ + "/checkpoints/" + job.id());
+  EXPECT_EQ(run.rendezvous().rfind("w1.local:", 0), 0u);
+  EXPECT_EQ(run.spec().name(), "tiny");
+
+  Started("w1", run.ref());
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
+  EventLine("w1", run.ref(),
+            R"({"event":"step","step":5,"total_steps":20,"loss":2.5,"tokens_per_second":100,)"
+            R"("step_seconds":0.01,"phase_seconds":{"selection":0.002},"accuracy":0.5,)"
+            R"("indexer_recall":0.25})");
+  EventLine("w1", run.ref(), R"({"event":"checkpoint_written","step":5,"path":"/x"})");
+  EventLine("w1", run.ref(), "not json");  // ignored, the server keeps going
+  auto running = c_->GetJob(job.id());
+  EXPECT_EQ(running->progress().step(), 5);
+  EXPECT_DOUBLE_EQ(running->progress().indexer_recall(), 0.25);
+  EXPECT_TRUE(running->has_started_at());
+
+  Exited("w1", run.ref(), 0);
+  auto done = c_->GetJob(job.id());
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_FALSE(done->reason().empty());
+  EXPECT_TRUE(done->has_finished_at());
+
+  const auto events = Events(job.id());
+  ASSERT_EQ(events.size(), 7u);
+  EXPECT_EQ(events[0].sequence(), 0);  // the snapshot
+  EXPECT_EQ(events[0].state_change().to(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(events[1].state_change().to(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(events[2].state_change().to(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(events[3].state_change().to(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(events[4].step().step(), 5);
+  EXPECT_DOUBLE_EQ(events[4].step().phase_seconds().at("selection"), 0.002);
+  EXPECT_EQ(events[5].trainer().event(), "checkpoint_written");
+  EXPECT_EQ(events[6].state_change().to(), v1::JOB_STATE_SUCCEEDED);
+  for (size_t i = 1; i < events.size(); ++i) EXPECT_EQ(events[i].sequence(), int64_t(i));
+  EXPECT_EQ(Events(job.id(), 5).size(), 2u);  // snapshot + sequence 6
+}
+
+TEST_F(CoordinatorTest, SubmitValidationNamesTheField) {
+  auto request = SubmitRequest();
+  request.mutable_spec()->mutable_model()->set_d_model(-4);
+  request.mutable_resources()->set_ranks(2000);
+  request.set_priority(5000);
+  auto job = c_->SubmitJob(request);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(job.status().message());
+  EXPECT_NE(message.find("spec.model.d_model"), std::string::npos) << message;
+  EXPECT_NE(message.find("resources.ranks"), std::string::npos) << message;
+  EXPECT_NE(message.find("priority"), std::string::npos) << message;
+
+  request = SubmitRequest();
+  request.clear_spec();
+  EXPECT_NE(std::string(c_->SubmitJob(request).status().message()).find("spec: required"),
+            std::string::npos);
+  request = SubmitRequest();
+  request.mutable_resources()->set_memory_bytes_per_rank(-1);
+  EXPECT_NE(std::string(c_->SubmitJob(request).status().message())
+                .find("resources.memory_bytes_per_rank"),
+            std::string::npos);
+}
+
+TEST_F(CoordinatorTest, SubmitIsIdempotentByRequestId) {
+  auto request = SubmitRequest();
+  request.set_request_id("req-1");
+  auto first = c_->SubmitJob(request);
+  auto second = c_->SubmitJob(request);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->id(), second->id());
+  request.set_priority(7);
+  EXPECT_EQ(c_->SubmitJob(request).status().code(), absl::StatusCode::kAlreadyExists);
+  // Survives a restart of the coordinator.
+  c_.reset();
+  Open();
+  request.set_priority(0);
+  EXPECT_EQ(c_->SubmitJob(request)->id(), first->id());
+  EXPECT_EQ(c_->ListJobs({})->jobs_size(), 1);
+}
+
+TEST_F(CoordinatorTest, PendingUntilAWorkerFits) {
+  const v1::Job job = Submit(2);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("waiting for workers to join"), std::string::npos) << job.reason();
+  Register("small", 1);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_PENDING);
+  auto queue = Register("big", 2);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(Drain(queue).size(), 2u);
+}
+
+TEST_F(CoordinatorTest, CancelInEveryNonTerminalState) {
+  EXPECT_EQ(c_->CancelJob("nope", "").status().code(), absl::StatusCode::kNotFound);
+  const v1::Job pending = Submit();
+  auto cancelled = c_->CancelJob(pending.id(), "changed my mind");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_NE(cancelled->reason().find("changed my mind"), std::string::npos);
+  EXPECT_EQ(c_->CancelJob(pending.id(), "").status().code(), absl::StatusCode::kFailedPrecondition);
+
+  auto queue = Register("w1", 1);
+  const v1::Job running = Submit();
+  const auto run = Drain(queue).at(0).run();
+  Started("w1", run.ref());
+  ASSERT_EQ(State(running.id()), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(c_->CancelJob(running.id(), "").ok());
+  auto stops = Drain(queue);
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].stop().ref().job_id(), running.id());
+  // The device stays busy until the worker stops running the rank.
+  const v1::Job next = Submit();
+  EXPECT_EQ(next.state(), v1::JOB_STATE_PENDING);
+  v1::HeartbeatResponse beat;
+  Heartbeat("w1", {run.ref()}, &beat);
+  ASSERT_EQ(beat.stop_size(), 1);  // the stop is repeated until it happens
+  Heartbeat("w1", {});
+  EXPECT_EQ(State(next.id()), v1::JOB_STATE_SCHEDULED);
+  // A late exit report of the cancelled job changes nothing.
+  Exited("w1", run.ref(), 0);
+  EXPECT_EQ(State(running.id()), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(CoordinatorTest, RestartsWithDoublingBackoffThenFails) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit(1, 0, /*max_restarts=*/2);
+  auto run = Drain(queue).at(0).run();
+  Started("w1", run.ref());
+  Exited("w1", run.ref(), 1);
+  auto restarting = c_->GetJob(job.id());
+  EXPECT_EQ(restarting->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(restarting->restarts(), 1);
+  EXPECT_NE(restarting->reason().find("exited with code 1"), std::string::npos);
+
+  clock_.Advance(absl::Milliseconds(900));
+  c_->Tick();
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RESTARTING);  // backoff 1 s not over
+  clock_.Advance(absl::Milliseconds(200));
+  c_->Tick();
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  run = Drain(queue).at(0).run();
+  EXPECT_EQ(run.ref().attempt(), 1);
+  EXPECT_TRUE(run.resume());
+
+  // A report of the old attempt is ignored: the job does not end or run twice.
+  Exited("w1", Ref(job.id(), 0, 0), 0);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+
+  Started("w1", run.ref());
+  Exited("w1", run.ref(), 1);
+  EXPECT_EQ(c_->GetJob(job.id())->restarts(), 2);
+  clock_.Advance(absl::Milliseconds(1500));
+  c_->Tick();
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RESTARTING);  // second backoff is 2 s
+  clock_.Advance(absl::Milliseconds(600));
+  c_->Tick();
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  run = Drain(queue).at(0).run();
+  EXPECT_EQ(run.ref().attempt(), 2);
+  Exited("w1", run.ref(), -1);
+  auto failed = c_->GetJob(job.id());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(failed->reason().find("max_restarts 2 used up"), std::string::npos) << failed->reason();
+}
+
+TEST_F(CoordinatorTest, BadInputFailsWithoutRestart) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit(1, 0, 3);
+  auto run = Drain(queue).at(0).run();
+  Exited("w1", run.ref(), 2);
+  auto failed = c_->GetJob(job.id());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->restarts(), 0);
+  EXPECT_NE(failed->reason().find("bad input"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, OneRankFailingStopsTheOthers) {
+  auto q1 = Register("w1", 1);
+  auto q2 = Register("w2", 1);
+  const v1::Job job = Submit(2, 0, 1);
+  auto a1 = Drain(q1);
+  auto a2 = Drain(q2);
+  ASSERT_EQ(a1.size() + a2.size(), 2u);
+  const v1::RankRef ref0 = Ref(job.id(), 0, 0);
+  const v1::RankRef ref1 = Ref(job.id(), 1, 0);
+  const std::string w0 = c_->GetJob(job.id())->placement(0).worker_id();
+  const std::string w1 = c_->GetJob(job.id())->placement(1).worker_id();
+  auto& q_rank0 = w0 == "w1" ? q1 : q2;
+  Started(w0, ref0);
+  Started(w1, ref1);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
+  Exited(w1, ref1, 1);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RESTARTING);
+  auto stops = Drain(q_rank0);
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].stop().ref().rank(), 0);
+  // Rank 0 still runs: the restart waits for its device.
+  clock_.Advance(absl::Seconds(2));
+  Heartbeat(w0, {ref0});
+  Heartbeat(w1, {});
+  c_->Tick();
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RESTARTING);
+  Heartbeat(w0, {});
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(c_->GetJob(job.id())->restarts(), 1);
+}
+
+TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
+  auto q1 = Register("w1", 1);
+  const v1::Job job = Submit(1, 0, 1);
+  Started("w1", Drain(q1).at(0).run().ref());
+  auto q2 = Register("w2", 1);
+  clock_.Advance(absl::Seconds(2));
+  Heartbeat("w2", {});
+  clock_.Advance(absl::Seconds(2));  // w1 silent for 4 s > 3 s
+  Heartbeat("w2", {});
+  c_->Tick();
+  EXPECT_EQ(c_->ListWorkers().workers(0).state(), v1::WORKER_STATE_LOST);
+  auto restarting = c_->GetJob(job.id());
+  EXPECT_EQ(restarting->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(restarting->reason().find("worker w1 lost"), std::string::npos);
+  clock_.Advance(absl::Seconds(1));
+  Heartbeat("w2", {});
+  c_->Tick();
+  auto placed = c_->GetJob(job.id());
+  EXPECT_EQ(placed->state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(placed->placement(0).worker_id(), "w2");
+  EXPECT_EQ(Drain(q2).at(0).run().ref().attempt(), 1);
+  // The lost worker must register again; it is then told to stop its stale rank.
+  v1::HeartbeatResponse beat;
+  Heartbeat("w1", {}, &beat);
+  EXPECT_FALSE(beat.registered());
+  v1::RegisterWorkerResponse registered;
+  Register("w1", 1, {Ref(job.id(), 0, 0)}, &registered);
+  ASSERT_EQ(registered.stop_size(), 1);
+  EXPECT_EQ(registered.stop(0).attempt(), 0);
+}
+
+TEST_F(CoordinatorTest, RecoversAfterCoordinatorRestart) {
+  auto queue = Register("w1", 2);
+  const v1::Job kept = Submit();
+  const v1::Job vanished = Submit(1, 0, 1);
+  for (const auto& a : Drain(queue)) Started("w1", a.run().ref());
+  const v1::Job pending = Submit(4);
+  ASSERT_EQ(State(kept.id()), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(State(vanished.id()), v1::JOB_STATE_RUNNING);
+
+  c_.reset();
+  Open();
+  EXPECT_EQ(State(kept.id()), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(State(pending.id()), v1::JOB_STATE_PENDING);
+  // w1 comes back running only `kept`: `vanished` exited while nobody listened.
+  v1::RegisterWorkerResponse registered;
+  queue = Register("w1", 2, {Ref(kept.id(), 0, 0)}, &registered);
+  EXPECT_EQ(registered.stop_size(), 0);
+  EXPECT_EQ(State(kept.id()), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(State(vanished.id()), v1::JOB_STATE_RESTARTING);
+  EXPECT_TRUE(Drain(queue).empty());  // kept runs; nothing to resend
+  Exited("w1", Ref(kept.id(), 0, 0), 0);
+  EXPECT_EQ(State(kept.id()), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorTest, WorkerThatNeverReturnsAfterRestartIsLost) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit(1, 0, 0);
+  Started("w1", Drain(queue).at(0).run().ref());
+  c_.reset();
+  Open();
+  clock_.Advance(absl::Seconds(2));
+  c_->Tick();
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);  // within the grace period
+  clock_.Advance(absl::Seconds(2));
+  c_->Tick();
+  auto failed = c_->GetJob(job.id());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);  // max_restarts 0
+  EXPECT_NE(failed->reason().find("lost"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, ReopenedStreamResendsRanksNotRunning) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit();
+  ASSERT_EQ(Drain(queue).size(), 1u);  // delivered, but the agent never started it
+  queue = *c_->OpenAssignments("w1");
+  auto resent = Drain(queue);
+  ASSERT_EQ(resent.size(), 1u);
+  EXPECT_EQ(resent[0].run().ref().job_id(), job.id());
+  Heartbeat("w1", {resent[0].run().ref()});
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);  // the heartbeat shows it started
+  queue = *c_->OpenAssignments("w1");
+  EXPECT_TRUE(Drain(queue).empty());
+  EXPECT_EQ(c_->OpenAssignments("ghost").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorTest, HeartbeatStopsUnwantedRanks) {
+  v1::HeartbeatResponse beat;
+  Heartbeat("ghost", {}, &beat);
+  EXPECT_FALSE(beat.registered());
+  Register("w1", 1);
+  Heartbeat("w1", {Ref("job-unknown", 0, 0)}, &beat);
+  EXPECT_TRUE(beat.registered());
+  ASSERT_EQ(beat.stop_size(), 1);
+  EXPECT_EQ(beat.stop(0).job_id(), "job-unknown");
+}
+
+TEST_F(CoordinatorTest, LogsAreStoredPerRankAndStreamed) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit();
+  const auto ref = Drain(queue).at(0).run().ref();
+  Log("w1", ref, "hello ");
+  Log("w1", ref, "world\n");
+  std::ifstream file(c_->LogPath(job.id(), 0));
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "hello world\n");
+
+  v1::StreamLogsRequest request;
+  request.set_job_id(job.id());
+  request.set_offset(6);
+  std::string got;
+  ASSERT_TRUE(c_->StreamLogs(
+                    request,
+                    [&](const v1::LogChunk& chunk) {
+                      EXPECT_EQ(chunk.offset(), 6 + static_cast<int64_t>(got.size()));
+                      got += chunk.data();
+                      return true;
+                    },
+                    [] { return false; })
+                  .ok());
+  EXPECT_EQ(got, "world\n");
+
+  // Following ends once the job is terminal, after the last bytes.
+  request.set_follow(true);
+  request.set_offset(0);
+  got.clear();
+  std::thread follower([&] {
+    EXPECT_TRUE(c_->StreamLogs(
+                      request,
+                      [&](const v1::LogChunk& chunk) {
+                        got += chunk.data();
+                        return true;
+                      },
+                      [] { return false; })
+                    .ok());
+  });
+  Log("w1", ref, "bye\n");
+  Exited("w1", ref, 0);
+  follower.join();
+  EXPECT_EQ(got, "hello world\nbye\n");
+
+  request.set_rank(3);
+  EXPECT_EQ(c_->StreamLogs(request, nullptr, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  request.set_job_id("nope");
+  EXPECT_EQ(c_->StreamLogs(request, nullptr, nullptr).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, WatchFollowsLiveEventsAndEndsOnShutdown) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit();
+  const auto ref = Drain(queue).at(0).run().ref();
+  std::vector<v1::JobEvent> events;
+  std::mutex mu;
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  std::thread watcher([&] {
+    EXPECT_TRUE(c_->WatchJob(
+                      request,
+                      [&](const v1::JobEvent& e) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        events.push_back(e);
+                        return true;
+                      },
+                      [] { return false; })
+                    .ok());
+  });
+  Started("w1", ref);
+  Exited("w1", ref, 0);
+  watcher.join();
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back().state_change().to(), v1::JOB_STATE_SUCCEEDED);
+
+  const v1::Job pending = Submit(8);
+  request.set_job_id(pending.id());
+  std::thread blocked([&] {
+    EXPECT_EQ(c_->WatchJob(
+                    request, [](const v1::JobEvent&) { return true; }, [] { return false; })
+                  .code(),
+              absl::StatusCode::kUnavailable);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  c_->Shutdown();
+  blocked.join();
+  request.set_job_id("nope");
+  EXPECT_EQ(c_->WatchJob(request, nullptr, nullptr).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, ListJobsPagesNewestFirst) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(Submit().id());
+  ASSERT_TRUE(c_->CancelJob(ids[1], "").ok());
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  std::vector<std::string> seen;
+  for (int page = 0; page < 5; ++page) {
+    auto response = c_->ListJobs(request);
+    ASSERT_TRUE(response.ok());
+    for (const auto& job : response->jobs()) seen.push_back(job.id());
+    if (response->next_page_token().empty()) break;
+    request.set_page_token(response->next_page_token());
+  }
+  EXPECT_EQ(seen, std::vector<std::string>(ids.rbegin(), ids.rend()));
+
+  v1::ListJobsRequest cancelled;
+  cancelled.add_states(v1::JOB_STATE_CANCELLED);
+  auto only = c_->ListJobs(cancelled);
+  ASSERT_EQ(only->jobs_size(), 1);
+  EXPECT_EQ(only->jobs(0).id(), ids[1]);
+  EXPECT_TRUE(only->next_page_token().empty());
+
+  v1::ListJobsRequest bad;
+  bad.set_page_token("garbage!");
+  EXPECT_EQ(c_->ListJobs(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.set_page_token("");
+  bad.set_page_size(-1);
+  EXPECT_EQ(c_->ListJobs(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, PlanIsSingleDeviceWithPlacement) {
+  v1::PlanJobRequest request;
+  *request.mutable_spec() = testing::TinySpec();
+  auto plan = c_->PlanJob(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks(), 1);
+  EXPECT_EQ(plan->cp_layout(), "none");
+  EXPECT_GT(plan->memory_bytes_per_rank(), 0);
+  EXPECT_FALSE(plan->feasible());
+  EXPECT_FALSE(plan->reason().empty());
+  Register("w1", 1);
+  plan = c_->PlanJob(request);
+  EXPECT_TRUE(plan->feasible());
+  ASSERT_EQ(plan->placement_size(), 1);
+  EXPECT_EQ(plan->placement(0).worker_id(), "w1");
+  request.mutable_spec()->mutable_data()->set_seq_len(0);
+  EXPECT_NE(std::string(c_->PlanJob(request).status().message()).find("spec.data.seq_len"),
+            std::string::npos);
+}
+
+TEST_F(CoordinatorTest, MetricsFollowTheJobs) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit();
+  const auto ref = Drain(queue).at(0).run().ref();
+  EventLine("w1", ref,
+            R"({"event":"step","step":1,"step_seconds":0.5,"phase_seconds":{"data":0.1}})");
+  std::string text = metrics_.Render();
+  EXPECT_NE(text.find("hyscale_jobs{state=\"scheduled\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("hyscale_job_step{job=\"" + job.id() + "\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("hyscale_workers{state=\"online\"} 1"), std::string::npos);
+  Exited("w1", ref, 0);
+  clock_.Advance(absl::Minutes(2));
+  Heartbeat("w1", {});
+  c_->Tick();
+  text = metrics_.Render();
+  EXPECT_EQ(text.find(job.id()), std::string::npos);  // dropped after the retention
+  EXPECT_NE(text.find("hyscale_jobs{state=\"succeeded\"} 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hyscale::server

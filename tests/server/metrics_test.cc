@@ -1,0 +1,133 @@
+#include "server/metrics.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "server/metrics_http.h"
+#include "server/server_metrics.h"
+
+namespace hyscale::server {
+namespace {
+
+// Runs `promtool check metrics` on `text`; returns its exit status and output.
+std::pair<int, std::string> Promtool(const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("hyscale_metrics_" + std::to_string(::getpid()) + ".txt");
+  std::ofstream(path) << text;
+  const std::string command = "/usr/bin/promtool check metrics < " + path.string() + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  std::string output;
+  char buffer[512];
+  while (pipe != nullptr && std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  const int status = pipe == nullptr ? -1 : ::pclose(pipe);
+  std::filesystem::remove(path);
+  return {status, output};
+}
+
+TEST(MetricsTest, EscapingFollowsTheTextFormat) {
+  EXPECT_EQ(EscapeLabelValue("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  EXPECT_EQ(EscapeHelp("x\\y\nz\""), "x\\\\y\\nz\"");
+  EXPECT_EQ(FormatValue(3), "3");
+  EXPECT_EQ(FormatValue(0.25), "0.25");
+  EXPECT_EQ(FormatValue(1.0 / 0.0), "+Inf");
+}
+
+TEST(MetricsTest, RegistryRendersCountersGaugesHistograms) {
+  MetricsRegistry registry;
+  auto* counter = registry.AddCounter("test_requests_total", "Requests.", {"method"});
+  auto* gauge = registry.AddGauge("test_temperature_celsius", "A \"gauge\".\nTwo lines.");
+  auto* histogram = registry.AddHistogram("test_latency_seconds", "Latency.", {"job"}, {0.1, 1});
+  counter->Inc({"Get"});
+  counter->Inc({"Get"}, 2);
+  gauge->Set({}, 21.5);
+  histogram->Observe({"a\"b"}, 0.05);
+  histogram->Observe({"a\"b"}, 0.5);
+  histogram->Observe({"a\"b"}, 5);
+  const std::string text = registry.Render();
+  EXPECT_NE(text.find("test_requests_total{method=\"Get\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("test_temperature_celsius 21.5\n"), std::string::npos);
+  EXPECT_NE(text.find("test_latency_seconds_bucket{job=\"a\\\"b\",le=\"0.1\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("test_latency_seconds_bucket{job=\"a\\\"b\",le=\"1\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("test_latency_seconds_bucket{job=\"a\\\"b\",le=\"+Inf\"} 3\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("test_latency_seconds_count{job=\"a\\\"b\"} 3\n"), std::string::npos);
+  const auto [status, output] = Promtool(text);
+  EXPECT_EQ(status, 0) << output << text;
+  registry.RemoveWhere("job", "a\"b");
+  EXPECT_EQ(registry.Render().find("test_latency_seconds_bucket"), std::string::npos);
+}
+
+TEST(MetricsTest, ServerMetricsPassPromtool) {
+  ServerMetrics metrics(absl::Minutes(1));
+  metrics.SetJobCounts({{v1::JOB_STATE_RUNNING, 2}});
+  metrics.SetWorkerCounts({{v1::WORKER_STATE_ONLINE, 1}});
+  metrics.JobSubmitted();
+  metrics.JobScheduled(0.2);
+  metrics.Rpc("hyscale.v1.JobService/SubmitJob", "OK", 0.003);
+  v1::StepProgress step;
+  step.set_step(10);
+  step.set_step_seconds(0.4);
+  step.set_loss(2.0);
+  step.set_tokens_per_second(1000);
+  step.set_peak_memory_bytes(1 << 20);
+  step.set_evaluated(true);
+  step.set_indexer_recall(0.75);
+  (*step.mutable_phase_seconds())["selection"] = 0.1;
+  (*step.mutable_phase_seconds())["attention_fwd"] = 0.2;
+  metrics.Step("job-1", step);
+  const std::string text = metrics.Render();
+  for (const char* name :
+       {"hyscale_jobs{state=\"running\"} 2", "hyscale_job_submissions_total 1",
+        "hyscale_scheduling_latency_seconds_count 1",
+        "hyscale_rpc_requests_total{method=\"hyscale.v1.JobService/SubmitJob\",code=\"OK\"} 1",
+        "hyscale_rpc_duration_seconds_count{method=\"hyscale.v1.JobService/SubmitJob\"} 1",
+        "hyscale_workers{state=\"online\"} 1", "hyscale_workers{state=\"lost\"} 0",
+        "hyscale_job_step_phase_seconds_bucket{job=\"job-1\",phase=\"selection\",le=\"0.1\"} 1",
+        "hyscale_job_step_seconds_count{job=\"job-1\"} 1",
+        "hyscale_job_tokens_per_second{job=\"job-1\"} 1000", "hyscale_job_loss{job=\"job-1\"} 2",
+        "hyscale_job_indexer_recall{job=\"job-1\"} 0.75",
+        "hyscale_job_peak_memory_bytes{job=\"job-1\"} 1048576",
+        "hyscale_job_step{job=\"job-1\"} 10"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name;
+  }
+  const auto [status, output] = Promtool(text);
+  EXPECT_EQ(status, 0) << output << text;
+
+  metrics.JobEnded("job-1", absl::FromUnixSeconds(100));
+  metrics.Expire(absl::FromUnixSeconds(130));
+  EXPECT_NE(metrics.Render().find("job-1"), std::string::npos);
+  metrics.Expire(absl::FromUnixSeconds(161));
+  EXPECT_EQ(metrics.Render().find("job-1"), std::string::npos);
+}
+
+TEST(MetricsTest, ServedOverHttp) {
+  MetricsHttpServer server([] { return std::string("x_total 1\n"); });
+  auto port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Client client("127.0.0.1", *port);
+  client.set_connection_timeout(5, 0);
+  client.set_read_timeout(5, 0);
+  auto response = client.Get("/metrics");
+  ASSERT_TRUE(response);
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(response->body, "x_total 1\n");
+  EXPECT_EQ(response->get_header_value("Content-Type").rfind("text/plain; version=0.0.4", 0), 0u);
+  server.Stop();
+}
+
+TEST(MetricsTest, HostPortParsing) {
+  EXPECT_EQ(*SplitHostPort("127.0.0.1:9464", "x"), std::make_pair(std::string("127.0.0.1"), 9464));
+  EXPECT_EQ(SplitHostPort("[::1]:0", "x")->first, "::1");
+  EXPECT_FALSE(SplitHostPort("nope", "metrics_listen").ok());
+  EXPECT_FALSE(SplitHostPort("h:70000", "metrics_listen").ok());
+}
+
+}  // namespace
+}  // namespace hyscale::server

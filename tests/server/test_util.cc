@@ -1,0 +1,59 @@
+#include "tests/server/test_util.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "proto/job_spec.h"
+
+namespace hyscale::server::testing {
+
+std::string ScratchDir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("hyscale_server_" + std::to_string(::getpid()) +
+                                                "_" + info->test_suite_name() + "_" + info->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+v1::JobSpec TinySpec() {
+  auto spec = ParseJobSpec(R"yaml(
+name: tiny
+seed: 1
+model: {vocab_size: 64, d_model: 32, layers: 1, heads: 2, head_dim_qk: 16, rope_dim: 8,
+        head_dim_v: 16, d_ff: 64, indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 16}}
+data: {seq_len: 64, batch_size: 2, recall: {pairs: 4, queries: 4, key_vocab: 16, value_vocab: 16}}
+stages: [{steps: 20, lr: 1.0e-3}]
+checkpoint: {every_steps: 5}
+)yaml",
+                           SpecFormat::kYaml);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+v1::SubmitJobRequest SubmitRequest(int ranks, int priority, int max_restarts) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = TinySpec();
+  request.mutable_resources()->set_ranks(ranks);
+  request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  request.set_priority(priority);
+  request.set_max_restarts(max_restarts);
+  return request;
+}
+
+v1::RegisterWorkerRequest WorkerRequest(const std::string& name, int gpus) {
+  v1::RegisterWorkerRequest request;
+  request.set_name(name);
+  request.set_address(name + ".local");
+  auto* device = request.add_devices();
+  device->set_name("NVIDIA H200");
+  device->set_kind(v1::DEVICE_KIND_GPU);
+  device->set_memory_bytes(80'000'000'000);
+  device->set_count(gpus);
+  return request;
+}
+
+}  // namespace hyscale::server::testing
