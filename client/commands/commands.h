@@ -1,0 +1,60 @@
+// The hyscale subcommands. Each returns the process's exit code (client/exit_codes.h) and prints
+// to the context's streams.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "client/context.h"
+
+namespace hyscale::cli {
+
+struct SubmitArgs {
+  std::string file;
+  int ranks = 1;
+  std::string device = "any";
+  int priority = 0;
+  int max_restarts = 0;
+  std::string request_id;  // empty: a random one
+  bool watch = false;
+};
+int Submit(const Context& context, const SubmitArgs& args);
+
+int List(const Context& context, const std::vector<std::string>& states);
+int Get(const Context& context, const std::string& job_id);
+int Cancel(const Context& context, const std::string& job_id, const std::string& reason);
+
+// Follows the job until it ends; exits with its outcome (0 succeeded, 1 failed or cancelled).
+int Watch(const Context& context, const std::string& job_id);
+int WatchJob(const Context& context, v1::JobService::Stub& stub, const std::string& job_id);
+
+struct LogsArgs {
+  std::string job_id;
+  int rank = 0;
+  bool follow = false;
+};
+int Logs(const Context& context, const LogsArgs& args);
+
+int Workers(const Context& context);
+
+struct PlanArgs {
+  std::string file;
+  int ranks = 1;
+  std::string device = "any";
+};
+int Plan(const Context& context, const PlanArgs& args);
+
+struct UpArgs {
+  std::string data_dir = "./hyscale-data";
+  std::string file;   // a job to run to the end; empty: serve until Ctrl-C
+  SubmitArgs submit;  // ranks, device, priority, max restarts for `file`
+  std::string worker_name = "local";
+  std::string devices;  // the worker's --devices; empty: detect
+  std::string trainer;  // the worker's --trainer; empty: its default
+  std::string metrics_listen;
+  std::chrono::seconds start_timeout{30};
+};
+int Up(const Context& context, const UpArgs& args);
+
+}  // namespace hyscale::cli

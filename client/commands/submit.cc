@@ -1,0 +1,40 @@
+#include <absl/strings/str_cat.h>
+
+#include "client/commands/commands.h"
+#include "client/format.h"
+
+namespace hyscale::cli {
+
+int Submit(const Context& context, const SubmitArgs& args) {
+  auto spec = LoadValidSpec(args.file);
+  if (!spec.ok()) return Fail(context, "submit", spec.status());
+  auto kind = ParseDeviceKind(args.device);
+  if (!kind.ok()) return Fail(context, "submit", kind.status());
+
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = *std::move(spec);
+  request.mutable_resources()->set_ranks(args.ranks);
+  request.mutable_resources()->set_device_kind(*kind);
+  request.set_priority(args.priority);
+  request.set_max_restarts(args.max_restarts);
+  request.set_request_id(args.request_id.empty() ? RandomRequestId() : args.request_id);
+
+  auto stub = JobStub(context);
+  if (!stub.ok()) return Fail(context, "submit", stub.status());
+  v1::Job job;
+  grpc::ClientContext call;
+  rpc::PrepareCall(&call, context.client);
+  if (auto status = (*stub)->SubmitJob(&call, request, &job); !status.ok()) {
+    return Fail(context, "submit", status);
+  }
+  if (context.json()) {
+    if (!args.watch) PrintJson(context, job);
+  } else {
+    *context.out << "job " << job.id() << " submitted (" << job.name() << ", "
+                 << StateName(job.state()) << ")\n"
+                 << std::flush;
+  }
+  return args.watch ? WatchJob(context, **stub, job.id()) : kExitOk;
+}
+
+}  // namespace hyscale::cli

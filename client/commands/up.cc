@@ -1,0 +1,315 @@
+// `hyscale up`: the embedded default deployment. Starts hyscaled and one hyscale-worker as child
+// processes (their output in <data-dir>/*.log), waits until the coordinator answers and the worker
+// is registered, then either runs one job to its end and stops both (-f), or serves until Ctrl-C.
+#include <absl/strings/str_cat.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "client/commands/commands.h"
+
+extern char** environ;
+
+namespace hyscale::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kPollInterval{200};
+constexpr std::chrono::seconds kWorkerStopGrace{20};  // the worker stops its trainers first
+constexpr std::chrono::seconds kCoordinatorStopGrace{10};
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  std::string log_path;
+};
+
+// <dir of this binary>/<name> (installed layout) or <dir>/../<build_path> (build layout).
+absl::StatusOr<std::string> FindBinary(const std::string& name, const std::string& build_path) {
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  if (error) return absl::NotFoundError(absl::StrCat(name, ": cannot locate the hyscale binary"));
+  const fs::path installed = self.parent_path() / name;
+  const fs::path built = self.parent_path() / ".." / build_path;
+  for (const fs::path& candidate : {installed, built}) {
+    if (fs::is_regular_file(candidate, error) && access(candidate.c_str(), X_OK) == 0) {
+      return fs::weakly_canonical(candidate, error).string();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(name, ": not found at ", installed.string(), " or ",
+                                          fs::weakly_canonical(built, error).string()));
+}
+
+// Starts `program` with output appended to `log_path`, in its own process group (Ctrl-C reaches
+// only us; we stop the children in order), killed if we die.
+absl::StatusOr<Child> Spawn(const std::string& name, const std::string& program,
+                            const std::vector<std::string>& args, const std::string& token,
+                            const std::string& log_path) {
+  std::vector<std::string> argv_strings = {program};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& arg : argv_strings) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  // The token travels in the environment, not argv, so `ps` does not show it.
+  std::vector<std::string> env_strings;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (std::string(*entry).rfind("HYSCALE_TOKEN=", 0) != 0) env_strings.push_back(*entry);
+  }
+  if (!token.empty()) env_strings.push_back("HYSCALE_TOKEN=" + token);
+  std::vector<char*> envp;
+  for (auto& variable : env_strings) envp.push_back(variable.data());
+  envp.push_back(nullptr);
+
+  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return absl::InternalError(absl::StrCat(log_path, ": cannot open"));
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    close(null_fd);
+    return absl::ResourceExhaustedError(absl::StrCat(name, ": fork failed"));
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
+    setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(null_fd, STDIN_FILENO);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  close(log_fd);
+  close(null_fd);
+  return Child{name, pid, log_path};
+}
+
+// The last lines of a child's log, for an error message.
+std::string Tail(const std::string& path, size_t lines = 15) {
+  std::ifstream in(path);
+  std::deque<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    last.push_back(line);
+    if (last.size() > lines) last.pop_front();
+  }
+  std::string text;
+  for (const auto& line : last) absl::StrAppend(&text, "  | ", line, "\n");
+  return text;
+}
+
+// True (and the child reaped) when it has exited.
+bool Exited(Child& child) {
+  if (child.pid < 0) return true;
+  int status = 0;
+  if (waitpid(child.pid, &status, WNOHANG) == child.pid) {
+    child.pid = -1;
+    return true;
+  }
+  return false;
+}
+
+void Stop(Child& child, std::chrono::seconds grace) {
+  if (Exited(child)) return;
+  kill(child.pid, SIGTERM);
+  const auto deadline = Clock::now() + grace;
+  while (Clock::now() < deadline) {
+    if (Exited(child)) return;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  kill(child.pid, SIGKILL);
+  waitpid(child.pid, nullptr, 0);
+  child.pid = -1;
+}
+
+// Both children, stopped once, worker first so it can stop its trainers and report.
+class Children {
+ public:
+  void Add(Child child) {
+    std::lock_guard<std::mutex> lock(mu_);
+    children_.push_back(std::move(child));
+  }
+  void StopAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
+      Stop(*it, it->name == "hyscale-worker" ? kWorkerStopGrace : kCoordinatorStopGrace);
+    }
+  }
+  // The first child that exited on its own, if any.
+  std::optional<Child> FirstExited() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& child : children_) {
+      if (Exited(child)) return child;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Child> children_;
+};
+
+// Polls `ready` until it returns OK, a child dies, or the timeout passes.
+absl::Status WaitUntil(const std::string& what, Children& children, std::chrono::seconds timeout,
+                       const std::function<bool()>& ready) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (ready()) return absl::OkStatus();
+    if (auto dead = children.FirstExited()) {
+      return absl::InternalError(absl::StrCat(dead->name, " exited while waiting for ", what,
+                                              "; its log ", dead->log_path, " ends:\n",
+                                              Tail(dead->log_path)));
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("timed out after ", timeout.count(), " s waiting for ", what));
+}
+
+}  // namespace
+
+int Up(const Context& context, const UpArgs& args) {
+  if (!context.client.tls_ca_file.empty()) {
+    return Fail(context, "up",
+                absl::InvalidArgumentError("--tls-ca: the local coordinator serves plaintext"));
+  }
+  auto coordinator_binary = FindBinary("hyscaled", "server/hyscaled");
+  if (!coordinator_binary.ok()) return Fail(context, "up", coordinator_binary.status());
+  auto worker_binary = FindBinary("hyscale-worker", "worker/agent/hyscale-worker");
+  if (!worker_binary.ok()) return Fail(context, "up", worker_binary.status());
+  // A job spec is checked before anything starts.
+  if (!args.file.empty()) {
+    if (auto spec = LoadValidSpec(args.file); !spec.ok()) return Fail(context, "up", spec.status());
+  }
+  std::error_code error;
+  fs::create_directories(args.data_dir, error);
+  if (error) {
+    return Fail(context, "up",
+                absl::InvalidArgumentError(absl::StrCat("--data-dir: cannot create ", args.data_dir,
+                                                        ": ", error.message())));
+  }
+  const fs::path data_dir = fs::absolute(args.data_dir);
+
+  // Ctrl-C and SIGTERM go to a thread that stops the children in order; blocked before any
+  // thread (gRPC's included) exists, so they all inherit the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto children = std::make_shared<Children>();
+  const bool serving = args.file.empty();
+  std::thread([children, signals, serving, &context] {
+    int received = 0;
+    sigwait(&signals, &received);
+    *context.err << "\nhyscale: up: stopping the worker and the coordinator\n" << std::flush;
+    children->StopAll();
+    context.out->flush();
+    _exit(serving ? kExitOk : kExitJobFailed);
+  }).detach();
+
+  std::vector<std::string> coordinator_args = {
+      "--listen",          context.client.server,
+      "--data-dir",        (data_dir / "coordinator").string(),
+      "--checkpoint-root", (data_dir / "checkpoints").string()};
+  if (!args.metrics_listen.empty()) {
+    coordinator_args.insert(coordinator_args.end(), {"--metrics-listen", args.metrics_listen});
+  }
+  auto coordinator = Spawn("hyscaled", *coordinator_binary, coordinator_args, context.client.token,
+                           (data_dir / "hyscaled.log").string());
+  if (!coordinator.ok()) return Fail(context, "up", coordinator.status());
+  children->Add(*coordinator);
+
+  auto jobs = JobStub(context);
+  if (!jobs.ok()) {
+    children->StopAll();
+    return Fail(context, "up", jobs.status());
+  }
+  // Healthy once it answers: an unknown job is NOT_FOUND.
+  absl::Status status = WaitUntil("the coordinator", *children, args.start_timeout, [&] {
+    grpc::ClientContext call;
+    rpc::PrepareCall(&call, context.client, milliseconds(1000));
+    v1::GetJobRequest request;
+    request.set_job_id("hyscale-up-probe");
+    v1::Job job;
+    const auto code = (*jobs)->GetJob(&call, request, &job).error_code();
+    return code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::OK;
+  });
+  if (!status.ok()) {
+    children->StopAll();
+    return Fail(context, "up", status);
+  }
+
+  std::vector<std::string> worker_args = {"--server",   context.client.server,
+                                          "--name",     args.worker_name,
+                                          "--work-dir", (data_dir / "worker").string()};
+  if (!args.devices.empty()) worker_args.insert(worker_args.end(), {"--devices", args.devices});
+  if (!args.trainer.empty()) worker_args.insert(worker_args.end(), {"--trainer", args.trainer});
+  auto worker = Spawn("hyscale-worker", *worker_binary, worker_args, context.client.token,
+                      (data_dir / "hyscale-worker.log").string());
+  if (!worker.ok()) {
+    children->StopAll();
+    return Fail(context, "up", worker.status());
+  }
+  children->Add(*worker);
+
+  auto workers = WorkerStub(context);
+  if (!workers.ok()) {
+    children->StopAll();
+    return Fail(context, "up", workers.status());
+  }
+  status = WaitUntil("the worker to register", *children, args.start_timeout, [&] {
+    grpc::ClientContext call;
+    rpc::PrepareCall(&call, context.client, milliseconds(1000));
+    v1::ListWorkersResponse response;
+    if (!(*workers)->ListWorkers(&call, v1::ListWorkersRequest(), &response).ok()) return false;
+    for (const auto& info : response.workers()) {
+      if (info.id() == args.worker_name && info.state() == v1::WORKER_STATE_ONLINE) return true;
+    }
+    return false;
+  });
+  if (!status.ok()) {
+    children->StopAll();
+    return Fail(context, "up", status);
+  }
+  *context.err << "hyscale: up: coordinator on " << context.client.server << ", worker "
+               << args.worker_name << " registered; logs in " << data_dir.string() << "\n"
+               << std::flush;
+
+  if (serving) {
+    *context.err << "hyscale: up: serving; Ctrl-C stops both\n" << std::flush;
+    while (true) {
+      if (auto dead = children->FirstExited()) {
+        children->StopAll();
+        return Fail(
+            context, "up",
+            absl::InternalError(absl::StrCat(dead->name, " exited; its log ", dead->log_path,
+                                             " ends:\n", Tail(dead->log_path))));
+      }
+      std::this_thread::sleep_for(milliseconds(500));
+    }
+  }
+  SubmitArgs submit = args.submit;
+  submit.watch = true;
+  const int code = Submit(context, submit);
+  children->StopAll();
+  return code;
+}
+
+}  // namespace hyscale::cli

@@ -1,0 +1,40 @@
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+#include <absl/time/clock.h>
+
+#include "client/commands/commands.h"
+#include "client/format.h"
+
+namespace hyscale::cli {
+
+int Workers(const Context& context) {
+  auto stub = WorkerStub(context);
+  if (!stub.ok()) return Fail(context, "workers", stub.status());
+  v1::ListWorkersResponse response;
+  grpc::ClientContext call;
+  rpc::PrepareCall(&call, context.client);
+  if (auto status = (*stub)->ListWorkers(&call, v1::ListWorkersRequest(), &response);
+      !status.ok()) {
+    return Fail(context, "workers", status);
+  }
+  if (context.json()) {
+    PrintJson(context, response);
+    return kExitOk;
+  }
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  Table table({"ID", "ADDRESS", "STATE", "DEVICES", "RUNNING", "LAST HEARTBEAT"});
+  for (const auto& worker : response.workers()) {
+    std::vector<std::string> running;
+    for (const auto& ref : worker.running()) {
+      running.push_back(absl::StrCat(ref.job_id(), "/", ref.rank()));
+    }
+    table.AddRow({worker.id(), worker.address(), WorkerStateName(worker.state()),
+                  FormatDevices(worker.devices()),
+                  running.empty() ? "-" : absl::StrJoin(running, ","),
+                  absl::StrCat(FormatAge(worker.last_heartbeat(), now), " ago")});
+  }
+  table.Print(*context.out);
+  return kExitOk;
+}
+
+}  // namespace hyscale::cli

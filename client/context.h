@@ -1,0 +1,53 @@
+// What every hyscale command shares: where the coordinator is, how to authenticate, how to print,
+// and how an error becomes a message and an exit code.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <google/protobuf/message.h>
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "client/exit_codes.h"
+#include "hyscale/v1/job.pb.h"
+#include "hyscale/v1/service.grpc.pb.h"
+#include "proto/rpc.h"
+
+namespace hyscale::cli {
+
+enum class OutputFormat { kTable, kJson };
+
+struct Context {
+  rpc::ClientOptions client;  // server, token, TLS, unary deadline (--timeout)
+  OutputFormat output = OutputFormat::kTable;
+  std::ostream* out = nullptr;
+  std::ostream* err = nullptr;
+  bool terminal = false;  // `out` is a terminal: progress bars redraw in place
+  int terminal_columns = 100;
+
+  bool json() const { return output == OutputFormat::kJson; }
+};
+
+// Prints "hyscale: <what>: <message>" to err and returns the status's exit code.
+int Fail(const Context& context, const std::string& what, const absl::Status& status);
+int Fail(const Context& context, const std::string& what, const grpc::Status& status);
+
+// The message as protobuf JSON (proto field names, defaults included): indented, or on one line
+// for streams (one JSON document per line).
+void PrintJson(const Context& context, const google::protobuf::Message& message,
+               bool one_line = false);
+
+absl::StatusOr<std::unique_ptr<v1::JobService::Stub>> JobStub(const Context& context);
+absl::StatusOr<std::unique_ptr<v1::WorkerService::Stub>> WorkerStub(const Context& context);
+
+// Reads, then validates a job spec file (as it will run, with defaults), so a bad spec fails
+// here with the field named rather than after a round trip.
+absl::StatusOr<v1::JobSpec> LoadValidSpec(const std::string& path);
+
+// A random RFC 4122 version 4 UUID, the default idempotency key of `submit`.
+std::string RandomRequestId();
+
+}  // namespace hyscale::cli
