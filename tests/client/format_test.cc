@@ -1,0 +1,120 @@
+#include "client/format.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "client/exit_codes.h"
+
+namespace hyscale::cli {
+namespace {
+
+TEST(FormatTest, TableAlignsColumns) {
+  Table table({"ID", "NAME", "STATE"});
+  table.AddRow({"job-1", "a-long-name", "RUNNING"});
+  table.AddRow({"job-22", "b", ""});
+  std::ostringstream out;
+  table.Print(out);
+  EXPECT_EQ(out.str(),
+            "ID      NAME         STATE\n"
+            "job-1   a-long-name  RUNNING\n"
+            "job-22  b\n");
+}
+
+TEST(FormatTest, States) {
+  EXPECT_EQ(StateName(v1::JOB_STATE_RUNNING), "RUNNING");
+  EXPECT_EQ(*ParseState("running"), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(*ParseState("JOB_STATE_FAILED"), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(*ParseState("Cancelled"), v1::JOB_STATE_CANCELLED);
+  EXPECT_FALSE(ParseState("unspecified").ok());
+  auto bad = ParseState("done");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--state"), std::string::npos);
+  EXPECT_EQ(*ParseDeviceKind("GPU"), v1::DEVICE_KIND_GPU);
+  EXPECT_FALSE(ParseDeviceKind("tpu").ok());
+}
+
+TEST(FormatTest, Numbers) {
+  EXPECT_EQ(FormatDuration(83), "0:01:23");
+  EXPECT_EQ(FormatDuration(43200), "12:00:00");
+  EXPECT_EQ(FormatDuration(-1), "-");
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(int64_t{141} << 30), "141.0 GiB");
+  EXPECT_EQ(FormatRate(950), "950");
+  EXPECT_EQ(FormatRate(12345), "12.3k");
+  EXPECT_EQ(FormatRate(2.5e6), "2.5M");
+  google::protobuf::Timestamp time;
+  EXPECT_EQ(FormatAge(time, 1000), "-");
+  time.set_seconds(1000);
+  EXPECT_EQ(FormatAge(time, 1042), "42s");
+  EXPECT_EQ(FormatAge(time, 1000 + 300), "5m");
+  EXPECT_EQ(FormatAge(time, 1000 + 3 * 3600), "3h");
+  EXPECT_EQ(FormatTimestamp(time), "1970-01-01T00:16:40Z");
+}
+
+TEST(FormatTest, ProgressBar) {
+  v1::StepProgress step;
+  step.set_step(250);
+  step.set_total_steps(1000);
+  step.set_eta_seconds(83);
+  step.set_loss(2.34567);
+  step.set_tokens_per_second(12345);
+  EXPECT_EQ(ProgressBar(step, 20),
+            "[#####...............] 250/1000   25%  ETA 0:01:23  loss 2.3457  12.3k tok/s");
+  step.set_evaluated(true);
+  step.set_accuracy(0.5);
+  step.set_indexer_recall(0.25);
+  EXPECT_NE(ProgressBar(step, 20).find("acc 0.500  recall 0.250"), std::string::npos);
+  step.set_total_steps(0);
+  EXPECT_EQ(ProgressBar(step, 4).substr(0, 6), "[....]");
+}
+
+TEST(FormatTest, PhaseBreakdownIsFullWidthBiggestFirst) {
+  const std::string line = PhaseBreakdown(
+      {{"data", 1.0}, {"selection", 4.0}, {"attention_fwd", 3.0}, {"other", 2.0}}, 10);
+  EXPECT_EQ(line,
+            "phases [####===++-]  # selection 40%  = attention_fwd 30%  + other 20%  - data 10%");
+  EXPECT_EQ(PhaseBreakdown({}, 10), "phases -");
+  const std::string uneven = PhaseBreakdown({{"a", 1}, {"b", 1}, {"c", 1}}, 10);
+  EXPECT_EQ(uneven.substr(0, 19), "phases [###===++++]");
+}
+
+TEST(FormatTest, EventLines) {
+  v1::JobEvent event;
+  event.mutable_time()->set_seconds(3600 + 120 + 3);
+  auto* change = event.mutable_state_change();
+  change->set_from(v1::JOB_STATE_RUNNING);
+  change->set_to(v1::JOB_STATE_RESTARTING);
+  change->set_reason("worker lost");
+  change->set_restarts(1);
+  EXPECT_EQ(DescribeEvent(event), "01:02:03 state RUNNING -> RESTARTING (restart 1): worker lost");
+
+  v1::JobEvent trainer;
+  trainer.mutable_trainer()->set_rank(1);
+  trainer.mutable_trainer()->set_event("checkpoint_written");
+  trainer.mutable_trainer()->set_json(R"({"event":"checkpoint_written","step":50,"path":"/c/50"})");
+  EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 checkpoint_written: step 50 /c/50");
+
+  v1::JobEvent step;
+  step.mutable_step()->set_step(10);
+  step.mutable_step()->set_total_steps(20);
+  step.mutable_step()->set_loss(1.5);
+  EXPECT_NE(DescribeEvent(step).find("rank 0 step 10/20 stage 0  loss 1.5000"), std::string::npos);
+}
+
+TEST(ExitCodeTest, Mapping) {
+  EXPECT_EQ(ExitCodeFor(absl::OkStatus()), kExitOk);
+  EXPECT_EQ(ExitCodeFor(absl::InvalidArgumentError("x")), 2);
+  EXPECT_EQ(ExitCodeFor(absl::NotFoundError("x")), 3);
+  EXPECT_EQ(ExitCodeFor(absl::UnauthenticatedError("x")), 4);
+  EXPECT_EQ(ExitCodeFor(absl::PermissionDeniedError("x")), 4);
+  EXPECT_EQ(ExitCodeFor(absl::UnavailableError("x")), 5);
+  EXPECT_EQ(ExitCodeFor(absl::DeadlineExceededError("x")), 5);
+  EXPECT_EQ(ExitCodeFor(absl::FailedPreconditionError("x")), 6);
+  EXPECT_EQ(ExitCodeFor(absl::AlreadyExistsError("x")), 6);
+  EXPECT_EQ(ExitCodeFor(absl::InternalError("x")), 7);
+  EXPECT_EQ(ExitCodeFor(grpc::Status(grpc::StatusCode::NOT_FOUND, "x")), 3);
+}
+
+}  // namespace
+}  // namespace hyscale::cli
