@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
+#include "proto/job_spec.h"
 #include "tests/agent/fake_coordinator.h"
 #include "tests/agent/fake_trainer.h"
 #include "tests/agent/temp_dir.h"
@@ -257,6 +260,58 @@ TEST_F(AgentTest, RetriesRegistrationUntilCoordinatorComesUp) {
   ASSERT_TRUE(WaitForStream());
   service().Push(RunAssignment("ok", "job-late"));
   ASSERT_TRUE(WaitForExit("job-late"));
+}
+
+// With HYSCALE_TEST_TRAINER pointing at a built hyscale-train, a tiny real job runs end to end
+// through the agent: real event lines, checkpoints in the assigned directory, exit 0.
+TEST(AgentRealTrainerTest, TrainsTinyJob) {
+  const char* trainer = std::getenv("HYSCALE_TEST_TRAINER");
+  if (trainer == nullptr) GTEST_SKIP() << "set HYSCALE_TEST_TRAINER to a built hyscale-train";
+  auto spec = hyscale::ParseJobSpec(R"(name: tiny
+seed: 1
+model: {vocab_size: 160, d_model: 32, layers: 1, heads: 2, head_dim_qk: 16, rope_dim: 8,
+        head_dim_v: 16, d_ff: 64, indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 16}}
+data: {seq_len: 64, batch_size: 2, recall: {pairs: 4, queries: 4, key_vocab: 64, value_vocab: 64}}
+stages: [{name: dense, steps: 20, lr: 1.0e-3, attention: DENSE, trains: ALL}]
+checkpoint: {every_steps: 5}
+log_every: 5
+threads: 1
+)",
+                                    hyscale::SpecFormat::kYaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  TempDir dir;
+  FakeCoordinator coordinator;
+  AgentOptions options;
+  options.client.server = coordinator.address();
+  options.name = "real";
+  options.devices = *ParseDeviceOverride("cpu:1");
+  options.work_dir = dir.path() + "/work";
+  options.trainer_path = trainer;
+  Agent agent(options);
+  std::thread runner([&] { EXPECT_TRUE(agent.Run().ok()); });
+  auto& fake = coordinator.service();
+  ASSERT_TRUE(fake.WaitUntil([&] { return fake.open_streams_locked() > 0; }));
+  v1::Assignment assignment;
+  assignment.mutable_run()->mutable_ref()->set_job_id("real-job");
+  assignment.mutable_run()->set_world_size(1);
+  assignment.mutable_run()->set_checkpoint_dir(dir.path() + "/ckpt");
+  *assignment.mutable_run()->mutable_spec() = *spec;
+  fake.Push(assignment);
+  const bool exited = fake.WaitUntil([&] { return HasExit(fake.reports_locked(), "real-job"); },
+                                     std::chrono::seconds(120));
+  agent.Shutdown();
+  runner.join();
+  ASSERT_TRUE(exited);
+  const auto reports = ReportsOf(fake.reports(), "real-job");
+  int steps = 0, checkpoints = 0;
+  for (const auto& report : reports) {
+    if (report.event_json().find("\"event\":\"step\"") != std::string::npos) ++steps;
+    if (report.event_json().find("checkpoint_written") != std::string::npos) ++checkpoints;
+  }
+  EXPECT_GE(steps, 4);
+  EXPECT_GE(checkpoints, 1);
+  EXPECT_EQ(reports.back().exited().exit_code(), 0) << reports.back().exited().reason();
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt"));
 }
 
 }  // namespace
