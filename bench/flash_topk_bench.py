@@ -5,6 +5,7 @@ For each N (H_I = 64, d_I = 128, k = 2048 unless told otherwise) and each score 
 (random = an untrained indexer, trained = a few strongly matching keys per query plus recency):
   hyscale  hyscale::flash_topk (sampled threshold, candidates, exact finish; no score table)
   table    baseline (b): hyscale::index_score_table writes 8192-row fp32 blocks, then torch.topk
+  scoring  the table baseline's scoring alone (no top-k): where its time goes
   naive    baseline (a), Megatron-style: fp32 einsum into [rows, H_I, N], ReLU, weighted sum,
            causal mask, torch.topk, rows chunked so it fits (only up to --naive-max)
 Prints medians (CUDA events, after a warm-up), ratios, extra peak memory, scoring TFLOP/s and the
@@ -86,6 +87,13 @@ def table_topk(q, k, w, topk):
     return indices, scores
 
 
+def table_scores_only(q, k, w):
+    n = q.shape[0]
+    for row in range(0, n, TABLE_BLOCK_ROWS):
+        table = torch.ops.hyscale.index_score_table(q, k, w, row, min(TABLE_BLOCK_ROWS, n - row))
+        del table
+
+
 def naive_topk(q, k, w, topk, chunk_bytes=8 << 30):
     n, heads, _ = q.shape
     m = k.shape[0]
@@ -157,6 +165,8 @@ def main():
             methods = {"hyscale": lambda: hyscale_topk(q, k, w, args.topk)}
             if n <= args.table_max:
                 methods["table"] = lambda: table_topk(q, k, w, args.topk)
+                # Where the table baseline's time goes: its scoring alone (no top-k).
+                methods["scoring"] = lambda: table_scores_only(q, k, w)
             if n <= args.naive_max:
                 methods["naive"] = lambda: naive_topk(q, k, w, args.topk)
 

@@ -79,14 +79,15 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 
 enum class ScoreMode { kCandidates, kTable };
 
-// One warp per query row, kQueriesPerBlock rows per block sharing each key tile (cp.async, two
-// stages). Causal: the block walks the keys its latest row sees; a warp idles past its own row.
+// One warp per query row, kQueriesPerBlock rows per block sharing each key tile (cp.async,
+// kStages deep). Causal: the block walks the keys its latest row sees; a warp idles past its own
+// row.
 template <class Traits, ScoreMode kMode>
-__global__ void __launch_bounds__(SelectTraits::kThreads, 1) score_rows_kernel(ScoreParams p) {
+__global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksPerSm)
+    score_rows_kernel(ScoreParams p) {
   constexpr int kWarps = SelectTraits::kQueriesPerBlock;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto* query_tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  auto* key_tiles = query_tiles + kWarps * Traits::kQueryElems;
+  auto* key_tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Causal rows late in the sequence cost the most: start them first, so the tail is short.
@@ -104,10 +105,9 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, 1) score_rows_kernel(S
     block_visible = max(block_visible, array_visible(p.rows.row(s)));
   }
 
-  __nv_bfloat16* query = query_tiles + warp * Traits::kQueryElems;
-  const __nv_bfloat16* q_row = p.q + row * Traits::kHeads * Traits::kDim;
-  load_rows_async<Traits>(query, Traits::kHeads, lane, 32,
-                          [&](int h) { return active ? q_row + h * Traits::kDim : nullptr; });
+  QueryFragments<Traits> query;
+  load_query_fragments<Traits>(active ? p.q + row * Traits::kHeads * Traits::kDim : nullptr, lane,
+                               query);
   float weights[Traits::kHeadsPerLane] = {};
   if (active) load_lane_weights<Traits>(p.w + row * Traits::kHeads, lane, weights);
   const float threshold = (active && p.thresholds) ? p.thresholds[slot] : kNegInf;
@@ -121,19 +121,19 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, 1) score_rows_kernel(S
                               return key < p.num_array_keys ? p.keys + key * Traits::kDim : nullptr;
                             });
   };
-  if (tiles > 0) load_tile(0);
-  cp_async_commit();
+  constexpr int kAhead = SelectTraits::kStages - 1;  // tiles in flight while one is scored
+#pragma unroll
+  for (int tile = 0; tile < kAhead; ++tile) {
+    if (tile < tiles) load_tile(tile);
+    cp_async_commit();
+  }
 
   int count = 0;
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) {
-      load_tile(tile + 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    cp_async_wait<kAhead - 1>();  // this tile has landed (one commit group per tile)
+    __syncthreads();              // for every thread; and every warp is done with tile - 1
+    if (tile + kAhead < tiles) load_tile(tile + kAhead);  // into the stage tile - 1 used
+    cp_async_commit();
     const int64_t base = tile * Traits::kKeysPerTile;
     if (base < visible) {
       const float2 s = score_key_tile<Traits>(
@@ -162,9 +162,7 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, 1) score_rows_kernel(S
         if (key1 < visible) out[key1] = s.y;
       }
     }
-    __syncthreads();  // the next load reuses this stage
   }
-  cp_async_wait<0>();  // a block with no key tiles still has its query copy in flight
   if constexpr (kMode == ScoreMode::kCandidates) {
     if (active && lane == 0) p.counts[slot] = count;
   }
@@ -394,9 +392,7 @@ struct Workspace {
 template <class Traits, ScoreMode kMode>
 void launch_score(const ScoreParams& p, cudaStream_t stream) {
   if (p.rows.rows == 0) return;
-  constexpr size_t kSmem = (SelectTraits::kQueriesPerBlock * Traits::kQueryElems +
-                            SelectTraits::kStages * Traits::kKeyTileElems) *
-                           sizeof(__nv_bfloat16);
+  constexpr size_t kSmem = SelectTraits::kStages * Traits::kKeyTileElems * sizeof(__nv_bfloat16);
   auto kernel = score_rows_kernel<Traits, kMode>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
         "shared memory size");
@@ -525,19 +521,16 @@ __global__ void __launch_bounds__(kGatherWarps * 32)
     gather_scores_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                          const int32_t* indices, int64_t topk, int64_t num_keys, float* scores) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto* query = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __nv_bfloat16* key_tile = query + Traits::kQueryElems + warp * Traits::kKeyTileElems;
+  __nv_bfloat16* key_tile =
+      reinterpret_cast<__nv_bfloat16*>(smem_raw) + warp * Traits::kKeyTileElems;
   const int64_t row = blockIdx.x;
   const int32_t* row_indices = indices + row * topk;
 
-  load_rows_async<Traits>(query, Traits::kHeads, threadIdx.x, kGatherWarps * 32,
-                          [&](int h) { return q + (row * Traits::kHeads + h) * Traits::kDim; });
-  cp_async_commit();
+  QueryFragments<Traits> query;
+  load_query_fragments<Traits>(q + row * Traits::kHeads * Traits::kDim, lane, query);
   float weights[Traits::kHeadsPerLane];
   load_lane_weights<Traits>(w + row * Traits::kHeads, lane, weights);
-  cp_async_wait<0>();
-  __syncthreads();
 
   auto key_at = [&](int64_t j) -> int64_t {
     const int64_t key = j < topk ? row_indices[j] : -1;
@@ -610,8 +603,7 @@ void index_score_gather(const IndexerShape& shape, const void* q, const void* k,
   if (shape.num_queries == 0 || topk == 0) return;
   dispatch_shape(shape.heads, shape.dim, [&](auto traits) {
     using Traits = decltype(traits);
-    constexpr size_t kSmem =
-        (Traits::kQueryElems + kGatherWarps * Traits::kKeyTileElems) * sizeof(__nv_bfloat16);
+    constexpr size_t kSmem = kGatherWarps * Traits::kKeyTileElems * sizeof(__nv_bfloat16);
     auto kernel = gather_scores_kernel<Traits>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
           "shared memory size");

@@ -70,50 +70,62 @@ __device__ __forceinline__ void load_lane_weights(const float* w_row, int lane,
   }
 }
 
-// Scores of the kKeysPerTile keys of `key_tile` for the query `query` (both padded shared tiles):
-// score[s] = sum_h w[h] * ReLU(q[h] . k[s]). Lane L returns the scores of tile keys
-// 16*(L%4) + L/4 (.x) and 16*(L%4) + L/4 + 8 (.y).
+// One query's operand of the scoring product, held in registers for a whole key loop: the mma B
+// fragments of Q^T [d x heads]. Lane L holds q[8*nt + L/4][16*ks + 2*(L%4) + {0,1}] in b[ks][nt][0]
+// and the same 8 dims further in b[ks][nt][1].
 template <class Traits>
-__device__ __forceinline__ float2 score_key_tile(const __nv_bfloat16* key_tile,
-                                                 const __nv_bfloat16* query, int lane,
-                                                 const float (&weights)[Traits::kHeadsPerLane]) {
-  float acc[Traits::kMTiles][Traits::kNTiles][4] = {};
+struct QueryFragments {
+  uint32_t b[Traits::kKSteps][Traits::kNTiles][2];
+};
+
+// Loads the fragments of `q_row` ([heads][dim] bf16 in global memory); null gives zeros.
+template <class Traits>
+__device__ __forceinline__ void load_query_fragments(const __nv_bfloat16* q_row, int lane,
+                                                     QueryFragments<Traits>& f) {
+  const int group = lane / 4, pair = 2 * (lane % 4);
 #pragma unroll
   for (int ks = 0; ks < Traits::kKSteps; ++ks) {
-    uint32_t b[Traits::kNTiles][2];
 #pragma unroll
-    for (int nt = 0; nt < Traits::kNTiles; nt += 2) {
-      // Four 8x8 matrices: heads of tiles nt and nt+1, d columns k..k+7 and k+8..k+15.
-      const int head = nt * 8 + (lane / 16) * 8 + lane % 8;
-      const int col = ks * 16 + ((lane / 8) % 2) * 8;
-      uint32_t r[4];
-      ldmatrix_x4(r, query + head * Traits::kRowStride + col);
-      b[nt][0] = r[0];
-      b[nt][1] = r[1];
-      b[nt + 1][0] = r[2];
-      b[nt + 1][1] = r[3];
+    for (int nt = 0; nt < Traits::kNTiles; ++nt) {
+      const __nv_bfloat16* at = q_row + (nt * 8 + group) * Traits::kDim + ks * 16 + pair;
+      f.b[ks][nt][0] = q_row ? *reinterpret_cast<const uint32_t*>(at) : 0u;
+      f.b[ks][nt][1] = q_row ? *reinterpret_cast<const uint32_t*>(at + 8) : 0u;
     }
+  }
+}
+
+// Scores of the kKeysPerTile keys of `key_tile` (a padded shared tile) for the query whose
+// fragments are `query`: score[s] = sum_h w[h] * ReLU(q[h] . k[s]). Lane L returns the scores of
+// tile keys 16*(L%4) + L/4 (.x) and 16*(L%4) + L/4 + 8 (.y).
+// One m16 tile of keys at a time: its head-weighted epilogue overlaps the next tile's products,
+// and 32 accumulators per lane leave room for the query in registers.
+template <class Traits>
+__device__ __forceinline__ float2 score_key_tile(const __nv_bfloat16* key_tile,
+                                                 const QueryFragments<Traits>& query, int lane,
+                                                 const float (&weights)[Traits::kHeadsPerLane]) {
+  static_assert(Traits::kMTiles == 4, "a quad's four lanes keep one m16 tile each");
+  float2 out = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+    float acc[Traits::kNTiles][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKSteps; ++ks) {
       uint32_t a[4];
       ldmatrix_x4(
           a, key_tile + (mt * 16 + lane % 16) * Traits::kRowStride + ks * 16 + (lane / 16) * 8);
 #pragma unroll
-      for (int nt = 0; nt < Traits::kNTiles; ++nt)
-        mma_bf16_16816(acc[mt][nt], a, b[nt][0], b[nt][1]);
+      for (int nt = 0; nt < Traits::kNTiles; ++nt) {
+        mma_bf16_16816(acc[nt], a, query.b[ks][nt][0], query.b[ks][nt][1]);
+      }
     }
-  }
-  // ReLU and head weights over this lane's heads, for its rows g and g+8 of every m16 tile...
-  float partial[Traits::kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+    // ReLU and head weights over this lane's heads, for its rows g and g+8 of the m16 tile...
     float lo = 0.f, hi = 0.f;
 #pragma unroll
     for (int nt = 0; nt < Traits::kNTiles; ++nt) {
-      lo = __fmaf_rn(weights[2 * nt], fmaxf(acc[mt][nt][0], 0.f), lo);
-      lo = __fmaf_rn(weights[2 * nt + 1], fmaxf(acc[mt][nt][1], 0.f), lo);
-      hi = __fmaf_rn(weights[2 * nt], fmaxf(acc[mt][nt][2], 0.f), hi);
-      hi = __fmaf_rn(weights[2 * nt + 1], fmaxf(acc[mt][nt][3], 0.f), hi);
+      lo = __fmaf_rn(weights[2 * nt], fmaxf(acc[nt][0], 0.f), lo);
+      lo = __fmaf_rn(weights[2 * nt + 1], fmaxf(acc[nt][1], 0.f), lo);
+      hi = __fmaf_rn(weights[2 * nt], fmaxf(acc[nt][2], 0.f), hi);
+      hi = __fmaf_rn(weights[2 * nt + 1], fmaxf(acc[nt][3], 0.f), hi);
     }
     // ...then over the quad's four lanes, which hold the other heads of the same rows. The
     // butterfly gives every lane of the quad the same bits (fp addition is commutative).
@@ -121,14 +133,7 @@ __device__ __forceinline__ float2 score_key_tile(const __nv_bfloat16* key_tile,
     lo += __shfl_xor_sync(0xffffffffu, lo, 2);
     hi += __shfl_xor_sync(0xffffffffu, hi, 1);
     hi += __shfl_xor_sync(0xffffffffu, hi, 2);
-    partial[mt][0] = lo;
-    partial[mt][1] = hi;
-  }
-  // Lane L of the quad keeps m16 tile L%4 (compile-time indices only: no local memory).
-  float2 out = make_float2(partial[0][0], partial[0][1]);
-#pragma unroll
-  for (int mt = 1; mt < Traits::kMTiles; ++mt) {
-    if (lane % 4 == mt) out = make_float2(partial[mt][0], partial[mt][1]);
+    if (lane % 4 == mt) out = make_float2(lo, hi);
   }
   return out;
 }
