@@ -1,0 +1,217 @@
+// hyscaled as a process: flags, the printed port, exit codes, SIGTERM, recovery after SIGKILL,
+// auth and TLS over the wire.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "hyscale/v1/service.grpc.pb.h"
+#include "proto/rpc.h"
+#include "tests/server/test_util.h"
+
+namespace hyscale::server {
+namespace {
+
+// A running hyscaled with its stdout on a pipe.
+class Daemon {
+ public:
+  explicit Daemon(std::vector<std::string> args) {
+    int out[2];
+    if (::pipe(out) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      ::close(out[0]);
+      ::close(out[1]);
+      std::vector<char*> argv;
+      static std::string binary = HYSCALED_PATH;
+      argv.push_back(binary.data());
+      for (auto& arg : args) argv.push_back(arg.data());
+      argv.push_back(nullptr);
+      ::execv(binary.c_str(), argv.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    stdout_ = out[0];
+  }
+  ~Daemon() {
+    if (pid_ > 0 && !exit_code_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (stdout_ >= 0) ::close(stdout_);
+  }
+
+  // The port from "hyscaled: listening on HOST:PORT", or 0 if it exits or stays silent.
+  int WaitForPort() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    std::string text;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd fd{stdout_, POLLIN, 0};
+      if (::poll(&fd, 1, 100) <= 0) continue;
+      char buffer[256];
+      const ssize_t got = ::read(stdout_, buffer, sizeof(buffer));
+      if (got <= 0) return 0;
+      text.append(buffer, got);
+      const auto at = text.find("hyscaled: listening on ");
+      const auto end = at == std::string::npos ? at : text.find('\n', at);
+      if (end != std::string::npos) {
+        const std::string line = text.substr(at, end - at);
+        return std::atoi(line.substr(line.rfind(':') + 1).c_str());
+      }
+    }
+    return 0;
+  }
+
+  // Sends `signal` (0: none) and waits up to `timeout` for the exit code.
+  std::optional<int> Stop(int signal, std::chrono::seconds timeout = std::chrono::seconds(15)) {
+    if (signal != 0) ::kill(pid_, signal);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return exit_code_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return std::nullopt;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_ = -1;
+  std::optional<int> exit_code_;
+};
+
+std::unique_ptr<v1::JobService::Stub> Jobs(const std::string& server, const std::string& ca = "") {
+  rpc::ClientOptions options;
+  options.server = server;
+  options.tls_ca_file = ca;
+  auto channel = rpc::Connect(options);
+  EXPECT_TRUE(channel.ok());
+  return v1::JobService::NewStub(*channel);
+}
+
+grpc::Status Submit(v1::JobService::Stub* jobs, const std::string& token, v1::Job* job) {
+  grpc::ClientContext context;
+  rpc::ClientOptions options;
+  options.token = token;
+  rpc::PrepareCall(&context, options, std::chrono::seconds(10));
+  return jobs->SubmitJob(&context, testing::SubmitRequest(), job);
+}
+
+grpc::Status Get(v1::JobService::Stub* jobs, const std::string& id, v1::Job* job) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetJobRequest request;
+  request.set_job_id(id);
+  return jobs->GetJob(&context, request, job);
+}
+
+TEST(HyscaledProcessTest, BadFlagsExit2) {
+  Daemon no_data_dir({"--listen", "127.0.0.1:0"});
+  EXPECT_EQ(no_data_dir.Stop(0), 2);
+  Daemon bad_interval({"--data-dir", testing::ScratchDir(), "--heartbeat-interval-ms", "-5"});
+  EXPECT_EQ(bad_interval.Stop(0), 2);
+}
+
+TEST(HyscaledProcessTest, CannotStartExit1) {
+  Daemon unwritable({"--data-dir", "/dev/null/hyscale", "--listen", "127.0.0.1:0"});
+  EXPECT_EQ(unwritable.Stop(0), 1);
+  Daemon half_tls({"--data-dir", testing::ScratchDir(), "--listen", "127.0.0.1:0", "--tls-cert",
+                   "/nonexistent.pem", "--metrics-listen", "127.0.0.1:0"});
+  EXPECT_EQ(half_tls.Stop(0), 1);
+}
+
+TEST(HyscaledProcessTest, ServesOnPrintedPortAndStopsOnSigterm) {
+  const std::string dir = testing::ScratchDir();
+  Daemon daemon({"--data-dir", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"});
+  const int port = daemon.WaitForPort();
+  ASSERT_GT(port, 0);
+  auto jobs = Jobs("127.0.0.1:" + std::to_string(port));
+  v1::Job job;
+  EXPECT_EQ(Get(jobs.get(), "job-none", &job).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Submit(jobs.get(), "", &job).ok());  // no token configured: auth off
+  // A watch open at shutdown does not hold the daemon up: the server ends it.
+  grpc::ClientContext watch_context;
+  v1::WatchJobRequest watch;
+  watch.set_job_id(job.id());
+  auto reader = jobs->WatchJob(&watch_context, watch);
+  v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));
+  std::thread drain([&] {
+    while (reader->Read(&event)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  });
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(daemon.Stop(SIGTERM), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(3));
+  drain.join();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/hyscale.db"));
+}
+
+TEST(HyscaledProcessTest, JobsSurviveSigkillAndTokenIsEnforced) {
+  const std::string dir = testing::ScratchDir();
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << "tok3n\n";
+  const std::vector<std::string> args = {
+      "--data-dir",   dir,        "--listen",         "127.0.0.1:0",
+      "--token-file", token_file, "--metrics-listen", "127.0.0.1:0"};
+  v1::Job job;
+  {
+    Daemon daemon(args);
+    const int port = daemon.WaitForPort();
+    ASSERT_GT(port, 0);
+    auto jobs = Jobs("127.0.0.1:" + std::to_string(port));
+    EXPECT_EQ(Submit(jobs.get(), "", &job).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(Submit(jobs.get(), "wrong", &job).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    ASSERT_TRUE(Submit(jobs.get(), "tok3n", &job).ok());
+    EXPECT_EQ(daemon.Stop(SIGKILL), 128 + SIGKILL);
+  }
+  Daemon daemon(args);
+  const int port = daemon.WaitForPort();
+  ASSERT_GT(port, 0);
+  auto jobs = Jobs("127.0.0.1:" + std::to_string(port));
+  v1::Job recovered;
+  ASSERT_TRUE(Get(jobs.get(), job.id(), &recovered).ok());
+  EXPECT_EQ(recovered.state(), v1::JOB_STATE_PENDING);
+  // An idle client connection would hold the shutdown until the client polls it (its backup
+  // poller runs every 5 s); closing it lets the daemon exit at once.
+  jobs.reset();
+  EXPECT_EQ(daemon.Stop(SIGINT, std::chrono::seconds(3)), 0);
+}
+
+TEST(HyscaledProcessTest, ServesTls) {
+  const std::string dir = testing::ScratchDir();
+  const std::string command =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -addext "
+      "subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+      dir + "/key.pem -out " + dir + "/cert.pem >/dev/null 2>&1";
+  if (std::system(command.c_str()) != 0) GTEST_SKIP() << "openssl cannot make a certificate";
+  Daemon daemon({"--data-dir", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                 "--tls-cert", dir + "/cert.pem", "--tls-key", dir + "/key.pem"});
+  const int port = daemon.WaitForPort();
+  ASSERT_GT(port, 0);
+  auto tls = Jobs("localhost:" + std::to_string(port), dir + "/cert.pem");
+  v1::Job job;
+  EXPECT_EQ(Get(tls.get(), "job-none", &job).error_code(), grpc::StatusCode::NOT_FOUND);
+  auto plaintext = Jobs("127.0.0.1:" + std::to_string(port));
+  EXPECT_EQ(Get(plaintext.get(), "job-none", &job).error_code(), grpc::StatusCode::UNAVAILABLE);
+  tls.reset();
+  plaintext.reset();
+  EXPECT_EQ(daemon.Stop(SIGTERM, std::chrono::seconds(3)), 0);
+}
+
+}  // namespace
+}  // namespace hyscale::server
