@@ -193,8 +193,13 @@ std::string DescribeEvent(const v1::JobEvent& event) {
   switch (event.kind_case()) {
     case v1::JobEvent::kStateChange: {
       const auto& change = event.state_change();
-      std::string line =
-          absl::StrCat(when, " state ", StateName(change.from()), " -> ", StateName(change.to()));
+      // The first event of a watch restates the current state (from == to); a new job's first
+      // has no previous state.
+      const bool transition =
+          change.from() != change.to() && change.from() != v1::JOB_STATE_UNSPECIFIED;
+      std::string line = transition ? absl::StrCat(when, " state ", StateName(change.from()),
+                                                   " -> ", StateName(change.to()))
+                                    : absl::StrCat(when, " state ", StateName(change.to()));
       if (change.restarts() > 0) absl::StrAppend(&line, " (restart ", change.restarts(), ")");
       if (!change.reason().empty()) absl::StrAppend(&line, ": ", change.reason());
       return line;
@@ -227,6 +232,12 @@ std::string DescribeEvent(const v1::JobEvent& event) {
         } else if (trainer.event() == "job_finished") {
           detail =
               json.value("ok", false) ? "ok" : absl::StrCat("failed: ", json.value("reason", ""));
+        } else if (trainer.event() == "job_started") {
+          detail = absl::StrCat(json.value("name", ""), ", ", json.value("total_steps", int64_t{0}),
+                                " steps");
+        } else if (trainer.event() == "stage_finished") {
+          detail = absl::StrCat(json.value("stage", 0), " (", json.value("name", ""), ") at step ",
+                                json.value("step", int64_t{0}));
         } else if (trainer.event() == "stage_started") {
           detail = absl::StrCat(json.value("stage", 0), " (", json.value("name", ""),
                                 "): ", json.value("steps", int64_t{0}), " steps, ",

@@ -218,7 +218,7 @@ TEST_F(CliTest, WatchExitsWithTheJobsOutcome) {
            StateEvent(3, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED)});
   const Result success = Run({"watch", ok});
   EXPECT_EQ(success.code, 0) << success.err;
-  EXPECT_NE(success.out.find("state UNSPECIFIED -> RUNNING"), std::string::npos) << success.out;
+  EXPECT_NE(success.out.find("state RUNNING\n"), std::string::npos) << success.out;
   EXPECT_NE(success.out.find("step 10/20"), std::string::npos);
   EXPECT_NE(success.out.find("job " + ok + " SUCCEEDED"), std::string::npos);
 

@@ -88,6 +88,9 @@ TEST(FormatTest, EventLines) {
   change->set_reason("worker lost");
   change->set_restarts(1);
   EXPECT_EQ(DescribeEvent(event), "01:02:03 state RUNNING -> RESTARTING (restart 1): worker lost");
+  change->set_from(v1::JOB_STATE_RESTARTING);
+  change->set_restarts(0);
+  EXPECT_EQ(DescribeEvent(event), "01:02:03 state RESTARTING: worker lost");
 
   v1::JobEvent trainer;
   trainer.mutable_trainer()->set_rank(1);
