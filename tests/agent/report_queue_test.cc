@@ -14,7 +14,7 @@ v1::RankReport Event(int i) {
 }
 
 TEST(ReportQueueTest, BatchesInOrderWithinLimits) {
-  ReportQueue queue(3, 1 << 20);
+  ReportQueue queue(3, 1 << 20, 1 << 20);
   for (int i = 0; i < 7; ++i) queue.Push(Event(i));
   auto first = queue.TakeBatch(milliseconds(10), milliseconds(0));
   ASSERT_EQ(first.size(), 3u);
@@ -24,7 +24,7 @@ TEST(ReportQueueTest, BatchesInOrderWithinLimits) {
 }
 
 TEST(ReportQueueTest, PutBackKeepsOrder) {
-  ReportQueue queue(2, 1 << 20);
+  ReportQueue queue(2, 1 << 20, 1 << 20);
   for (int i = 0; i < 4; ++i) queue.Push(Event(i));
   auto batch = queue.TakeBatch(milliseconds(10), milliseconds(0));
   queue.Push(Event(4));
@@ -40,7 +40,7 @@ TEST(ReportQueueTest, PutBackKeepsOrder) {
 }
 
 TEST(ReportQueueTest, ByteLimitSplitsButNeverStarves) {
-  ReportQueue queue(100, 10);
+  ReportQueue queue(100, 10, 1 << 20);
   v1::RankReport big;
   big.set_log(std::string(100, 'x'));
   queue.Push(big);
@@ -50,10 +50,34 @@ TEST(ReportQueueTest, ByteLimitSplitsButNeverStarves) {
 }
 
 TEST(ReportQueueTest, EmptyAfterWaitOrClose) {
-  ReportQueue queue(10, 1 << 20);
+  ReportQueue queue(10, 1 << 20, 1 << 20);
   EXPECT_TRUE(queue.TakeBatch(milliseconds(20), milliseconds(0)).empty());
   queue.Close();
   EXPECT_TRUE(queue.TakeBatch(std::chrono::hours(1), std::chrono::hours(1)).empty());
+}
+
+TEST(ReportQueueTest, FullQueueDropsLogsThenEventsButKeepsExits) {
+  ReportQueue queue(100, 1 << 20, 1000);
+  v1::RankReport log;
+  log.set_log(std::string(400, 'x'));
+  v1::RankReport event;
+  event.set_event_json(std::string(400, 'e'));
+  v1::RankReport exited;
+  exited.mutable_exited()->set_exit_code(1);
+  for (int i = 0; i < 4; ++i) queue.Push(log);     // two fit, two dropped
+  for (int i = 0; i < 4; ++i) queue.Push(event);   // up to twice the bound: two more fit
+  for (int i = 0; i < 4; ++i) queue.Push(exited);  // always kept
+  EXPECT_EQ(queue.dropped(), 4u);
+  EXPECT_EQ(queue.size(), 8u);
+  // Taking reports frees room again.
+  auto batch = queue.TakeBatch(milliseconds(10), milliseconds(0));
+  EXPECT_EQ(batch.size(), 8u);
+  queue.Push(log);
+  EXPECT_EQ(queue.size(), 1u);
+  // A batch put back counts again.
+  queue.PutBack(std::move(batch));
+  queue.Push(log);
+  EXPECT_EQ(queue.dropped(), 5u);
 }
 
 }  // namespace

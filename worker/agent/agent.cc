@@ -14,6 +14,8 @@ using std::chrono::milliseconds;
 
 constexpr size_t kMaxBatchReports = 512;
 constexpr size_t kMaxBatchBytes = 2 << 20;
+// Reports kept while the coordinator is unreachable (see ReportQueue).
+constexpr size_t kMaxQueuedBytes = 64 << 20;
 // Extra time, beyond the stop grace, for a killed trainer to be reaped.
 constexpr milliseconds kReapSlack{2000};
 
@@ -36,7 +38,7 @@ std::string Describe(const grpc::Status& status) {
 
 Agent::Agent(AgentOptions options)
     : options_(std::move(options)),
-      reports_(kMaxBatchReports, kMaxBatchBytes),
+      reports_(kMaxBatchReports, kMaxBatchBytes, kMaxQueuedBytes),
       heartbeat_interval_(options_.heartbeat_interval) {}
 
 Agent::~Agent() {
@@ -97,6 +99,9 @@ absl::Status Agent::Run() {
   reporter.join();
   if (const size_t left = reports_.size(); left > 0) {
     Log("shutting down with ", left, " reports undelivered");
+  }
+  if (const size_t dropped = reports_.dropped(); dropped > 0) {
+    Log(dropped, " log and event reports were dropped while the coordinator was unreachable");
   }
   return absl::OkStatus();
 }

@@ -4,12 +4,21 @@
 
 namespace hyscale::agent {
 
-ReportQueue::ReportQueue(size_t max_reports, size_t max_bytes)
-    : max_reports_(max_reports), max_bytes_(max_bytes) {}
+ReportQueue::ReportQueue(size_t max_reports, size_t max_bytes, size_t max_queued_bytes)
+    : max_reports_(max_reports), max_bytes_(max_bytes), max_queued_bytes_(max_queued_bytes) {}
 
 void ReportQueue::Push(v1::RankReport report) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const size_t size = report.ByteSizeLong();
+    const bool droppable =
+        (report.has_log() && queued_bytes_ + size > max_queued_bytes_) ||
+        (report.has_event_json() && queued_bytes_ + size > 2 * max_queued_bytes_);
+    if (droppable) {
+      ++dropped_;
+      return;
+    }
+    queued_bytes_ += size;
     reports_.push_back(std::move(report));
   }
   cv_.notify_all();
@@ -27,6 +36,7 @@ std::vector<v1::RankReport> ReportQueue::TakeBatch(std::chrono::milliseconds wai
   while (!reports_.empty() && batch.size() < max_reports_ &&
          (batch.empty() || bytes + reports_.front().ByteSizeLong() <= max_bytes_)) {
     bytes += reports_.front().ByteSizeLong();
+    queued_bytes_ -= reports_.front().ByteSizeLong();
     batch.push_back(std::move(reports_.front()));
     reports_.pop_front();
   }
@@ -36,7 +46,10 @@ std::vector<v1::RankReport> ReportQueue::TakeBatch(std::chrono::milliseconds wai
 void ReportQueue::PutBack(std::vector<v1::RankReport> batch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = batch.rbegin(); it != batch.rend(); ++it) reports_.push_front(std::move(*it));
+    for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
+      queued_bytes_ += it->ByteSizeLong();
+      reports_.push_front(std::move(*it));
+    }
   }
   cv_.notify_all();
 }
@@ -52,6 +65,11 @@ void ReportQueue::Close() {
 size_t ReportQueue::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return reports_.size();
+}
+
+size_t ReportQueue::dropped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
 }
 
 }  // namespace hyscale::agent

@@ -1,5 +1,8 @@
 // The agent's outgoing rank reports, in the order they happened. A batch that could not be
 // delivered goes back to the front, so after a reconnect reports arrive in order, once each.
+// While the coordinator is away the queue is bounded: past `max_queued_bytes` new log chunks are
+// dropped (the rank's log file keeps them), past twice that events too; started and exited
+// reports are always kept, as the coordinator's bookkeeping depends on them.
 #pragma once
 
 #include <chrono>
@@ -16,7 +19,7 @@ namespace hyscale::agent {
 class ReportQueue {
  public:
   // A batch holds at most `max_reports` reports and about `max_bytes` of payload.
-  ReportQueue(size_t max_reports, size_t max_bytes);
+  ReportQueue(size_t max_reports, size_t max_bytes, size_t max_queued_bytes);
 
   void Push(v1::RankReport report);
 
@@ -33,13 +36,18 @@ class ReportQueue {
   void Close();
 
   size_t size() const;
+  // Reports dropped so far because the queue was full.
+  size_t dropped() const;
 
  private:
   const size_t max_reports_;
   const size_t max_bytes_;
+  const size_t max_queued_bytes_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<v1::RankReport> reports_;
+  size_t queued_bytes_ = 0;
+  size_t dropped_ = 0;
   bool closed_ = false;
 };
 
