@@ -28,7 +28,8 @@ int Submit(const Context& context, const SubmitArgs& args) {
     return Fail(context, "submit", status);
   }
   if (context.json()) {
-    if (!args.watch) PrintJson(context, job);
+    // With --watch the job is the first JSON line, its events the following ones.
+    PrintJson(context, job, /*one_line=*/args.watch);
   } else {
     *context.out << "job " << job.id() << " submitted (" << job.name() << ", "
                  << StateName(job.state()) << ")\n"

@@ -215,12 +215,12 @@ int Up(const Context& context, const UpArgs& args) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto children = std::make_shared<Children>();
   const bool serving = args.file.empty();
-  std::thread([children, signals, serving, &context] {
+  std::thread([children, signals, serving, out = context.out, err = context.err] {
     int received = 0;
     sigwait(&signals, &received);
-    *context.err << "\nhyscale: up: stopping the worker and the coordinator\n" << std::flush;
+    *err << "\nhyscale: up: stopping the worker and the coordinator\n" << std::flush;
     children->StopAll();
-    context.out->flush();
+    out->flush();
     _exit(serving ? kExitOk : kExitJobFailed);
   }).detach();
 
@@ -231,18 +231,10 @@ int Up(const Context& context, const UpArgs& args) {
   if (!args.metrics_listen.empty()) {
     coordinator_args.insert(coordinator_args.end(), {"--metrics-listen", args.metrics_listen});
   }
-  auto coordinator = Spawn("hyscaled", *coordinator_binary, coordinator_args, context.client.token,
-                           (data_dir / "hyscaled.log").string());
-  if (!coordinator.ok()) return Fail(context, "up", coordinator.status());
-  children->Add(*coordinator);
-
   auto jobs = JobStub(context);
-  if (!jobs.ok()) {
-    children->StopAll();
-    return Fail(context, "up", jobs.status());
-  }
+  if (!jobs.ok()) return Fail(context, "up", jobs.status());
   // Healthy once it answers: an unknown job is NOT_FOUND.
-  absl::Status status = WaitUntil("the coordinator", *children, args.start_timeout, [&] {
+  const auto coordinator_answers = [&] {
     grpc::ClientContext call;
     rpc::PrepareCall(&call, context.client, milliseconds(1000));
     v1::GetJobRequest request;
@@ -250,15 +242,30 @@ int Up(const Context& context, const UpArgs& args) {
     v1::Job job;
     const auto code = (*jobs)->GetJob(&call, request, &job).error_code();
     return code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::OK;
-  });
+  };
+  // Our worker must not register with some other coordinator that already has the address.
+  if (coordinator_answers()) {
+    return Fail(context, "up",
+                absl::FailedPreconditionError(
+                    absl::StrCat("--server ", context.client.server,
+                                 ": a coordinator already listens there; pick another address")));
+  }
+
+  auto coordinator = Spawn("hyscaled", *coordinator_binary, coordinator_args, context.client.token,
+                           (data_dir / "hyscaled.log").string());
+  if (!coordinator.ok()) return Fail(context, "up", coordinator.status());
+  children->Add(*coordinator);
+
+  absl::Status status =
+      WaitUntil("the coordinator", *children, args.start_timeout, coordinator_answers);
   if (!status.ok()) {
     children->StopAll();
     return Fail(context, "up", status);
   }
 
-  std::vector<std::string> worker_args = {"--server",   context.client.server,
-                                          "--name",     args.worker_name,
-                                          "--work-dir", (data_dir / "worker").string()};
+  std::vector<std::string> worker_args = {
+      "--server",  context.client.server, "--name",     args.worker_name,
+      "--address", "127.0.0.1",           "--work-dir", (data_dir / "worker").string()};
   if (!args.devices.empty()) worker_args.insert(worker_args.end(), {"--devices", args.devices});
   if (!args.trainer.empty()) worker_args.insert(worker_args.end(), {"--trainer", args.trainer});
   auto worker = Spawn("hyscale-worker", *worker_binary, worker_args, context.client.token,
