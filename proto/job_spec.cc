@@ -23,6 +23,7 @@ constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxBatchTokens = (int64_t{1} << 31) - 1;  // one batch's int32 ids
 constexpr int64_t kMaxSteps = int64_t{1} << 40;
 constexpr int64_t kMaxThreads = 1 << 16;
+constexpr size_t kMaxText = 4096;  // bytes of a name or a path
 
 // ---- YAML -> JSON ----
 
@@ -79,6 +80,9 @@ absl::StatusOr<std::string> yaml_to_json_text(std::string_view text) {
     if (e.mark.is_null()) return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.msg));
     return absl::InvalidArgumentError(
         absl::StrCat("YAML: line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
+  } catch (const nlohmann::json::exception& e) {
+    // yaml-cpp passes any bytes through; dump() throws on a string that is not UTF-8.
+    return absl::InvalidArgumentError(absl::StrCat("YAML: text must be UTF-8 (", e.what(), ")"));
   }
 }
 
@@ -148,6 +152,13 @@ class Problems {
   void NonNegativeReal(const std::string& field, double value) {
     if (!(value >= 0) || !std::isfinite(value)) {
       Add(field, absl::StrCat("must be >= 0 and finite (got ", value, ")"));
+    }
+  }
+
+  // Names and paths end up in tables, metrics labels and file names: keep them reasonable.
+  void ShortText(const std::string& field, const std::string& value) {
+    if (value.size() > kMaxText) {
+      Add(field, absl::StrCat("must be at most ", kMaxText, " bytes (got ", value.size(), ")"));
     }
   }
 
@@ -238,6 +249,7 @@ void validate_data(const v1::JobSpec& spec, Problems& p) {
       break;
     case v1::DataSpec::kTokenFile:
       if (d.token_file().path().empty()) p.Add("data.token_file.path", "must not be empty");
+      p.ShortText("data.token_file.path", d.token_file().path());
       if (d.token_file().dtype() != v1::UINT16 && d.token_file().dtype() != v1::UINT32) {
         p.Add("data.token_file.dtype",
               absl::StrCat(
@@ -248,6 +260,7 @@ void validate_data(const v1::JobSpec& spec, Problems& p) {
       break;
     case v1::DataSpec::kTextFile:
       if (d.text_file().path().empty()) p.Add("data.text_file.path", "must not be empty");
+      p.ShortText("data.text_file.path", d.text_file().path());
       if (spec.model().vocab_size() < 256) {
         p.Add("model.vocab_size", absl::StrCat("must be >= 256 for data.text_file, whose tokens "
                                                "are bytes (got ",
@@ -261,6 +274,7 @@ void validate_data(const v1::JobSpec& spec, Problems& p) {
 }
 
 void validate_stage(const v1::StageSpec& s, const std::string& f, Problems& p) {
+  p.ShortText(f + ".name", s.name());
   p.Positive(f + ".steps", s.steps(), kMaxSteps);
   p.PositiveReal(f + ".lr", s.lr());
   if (!(s.min_lr() >= 0 && s.min_lr() <= s.lr())) {
@@ -304,6 +318,8 @@ void validate_training(const v1::JobSpec& spec, Problems& p) {
   p.NonNegativeReal("optimizer.weight_decay", o.weight_decay());
 
   const v1::CheckpointSpec& c = spec.checkpoint();
+  p.ShortText("name", spec.name());
+  p.ShortText("checkpoint.dir", c.dir());
   p.AtLeast("checkpoint.every_steps", c.every_steps(), 0);
   p.AtLeast("checkpoint.keep", c.keep(), 1);
   p.AtLeast("log_every", spec.log_every(), 1);

@@ -168,6 +168,12 @@ TEST(ParseJobSpec, YamlDuplicateKeyIsAnError) {
   EXPECT_THAT(message, HasSubstr("line 3"));
 }
 
+// Found by tests/fuzz: a Latin-1 byte used to escape as an exception and abort the process.
+TEST(ParseJobSpec, YamlThatIsNotUtf8IsAnError) {
+  EXPECT_THAT(parse_error("name: caf\xe9\n", SpecFormat::kYaml), HasSubstr("UTF-8"));
+  EXPECT_THAT(parse_error("model:\n  \xa0 d_model: 1\n", SpecFormat::kYaml), HasSubstr("UTF-8"));
+}
+
 TEST(ParseJobSpec, EmptyYamlIsAnError) {
   EXPECT_THAT(parse_error("# nothing\n", SpecFormat::kYaml), HasSubstr("empty"));
 }
@@ -239,6 +245,11 @@ TEST(ValidateJobSpec, OversizedValuesAreRejected) {
             "model.d_ff: must be <= 1048576 (got 2097152)");
   EXPECT_THAT(problems_after([](v1::JobSpec& s) { s.mutable_model()->set_vocab_size(1 << 25); }),
               HasSubstr("model.vocab_size: must be <= 16777216"));
+  EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.set_name(std::string(5000, 'x')); }),
+            "name: must be at most 4096 bytes (got 5000)");
+  EXPECT_EQ(
+      problems_after([](v1::JobSpec& s) { s.mutable_stages(0)->set_name(std::string(4097, 'y')); }),
+      "stages[0].name: must be at most 4096 bytes (got 4097)");
 }
 
 TEST(ValidateJobSpec, TopkMustFitTheSequence) {
