@@ -47,8 +47,15 @@ std::string DescribeExit(int rank, const v1::RankExit& exit) {
   std::string text = exit.exit_code() == -1
                          ? absl::StrCat("rank ", rank, " was killed by signal ", exit.signal())
                          : absl::StrCat("rank ", rank, " exited with code ", exit.exit_code());
-  if (!exit.reason().empty()) absl::StrAppend(&text, ": ", exit.reason());
-  return text;
+  // Agents often describe the exit themselves ("killed by signal 9 (Killed)"): keep their words,
+  // without repeating ours.
+  const std::string& reason = exit.reason();
+  if (reason.empty()) return text;
+  if (reason.find(absl::StrCat("signal ", exit.signal())) != std::string::npos ||
+      reason.find(absl::StrCat("code ", exit.exit_code())) != std::string::npos) {
+    return absl::StrCat("rank ", rank, ": ", reason);
+  }
+  return absl::StrCat(text, ": ", reason);
 }
 
 bool SameRef(const v1::RankRef& a, const v1::RankRef& b) {
@@ -100,7 +107,7 @@ absl::Status Coordinator::Load() {
     WorkerEntry& worker = workers_[info.id()];
     worker.slots = SlotsOf(info.devices());
     worker.info = std::move(info);
-    worker.last_seen = now;  // a full heartbeat timeout to come back after our restart
+    worker.last_seen = now + options_.recovery_grace;  // time to come back after our restart
   }
   auto jobs = store_->LoadJobs();
   if (!jobs.ok()) return jobs.status();
@@ -119,6 +126,20 @@ absl::Status Coordinator::Load() {
     by_order_[entry.order] = job.id();
     if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
     entry.job = std::move(job);
+  }
+  // A job placed on a worker that is lost or unknown (its loss was recorded but not yet acted on)
+  // would wait forever for reports: restart it now.
+  for (auto& [id, entry] : jobs_) {
+    const v1::JobState state = entry.job.state();
+    if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
+    for (const auto& placement : entry.job.placement()) {
+      const auto worker = workers_.find(placement.worker_id());
+      if (worker != workers_.end() && worker->second.info.state() == v1::WORKER_STATE_ONLINE) {
+        continue;
+      }
+      FailAttempt(entry, absl::StrCat("worker ", placement.worker_id(), " is not online"));
+      break;
+    }
   }
   UpdateGauges();
   return absl::OkStatus();

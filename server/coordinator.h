@@ -47,6 +47,11 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   absl::Duration restart_backoff = absl::Seconds(1);
+  // Extra time, on top of the heartbeat timeout, that workers known from the store get to
+  // re-register after the coordinator (re)starts: agents back off while it is down (gRPC's
+  // reconnect backoff plus their own, up to seconds), and declaring their healthy ranks lost would
+  // restart jobs for nothing.
+  absl::Duration recovery_grace = absl::Seconds(10);
 };
 
 // Limits of SubmitJob's validation.
@@ -63,7 +68,8 @@ class Coordinator {
  public:
   // Opens (or creates) the store under `options.data_dir` and loads every job and worker: jobs
   // that were SCHEDULED or RUNNING stay so and are reconciled as their workers re-register; a
-  // worker that does not come back within the heartbeat timeout is declared lost. `metrics` may
+  // worker that does not come back within the heartbeat timeout (plus the recovery grace) is
+  // declared lost. `metrics` may
   // be null.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Open(CoordinatorOptions options, Clock* clock,
                                                            ServerMetrics* metrics);

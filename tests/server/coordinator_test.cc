@@ -29,6 +29,7 @@ class CoordinatorTest : public ::testing::Test {
     options.heartbeat_interval = absl::Seconds(1);
     options.heartbeat_timeout = absl::Seconds(3);
     options.restart_backoff = absl::Seconds(1);
+    options.recovery_grace = absl::Seconds(5);
     auto coordinator = Coordinator::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     c_ = std::move(*coordinator);
@@ -292,7 +293,13 @@ TEST_F(CoordinatorTest, RestartsWithDoublingBackoffThenFails) {
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
 
   Started("w1", run.ref());
-  Exited("w1", run.ref(), 1);
+  v1::RankReport killed;
+  *killed.mutable_ref() = run.ref();
+  killed.mutable_exited()->set_exit_code(-1);
+  killed.mutable_exited()->set_signal(9);
+  killed.mutable_exited()->set_reason("killed by signal 9 (Killed)");
+  Report("w1", killed);
+  EXPECT_EQ(c_->GetJob(job.id())->reason(), "rank 0: killed by signal 9 (Killed) (restart 2 of 2)");
   EXPECT_EQ(c_->GetJob(job.id())->restarts(), 2);
   clock_.Advance(absl::Milliseconds(1500));
   c_->Tick();
@@ -411,14 +418,35 @@ TEST_F(CoordinatorTest, WorkerThatNeverReturnsAfterRestartIsLost) {
   Started("w1", Drain(queue).at(0).run().ref());
   c_.reset();
   Open();
-  clock_.Advance(absl::Seconds(2));
+  clock_.Advance(absl::Seconds(7));
   c_->Tick();
-  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);  // within the grace period
+  // Within heartbeat timeout (3 s) + recovery grace (5 s).
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
   clock_.Advance(absl::Seconds(2));
   c_->Tick();
   auto failed = c_->GetJob(job.id());
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);  // max_restarts 0
   EXPECT_NE(failed->reason().find("lost"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, JobOnAnUnknownWorkerIsRestartedOnLoad) {
+  c_.reset();
+  {
+    auto store = Store::Open(dir_ + "/hyscale.db");
+    ASSERT_TRUE(store.ok());
+    v1::Job job;
+    job.set_id("job-orphan");
+    job.set_state(v1::JOB_STATE_RUNNING);
+    job.set_max_restarts(1);
+    job.mutable_resources()->set_ranks(1);
+    auto* placement = job.add_placement();
+    placement->set_worker_id("w9");
+    ASSERT_TRUE((*store)->InsertJob(job, {}).ok());
+  }
+  Open();
+  auto job = c_->GetJob("job-orphan");
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(job->reason().find("worker w9 is not online"), std::string::npos);
 }
 
 TEST_F(CoordinatorTest, ReopenedStreamResendsRanksNotRunning) {
