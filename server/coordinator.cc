@@ -1,6 +1,7 @@
 #include "server/coordinator.h"
 
 #include <absl/strings/escaping.h>
+#include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
@@ -51,8 +52,8 @@ std::string DescribeExit(int rank, const v1::RankExit& exit) {
   // without repeating ours.
   const std::string& reason = exit.reason();
   if (reason.empty()) return text;
-  if (reason.find(absl::StrCat("signal ", exit.signal())) != std::string::npos ||
-      reason.find(absl::StrCat("code ", exit.exit_code())) != std::string::npos) {
+  if (absl::StartsWith(reason, "killed by signal") ||
+      absl::StartsWith(reason, "exited with code")) {
     return absl::StrCat("rank ", rank, ": ", reason);
   }
   return absl::StrCat(text, ": ", reason);

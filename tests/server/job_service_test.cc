@@ -267,5 +267,50 @@ TEST_F(JobServiceTest, HealthServiceIsOn) {
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
 }
 
+TEST_F(JobServiceTest, ReflectionListsTheServices) {
+  // grpc.reflection.v1alpha ServerReflectionInfo with list_services (field 7, ""), encoded by
+  // hand: Debian ships no reflection client stubs.
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](int expected) {
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, reinterpret_cast<void*>(expected));
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(step(1));
+  grpc::Slice list_services("\x3a\x00", 2);
+  grpc::ByteBuffer request(&list_services, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(step(2));
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(step(3));
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(step(4));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  EXPECT_NE(bytes.find("hyscale.v1.JobService"), std::string::npos);
+  EXPECT_NE(bytes.find("hyscale.v1.WorkerService"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+  context.TryCancel();
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  step(5);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
 }  // namespace
 }  // namespace hyscale::server
