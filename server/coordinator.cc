@@ -702,6 +702,16 @@ absl::Status Coordinator::StreamLogs(const v1::StreamLogsRequest& request, const
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("name: required");
+  if (request.name().size() > kMaxNameBytes || request.address().size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name, address: must be at most ", kMaxNameBytes, " bytes"));
+  }
+  int64_t slots = 0;
+  for (const auto& device : request.devices()) slots += std::max(0, device.count());
+  if (slots > kMaxWorkerSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("devices: at most ", kMaxWorkerSlots,
+                                                   " devices per worker (got ", slots, ")"));
+  }
   for (int i = 0; i < request.devices_size(); ++i) {
     const auto& device = request.devices(i);
     if (device.count() < 1 || device.count() > kMaxRanks) {

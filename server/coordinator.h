@@ -61,6 +61,9 @@ inline constexpr int kMaxPriority = 1000;
 inline constexpr int kMaxRestarts = 100;
 inline constexpr size_t kMaxRequestBytes = 1 << 20;
 inline constexpr size_t kMaxRequestIdBytes = 256;
+// Limits of RegisterWorker's validation.
+inline constexpr size_t kMaxNameBytes = 256;
+inline constexpr int64_t kMaxWorkerSlots = 4096;
 
 bool IsTerminal(v1::JobState state);
 

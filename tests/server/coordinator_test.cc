@@ -464,6 +464,22 @@ TEST_F(CoordinatorTest, ReopenedStreamResendsRanksNotRunning) {
   EXPECT_EQ(c_->OpenAssignments("ghost").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(CoordinatorTest, RegisterWorkerValidates) {
+  auto request = WorkerRequest("", 1);
+  EXPECT_EQ(c_->RegisterWorker(request).status().message(), "name: required");
+  request = WorkerRequest("w", 0);
+  EXPECT_NE(std::string(c_->RegisterWorker(request).status().message()).find("devices[0].count"),
+            std::string::npos);
+  request = WorkerRequest("w", 1000);
+  for (int i = 0; i < 4; ++i) *request.add_devices() = request.devices(0);
+  EXPECT_NE(std::string(c_->RegisterWorker(request).status().message()).find("at most 4096"),
+            std::string::npos);
+  request = WorkerRequest("w", 1);
+  request.mutable_devices(0)->set_kind(v1::DEVICE_KIND_UNSPECIFIED);
+  EXPECT_EQ(c_->RegisterWorker(request).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c_->ListWorkers().workers().empty());
+}
+
 TEST_F(CoordinatorTest, HeartbeatStopsUnwantedRanks) {
   v1::HeartbeatResponse beat;
   Heartbeat("ghost", {}, &beat);
