@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <thread>
 
@@ -650,6 +651,68 @@ TEST_F(CoordinatorTest, MetricsFollowTheJobs) {
   text = metrics_.Render();
   EXPECT_EQ(text.find(job.id()), std::string::npos);  // dropped after the retention
   EXPECT_NE(text.find("hyscale_jobs{state=\"succeeded\"} 1"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, ConcurrentClientsWorkersAndWatchers) {
+  // Four workers run whatever they are given while clients submit and watch: every job ends
+  // SUCCEEDED exactly once, and every watch ends with it.
+  constexpr int kWorkers = 4;
+  constexpr int kJobsPerClient = 8;
+  std::vector<std::shared_ptr<AssignmentQueue>> queues;
+  for (int w = 0; w < kWorkers; ++w) queues.push_back(Register("w" + std::to_string(w), 1));
+  std::atomic<bool> done{false};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      const std::string name = "w" + std::to_string(w);
+      while (!done) {
+        auto next = queues[w]->Pop(absl::Milliseconds(20));
+        if (!next || !next->has_run()) continue;
+        Started(name, next->run().ref());
+        EventLine(name, next->run().ref(), R"({"event":"step","step":1,"total_steps":1})");
+        Log(name, next->run().ref(), "line\n");
+        Exited(name, next->run().ref(), 0);
+      }
+    });
+  }
+  std::mutex mu;
+  std::vector<std::string> ids;
+  std::vector<std::thread> clients;
+  std::atomic<int> watched{0};
+  for (int c = 0; c < 2; ++c) {
+    clients.emplace_back([&] {
+      for (int j = 0; j < kJobsPerClient; ++j) {
+        auto job = c_->SubmitJob(SubmitRequest());
+        ASSERT_TRUE(job.ok());
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ids.push_back(job->id());
+        }
+        v1::WatchJobRequest watch;
+        watch.set_job_id(job->id());
+        v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+        ASSERT_TRUE(c_->WatchJob(
+                          watch,
+                          [&](const v1::JobEvent& e) {
+                            if (e.has_state_change()) last = e.state_change().to();
+                            return true;
+                          },
+                          [] { return false; })
+                        .ok());
+        EXPECT_EQ(last, v1::JOB_STATE_SUCCEEDED);
+        ++watched;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  done = true;
+  for (auto& t : workers) t.join();
+  EXPECT_EQ(watched.load(), 2 * kJobsPerClient);
+  for (const auto& id : ids) {
+    auto job = c_->GetJob(id);
+    EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
+    EXPECT_EQ(job->restarts(), 0);
+  }
 }
 
 }  // namespace
