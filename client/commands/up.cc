@@ -231,20 +231,30 @@ int Up(const Context& context, const UpArgs& args) {
   if (!args.metrics_listen.empty()) {
     coordinator_args.insert(coordinator_args.end(), {"--metrics-listen", args.metrics_listen});
   }
-  auto jobs = JobStub(context);
-  if (!jobs.ok()) return Fail(context, "up", jobs.status());
-  // Healthy once it answers: an unknown job is NOT_FOUND.
-  const auto coordinator_answers = [&] {
+  // Probes use their own channel, retrying connections every 100-250 ms.
+  grpc::ChannelArguments probe_arguments;
+  probe_arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  probe_arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  probe_arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
+  const auto probe_channel = grpc::CreateCustomChannel(
+      context.client.server, grpc::InsecureChannelCredentials(), probe_arguments);
+  const auto jobs = v1::JobService::NewStub(probe_channel);
+  const auto workers = v1::WorkerService::NewStub(probe_channel);
+  // Healthy once it answers: an unknown job is NOT_FOUND. Waiting for the channel to be ready
+  // (rather than failing fast with the last connection error) notices the coordinator as soon
+  // as it listens.
+  const auto coordinator_answers = [&](bool wait_for_ready) {
     grpc::ClientContext call;
     rpc::PrepareCall(&call, context.client, milliseconds(1000));
+    call.set_wait_for_ready(wait_for_ready);
     v1::GetJobRequest request;
     request.set_job_id("hyscale-up-probe");
     v1::Job job;
-    const auto code = (*jobs)->GetJob(&call, request, &job).error_code();
+    const auto code = jobs->GetJob(&call, request, &job).error_code();
     return code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::OK;
   };
   // Our worker must not register with some other coordinator that already has the address.
-  if (coordinator_answers()) {
+  if (coordinator_answers(/*wait_for_ready=*/false)) {
     return Fail(context, "up",
                 absl::FailedPreconditionError(
                     absl::StrCat("--server ", context.client.server,
@@ -256,8 +266,8 @@ int Up(const Context& context, const UpArgs& args) {
   if (!coordinator.ok()) return Fail(context, "up", coordinator.status());
   children->Add(*coordinator);
 
-  absl::Status status =
-      WaitUntil("the coordinator", *children, args.start_timeout, coordinator_answers);
+  absl::Status status = WaitUntil("the coordinator", *children, args.start_timeout,
+                                  [&] { return coordinator_answers(/*wait_for_ready=*/true); });
   if (!status.ok()) {
     children->StopAll();
     return Fail(context, "up", status);
@@ -276,16 +286,12 @@ int Up(const Context& context, const UpArgs& args) {
   }
   children->Add(*worker);
 
-  auto workers = WorkerStub(context);
-  if (!workers.ok()) {
-    children->StopAll();
-    return Fail(context, "up", workers.status());
-  }
   status = WaitUntil("the worker to register", *children, args.start_timeout, [&] {
     grpc::ClientContext call;
     rpc::PrepareCall(&call, context.client, milliseconds(1000));
+    call.set_wait_for_ready(true);
     v1::ListWorkersResponse response;
-    if (!(*workers)->ListWorkers(&call, v1::ListWorkersRequest(), &response).ok()) return false;
+    if (!workers->ListWorkers(&call, v1::ListWorkersRequest(), &response).ok()) return false;
     for (const auto& info : response.workers()) {
       if (info.id() == args.worker_name && info.state() == v1::WORKER_STATE_ONLINE) return true;
     }

@@ -1,0 +1,128 @@
+// `hyscale up -f`: the real hyscale, hyscaled and hyscale-worker binaries as processes on
+// loopback, with a fake trainer script, so the embedded default is tested end to end.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+constexpr char kSpec[] = R"(name: tiny
+seed: 1
+model:
+  vocab_size: 160
+  d_model: 32
+  layers: 1
+  heads: 2
+  head_dim_qk: 16
+  rope_dim: 8
+  head_dim_v: 16
+  d_ff: 64
+  indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 16}
+data:
+  seq_len: 64
+  batch_size: 2
+  recall: {pairs: 4, queries: 4, key_vocab: 64, value_vocab: 64}
+stages:
+  - {name: dense, steps: 3, lr: 1.0e-3, attention: DENSE, trains: ALL}
+)";
+
+// Prints the trainer's event lines; exits with $FAKE_EXIT (default 0).
+constexpr char kTrainer[] = R"SH(#!/bin/sh
+echo '{"event":"job_started","time":1,"name":"tiny","total_steps":3}'
+for i in 1 2 3; do
+  echo "{\"event\":\"step\",\"time\":1,\"step\":$i,\"total_steps\":3,\"loss\":1.5}"
+done
+if [ "${FAKE_EXIT:-0}" != 0 ]; then
+  echo '{"event":"job_finished","time":2,"ok":false,"reason":"fake failure"}'
+  exit "$FAKE_EXIT"
+fi
+echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+)SH";
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+struct Outcome {
+  int code;
+  std::string output;
+};
+
+Outcome Shell(const std::string& command) {
+  Outcome run{-1, ""};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return run;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    run.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+class UpTest : public ::testing::Test {
+ protected:
+  UpTest() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "hyscale-up-XXXXXX").string();
+    dir_ = mkdtemp(pattern.data());
+    std::ofstream(dir_ + "/job.yaml") << kSpec;
+    std::ofstream(dir_ + "/train.sh") << kTrainer;
+    chmod((dir_ + "/train.sh").c_str(), 0755);
+  }
+  ~UpTest() override { std::filesystem::remove_all(dir_); }
+
+  Outcome Up(const std::string& env = "") {
+    return Shell(
+        env + " timeout 120 " HYSCALE_BIN " --server 127.0.0.1:" + std::to_string(FreePort()) +
+        " up --data-dir " + dir_ + "/data -f " + dir_ + "/job.yaml --devices cpu:1 --trainer " +
+        dir_ + "/train.sh --metrics-listen 127.0.0.1:0");
+  }
+
+  std::string dir_;
+};
+
+TEST_F(UpTest, RunsJobToTheEndAndStops) {
+  const Outcome run = Up();
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("step 3/3"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("SUCCEEDED"), std::string::npos) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/data/hyscaled.log"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/data/hyscale-worker.log"));
+  // Both children are gone: the worker log ends with its shutdown.
+  std::ifstream log(dir_ + "/data/hyscale-worker.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("hyscale-worker: stopped"), std::string::npos) << text;
+}
+
+TEST_F(UpTest, FailedJobExitsOne) {
+  const Outcome run = Up("FAKE_EXIT=1");
+  EXPECT_EQ(run.code, 1) << run.output;
+  EXPECT_NE(run.output.find("FAILED"), std::string::npos) << run.output;
+}
+
+TEST_F(UpTest, InvalidSpecExitsTwoBeforeStartingAnything) {
+  std::ofstream(dir_ + "/job.yaml") << "name: broken\n";
+  const Outcome run = Up();
+  EXPECT_EQ(run.code, 2) << run.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/data/hyscaled.log"));
+}
+
+}  // namespace
