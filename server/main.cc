@@ -161,6 +161,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
   app.add_option("--checkpoint-root", flags.checkpoint_root,
                  "Where jobs' checkpoint directories go (default <data-dir>/checkpoints)");
+  app.footer(
+      "Exit codes:\n  0  shut down by SIGTERM/SIGINT (or --help)\n"
+      "  1  cannot start: store, TLS files, token file or ports\n  2  bad flags");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
