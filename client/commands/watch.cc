@@ -62,7 +62,19 @@ int WatchJob(const Context& context, v1::JobService::Stub& stub, const std::stri
                                              "the event stream ended before the job did")
                               : status);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // Wait for the coordinator to be reachable again before reopening the stream: a stream
+    // opened on a channel that is backing off fails at once with the old connection error.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    grpc::ClientContext probe;
+    rpc::PrepareCall(&probe, context.client, context.client.timeout);
+    probe.set_wait_for_ready(true);
+    v1::GetJobRequest get;
+    get.set_job_id(job_id);
+    v1::Job job;
+    if (auto probed = stub.GetJob(&probe, get, &job); !Transient(probed.error_code())) {
+      view.Finish();
+      return Fail(context, "watch", probed);
+    }
   }
   view.Finish();
   if (!context.json()) {

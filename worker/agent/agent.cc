@@ -72,6 +72,7 @@ absl::Status Agent::Run() {
       if (shutting_down_) break;
     }
     if (auto status = Register(); !status.ok()) {
+      if (!SleepFor(milliseconds(0))) break;  // shutting down: the cancelled call is no error
       Log("cannot register with ", options_.client.server, ": ", status.ToString());
       SleepFor(backoff.Next());
       continue;
@@ -110,6 +111,7 @@ void Agent::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   shutting_down_ = true;
   if (stream_context_ != nullptr) stream_context_->TryCancel();
+  if (register_context_ != nullptr) register_context_->TryCancel();
   cv_.notify_all();
 }
 
@@ -135,8 +137,21 @@ absl::Status Agent::Register() {
 
   grpc::ClientContext context;
   PrepareCall(&context);
+  // Wait (within the deadline) for the channel to connect: a call that fails fast reports the
+  // last connection error for as long as the channel backs off, well after the coordinator is
+  // back.
+  context.set_wait_for_ready(true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::CancelledError("shutting down");
+    register_context_ = &context;
+  }
   v1::RegisterWorkerResponse response;
   const grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    register_context_ = nullptr;
+  }
   if (!status.ok()) return rpc::FromGrpc(status);
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -99,7 +99,8 @@ class Agent {
   bool reporter_done_ = false;  // the reporter stops: set after the shutdown drain
   std::string worker_id_;
   std::chrono::milliseconds heartbeat_interval_;
-  grpc::ClientContext* stream_context_ = nullptr;  // the open assignment stream, for cancelling
+  grpc::ClientContext* stream_context_ = nullptr;    // the open assignment stream, for cancelling
+  grpc::ClientContext* register_context_ = nullptr;  // a registration in flight, for cancelling
   std::map<RankKey, Rank> ranks_;
 };
 
