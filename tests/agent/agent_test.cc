@@ -231,6 +231,20 @@ TEST_F(AgentTest, ReconnectsAfterCoordinatorRestartWithRanksStillRunning) {
   EXPECT_EQ(last_step, 10);
 }
 
+TEST_F(AgentTest, RegistersPromptlyWhenCoordinatorReturns) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  const int port = coordinator_->port();
+  coordinator_->Stop();
+  // Long enough for the channel to back off; the registration still follows the return closely.
+  std::this_thread::sleep_for(milliseconds(2500));
+  coordinator_ = std::make_unique<FakeCoordinator>(port);
+  const auto back = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WaitForStream());
+  // Bounded by the channel's own reconnect backoff (rpc::Connect caps it at 2 s), not ours.
+  EXPECT_LT(std::chrono::steady_clock::now() - back, std::chrono::seconds(4));
+}
+
 TEST_F(AgentTest, RegistersAgainWhenCoordinatorForgetsIt) {
   StartAgent();
   ASSERT_TRUE(WaitForStream());
