@@ -41,18 +41,18 @@ ServerMetrics::ServerMetrics(absl::Duration retention)
                                            {"method"}, RpcBuckets())),
       workers_(registry_.AddGauge("hyscale_workers", "Workers by state.", {"state"})),
       step_phase_(registry_.AddHistogram("hyscale_job_step_phase_seconds",
-                                         "Time per training step phase (rank 0).", {"job", "phase"},
+                                         "Time per training step phase (rank 0).", {"job_id", "phase"},
                                          StepBuckets())),
       step_seconds_(registry_.AddHistogram("hyscale_job_step_seconds",
-                                           "Training step time (rank 0).", {"job"}, StepBuckets())),
+                                           "Training step time (rank 0).", {"job_id"}, StepBuckets())),
       tokens_per_second_(registry_.AddGauge("hyscale_job_tokens_per_second",
-                                            "Training throughput (rank 0).", {"job"})),
-      loss_(registry_.AddGauge("hyscale_job_loss", "Training loss (rank 0).", {"job"})),
+                                            "Training throughput (rank 0).", {"job_id"})),
+      loss_(registry_.AddGauge("hyscale_job_loss", "Training loss (rank 0).", {"job_id"})),
       indexer_recall_(registry_.AddGauge("hyscale_job_indexer_recall",
-                                         "Indexer recall at the last evaluation.", {"job"})),
+                                         "Indexer recall at the last evaluation.", {"job_id"})),
       peak_memory_(registry_.AddGauge("hyscale_job_peak_memory_bytes",
-                                      "Peak memory of rank 0's trainer.", {"job"})),
-      step_(registry_.AddGauge("hyscale_job_step", "Last reported training step.", {"job"})) {
+                                      "Peak memory of rank 0's trainer.", {"job_id"})),
+      step_(registry_.AddGauge("hyscale_job_step", "Last reported training step.", {"job_id"})) {
   submissions_->Inc({}, 0);  // exported as 0 before the first submission
   for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
     jobs_->Set({StateLabel(v1::JobState_Name(s), 10)}, 0);
@@ -109,7 +109,7 @@ void ServerMetrics::Expire(absl::Time now) {
       ++it;
       continue;
     }
-    registry_.RemoveWhere("job", it->first);
+    registry_.RemoveWhere("job_id", it->first);
     it = ended_.erase(it);
   }
 }

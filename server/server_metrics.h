@@ -1,6 +1,7 @@
 // The coordinator's metrics (DESIGN.md section 6): job and worker counts, submissions,
 // scheduling latency, RPCs, and per running job its step-time breakdown and progress. A job's
-// series are dropped a while after it ends, so the job label stays bounded.
+// series are dropped a while after it ends, so the job_id label stays bounded (not `job`:
+// Prometheus keeps that name for the scrape job).
 #pragma once
 
 #include <absl/time/time.h>

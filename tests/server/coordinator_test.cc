@@ -642,7 +642,7 @@ TEST_F(CoordinatorTest, MetricsFollowTheJobs) {
             R"({"event":"step","step":1,"step_seconds":0.5,"phase_seconds":{"data":0.1}})");
   std::string text = metrics_.Render();
   EXPECT_NE(text.find("hyscale_jobs{state=\"scheduled\"} 1"), std::string::npos);
-  EXPECT_NE(text.find("hyscale_job_step{job=\"" + job.id() + "\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("hyscale_job_step{job_id=\"" + job.id() + "\"} 1"), std::string::npos);
   EXPECT_NE(text.find("hyscale_workers{state=\"online\"} 1"), std::string::npos);
   Exited("w1", ref, 0);
   clock_.Advance(absl::Minutes(2));
