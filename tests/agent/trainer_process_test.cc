@@ -122,6 +122,14 @@ TEST_F(TrainerProcessTest, PrepareDefaultsCheckpointDirAndSkipsCudaOnCpu) {
   for (const auto& [key, value] : command.env) EXPECT_NE(key, "CUDA_VISIBLE_DEVICES");
 }
 
+TEST_F(TrainerProcessTest, PrepareKeepsTheSpecsCheckpointDir) {
+  v1::RunRank run = MakeRun("ok");
+  run.mutable_spec()->mutable_checkpoint()->set_dir("/data/mine");
+  const TrainerCommand command = Prepare(run);
+  EXPECT_EQ(command.args,
+            (std::vector<std::string>{"--config", dir_.path() + "/work/job-1/0/rank0/job.json"}));
+}
+
 TEST_F(TrainerProcessTest, PrepareRejectsUnsafeJobId) {
   v1::RunRank run = MakeRun("ok");
   run.mutable_ref()->set_job_id("../escape");

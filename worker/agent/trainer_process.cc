@@ -85,14 +85,18 @@ absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSet
   const fs::path config = rank_dir / "job.json";
   if (auto status = WriteFileAtomically(config, json); !status.ok()) return status;
 
+  // The coordinator's directory, else the spec's own, else one in the work dir.
   std::string checkpoint_dir = run.checkpoint_dir();
-  if (checkpoint_dir.empty()) {
+  if (checkpoint_dir.empty() && run.spec().checkpoint().dir().empty()) {
     checkpoint_dir = (fs::path(setup.work_dir) / ref.job_id() / "checkpoints").string();
   }
 
   TrainerCommand command;
   command.program = setup.trainer_path;
-  command.args = {"--config", config.string(), "--checkpoint-dir", checkpoint_dir};
+  command.args = {"--config", config.string()};
+  if (!checkpoint_dir.empty()) {
+    command.args.insert(command.args.end(), {"--checkpoint-dir", checkpoint_dir});
+  }
   if (run.resume()) command.args.push_back("--resume");
   command.env = {{"HYSCALE_JOB_ID", ref.job_id()},
                  {"HYSCALE_RANK", std::to_string(ref.rank())},

@@ -38,10 +38,11 @@ struct RankSetup {
 
 // Writes `run.spec` as <work_dir>/<job>/<attempt>/rank<N>/job.json (protobuf JSON with the
 // proto's field names) and returns the command that trains it:
-//   <trainer> --config job.json --checkpoint-dir <dir> [--resume]
+//   <trainer> --config job.json [--checkpoint-dir <dir>] [--resume]
 // with HYSCALE_JOB_ID, HYSCALE_RANK, HYSCALE_WORLD_SIZE, HYSCALE_RENDEZVOUS, HYSCALE_DEVICE_INDEX
 // (and CUDA_VISIBLE_DEVICES for GPUs) set, and the log at <work_dir>/<job>/<attempt>/rank<N>.log.
-// An empty checkpoint_dir becomes <work_dir>/<job>/checkpoints.
+// Without a checkpoint_dir the spec's checkpoint.dir is used, and without that
+// <work_dir>/<job>/checkpoints.
 absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSetup& setup);
 
 // How a trainer ended.
