@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -145,6 +147,48 @@ class Report {
   nlohmann::json json_;
 };
 
+// Peak resident memory and thread count of hyscaled while a phase runs (sampled every 200 ms).
+class PeakSampler {
+ public:
+  explicit PeakSampler(const HyscaledProcess* process) : process_(process) {
+    if (process_ != nullptr) thread_ = std::thread([this] { Loop(); });
+  }
+  ~PeakSampler() { Stop(); }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // "" without a process of ours to watch.
+  std::string Describe() {
+    Stop();
+    if (process_ == nullptr) return "";
+    return absl::StrFormat("hyscaled during the phase: peak %.0f MiB resident, peak %d threads",
+                           static_cast<double>(peak_rss_) / 1048576.0, peak_threads_);
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    do {
+      peak_rss_ = std::max(peak_rss_, process_->ResidentBytes());
+      peak_threads_ = std::max(peak_threads_, process_->Threads());
+    } while (!wake_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopped_; }));
+  }
+
+  const HyscaledProcess* const process_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopped_ = false;
+  int64_t peak_rss_ = 0;
+  int peak_threads_ = 0;
+  std::thread thread_;
+};
+
 std::string Machine() {
   std::string model = "unknown CPU";
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -193,12 +237,8 @@ absl::Status StartServer(const Flags& flags, const std::string& run_id, const st
   return absl::OkStatus();
 }
 
-absl::Status StopServer(const Flags& flags, Server* server, Report* report,
-                        const std::string& phase) {
+absl::Status StopServer(const Flags& flags, Server* server) {
   if (!server->process) return absl::OkStatus();
-  report->Note(phase, absl::StrFormat("hyscaled at the end: %.0f MiB resident, %d threads",
-                                      server->process->ResidentBytes() / 1048576.0,
-                                      server->process->Threads()));
   auto code = server->process->Stop();
   server->process.reset();
   if (!flags.keep_data) {
@@ -235,7 +275,9 @@ void PhaseA(const Flags& flags, const Server& server,
             const rpc::ClientOptions& client, const v1::JobSpec& spec, Report* report) {
   const std::string before = Scrape(server);
   SubmitLoadResult result;
+  PeakSampler peak(server.process.get());
   RunSubmitLoad(channels, client, spec, flags.submit, &result);
+  const std::string peak_note = peak.Describe();
   const std::string after = Scrape(server);
   report->Add("a", "SubmitJob (never placed, durable)", result.latency);
   AddServerRpc(report, "a", before, after, "JobService/SubmitJob");
@@ -245,6 +287,12 @@ void PhaseA(const Flags& flags, const Server& server,
                                     result.seconds, flags.submit.threads, flags.channels,
                                     static_cast<long long>(result.failed),
                                     static_cast<long long>(result.not_pending)));
+  const size_t window = std::min<size_t>(1000, result.completions.size() / 2);
+  const double first_rate = result.PerSecondBetween(0, window);
+  const double last_rate = result.PerSecondBetween(result.completions.size() - window, window);
+  report->Note("a", absl::StrFormat("throughput of the first %zu: %.1f/s, of the last %zu: %.1f/s",
+                                    window, first_rate, window, last_rate));
+  if (!peak_note.empty()) report->Note("a", peak_note);
   if (!result.first_error.empty()) report->Note("a", "first error: " + result.first_error);
   report->Json()["phase_a"] = {{"submissions", flags.submit.submissions},
                                {"threads", flags.submit.threads},
@@ -253,7 +301,10 @@ void PhaseA(const Flags& flags, const Server& server,
                                {"failed", result.failed},
                                {"not_pending", result.not_pending},
                                {"seconds", result.seconds},
-                               {"submissions_per_second", result.PerSecond()}};
+                               {"submissions_per_second", result.PerSecond()},
+                               {"throughput_window", window},
+                               {"first_window_per_second", first_rate},
+                               {"last_window_per_second", last_rate}};
 }
 
 void PhaseB(const Flags& flags, const Server& server,
@@ -261,10 +312,13 @@ void PhaseB(const Flags& flags, const Server& server,
             const rpc::ClientOptions& client, const v1::JobSpec& spec, Report* report) {
   const std::string before = Scrape(server);
   WorkerLoadResult r;
+  PeakSampler peak(server.process.get());
   RunWorkerLoad(channels, client, spec, flags.workers, &r);
+  const std::string peak_note = peak.Describe();
   const std::string after = Scrape(server);
   report->Add("b", "RegisterWorker", r.register_latency);
-  report->Add("b", "Heartbeat", r.heartbeat);
+  report->Add("b", "Heartbeat (first 2 intervals, streams opening)", r.first_heartbeats);
+  report->Add("b", "Heartbeat (steady, during submissions)", r.heartbeat);
   report->Add("b", "ReportStatus (rank started / exited)", r.report);
   report->Add("b", "SubmitJob (placeable)", r.submit);
   report->Add("b", "scheduling: submit -> SCHEDULED", r.scheduled);
@@ -298,6 +352,7 @@ void PhaseB(const Flags& flags, const Server& server,
                                     static_cast<long long>(r.reports_failed),
                                     static_cast<long long>(r.streams_failed),
                                     static_cast<long long>(r.stops_received)));
+  if (!peak_note.empty()) report->Note("b", peak_note);
   if (!r.first_error.empty()) report->Note("b", "first error: " + r.first_error);
   report->Json()["phase_b"] = {{"workers", flags.workers.workers},
                                {"slots", flags.workers.slots},
@@ -343,7 +398,7 @@ int Run(const Flags& flags) {
   for (const std::string& phase : flags.phases) {
     const bool reuse = server.process && flags.shared_server;
     if (!reuse) {
-      if (auto stopped = StopServer(flags, &server, &report, "a"); !stopped.ok()) {
+      if (auto stopped = StopServer(flags, &server); !stopped.ok()) {
         std::fprintf(stderr, "service_load_bench: %s\n", std::string(stopped.message()).c_str());
         failed = true;
       }
@@ -367,7 +422,7 @@ int Run(const Flags& flags) {
       PhaseB(flags, server, *channels, client, *spec, &report);
     }
   }
-  if (auto stopped = StopServer(flags, &server, &report, flags.phases.back()); !stopped.ok()) {
+  if (auto stopped = StopServer(flags, &server); !stopped.ok()) {
     std::fprintf(stderr, "service_load_bench: %s\n", std::string(stopped.message()).c_str());
     failed = true;
   }

@@ -2,6 +2,7 @@
 
 #include <absl/strings/str_cat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -16,6 +17,7 @@ void RunSubmitLoad(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> ok{0}, failed{0}, not_pending{0};
   std::mutex error_mu;
+  std::mutex completions_mu;
   const auto start = Clock::now();
   std::vector<std::thread> threads;
   for (int t = 0; t < options.threads; ++t) {
@@ -44,6 +46,10 @@ void RunSubmitLoad(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
           continue;
         }
         result->latency.AddSince(call_start);
+        {
+          std::lock_guard<std::mutex> lock(completions_mu);
+          result->completions.push_back(Clock::now());
+        }
         ++ok;
         if (job.state() != v1::JOB_STATE_PENDING) ++not_pending;
       }
@@ -54,6 +60,14 @@ void RunSubmitLoad(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
   result->ok = ok;
   result->failed = failed;
   result->not_pending = not_pending;
+  std::sort(result->completions.begin(), result->completions.end());
+}
+
+double SubmitLoadResult::PerSecondBetween(size_t first, size_t count) const {
+  if (count < 2 || first + count > completions.size()) return 0;
+  const double seconds =
+      std::chrono::duration<double>(completions[first + count - 1] - completions[first]).count();
+  return seconds > 0 ? static_cast<double>(count - 1) / seconds : 0;
 }
 
 }  // namespace hyscale::bench

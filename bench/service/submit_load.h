@@ -29,8 +29,12 @@ struct SubmitLoadResult {
   int64_t failed = 0;
   int64_t not_pending = 0;  // answered with a state other than PENDING (should be 0)
   std::string first_error;
+  std::vector<Clock::time_point> completions;  // of successful calls, in order
 
   double PerSecond() const { return seconds > 0 ? static_cast<double>(ok) / seconds : 0; }
+  // Submissions per second over completions [first, first + count): shows whether throughput
+  // holds up as the queue of PENDING jobs grows.
+  double PerSecondBetween(size_t first, size_t count) const;
 };
 
 // Thread t uses channels[t % channels.size()].

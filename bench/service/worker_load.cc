@@ -182,6 +182,7 @@ class WorkerLoad {
   std::vector<std::unique_ptr<AssignmentReader>> readers_;
   std::chrono::milliseconds interval_{1000};
   std::atomic<bool> stopping_{false};
+  std::atomic<Clock::time_point> window_start_{Clock::time_point::max()};
   InFlight in_flight_;
 
   std::mutex jobs_mu_;
@@ -278,7 +279,8 @@ void WorkerLoad::Heartbeat(SimWorker* worker, Clock::time_point due) {
         if (!status.ok()) {
           Fail(heartbeats_failed_, "Heartbeat", status);
         } else {
-          result_->heartbeat.AddSince(call->start);
+          const bool steady = call->start >= window_start_.load();
+          (steady ? result_->heartbeat : result_->first_heartbeats).AddSince(call->start);
           if (!call->response.registered()) ++heartbeats_unregistered_;
           for (const auto& ref : call->response.stop()) {
             ++stops_received_;
@@ -415,10 +417,11 @@ void WorkerLoad::Run() {
     const auto due = start + interval_ * i / workers_.size();
     timers_.At(due, [this, worker, due] { Heartbeat(worker, due); });
   }
-  // One interval of warm-up: every worker has beaten once and its stream is open.
-  std::this_thread::sleep_for(interval_);
+  // Warm-up: every worker has beaten twice and its stream is open before the measurement.
+  std::this_thread::sleep_for(2 * interval_);
 
   const auto window_start = Clock::now();
+  window_start_ = window_start;
   const auto window_end = window_start + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(options_.duration_s));
   for (int64_t i = 0;; ++i) {

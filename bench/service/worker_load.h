@@ -33,11 +33,12 @@ struct WorkerLoadOptions {
 
 struct WorkerLoadResult {
   LatencyRecorder register_latency;
-  LatencyRecorder heartbeat;
-  LatencyRecorder report;     // ReportStatus (rank started / exited)
-  LatencyRecorder submit;     // SubmitJob
-  LatencyRecorder scheduled;  // submit -> SCHEDULED
-  LatencyRecorder delivered;  // submit -> RunRank on the worker's stream
+  LatencyRecorder heartbeat;         // beats started in the submission window (steady state)
+  LatencyRecorder first_heartbeats;  // beats started before it, while streams open
+  LatencyRecorder report;            // ReportStatus (rank started / exited)
+  LatencyRecorder submit;            // SubmitJob
+  LatencyRecorder scheduled;         // submit -> SCHEDULED
+  LatencyRecorder delivered;         // submit -> RunRank on the worker's stream
   int64_t heartbeat_interval_ms = 0;
   int64_t registered = 0;
   int64_t register_failed = 0;
