@@ -148,7 +148,7 @@ TEST_F(AgentTest, CrashIsReportedAndAgentKeepsServing) {
   ASSERT_TRUE(WaitForExit("job-crash"));
   const auto crash = ReportsOf(service().reports(), "job-crash");
   EXPECT_EQ(crash.back().exited().exit_code(), 3);
-  EXPECT_EQ(crash.back().exited().reason(), "exited with code 3");
+  EXPECT_EQ(crash.back().exited().reason(), "exited with code 3: boom");
 
   service().Push(RunAssignment("ok", "job-after"));
   ASSERT_TRUE(WaitForExit("job-after"));

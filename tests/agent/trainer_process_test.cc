@@ -172,7 +172,7 @@ TEST_F(TrainerProcessTest, CrashReportsExitCode) {
   std::lock_guard<std::mutex> lock(recorder.mu);
   ASSERT_EQ(recorder.exits.size(), 1u);
   EXPECT_EQ(recorder.exits[0].exit_code, 3);
-  EXPECT_EQ(recorder.exits[0].reason, "exited with code 3");
+  EXPECT_EQ(recorder.exits[0].reason, "exited with code 3: boom");
   EXPECT_NE(recorder.log.find("boom"), std::string::npos);
 }
 

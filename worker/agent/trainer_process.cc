@@ -27,6 +27,20 @@ constexpr size_t kMaxEventLine = 1 << 20;
 // How long to keep reading a dead trainer's pipes that a leftover child still holds.
 constexpr std::chrono::seconds kDrainAfterExit{2};
 constexpr int kPollMillis = 100;
+// Stderr kept to explain a failed exit (its last line, at most kReasonLine long).
+constexpr size_t kStderrTail = 4096;
+constexpr size_t kReasonLine = 300;
+
+// The last non-empty line of `text`, shortened to kReasonLine.
+std::string LastLine(const std::string& text) {
+  const size_t end = text.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return "";
+  const size_t newline = text.rfind('\n', end);
+  const size_t start = newline == std::string::npos ? 0 : newline + 1;
+  std::string line = text.substr(start, end - start + 1);
+  if (line.size() > kReasonLine) line = line.substr(0, kReasonLine) + "...";
+  return line;
+}
 
 bool SafePathComponent(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
@@ -268,6 +282,10 @@ void TrainerProcess::Monitor() {
         if (fd == &stdout_fd_) {
           HandleStdout(buffer, static_cast<size_t>(n));
         } else {
+          stderr_tail_.append(buffer, static_cast<size_t>(n));
+          if (stderr_tail_.size() > kStderrTail) {
+            stderr_tail_.erase(0, stderr_tail_.size() - kStderrTail);
+          }
           WriteLog(buffer, static_cast<size_t>(n));
           if (callbacks_.on_log) callbacks_.on_log(std::string(buffer, static_cast<size_t>(n)));
         }
@@ -355,6 +373,9 @@ TrainerExit TrainerProcess::DescribeExit(int wait_status) {
     exit.reason = absl::StrCat("killed by signal ", exit.signal, " (", strsignal(exit.signal), ")");
   } else if (exit.exit_code != 0) {
     exit.reason = absl::StrCat("exited with code ", exit.exit_code);
+    if (const std::string line = LastLine(stderr_tail_); !line.empty()) {
+      absl::StrAppend(&exit.reason, ": ", line);
+    }
   }
   return exit;
 }

@@ -101,6 +101,7 @@ class TrainerProcess {
   const Callbacks callbacks_;
   std::string partial_line_;         // monitor thread only
   std::string job_finished_reason_;  // monitor thread only
+  std::string stderr_tail_;          // monitor thread only: the last few KiB, for exit reasons
 
   std::mutex mu_;
   std::condition_variable exited_cv_;
