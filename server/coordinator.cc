@@ -128,20 +128,7 @@ absl::Status Coordinator::Load() {
     if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
     entry.job = std::move(job);
   }
-  // A job placed on a worker that is lost or unknown (its loss was recorded but not yet acted on)
-  // would wait forever for reports: restart it now.
-  for (auto& [id, entry] : jobs_) {
-    const v1::JobState state = entry.job.state();
-    if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
-    for (const auto& placement : entry.job.placement()) {
-      const auto worker = workers_.find(placement.worker_id());
-      if (worker != workers_.end() && worker->second.info.state() == v1::WORKER_STATE_ONLINE) {
-        continue;
-      }
-      FailAttempt(entry, absl::StrCat("worker ", placement.worker_id(), " is not online"));
-      break;
-    }
-  }
+  RestartJobsOnLostWorkers();
   UpdateGauges();
   return absl::OkStatus();
 }
@@ -364,7 +351,7 @@ bool Coordinator::Wanted(const v1::RankRef& ref, const std::string& worker_id) c
   return job.placement(ref.rank()).worker_id() == worker_id;
 }
 
-void Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
+absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
   const v1::Job before = entry.job;
   const std::vector<RankState> ranks = entry.ranks;
   if (before.restarts() >= before.max_restarts()) {
@@ -372,29 +359,35 @@ void Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
         before.max_restarts() == 0
             ? absl::StrCat(why, " (max_restarts is 0)")
             : absl::StrCat(why, " (max_restarts ", before.max_restarts(), " used up)");
-    if (!Transition(entry, v1::JOB_STATE_FAILED, reason).ok()) return;
+    if (auto status = Transition(entry, v1::JOB_STATE_FAILED, reason); !status.ok()) {
+      return status;
+    }
   } else {
     v1::Job updated = before;
     updated.set_restarts(before.restarts() + 1);
     updated.clear_placement();
     const std::string reason =
         absl::StrCat(why, " (restart ", updated.restarts(), " of ", before.max_restarts(), ")");
-    if (!TransitionWith(entry, std::move(updated), v1::JOB_STATE_RESTARTING, reason).ok()) return;
+    if (auto status = TransitionWith(entry, std::move(updated), v1::JOB_STATE_RESTARTING, reason);
+        !status.ok()) {
+      return status;
+    }
     const int doublings = std::min(entry.job.restarts() - 1, kMaxBackoffDoublings);
     entry.restart_at = clock_->Now() + options_.restart_backoff * (int64_t{1} << doublings);
     entry.ranks.clear();
   }
   StopRanks(before, ranks, why);
+  return absl::OkStatus();
 }
 
-void Coordinator::MarkStarted(JobEntry& entry, int rank) {
+absl::Status Coordinator::MarkStarted(JobEntry& entry, int rank) {
   entry.ranks[rank].started = true;
-  if (entry.job.state() != v1::JOB_STATE_SCHEDULED) return;
+  if (entry.job.state() != v1::JOB_STATE_SCHEDULED) return absl::OkStatus();
   for (const auto& state : entry.ranks) {
-    if (!state.started) return;
+    if (!state.started) return absl::OkStatus();
   }
-  (void)Transition(entry, v1::JOB_STATE_RUNNING,
-                   absl::StrCat("all ", entry.ranks.size(), " rank(s) started"));
+  return Transition(entry, v1::JOB_STATE_RUNNING,
+                    absl::StrCat("all ", entry.ranks.size(), " rank(s) started"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -746,8 +739,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   // busy until the worker stops reporting them).
   for (const auto& ref : request.running()) {
     if (Wanted(ref, request.name())) {
-      JobEntry& entry = jobs_.at(ref.job_id());
-      MarkStarted(entry, ref.rank());
+      // A failed write is retried by the next heartbeat, which reports the rank again.
+      (void)MarkStarted(jobs_.at(ref.job_id()), ref.rank());
       continue;
     }
     *response.add_stop() = ref;
@@ -772,8 +765,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
           });
       if (reported) continue;
       entry.ranks[placement.rank()].exited = true;
-      FailAttempt(entry, absl::StrCat("rank ", placement.rank(), " is no longer running on worker ",
-                                      request.name(), " after it re-registered"));
+      (void)FailAttempt(entry,
+                        absl::StrCat("rank ", placement.rank(), " is no longer running on worker ",
+                                     request.name(), " after it re-registered"));
       break;
     }
   }
@@ -799,7 +793,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   for (const auto& ref : request.running()) {
     if (Wanted(ref, worker.info.id())) {
       JobEntry& entry = jobs_.at(ref.job_id());
-      if (!entry.ranks[ref.rank()].started) MarkStarted(entry, ref.rank());
+      if (!entry.ranks[ref.rank()].started) (void)MarkStarted(entry, ref.rank());
     } else {
       *response.add_stop() = ref;
     }
@@ -861,36 +855,42 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
         "worker_id: ", request.worker_id(), " is not registered; call RegisterWorker first"));
   }
   found->second.last_seen = clock_->Now();
-  for (const auto& report : request.reports()) HandleReport(found->second, report);
+  for (const auto& report : request.reports()) {
+    if (auto status = HandleReport(found->second, report); !status.ok()) {
+      // Not stored, so not applied: the agent keeps the batch and sends it again.
+      Schedule();
+      return absl::UnavailableError(
+          absl::StrCat("store: ", status.message(), "; send the reports again"));
+    }
+  }
   Schedule();
   return absl::OkStatus();
 }
 
-void Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport& report) {
+absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport& report) {
   const v1::RankRef& ref = report.ref();
   if (report.has_exited()) worker.stopping.erase({ref.job_id(), ref.rank(), ref.attempt()});
   const auto found = jobs_.find(ref.job_id());
-  if (found == jobs_.end()) return;
+  if (found == jobs_.end()) return absl::OkStatus();
   JobEntry& entry = found->second;
   const v1::Job& job = entry.job;
-  if (ref.rank() < 0 || ref.rank() >= job.resources().ranks()) return;
+  if (ref.rank() < 0 || ref.rank() >= job.resources().ranks()) return absl::OkStatus();
   // A rank's output is kept whatever its attempt: it is what a user debugging a restart needs.
   if (report.kind_case() == v1::RankReport::kLog) {
     AppendLog(job.id(), ref.rank(), report.log());
-    return;
+    return absl::OkStatus();
   }
   // Only the current attempt, on the worker it was placed on, moves the job.
-  if (IsTerminal(job.state()) || !Wanted(ref, worker.info.id())) return;
+  if (IsTerminal(job.state()) || !Wanted(ref, worker.info.id())) return absl::OkStatus();
   switch (report.kind_case()) {
     case v1::RankReport::kStartedPid:
-      MarkStarted(entry, ref.rank());
-      break;
+      return MarkStarted(entry, ref.rank());
     case v1::RankReport::kEventJson: {
       auto event = ParseTrainerEvent(ref.rank(), report.event_json());
       if (!event.ok()) {
         std::fprintf(stderr, "hyscaled: job %s rank %d: %s\n", job.id().c_str(), ref.rank(),
                      std::string(event.status().message()).c_str());
-        break;
+        return absl::OkStatus();  // a bad line is dropped, not retried
       }
       v1::Job updated = job;
       if (event->has_step() && ref.rank() == 0) {
@@ -908,39 +908,35 @@ void Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport& report
         }
         if (metrics_ != nullptr) metrics_->Step(job.id(), step);
       }
-      (void)Commit(entry, std::move(updated), {std::move(*event)});
-      break;
+      return Commit(entry, std::move(updated), {std::move(*event)});
     }
     case v1::RankReport::kExited:
-      HandleExit(entry, ref.rank(), report.exited());
-      break;
+      return HandleExit(entry, ref.rank(), report.exited());
     default:
-      break;
+      return absl::OkStatus();
   }
 }
 
-void Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit) {
+absl::Status Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit) {
   entry.ranks[rank].exited = true;
   if (exit.exit_code() == 0) {
     entry.ranks[rank].succeeded = true;
     for (const auto& state : entry.ranks) {
-      if (!state.succeeded) return;
+      if (!state.succeeded) return absl::OkStatus();
     }
-    (void)Transition(entry, v1::JOB_STATE_SUCCEEDED,
-                     absl::StrCat("all ", entry.ranks.size(), " rank(s) finished"));
-    return;
+    return Transition(entry, v1::JOB_STATE_SUCCEEDED,
+                      absl::StrCat("all ", entry.ranks.size(), " rank(s) finished"));
   }
   const std::string why = DescribeExit(rank, exit);
   if (exit.exit_code() == 2) {
     // Bad input fails the same way on every attempt: no restart.
     const v1::Job before = entry.job;
     const std::vector<RankState> ranks = entry.ranks;
-    if (Transition(entry, v1::JOB_STATE_FAILED, absl::StrCat(why, " (bad input)")).ok()) {
-      StopRanks(before, ranks, why);
-    }
-    return;
+    auto status = Transition(entry, v1::JOB_STATE_FAILED, absl::StrCat(why, " (bad input)"));
+    if (status.ok()) StopRanks(before, ranks, why);
+    return status;
   }
-  FailAttempt(entry, why);
+  return FailAttempt(entry, why);
 }
 
 void Coordinator::AppendLog(const std::string& job_id, int rank, const std::string& data) {
@@ -973,19 +969,26 @@ void Coordinator::DeclareLost(WorkerEntry& worker) {
     worker.queue.reset();
   }
   (void)PersistWorker(worker);
-  const std::string why =
-      absl::StrCat("worker ", id, " lost: no heartbeat for ",
-                   absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms");
-  for (auto& [job_id, entry] : jobs_) {
+}
+
+void Coordinator::RestartJobsOnLostWorkers() {
+  for (auto& [id, entry] : jobs_) {
     const v1::JobState state = entry.job.state();
     if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
-    bool affected = false;
     for (const auto& placement : entry.job.placement()) {
-      if (placement.worker_id() != id) continue;
-      affected = true;
-      entry.ranks[placement.rank()].exited = true;  // nothing to tell a lost worker
+      const auto worker = workers_.find(placement.worker_id());
+      if (worker != workers_.end() && worker->second.info.state() == v1::WORKER_STATE_ONLINE) {
+        continue;
+      }
+      const std::string why =
+          worker == workers_.end()
+              ? absl::StrCat("worker ", placement.worker_id(), " is not registered")
+              : absl::StrCat("worker ", placement.worker_id(), " lost: no heartbeat for ",
+                             absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms");
+      // A failed write leaves the job as it was; the next Tick tries again.
+      (void)FailAttempt(entry, why);
+      break;
     }
-    if (affected) FailAttempt(entry, why);
   }
 }
 
@@ -998,6 +1001,7 @@ void Coordinator::Tick() {
       DeclareLost(worker);
     }
   }
+  RestartJobsOnLostWorkers();
   Schedule();
   if (metrics_ != nullptr) metrics_->Expire(now);
 }

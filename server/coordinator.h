@@ -157,12 +157,16 @@ class Coordinator {
   void StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,
                  const std::string& reason);
   // A rank failed or was lost: restart the job if restarts remain, else fail it.
-  void FailAttempt(JobEntry& entry, const std::string& why);
-  void MarkStarted(JobEntry& entry, int rank);
-  void HandleReport(WorkerEntry& worker, const v1::RankReport& report);
-  void HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit);
+  absl::Status FailAttempt(JobEntry& entry, const std::string& why);
+  absl::Status MarkStarted(JobEntry& entry, int rank);
+  // Errors are the store's: the report was not applied and should be sent again.
+  absl::Status HandleReport(WorkerEntry& worker, const v1::RankReport& report);
+  absl::Status HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit);
   void AppendLog(const std::string& job_id, int rank, const std::string& data);
+  // Marks the worker LOST; RestartJobsOnLostWorkers then restarts its jobs.
   void DeclareLost(WorkerEntry& worker);
+  // Restarts (or fails) every SCHEDULED/RUNNING job with a rank on a worker that is not online.
+  void RestartJobsOnLostWorkers();
   absl::Status PersistWorker(const WorkerEntry& worker);
   void Send(const std::string& worker_id, v1::Assignment assignment);
   bool Wanted(const v1::RankRef& ref, const std::string& worker_id) const;

@@ -3,6 +3,7 @@
 #include "server/coordinator.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <atomic>
 #include <fstream>
@@ -430,6 +431,29 @@ TEST_F(CoordinatorTest, WorkerThatNeverReturnsAfterRestartIsLost) {
   EXPECT_NE(failed->reason().find("lost"), std::string::npos);
 }
 
+TEST_F(CoordinatorTest, ReportThatCannotBeStoredIsRefusedAndRetried) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit();
+  const auto ref = Drain(queue).at(0).run().ref();
+  Started("w1", ref);
+  // Another connection holds the write lock past the store's busy timeout.
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/hyscale.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  v1::ReportStatusRequest request;
+  request.set_worker_id("w1");
+  auto* exited = request.add_reports();
+  *exited->mutable_ref() = ref;
+  exited->mutable_exited()->set_exit_code(0);
+  const auto status = c_->ReportStatus(request);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);  // nothing applied that is not stored
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  ASSERT_TRUE(c_->ReportStatus(request).ok());  // the agent sends it again
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SUCCEEDED);
+}
+
 TEST_F(CoordinatorTest, JobOnAnUnknownWorkerIsRestartedOnLoad) {
   c_.reset();
   {
@@ -447,7 +471,7 @@ TEST_F(CoordinatorTest, JobOnAnUnknownWorkerIsRestartedOnLoad) {
   Open();
   auto job = c_->GetJob("job-orphan");
   EXPECT_EQ(job->state(), v1::JOB_STATE_RESTARTING);
-  EXPECT_NE(job->reason().find("worker w9 is not online"), std::string::npos);
+  EXPECT_NE(job->reason().find("worker w9 is not registered"), std::string::npos);
 }
 
 TEST_F(CoordinatorTest, ReopenedStreamResendsRanksNotRunning) {
