@@ -7,11 +7,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -99,6 +103,11 @@ class UpTest : public ::testing::Test {
   std::string dir_;
 };
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 TEST_F(UpTest, RunsJobToTheEndAndStops) {
   const Outcome run = Up();
   EXPECT_EQ(run.code, 0) << run.output;
@@ -123,6 +132,43 @@ TEST_F(UpTest, InvalidSpecExitsTwoBeforeStartingAnything) {
   const Outcome run = Up();
   EXPECT_EQ(run.code, 2) << run.output;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/data/hyscaled.log"));
+}
+
+TEST_F(UpTest, ServesUntilInterruptedThenStopsBoth) {
+  const std::string server = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string output = dir_ + "/up.out";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    freopen(output.c_str(), "w", stderr);
+    execl(HYSCALE_BIN, HYSCALE_BIN, "--server", server.c_str(), "up", "--data-dir",
+          (dir_ + "/data").c_str(), "--devices", "cpu:1", "--trainer", (dir_ + "/train.sh").c_str(),
+          "--metrics-listen", "127.0.0.1:0", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  bool serving = false;
+  for (int i = 0; i < 600 && !serving; ++i) {
+    serving = ReadAll(output).find("serving") != std::string::npos;
+    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(serving) << ReadAll(output);
+  const Outcome workers = Shell(HYSCALE_BIN " --server " + server + " workers");
+  EXPECT_EQ(workers.code, 0) << workers.output;
+  EXPECT_NE(workers.output.find("local"), std::string::npos) << workers.output;
+
+  kill(pid, SIGINT);
+  int status = -1;
+  for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << ReadAll(output);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadAll(output);
+  // Both children shut down cleanly rather than being orphaned.
+  EXPECT_NE(ReadAll(dir_ + "/data/hyscale-worker.log").find("hyscale-worker: stopped"),
+            std::string::npos);
+  EXPECT_NE(ReadAll(dir_ + "/data/hyscaled.log").find("shutting down"), std::string::npos)
+      << ReadAll(dir_ + "/data/hyscaled.log");
+  EXPECT_NE(Shell(HYSCALE_BIN " --timeout 1 --server " + server + " workers").code, 0);
 }
 
 }  // namespace
