@@ -855,6 +855,7 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
         "worker_id: ", request.worker_id(), " is not registered; call RegisterWorker first"));
   }
   found->second.last_seen = clock_->Now();
+  Store::Batch batch(*store_);
   for (const auto& report : request.reports()) {
     if (auto status = HandleReport(found->second, report); !status.ok()) {
       // Not stored, so not applied: the agent keeps the batch and sends it again.
@@ -862,6 +863,11 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
       return absl::UnavailableError(
           absl::StrCat("store: ", status.message(), "; send the reports again"));
     }
+  }
+  if (auto status = batch.Commit(); !status.ok()) {
+    Schedule();
+    return absl::UnavailableError(
+        absl::StrCat("store: ", status.message(), "; send the reports again"));
   }
   Schedule();
   return absl::OkStatus();

@@ -24,8 +24,9 @@ namespace {
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
 constexpr int kExitBadFlags = 2;
-// Streams and in-flight calls get this long to finish on shutdown before they are cancelled.
-constexpr auto kShutdownGrace = std::chrono::seconds(5);
+// In-flight calls get this long to finish on shutdown before they are cancelled (our streams end
+// at once). The server also waits this long at most for idle client connections to close.
+constexpr auto kShutdownGrace = std::chrono::seconds(2);
 // A finished job's per-job metric series stay this long, so a scrape sees its last values.
 constexpr absl::Duration kJobMetricsRetention = absl::Minutes(10);
 

@@ -71,23 +71,25 @@ class Statement {
   int rc_;
 };
 
-// Rolls back unless committed, so an error path never leaves a transaction open.
+// Rolls back unless committed, so an error path never leaves a transaction open. Inside a
+// Store::Batch it is part of the batch's transaction: it neither begins nor commits.
 class Transaction {
  public:
-  explicit Transaction(sqlite3* db) : db_(db) {
-    ok_ = sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+  explicit Transaction(sqlite3* db) : db_(db), nested_(sqlite3_get_autocommit(db) == 0) {
+    ok_ = nested_ || sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
   }
   ~Transaction() {
-    if (ok_ && !committed_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    if (ok_ && !nested_ && !committed_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
   }
   bool ok() const { return ok_; }
   bool Commit() {
-    committed_ = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK;
+    committed_ = nested_ || sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK;
     return committed_;
   }
 
  private:
   sqlite3* db_;
+  const bool nested_;
   bool ok_ = false;
   bool committed_ = false;
 };
@@ -327,6 +329,29 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Store::LoadWorkers() {
   }
   if (rc != SQLITE_DONE) return Error("load workers");
   return workers;
+}
+
+Store::Batch::Batch(Store& store) : store_(store) {
+  std::lock_guard<std::mutex> lock(store_.mu_);
+  open_ = sqlite3_exec(store_.db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+}
+
+Store::Batch::~Batch() {
+  if (!open_) return;
+  std::lock_guard<std::mutex> lock(store_.mu_);
+  sqlite3_exec(store_.db_, "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
+absl::Status Store::Batch::Commit() {
+  std::lock_guard<std::mutex> lock(store_.mu_);
+  if (!open_) return store_.Error("begin batch");
+  open_ = false;
+  if (sqlite3_exec(store_.db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    const absl::Status error = store_.Error("commit batch");
+    sqlite3_exec(store_.db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    return error;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace hyscale::server

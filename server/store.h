@@ -42,6 +42,23 @@ class Store {
   absl::Status PutWorker(const v1::WorkerInfo& worker);
   absl::StatusOr<std::vector<v1::WorkerInfo>> LoadWorkers();
 
+  // Makes the writes made while it lives one transaction: a ReportStatus carrying a batch of
+  // trainer events costs one fsync instead of one per event (which, under the coordinator's lock,
+  // held up heartbeats). Nothing in it is durable before Commit(); destroyed uncommitted, it
+  // rolls back. Writers must not run concurrently with it (the coordinator's lock ensures that).
+  class Batch {
+   public:
+    explicit Batch(Store& store);
+    ~Batch();
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+    absl::Status Commit();
+
+   private:
+    Store& store_;
+    bool open_ = false;
+  };
+
   // For tests and diagnostics.
   absl::StatusOr<std::string> JournalMode();
   absl::StatusOr<int> SchemaVersion();
