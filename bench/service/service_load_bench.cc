@@ -204,6 +204,14 @@ std::string Machine() {
                       name.release);
 }
 
+// The 1/5/15-minute load averages: on a shared machine they say how much else was running.
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double one = 0, five = 0, fifteen = 0;
+  in >> one >> five >> fifteen;
+  return absl::StrFormat("%.2f %.2f %.2f", one, five, fifteen);
+}
+
 std::string RunId() {
   return absl::StrCat(getpid(), "-",
                       std::chrono::duration_cast<std::chrono::seconds>(
@@ -391,7 +399,9 @@ int Run(const Flags& flags) {
   const std::string run_id = RunId();
   Report report;
   report.Json()["machine"] = Machine();
-  std::printf("service_load_bench on %s\n", Machine().c_str());
+  std::printf("service_load_bench on %s, load average %s\n", Machine().c_str(),
+              LoadAverage().c_str());
+  report.Json()["load_average_start"] = LoadAverage();
   std::fflush(stdout);
   Server server;
   bool failed = false;
@@ -426,6 +436,8 @@ int Run(const Flags& flags) {
     std::fprintf(stderr, "service_load_bench: %s\n", std::string(stopped.message()).c_str());
     failed = true;
   }
+  report.Json()["load_average_end"] = LoadAverage();
+  report.Note("end", "load average " + LoadAverage());
   report.Print(stdout);
   if (!flags.json_path.empty()) {
     const std::string json = report.ToJson().dump(2) + "\n";
