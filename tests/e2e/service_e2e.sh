@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# End-to-end tests of the service with real processes on loopback: hyscaled, hyscale-worker
+# agents running the real hyscale-train, the hyscale CLI, and a real Prometheus server.
+# One scenario per ctest:
+#   lifecycle          2 workers, 3 jobs: one watched to SUCCEEDED, one cancelled, the third
+#                      runs when a device frees; list shows the states; Prometheus scrapes
+#                      /metrics and PromQL finds the job's phase series; promtool checks it
+#   coordinator-crash  kill -9 hyscaled mid-job and restart it: the job is still there, is not
+#                      restarted, and finishes
+#   trainer-crash      kill -9 a trainer: the job restarts from its checkpoint and finishes
+#   worker-loss        kill a worker (agent and trainer): within three heartbeat intervals its
+#                      job is RESTARTING, then runs on the other worker and finishes
+#   bad-input          malformed and oversized specs, unknown fields, wrong or missing token,
+#                      unknown job id: each a clear error, and the server keeps serving
+# Usage: service_e2e.sh BUILD_DIR SCENARIO
+set -euo pipefail
+
+build=$(cd "$1" && pwd)
+scenario=$2
+hyscaled=$build/server/hyscaled
+agent=$build/worker/agent/hyscale-worker
+cli=$build/client/hyscale
+trainer=$build/worker/trainer/hyscale-train
+heartbeat_ms=250
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/hyscale-e2e-$scenario.XXXXXX")
+pids=()
+cleanup() {
+  local status=$?
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  # Trainers run in their own process groups; their command lines name files under $work.
+  pkill -9 -f "$work" 2>/dev/null || true
+  if ((status == 0)); then rm -rf "$work"; else echo "e2e: files kept in $work" >&2; fi
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL [$scenario]: $*" >&2
+  for f in "$work"/*.log; do
+    [[ -f $f ]] || continue
+    echo "--- $f (last 25 lines)" >&2
+    tail -n 25 "$f" >&2
+  done
+  exit 1
+}
+
+# wait_for SECONDS WHAT COMMAND...: polls COMMAND until it succeeds, fails the test after SECONDS.
+wait_for() {
+  local seconds=$1 what=$2
+  shift 2
+  local end=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < end)) || fail "timed out after ${seconds}s waiting for $what"
+    sleep 0.2
+  done
+}
+
+free_port() {
+  local port
+  for ((port = 20000 + RANDOM % 30000; ; port++)); do
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+}
+
+echo "e2e-secret-$RANDOM$RANDOM" >"$work/token"
+grpc_port=$(free_port)
+metrics_port=$(free_port)
+while [[ $metrics_port == "$grpc_port" ]]; do metrics_port=$(free_port); done
+starts=0
+
+start_coordinator() {
+  starts=$((starts + 1))
+  local log="$work/hyscaled.$starts.log"
+  "$hyscaled" --listen "127.0.0.1:$grpc_port" --data-dir "$work/data" \
+    --metrics-listen "127.0.0.1:$metrics_port" --token-file "$work/token" \
+    --heartbeat-interval-ms "$heartbeat_ms" --restart-backoff-ms 200 >"$log" 2>&1 &
+  coordinator=$!
+  pids+=("$coordinator")
+  wait_for 30 "hyscaled to listen" grep -q "listening on" "$log"
+}
+
+declare -A workers
+start_worker() {
+  local name=$1
+  "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name "$name" \
+    --devices cpu:1 --work-dir "$work/$name" --trainer "$trainer" \
+    --heartbeat-interval-ms "$heartbeat_ms" >"$work/$name.log" 2>&1 &
+  workers[$name]=$!
+  pids+=("$!")
+}
+
+hs() { "$cli" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --timeout 10 "$@"; }
+job_field() { hs get "$1" -o json | jq -r "$2"; }
+job_state() { job_field "$1" '.state'; }
+state_is() { [[ $(job_state "$1") == "$2" ]]; }
+step_at_least() { (($(job_field "$1" '.progress.step // 0') >= $2)); }
+online_workers() { hs workers -o json | jq '[.workers[] | select(.state == "WORKER_STATE_ONLINE")] | length'; }
+workers_online() { [[ $(online_workers) == "$1" ]]; }
+
+# A tiny DSA model on associative recall; `steps` sets how long it runs (a few ms a step).
+write_job() {
+  local file=$1 name=$2 steps=$3
+  cat >"$file" <<EOF
+name: $name
+seed: 7
+model: {vocab_size: 64, d_model: 32, layers: 1, heads: 2, head_dim_qk: 16, rope_dim: 8,
+        head_dim_v: 16, d_ff: 64, indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 8}}
+data: {seq_len: 64, batch_size: 4, recall: {pairs: 4, queries: 4, key_vocab: 16, value_vocab: 16}}
+stages:
+  - {name: dense, steps: $steps, lr: 0.003, warmup_steps: 5, attention: DENSE}
+checkpoint: {every_steps: 10}
+log_every: 1
+threads: 1
+EOF
+}
+
+submit() { hs submit -f "$1" "${@:2}" -o json | jq -r '.id'; }
+
+expect_exit() {
+  local want=$1 what=$2
+  shift 2
+  local got=0
+  "$@" >"$work/last.out" 2>&1 || got=$?
+  ((got == want)) || fail "$what: exit $got, want $want: $(cat "$work/last.out")"
+}
+
+# --------------------------------------------------------------------------------------------
+lifecycle() {
+  local prom_port
+  prom_port=$(free_port)
+  cat >"$work/prometheus.yml" <<EOF
+global: {scrape_interval: 1s, scrape_timeout: 1s}
+scrape_configs:
+  - job_name: hyscaled
+    static_configs: [{targets: ['127.0.0.1:$metrics_port']}]
+EOF
+  start_coordinator
+  prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+    --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
+  pids+=("$!")
+  start_worker w1
+  start_worker w2
+  wait_for 30 "2 workers online" workers_online 2
+
+  write_job "$work/short.yaml" short 150
+  write_job "$work/long.yaml" long 100000
+  local short long third
+  short=$(submit "$work/short.yaml")
+  long=$(submit "$work/long.yaml")
+  third=$(submit "$work/short.yaml" --request-id third-job)
+  [[ $(submit "$work/short.yaml" --request-id third-job) == "$third" ]] ||
+    fail "a repeated request id created a second job"
+
+  wait_for 60 "the long job to run" state_is "$long" JOB_STATE_RUNNING
+  expect_exit 0 "cancel" hs cancel "$long" --reason "e2e cancel"
+  expect_exit 0 "watch the short job to SUCCEEDED" hs watch "$short"
+  expect_exit 0 "watch the third job to SUCCEEDED" hs watch "$third"
+  wait_for 30 "the cancelled job to be CANCELLED" state_is "$long" JOB_STATE_CANCELLED
+  expect_exit 1 "watch of a cancelled job" hs watch "$long"
+
+  local listed
+  listed=$(hs list -o json | jq -r '.jobs[] | "\(.id) \(.state)"' | sort)
+  grep -qx "$short JOB_STATE_SUCCEEDED" <<<"$listed" || fail "list: $listed"
+  grep -qx "$third JOB_STATE_SUCCEEDED" <<<"$listed" || fail "list: $listed"
+  grep -qx "$long JOB_STATE_CANCELLED" <<<"$listed" || fail "list: $listed"
+  [[ $(wc -l <<<"$listed") == 3 ]] || fail "list shows other jobs: $listed"
+  hs logs "$short" >"$work/short.out" || fail "logs of the short job"
+  grep -q '"event":"job_finished"' "$work/short.out" || fail "the short job's log has no job_finished"
+
+  curl -sf "http://127.0.0.1:$metrics_port/metrics" >"$work/metrics.txt" || fail "GET /metrics"
+  promtool check metrics <"$work/metrics.txt" >"$work/promtool.log" 2>&1 ||
+    fail "promtool check metrics: $(cat "$work/promtool.log")"
+  local query="count_over_time(hyscale_job_step_phase_seconds_count{job_id=\"$short\"}[10m])"
+  phase_series() {
+    curl -sf "http://127.0.0.1:$prom_port/api/v1/query" --data-urlencode "query=$query" |
+      jq -e '.data.result | length > 0'
+  }
+  wait_for 30 "Prometheus to hold the job's phase series" phase_series
+  echo "lifecycle: 3 jobs, states right; Prometheus has the phase series; promtool ok"
+}
+
+coordinator_crash() {
+  start_coordinator
+  start_worker w1
+  wait_for 30 "the worker online" workers_online 1
+  write_job "$work/job.yaml" crash 1500
+  local job
+  job=$(submit "$work/job.yaml")
+  wait_for 60 "the job to reach step 20" step_at_least "$job" 20
+  kill -9 "$coordinator"
+  sleep 1
+  start_coordinator
+  [[ $(job_state "$job") =~ RUNNING|SUCCEEDED ]] || fail "after restart the job is $(job_state "$job")"
+  expect_exit 0 "watch the job to SUCCEEDED after the restart" hs watch "$job"
+  [[ $(job_field "$job" '.restarts // 0') == 0 ]] || fail "the job was restarted (ran twice)"
+  echo "coordinator-crash: the job survived kill -9 of hyscaled and finished"
+}
+
+trainer_crash() {
+  start_coordinator
+  start_worker w1
+  wait_for 30 "the worker online" workers_online 1
+  write_job "$work/job.yaml" trainer-crash 400
+  local job
+  job=$(submit "$work/job.yaml" --max-restarts 2)
+  wait_for 60 "the job to pass its first checkpoint" step_at_least "$job" 15
+  pkill -9 -f "hyscale-train.*$work" || fail "no trainer process found"
+  expect_exit 0 "watch the job to SUCCEEDED after the trainer crash" hs watch "$job"
+  [[ $(job_field "$job" '.restarts') == 1 ]] || fail "restarts: $(job_field "$job" '.restarts')"
+  hs logs "$job" >"$work/job.out" || fail "logs of the job"
+  grep -q '"event":"checkpoint_loaded"' "$work/job.out" ||
+    fail "the restarted trainer did not resume from a checkpoint"
+  echo "trainer-crash: restarted once from its checkpoint and finished"
+}
+
+worker_loss() {
+  start_coordinator
+  start_worker w1
+  start_worker w2
+  wait_for 30 "2 workers online" workers_online 2
+  write_job "$work/job.yaml" worker-loss 600
+  local job lost
+  job=$(submit "$work/job.yaml" --max-restarts 2)
+  wait_for 60 "the job to run" state_is "$job" JOB_STATE_RUNNING
+  lost=$(job_field "$job" '.placement[0].worker_id')
+  [[ -n ${workers[$lost]:-} ]] || fail "placed on unknown worker '$lost'"
+  local killed_ns
+  killed_ns=$(date +%s%N)
+  kill -9 "${workers[$lost]}"
+  pkill -9 -f "hyscale-train.*$work/$lost/" || true
+  restarted_and_running() {
+    state_is "$job" JOB_STATE_RUNNING && (($(job_field "$job" '.restarts') >= 1))
+  }
+  wait_for 60 "the job to run again" restarted_and_running
+  local moved
+  moved=$(job_field "$job" '.placement[0].worker_id')
+  [[ $moved != "$lost" ]] || fail "the job went back to the lost worker"
+  expect_exit 0 "watch the job to SUCCEEDED on the other worker" hs watch "$job"
+  # When the job went RESTARTING, from its persisted events (a replayed watch).
+  hs watch "$job" -o json >"$work/events.json" || true
+  local restarting elapsed_ms
+  restarting=$(jq -r 'select(.state_change.to? == "JOB_STATE_RESTARTING") | .time' \
+    "$work/events.json" | head -n 1)
+  [[ -n $restarting ]] || fail "no RESTARTING event: $(head -c 2000 "$work/events.json")"
+  elapsed_ms=$((($(date -d "$restarting" +%s%N) - killed_ns) / 1000000))
+  # The last heartbeat came before the kill, so the timeout (three intervals) ends at most three
+  # intervals after it; plus the coordinator's 100 ms liveness tick.
+  ((elapsed_ms <= 3 * heartbeat_ms + 150)) ||
+    fail "RESTARTING ${elapsed_ms} ms after the worker died: more than 3 heartbeat intervals"
+  echo "worker-loss: RESTARTING ${elapsed_ms} ms after the worker died, finished on $moved"
+}
+
+bad_input() {
+  start_coordinator
+  write_job "$work/job.yaml" good 10
+  printf 'name: [unclosed\n' >"$work/malformed.yaml"
+  sed 's/^seed: 7/seed: 7\nnot_a_field: 1/' "$work/job.yaml" >"$work/unknown.yaml"
+  sed 's/d_model: 32/d_model: 2000000000/' "$work/job.yaml" >"$work/oversized.yaml"
+  expect_exit 2 "malformed YAML" hs submit -f "$work/malformed.yaml"
+  grep -q "line" "$work/last.out" || fail "malformed YAML error names no line: $(cat "$work/last.out")"
+  expect_exit 2 "unknown field" hs submit -f "$work/unknown.yaml"
+  grep -q "not_a_field" "$work/last.out" || fail "unknown field not named: $(cat "$work/last.out")"
+  expect_exit 2 "oversized d_model" hs submit -f "$work/oversized.yaml"
+  grep -q "d_model" "$work/last.out" || fail "oversized field not named: $(cat "$work/last.out")"
+  { printf 'name: '; head -c 1000000 /dev/zero | tr '\0' 'x'; echo; } >"$work/huge.yaml"
+  expect_exit 2 "a 1 MB job name" hs submit -f "$work/huge.yaml"
+  grep -q "name" "$work/last.out" || fail "oversized name not named: $(cat "$work/last.out")"
+  expect_exit 4 "wrong token" "$cli" --server "127.0.0.1:$grpc_port" --token wrong \
+    submit -f "$work/job.yaml"
+  expect_exit 4 "no token" env -u HYSCALE_TOKEN "$cli" --server "127.0.0.1:$grpc_port" \
+    submit -f "$work/job.yaml"
+  expect_exit 3 "unknown job id" hs get no-such-job
+  expect_exit 3 "cancel of an unknown job" hs cancel no-such-job
+  expect_exit 0 "plan" hs plan -f "$work/job.yaml"
+  # Still serving, and nothing was created by the bad requests.
+  kill -0 "$coordinator" || fail "hyscaled died"
+  [[ $(hs list -o json | jq '.jobs | length') == 0 ]] || fail "a bad request created a job"
+  expect_exit 0 "a good submission after the bad ones" hs submit -f "$work/job.yaml"
+  echo "bad-input: every bad request got a clear error; the server kept serving"
+}
+
+case $scenario in
+  lifecycle) lifecycle ;;
+  coordinator-crash) coordinator_crash ;;
+  trainer-crash) trainer_crash ;;
+  worker-loss) worker_loss ;;
+  bad-input) bad_input ;;
+  *) fail "unknown scenario $scenario" ;;
+esac
