@@ -5,6 +5,7 @@
 # (default build-pytorch/gpu-check).
 #   HYSCALE_DEPS_PREFIX    as for scripts/build-with-pytorch.sh
 #   HYSCALE_BENCH_SIZES    N values for the FlashTopK benchmark (default 16K..256K)
+#   HYSCALE_SANITIZE=1     also run the small GPU tests under compute-sanitizer memcheck
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${HYSCALE_BUILD_DIR:-$root/build-pytorch}
@@ -16,6 +17,12 @@ HYSCALE_BUILD_DIR=$build HYSCALE_CUDA=ON "$root/scripts/build-with-pytorch.sh" \
   2>&1 | tee "$out/tests.log" | grep -E "tests passed|tests failed|Failed|SKIPPED|\*\*\*" || true
 grep -q "100% tests passed" "$out/tests.log" || { echo "gpu-check: tests failed (see $out/tests.log)"; exit 1; }
 "$build/tests/kernels/flash_topk_cuda_test" 2>&1 | tail -3
+if [[ ${HYSCALE_SANITIZE:-0} == 1 ]]; then
+  compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$build/tests/kernels/flash_topk_cuda_test" --gtest_filter='*Gather*:*Ties*:*Rejects*' \
+    >"$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; tail -30 "$out/memcheck.log"; }
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.log" | tail -3
+fi
 
 python3 "$root/bench/flash_topk_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
   --sizes "${HYSCALE_BENCH_SIZES:-16384,32768,65536,131072,262144}" \
