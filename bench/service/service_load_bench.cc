@@ -3,21 +3,21 @@
 //   (b) 1,000 simulated workers heartbeating and running jobs: scheduling and heartbeat latency.
 // Client-side latencies are exact; the server's side comes from its /metrics histograms (their
 // quantiles are bucket upper bounds). Prints a table, and JSON with --json. Not a test.
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_split.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -225,8 +225,13 @@ absl::Status StartServer(const Flags& flags, const std::string& run_id, const st
     server->address = flags.server;
     if (!flags.metrics.empty()) {
       const auto colon = flags.metrics.rfind(':');
+      if (colon == std::string::npos || colon == 0 ||
+          !absl::SimpleAtoi(flags.metrics.substr(colon + 1), &server->metrics_port) ||
+          server->metrics_port <= 0 || server->metrics_port > 65535) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--metrics: expected HOST:PORT (got '", flags.metrics, "')"));
+      }
       server->metrics_host = flags.metrics.substr(0, colon);
-      server->metrics_port = std::atoi(flags.metrics.substr(colon + 1).c_str());
     }
     return absl::OkStatus();
   }

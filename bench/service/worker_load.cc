@@ -6,11 +6,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <queue>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 #include "bench/service/load_client.h"
