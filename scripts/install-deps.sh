@@ -18,7 +18,7 @@ packages=(
   # tests: a real Prometheus server and promtool, clang's libFuzzer for the spec fuzz target
   libgtest-dev libgmock-dev prometheus clang libclang-rt-14-dev
   # the end-to-end tests drive the CLI and Prometheus from bash
-  jq curl procps
+  jq curl procps openssl
 )
 
 missing=()
