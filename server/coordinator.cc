@@ -181,6 +181,9 @@ absl::Status Coordinator::TransitionWith(JobEntry& entry, v1::Job updated, v1::J
     return status;
   }
   if (metrics_ != nullptr && IsTerminal(to)) metrics_->JobEnded(entry.job.id(), now);
+  // Leaving a placement frees slots (or starts a backoff); a waiting job that leaves may have been
+  // holding others back. Only becoming SCHEDULED or RUNNING frees nothing.
+  if (to != v1::JOB_STATE_SCHEDULED && to != v1::JOB_STATE_RUNNING) pass_needed_ = true;
   UpdateGauges();
   return absl::OkStatus();
 }
@@ -245,45 +248,76 @@ std::vector<WorkerView> Coordinator::WorkerViews() const {
   return views;
 }
 
+bool Coordinator::PassNeeded() const {
+  return pass_needed_ || clock_->Now() >= next_restart_;
+}
+
 void Coordinator::Schedule() {
+  if (PassNeeded()) SchedulePass();
+}
+
+std::vector<JobRequest> Coordinator::WaitingJobs() {
   const absl::Time now = clock_->Now();
+  next_restart_ = absl::InfiniteFuture();
   std::vector<JobRequest> queue;
   for (const auto& [id, entry] : jobs_) {
     const v1::JobState state = entry.job.state();
     if (state == v1::JOB_STATE_PENDING ||
         (state == v1::JOB_STATE_RESTARTING && now >= entry.restart_at)) {
       queue.push_back({id, entry.job.priority(), entry.order, entry.job.resources()});
+    } else if (state == v1::JOB_STATE_RESTARTING) {
+      next_restart_ = std::min(next_restart_, entry.restart_at);
     }
   }
+  return queue;
+}
+
+void Coordinator::SchedulePass() {
+  pass_needed_ = false;
+  reasons_stale_ = false;
+  std::vector<JobRequest> queue = WaitingJobs();
+  blocked_below_.reset();
   if (queue.empty()) return;
-  for (auto& decision : server::Schedule(std::move(queue), WorkerViews())) {
+  Apply(server::Schedule(std::move(queue), WorkerViews(), &blocked_below_));
+}
+
+void Coordinator::Apply(std::vector<Decision> decisions) {
+  for (auto& decision : decisions) {
     JobEntry& entry = jobs_.at(decision.job_id);
     if (decision.placement.empty()) {
       // A PENDING job's reason says why it waits; a RESTARTING one keeps why it restarted.
       if (entry.job.state() == v1::JOB_STATE_PENDING && entry.job.reason() != decision.reason) {
         v1::Job updated = entry.job;
         updated.set_reason(decision.reason);
-        (void)Commit(entry, std::move(updated), {});
+        if (!Commit(entry, std::move(updated), {}).ok()) reasons_stale_ = true;
       }
       continue;
     }
-    const bool first_placement = entry.job.state() == v1::JOB_STATE_PENDING;
-    v1::Job updated = entry.job;
-    updated.clear_placement();
-    std::set<std::string> hosts;
-    for (auto& placement : decision.placement) {
-      hosts.insert(placement.worker_id());
-      *updated.add_placement() = std::move(placement);
-    }
-    const std::string reason = absl::StrCat("placed ", updated.placement_size(), " rank(s) on ",
-                                            absl::StrJoin(hosts, ", "));
-    if (!TransitionWith(entry, std::move(updated), v1::JOB_STATE_SCHEDULED, reason).ok()) continue;
-    entry.ranks.assign(entry.job.placement_size(), RankState{});
-    if (metrics_ != nullptr && first_placement) {
-      metrics_->JobScheduled(absl::ToDoubleSeconds(now - entry.queued_at));
-    }
-    StartRanks(entry);
+    // Not stored: its slots stay free and the job waits, so the next pass tries again.
+    if (!Start(entry, std::move(decision.placement))) pass_needed_ = true;
   }
+}
+
+bool Coordinator::Start(JobEntry& entry, std::vector<v1::RankPlacement> placement) {
+  const bool first_placement = entry.job.state() == v1::JOB_STATE_PENDING;
+  v1::Job updated = entry.job;
+  updated.clear_placement();
+  std::set<std::string> hosts;
+  for (auto& rank : placement) {
+    hosts.insert(rank.worker_id());
+    *updated.add_placement() = std::move(rank);
+  }
+  const std::string reason =
+      absl::StrCat("placed ", updated.placement_size(), " rank(s) on ", absl::StrJoin(hosts, ", "));
+  if (!TransitionWith(entry, std::move(updated), v1::JOB_STATE_SCHEDULED, reason).ok()) {
+    return false;
+  }
+  entry.ranks.assign(entry.job.placement_size(), RankState{});
+  if (metrics_ != nullptr && first_placement) {
+    metrics_->JobScheduled(absl::ToDoubleSeconds(clock_->Now() - entry.queued_at));
+  }
+  StartRanks(entry);
+  return true;
 }
 
 v1::RunRank Coordinator::MakeRunRank(const JobEntry& entry,
@@ -374,6 +408,7 @@ absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
     }
     const int doublings = std::min(entry.job.restarts() - 1, kMaxBackoffDoublings);
     entry.restart_at = clock_->Now() + options_.restart_backoff * (int64_t{1} << doublings);
+    next_restart_ = std::min(next_restart_, entry.restart_at);
     entry.ranks.clear();
   }
   StopRanks(before, ranks, why);
@@ -474,7 +509,27 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   job.set_id(NewJobId());
   job.set_name(job.spec().name());
   job.set_state(v1::JOB_STATE_PENDING);
-  job.set_reason("waiting to be scheduled");
+  // Decided before it is stored, so a job that waits is written once, with its real reason.
+  // Nothing freed since the last pass: only this job can move, decided alone in O(workers)
+  // (ScheduleNew says why that is what a full pass would do). Otherwise a full pass with it.
+  const JobRequest queued{job.id(), job.priority(), next_order_, job.resources()};
+  std::vector<Decision> decisions;
+  if (PassNeeded()) {
+    pass_needed_ = false;
+    reasons_stale_ = false;
+    std::vector<JobRequest> queue = WaitingJobs();
+    queue.push_back(queued);
+    decisions = server::Schedule(std::move(queue), WorkerViews(), &blocked_below_);
+  } else {
+    const std::optional<int> held_back = blocked_below_;
+    decisions.push_back(ScheduleNew(queued, WorkerViews(), &blocked_below_));
+    // Its slots change the free counts in waiting jobs' reasons; a new job holding back changes
+    // who they wait behind. Placements are unaffected, so Tick refreshes the reasons later.
+    if (!decisions.back().placement.empty() || blocked_below_ != held_back) reasons_stale_ = true;
+  }
+  const Decision& own = *std::find_if(decisions.begin(), decisions.end(),
+                                      [&](const Decision& d) { return d.job_id == job.id(); });
+  job.set_reason(own.placement.empty() ? own.reason : "waiting to be scheduled");
   SetTime(job.mutable_created_at(), now);
   SetTime(job.mutable_updated_at(), now);
   v1::JobEvent event;
@@ -483,7 +538,10 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   SetTime(event.mutable_time(), now);
   event.mutable_state_change()->set_to(v1::JOB_STATE_PENDING);
   event.mutable_state_change()->set_reason(job.reason());
-  if (auto status = store_->InsertJob(job, {event}); !status.ok()) return status;
+  if (auto status = store_->InsertJob(job, {event}); !status.ok()) {
+    pass_needed_ = true;  // nothing decided above was applied
+    return status;
+  }
 
   JobEntry& entry = jobs_[job.id()];
   entry.order = next_order_++;
@@ -495,7 +553,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   if (metrics_ != nullptr) metrics_->JobSubmitted();
   changed_.notify_all();
   UpdateGauges();
-  Schedule();
+  Apply(std::move(decisions));
   return jobs_.at(job.id()).job;
 }
 
@@ -731,6 +789,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   worker.last_seen = now;
   worker.slots = SlotsOf(request.devices());
   worker.stopping.clear();
+  pass_needed_ = true;  // its devices (maybe changed, maybe freed) are capacity
 
   v1::RegisterWorkerResponse response;
   response.set_worker_id(request.name());
@@ -813,7 +872,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
       freed = true;
     }
   }
-  if (freed) Schedule();
+  if (freed) {
+    pass_needed_ = true;
+    Schedule();
+  }
   return response;
 }
 
@@ -875,7 +937,9 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
 
 absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport& report) {
   const v1::RankRef& ref = report.ref();
-  if (report.has_exited()) worker.stopping.erase({ref.job_id(), ref.rank(), ref.attempt()});
+  if (report.has_exited() && worker.stopping.erase({ref.job_id(), ref.rank(), ref.attempt()}) > 0) {
+    pass_needed_ = true;  // its slot is free
+  }
   const auto found = jobs_.find(ref.job_id());
   if (found == jobs_.end()) return absl::OkStatus();
   JobEntry& entry = found->second;
@@ -968,6 +1032,7 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
 void Coordinator::DeclareLost(WorkerEntry& worker) {
   const std::string id = worker.info.id();
   worker.info.set_state(v1::WORKER_STATE_LOST);
+  pass_needed_ = true;  // a job it held back for may never fit now, so others may start
   worker.info.clear_running();
   worker.stopping.clear();
   if (worker.queue) {
@@ -1008,7 +1073,7 @@ void Coordinator::Tick() {
     }
   }
   RestartJobsOnLostWorkers();
-  Schedule();
+  if (PassNeeded() || reasons_stale_) SchedulePass();
   if (metrics_ != nullptr) metrics_->Expire(now);
 }
 

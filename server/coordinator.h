@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -150,7 +151,17 @@ class Coordinator {
   absl::Status TransitionWith(JobEntry& entry, v1::Job updated, v1::JobState to,
                               const std::string& reason);
 
+  // A full scheduling pass, but only when capacity may have grown since the last one
+  // (pass_needed_): otherwise it could place nobody that waits.
   void Schedule();
+  bool PassNeeded() const;  // pass_needed_, or a restart's backoff ended
+  void SchedulePass();
+  // PENDING jobs and RESTARTING ones whose backoff ended; notes the next backoff end.
+  std::vector<JobRequest> WaitingJobs();
+  // Stores a pass's decisions: reasons of jobs that wait, placements of jobs that start.
+  void Apply(std::vector<Decision> decisions);
+  // Makes `entry` SCHEDULED on `placement` and sends its ranks; false if that was not stored.
+  bool Start(JobEntry& entry, std::vector<v1::RankPlacement> placement);
   void StartRanks(JobEntry& entry);
   // Sends StopRank to every placed rank of `job` (as it was before a transition) that has not
   // exited; their slots stay busy until their worker stops reporting them.
@@ -192,6 +203,16 @@ class Coordinator {
   std::map<std::string, WorkerEntry> workers_;
   int64_t next_order_ = 1;
   std::mt19937_64 random_;
+
+  // Scheduling state between passes, so a submission costs O(workers), not O(waiting jobs).
+  // pass_needed_: capacity may have grown since the last pass (a worker joined or was lost, a
+  // slot or a job ended, a waiting job left): a waiting job might fit now, so new jobs cannot be
+  // decided alone (see ScheduleNew). reasons_stale_: a job placed or held back on submit changed
+  // what the waiting jobs' reasons would say; the next Tick refreshes them.
+  bool pass_needed_ = true;
+  bool reasons_stale_ = false;
+  std::optional<int> blocked_below_;                  // the last pass's: see scheduler.h
+  absl::Time next_restart_ = absl::InfiniteFuture();  // earliest backoff end not yet passed
 };
 
 }  // namespace hyscale::server

@@ -29,12 +29,30 @@ std::string Describe(const v1::Resources& resources) {
   return text;
 }
 
+struct SlotCount {
+  int matching = 0;  // slots that match, busy or not
+  int free = 0;      // of those, not busy
+};
+
+SlotCount CountMatching(const v1::Resources& resources, const std::vector<WorkerView>& workers) {
+  SlotCount count;
+  for (const auto& worker : workers) {
+    for (const Slot& slot : worker.slots) {
+      if (!Matches(slot, resources)) continue;
+      ++count.matching;
+      if (worker.busy.count(slot.flat_index) == 0) ++count.free;
+    }
+  }
+  return count;
+}
+
 // (worker index, flat slot index) per rank, or empty when the job does not fit.
 std::vector<std::pair<size_t, int>> Fit(const v1::Resources& resources,
                                         const std::vector<WorkerView>& workers) {
   const int ranks = RanksOf(resources);
+  // Count first: most jobs that wait do not fit, and counting allocates nothing.
+  if (CountMatching(resources, workers).free < ranks) return {};
   std::vector<std::pair<size_t, std::vector<int>>> free;  // worker index, matching free slots
-  int total = 0;
   for (size_t w = 0; w < workers.size(); ++w) {
     std::vector<int> slots;
     for (const Slot& slot : workers[w].slots) {
@@ -42,10 +60,8 @@ std::vector<std::pair<size_t, int>> Fit(const v1::Resources& resources,
         slots.push_back(slot.flat_index);
       }
     }
-    total += static_cast<int>(slots.size());
     if (!slots.empty()) free.emplace_back(w, std::move(slots));
   }
-  if (total < ranks) return {};
   // Most free slots first, then by worker id, so placements are deterministic and compact.
   std::stable_sort(free.begin(), free.end(), [&](const auto& a, const auto& b) {
     if (a.second.size() != b.second.size()) return a.second.size() > b.second.size();
@@ -77,9 +93,33 @@ std::vector<v1::RankPlacement> ToPlacement(const std::vector<std::pair<size_t, i
   return placement;
 }
 
-bool FitsWhenIdle(const v1::Resources& resources, std::vector<WorkerView> workers) {
-  for (auto& worker : workers) worker.busy.clear();
-  return !Fit(resources, workers).empty();
+// Whether `resources` would fit with every device of `workers` free.
+bool FitsWhenIdle(const v1::Resources& resources, const std::vector<WorkerView>& workers) {
+  return CountMatching(resources, workers).matching >= RanksOf(resources);
+}
+
+// One job's turn in a pass (the policy in scheduler.h). `taken`: the slots it takes, if placed.
+Decision Decide(const JobRequest& request, const std::vector<WorkerView>& workers,
+                std::optional<int>& blocked_below, std::vector<std::pair<size_t, int>>& taken) {
+  Decision decision;
+  decision.job_id = request.job_id;
+  taken.clear();
+  if (blocked_below && request.priority < *blocked_below) {
+    decision.reason = absl::StrCat("waiting behind a job of higher priority ", *blocked_below);
+    return decision;
+  }
+  taken = Fit(request.resources, workers);
+  if (taken.empty()) {
+    decision.reason = WhyNotPlaced(request.resources, workers);
+    // Only a job that would fit on idle devices holds back lower priorities; one that can never
+    // fit on the current workers would block the cluster forever.
+    if (!blocked_below && FitsWhenIdle(request.resources, workers)) {
+      blocked_below = request.priority;
+    }
+    return decision;
+  }
+  decision.placement = ToPlacement(taken, workers);
+  return decision;
 }
 
 }  // namespace
@@ -113,15 +153,7 @@ std::optional<std::vector<v1::RankPlacement>> Place(const v1::Resources& resourc
 }
 
 std::string WhyNotPlaced(const v1::Resources& resources, const std::vector<WorkerView>& workers) {
-  int matching = 0;
-  int free = 0;
-  for (const auto& worker : workers) {
-    for (const Slot& slot : worker.slots) {
-      if (!Matches(slot, resources)) continue;
-      ++matching;
-      if (worker.busy.count(slot.flat_index) == 0) ++free;
-    }
-  }
+  const auto [matching, free] = CountMatching(resources, workers);
   if (matching < RanksOf(resources)) {
     return absl::StrCat("needs ", Describe(resources), "; online workers have ", matching,
                         " matching in all: waiting for workers to join");
@@ -130,36 +162,34 @@ std::string WhyNotPlaced(const v1::Resources& resources, const std::vector<Worke
                       " matching are free: waiting for running jobs");
 }
 
-std::vector<Decision> Schedule(std::vector<JobRequest> queue, std::vector<WorkerView> workers) {
+std::vector<Decision> Schedule(std::vector<JobRequest> queue, std::vector<WorkerView> workers,
+                               std::optional<int>* blocked_below) {
   std::stable_sort(queue.begin(), queue.end(), [](const JobRequest& a, const JobRequest& b) {
     if (a.priority != b.priority) return a.priority > b.priority;
     return a.order < b.order;
   });
   std::vector<Decision> decisions;
-  std::optional<int> blocked_below;  // a waiting job of this priority holds back lower ones
+  decisions.reserve(queue.size());
+  std::optional<int> blocked;  // a waiting job of this priority holds back lower ones
+  std::vector<std::pair<size_t, int>> taken;
   for (const JobRequest& request : queue) {
-    Decision decision;
-    decision.job_id = request.job_id;
-    if (blocked_below && request.priority < *blocked_below) {
-      decision.reason = absl::StrCat("waiting behind a job of higher priority ", *blocked_below);
-      decisions.push_back(std::move(decision));
-      continue;
-    }
-    auto fit = Fit(request.resources, workers);
-    if (fit.empty()) {
-      decision.reason = WhyNotPlaced(request.resources, workers);
-      // Only a job that would fit on idle devices holds back lower priorities; one that can never
-      // fit on the current workers would block the cluster forever.
-      if (FitsWhenIdle(request.resources, workers) && !blocked_below) {
-        blocked_below = request.priority;
-      }
-    } else {
-      decision.placement = ToPlacement(fit, workers);
-      for (const auto& [w, flat] : fit) workers[w].busy.insert(flat);
-    }
-    decisions.push_back(std::move(decision));
+    decisions.push_back(Decide(request, workers, blocked, taken));
+    for (const auto& [w, flat] : taken) workers[w].busy.insert(flat);
   }
+  if (blocked_below != nullptr) *blocked_below = blocked;
   return decisions;
+}
+
+Decision ScheduleNew(const JobRequest& request, const std::vector<WorkerView>& workers,
+                     std::optional<int>* blocked_below) {
+  // At its turn in a pass, only a job ahead of it (priority >= its own) can be holding back.
+  std::optional<int> at_turn;
+  if (*blocked_below && **blocked_below >= request.priority) at_turn = *blocked_below;
+  std::vector<std::pair<size_t, int>> taken;
+  Decision decision = Decide(request, workers, at_turn, taken);
+  // Either unchanged, or `request` now holds back, from a priority above the old one.
+  if (at_turn) *blocked_below = at_turn;
+  return decision;
 }
 
 }  // namespace hyscale::server

@@ -63,7 +63,20 @@ std::optional<std::vector<v1::RankPlacement>> Place(const v1::Resources& resourc
 std::string WhyNotPlaced(const v1::Resources& resources, const std::vector<WorkerView>& workers);
 
 // Decides, for the waiting `queue` (any order), which jobs start now and where, under the policy
-// above. Returns one Decision per request, in consideration order; `workers` is not modified.
-std::vector<Decision> Schedule(std::vector<JobRequest> queue, std::vector<WorkerView> workers);
+// above. Returns one Decision per request, in consideration order. `blocked_below`, if not null,
+// receives the priority below which the pass held jobs back (nullopt: none).
+std::vector<Decision> Schedule(std::vector<JobRequest> queue, std::vector<WorkerView> workers,
+                               std::optional<int>* blocked_below = nullptr);
+
+// Decides `request`, submitted after a pass over every other waiting job, exactly as a new pass
+// would, in O(workers) instead of O(waiting jobs). Valid only while no capacity was freed since
+// that pass (no worker joined, no slot or job ended, no restart came due, no waiting job left):
+// then every job ahead of `request` in the pass order (higher priority, or equal and earlier)
+// still cannot fit, because slots only got busier, so a pass would leave them waiting and give
+// `request` the same slots. Only a job of strictly higher priority holding back lower ones stops
+// it (same-priority skip-ahead is the policy). `workers`: as they are now, with the jobs placed
+// since the pass; `blocked_below`: the pass's, updated when `request` becomes the job holding back.
+Decision ScheduleNew(const JobRequest& request, const std::vector<WorkerView>& workers,
+                     std::optional<int>* blocked_below);
 
 }  // namespace hyscale::server

@@ -238,6 +238,109 @@ TEST_F(CoordinatorTest, PendingUntilAWorkerFits) {
   EXPECT_EQ(Drain(queue).size(), 2u);
 }
 
+// Counts the coordinator's writes to the jobs table, through triggers another connection adds.
+class JobWrites {
+ public:
+  explicit JobWrites(const std::string& db_path) {
+    EXPECT_EQ(sqlite3_open(db_path.c_str(), &db_), SQLITE_OK);
+    sqlite3_busy_timeout(db_, 5000);
+    EXPECT_EQ(sqlite3_exec(db_,
+                           "CREATE TABLE test_writes (kind TEXT);"
+                           "CREATE TRIGGER test_insert AFTER INSERT ON jobs BEGIN "
+                           "  INSERT INTO test_writes VALUES ('insert'); END;"
+                           "CREATE TRIGGER test_update AFTER UPDATE ON jobs BEGIN "
+                           "  INSERT INTO test_writes VALUES ('update'); END;",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK)
+        << sqlite3_errmsg(db_);
+  }
+  ~JobWrites() { sqlite3_close(db_); }
+  JobWrites(const JobWrites&) = delete;
+  JobWrites& operator=(const JobWrites&) = delete;
+
+  int Count(const char* kind) {
+    sqlite3_stmt* count = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, "SELECT count(*) FROM test_writes WHERE kind = ?", -1, &count,
+                                 nullptr),
+              SQLITE_OK);
+    sqlite3_bind_text(count, 1, kind, -1, SQLITE_STATIC);
+    EXPECT_EQ(sqlite3_step(count), SQLITE_ROW);
+    const int n = sqlite3_column_int(count, 0);
+    sqlite3_finalize(count);
+    return n;
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+TEST_F(CoordinatorTest, WaitingSubmissionIsWrittenOnceWithItsReason) {
+  Register("w1", 1);
+  Submit(2);  // waits for workers, as the next one will
+  JobWrites writes(dir_ + "/hyscale.db");
+  const v1::Job job = Submit(2);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("waiting for workers to join"), std::string::npos) << job.reason();
+  EXPECT_EQ(writes.Count("insert"), 1);
+  EXPECT_EQ(writes.Count("update"), 0);  // neither it nor the job before it is rewritten
+  // Its PENDING event carries the real reason too.
+  auto store = Store::Open(dir_ + "/hyscale.db");
+  ASSERT_TRUE(store.ok());
+  auto events = (*store)->LoadEvents(job.id(), 0, 10);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ(events->at(0).state_change().reason(), job.reason());
+}
+
+TEST_F(CoordinatorTest, SubmitDecidesOnlyTheNewJobAndTickRefreshesReasonsOnce) {
+  Register("w1", 2);
+  const v1::Job running = Submit(1);
+  EXPECT_EQ(State(running.id()), v1::JOB_STATE_SCHEDULED);
+  const v1::Job waiting = Submit(2);
+  EXPECT_NE(waiting.reason().find("1 of 2 matching are free"), std::string::npos)
+      << waiting.reason();
+  JobWrites writes(dir_ + "/hyscale.db");
+  // Same priority: it may take the free slot the 2-rank job cannot use (skip-ahead).
+  const v1::Job small = Submit(1);
+  EXPECT_EQ(State(small.id()), v1::JOB_STATE_SCHEDULED);
+  // No pass ran: only the new job was written (insert, then SCHEDULED).
+  EXPECT_EQ(writes.Count("insert"), 1);
+  EXPECT_EQ(writes.Count("update"), 1);
+  EXPECT_EQ(c_->GetJob(waiting.id())->reason(), waiting.reason());
+  // The next tick brings the waiting job's reason up to date, and later ticks write nothing.
+  c_->Tick();
+  EXPECT_NE(c_->GetJob(waiting.id())->reason().find("0 of 2 matching are free"), std::string::npos)
+      << c_->GetJob(waiting.id())->reason();
+  EXPECT_EQ(writes.Count("update"), 2);
+  c_->Tick();
+  c_->Tick();
+  EXPECT_EQ(writes.Count("update"), 2);
+}
+
+TEST_F(CoordinatorTest, SubmitNeverSkipsAheadOfHigherPriority) {
+  Register("w1", 2);
+  const v1::Job running = Submit(1);
+  const v1::Job head = Submit(2, 5);  // waits for the running job, holding back lower priorities
+  EXPECT_EQ(State(head.id()), v1::JOB_STATE_PENDING);
+  const v1::Job lower = Submit(1, 0);
+  EXPECT_EQ(State(lower.id()), v1::JOB_STATE_PENDING);  // a slot is free, but not for it
+  EXPECT_EQ(lower.reason(), "waiting behind a job of higher priority 5");
+  const v1::Job higher = Submit(2, 9);  // now it holds back, the earlier head included
+  EXPECT_EQ(State(higher.id()), v1::JOB_STATE_PENDING);
+  c_->Tick();
+  EXPECT_EQ(c_->GetJob(head.id())->reason(), "waiting behind a job of higher priority 9");
+  EXPECT_EQ(c_->GetJob(lower.id())->reason(), "waiting behind a job of higher priority 9");
+  // Capacity frees: a full pass places by priority, then FIFO.
+  Exited("w1", Ref(running.id(), 0, 0), 0);
+  EXPECT_EQ(State(higher.id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(State(head.id()), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(State(lower.id()), v1::JOB_STATE_PENDING);
+  Exited("w1", Ref(higher.id(), 0, 0), 0);
+  Exited("w1", Ref(higher.id(), 1, 0), 0);
+  EXPECT_EQ(State(head.id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(State(lower.id()), v1::JOB_STATE_PENDING);
+}
+
 TEST_F(CoordinatorTest, CancelInEveryNonTerminalState) {
   EXPECT_EQ(c_->CancelJob("nope", "").status().code(), absl::StatusCode::kNotFound);
   const v1::Job pending = Submit();

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
 namespace hyscale::server {
 namespace {
 
@@ -127,6 +132,92 @@ TEST(SchedulerTest, NoWorkersAtAll) {
   const auto decisions = Schedule({Job("j", 1)}, {});
   EXPECT_TRUE(decisions[0].placement.empty());
   EXPECT_NE(decisions[0].reason.find("0 matching"), std::string::npos);
+}
+
+// Marks the slots of `placement` busy, as the coordinator does once a job is SCHEDULED.
+void Occupy(const std::vector<v1::RankPlacement>& placement, std::vector<WorkerView>& workers) {
+  for (const auto& p : placement) {
+    for (auto& w : workers) {
+      if (w.id != p.worker_id()) continue;
+      for (const Slot& slot : w.slots) {
+        if (slot.kind_index == p.device_index() && slot.kind == v1::DEVICE_KIND_GPU) {
+          w.busy.insert(slot.flat_index);
+        }
+      }
+    }
+  }
+}
+
+// ScheduleNew after a pass must decide a new job exactly as a new pass over every waiting job
+// would: same placement, same reason, same job holding back, and nobody else moves.
+TEST(SchedulerTest, NewJobDecidedAloneAsAFullPassWould) {
+  std::mt19937 random(7);
+  auto pick = [&](int n) { return static_cast<int>(random() % static_cast<unsigned>(n)); };
+  for (int round = 0; round < 500; ++round) {
+    std::vector<WorkerView> workers;
+    for (int w = 0, n = pick(4); w < n; ++w) {
+      workers.push_back(Worker("w" + std::to_string(w), 1 + pick(4)));
+      for (const Slot& slot : workers.back().slots) {
+        if (pick(3) == 0) workers.back().busy.insert(slot.flat_index);
+      }
+    }
+    std::vector<JobRequest> queue;
+    for (int j = 0, n = pick(8); j < n; ++j) {
+      queue.push_back(Job("j" + std::to_string(j), 1 + pick(6), pick(3), j));
+    }
+    // The pass that ran before the submission; its placements now hold their slots.
+    std::optional<int> blocked;
+    std::vector<JobRequest> waiting;
+    for (const auto& d : Schedule(queue, workers, &blocked)) {
+      if (!d.placement.empty()) {
+        Occupy(d.placement, workers);
+      } else {
+        for (const auto& q : queue) {
+          if (q.job_id == d.job_id) waiting.push_back(q);
+        }
+      }
+    }
+    const JobRequest fresh = Job("new", 1 + pick(6), pick(3), 100);
+    std::optional<int> incremental = blocked;
+    const Decision alone = ScheduleNew(fresh, workers, &incremental);
+
+    std::vector<JobRequest> all = waiting;
+    all.push_back(fresh);
+    std::optional<int> full_blocked;
+    const auto full = Schedule(all, workers, &full_blocked);
+    SCOPED_TRACE("round " + std::to_string(round));
+    const Decision& expected = Find(full, "new");
+    EXPECT_EQ(alone.reason, expected.reason);
+    ASSERT_EQ(alone.placement.size(), expected.placement.size());
+    for (size_t r = 0; r < alone.placement.size(); ++r) {
+      EXPECT_EQ(alone.placement[r].worker_id(), expected.placement[r].worker_id());
+      EXPECT_EQ(alone.placement[r].device_index(), expected.placement[r].device_index());
+    }
+    EXPECT_EQ(incremental, full_blocked);
+    for (const auto& d : full) {
+      if (d.job_id != "new") {
+        EXPECT_TRUE(d.placement.empty()) << d.job_id;
+      }
+    }
+  }
+}
+
+TEST(SchedulerTest, NewJobWaitsBehindHigherPriorityButMaySkipAheadInItsOwn) {
+  WorkerView w = Worker("w", 2);
+  w.busy = {0};
+  std::optional<int> blocked;
+  Schedule({Job("head", 2, 5, 1)}, {w}, &blocked);
+  ASSERT_EQ(blocked, 5);
+  const Decision lower = ScheduleNew(Job("lower", 1, 0, 2), {w}, &blocked);
+  EXPECT_TRUE(lower.placement.empty());
+  EXPECT_EQ(lower.reason, "waiting behind a job of higher priority 5");
+  const Decision same = ScheduleNew(Job("same", 1, 5, 3), {w}, &blocked);
+  EXPECT_EQ(same.placement.size(), 1u);
+  // A higher-priority job that must wait now holds back from its own priority.
+  w.busy = {0, 1};
+  const Decision higher = ScheduleNew(Job("higher", 2, 9, 4), {w}, &blocked);
+  EXPECT_TRUE(higher.placement.empty());
+  EXPECT_EQ(blocked, 9);
 }
 
 }  // namespace
