@@ -4,10 +4,32 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <vector>
 
 #include "proto/job_spec.h"
 
 namespace hyscale::server::testing {
+namespace {
+
+// Removes the scratch directories when the test binary exits.
+class ScratchDirs {
+ public:
+  ~ScratchDirs() {
+    std::error_code ignored;
+    for (const auto& dir : dirs_) std::filesystem::remove_all(dir, ignored);
+  }
+  void Add(const std::filesystem::path& dir) { dirs_.push_back(dir); }
+
+ private:
+  std::vector<std::filesystem::path> dirs_;
+};
+
+ScratchDirs& Scratch() {
+  static ScratchDirs dirs;
+  return dirs;
+}
+
+}  // namespace
 
 std::string ScratchDir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -16,6 +38,7 @@ std::string ScratchDir() {
                                                 "_" + info->test_suite_name() + "_" + info->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  Scratch().Add(dir);
   return dir.string();
 }
 
