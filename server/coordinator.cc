@@ -126,6 +126,7 @@ absl::Status Coordinator::Load() {
                        RankState{job.state() == v1::JOB_STATE_RUNNING, false, false});
     by_order_[entry.order] = job.id();
     if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
+    Track(job.id(), job.state(), +1);
     entry.job = std::move(job);
   }
   RestartJobsOnLostWorkers();
@@ -180,6 +181,8 @@ absl::Status Coordinator::TransitionWith(JobEntry& entry, v1::Job updated, v1::J
   if (auto status = Commit(entry, std::move(updated), {std::move(event)}); !status.ok()) {
     return status;
   }
+  Track(entry.job.id(), from, -1);
+  Track(entry.job.id(), to, +1);
   if (metrics_ != nullptr && IsTerminal(to)) metrics_->JobEnded(entry.job.id(), now);
   // Leaving a placement frees slots (or starts a backoff); a waiting job that leaves may have been
   // holding others back. Only becoming SCHEDULED or RUNNING frees nothing.
@@ -188,11 +191,19 @@ absl::Status Coordinator::TransitionWith(JobEntry& entry, v1::Job updated, v1::J
   return absl::OkStatus();
 }
 
+void Coordinator::Track(const std::string& job_id, v1::JobState state, int delta) {
+  job_counts_[state] += delta;
+  if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) return;
+  if (delta > 0) {
+    placed_.insert(job_id);
+  } else {
+    placed_.erase(job_id);
+  }
+}
+
 void Coordinator::UpdateGauges() {
   if (metrics_ == nullptr) return;
-  std::map<v1::JobState, int> jobs;
-  for (const auto& [id, entry] : jobs_) ++jobs[entry.job.state()];
-  metrics_->SetJobCounts(jobs);
+  metrics_->SetJobCounts(job_counts_);
   std::map<v1::WorkerState, int> workers;
   for (const auto& [id, worker] : workers_) ++workers[worker.info.state()];
   metrics_->SetWorkerCounts(workers);
@@ -235,9 +246,8 @@ std::vector<WorkerView> Coordinator::WorkerViews() const {
     index[id] = views.size();
     views.push_back(std::move(view));
   }
-  for (const auto& [id, entry] : jobs_) {
-    const v1::JobState state = entry.job.state();
-    if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
+  for (const std::string& id : placed_) {
+    const JobEntry& entry = jobs_.at(id);
     for (const auto& placement : entry.job.placement()) {
       const auto found = index.find(placement.worker_id());
       if (found == index.end()) continue;
@@ -550,6 +560,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   entry.job = job;
   by_order_[entry.order] = job.id();
   if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
+  Track(job.id(), job.state(), +1);
   if (metrics_ != nullptr) metrics_->JobSubmitted();
   changed_.notify_all();
   UpdateGauges();
@@ -809,8 +820,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
       if (flat >= 0) worker.stopping[{ref.job_id(), ref.rank(), ref.attempt()}] = flat;
     }
   }
-  // Ranks we believe started here that the worker no longer runs have exited unseen.
-  for (auto& [id, entry] : jobs_) {
+  // Ranks we believe started here that the worker no longer runs have exited unseen. (A copy:
+  // FailAttempt takes jobs out of placed_.)
+  for (const std::string& id : std::vector<std::string>(placed_.begin(), placed_.end())) {
+    JobEntry& entry = jobs_.at(id);
     const v1::JobState state = entry.job.state();
     if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
     for (const auto& placement : entry.job.placement()) {
@@ -891,9 +904,8 @@ absl::StatusOr<std::shared_ptr<AssignmentQueue>> Coordinator::OpenAssignments(
   if (worker.queue) worker.queue->Close();
   worker.queue = std::make_shared<AssignmentQueue>();
   if (shutdown_) worker.queue->Close();
-  for (const auto& [id, entry] : jobs_) {
-    const v1::JobState state = entry.job.state();
-    if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
+  for (const std::string& id : placed_) {
+    const JobEntry& entry = jobs_.at(id);
     for (const auto& placement : entry.job.placement()) {
       if (placement.worker_id() != worker_id) continue;
       v1::RunRank run = MakeRunRank(entry, placement);
@@ -1043,7 +1055,9 @@ void Coordinator::DeclareLost(WorkerEntry& worker) {
 }
 
 void Coordinator::RestartJobsOnLostWorkers() {
-  for (auto& [id, entry] : jobs_) {
+  // A copy: FailAttempt takes jobs out of placed_.
+  for (const std::string& id : std::vector<std::string>(placed_.begin(), placed_.end())) {
+    JobEntry& entry = jobs_.at(id);
     const v1::JobState state = entry.job.state();
     if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) continue;
     for (const auto& placement : entry.job.placement()) {

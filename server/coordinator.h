@@ -185,6 +185,8 @@ class Coordinator {
   int FlatSlot(const WorkerEntry& worker, const v1::Job& job,
                const v1::RankPlacement& placement) const;
   v1::RunRank MakeRunRank(const JobEntry& entry, const v1::RankPlacement& placement) const;
+  // Keeps job_counts_ and placed_ in step with a job entering (+1) or leaving (-1) `state`.
+  void Track(const std::string& job_id, v1::JobState state, int delta);
   void UpdateGauges();
   std::string NewJobId();
   absl::Status ValidateSubmit(const v1::SubmitJobRequest& request) const;
@@ -201,6 +203,9 @@ class Coordinator {
   std::map<int64_t, std::string> by_order_;        // submission order -> job id
   std::map<std::string, std::string> by_request_;  // request_id -> job id
   std::map<std::string, WorkerEntry> workers_;
+  // Maintained on every state change, so gauges and slot views need not walk every job.
+  std::map<v1::JobState, int> job_counts_;
+  std::set<std::string> placed_;  // SCHEDULED and RUNNING jobs
   int64_t next_order_ = 1;
   std::mt19937_64 random_;
 
