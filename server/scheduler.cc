@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
+#include <tuple>
 #include <utility>
 
 namespace hyscale::server {
@@ -172,9 +174,30 @@ std::vector<Decision> Schedule(std::vector<JobRequest> queue, std::vector<Worker
   decisions.reserve(queue.size());
   std::optional<int> blocked;  // a waiting job of this priority holds back lower ones
   std::vector<std::pair<size_t, int>> taken;
+  // Jobs of a shape that did not fit, with their reason, while no slot was taken since: the same
+  // shape cannot fit either, so a long queue of few shapes costs O(shapes x workers), not
+  // O(jobs x workers).
+  std::map<std::tuple<int, v1::DeviceKind, int64_t>, std::pair<std::string, bool>> unplaced;
   for (const JobRequest& request : queue) {
+    const auto shape = std::make_tuple(RanksOf(request.resources), request.resources.device_kind(),
+                                       request.resources.memory_bytes_per_rank());
+    const bool held_back = blocked && request.priority < *blocked;
+    const auto known = unplaced.find(shape);
+    if (!held_back && known != unplaced.end()) {
+      Decision decision;
+      decision.job_id = request.job_id;
+      decision.reason = known->second.first;
+      if (!blocked && known->second.second) blocked = request.priority;
+      decisions.push_back(std::move(decision));
+      continue;
+    }
     decisions.push_back(Decide(request, workers, blocked, taken));
     for (const auto& [w, flat] : taken) workers[w].busy.insert(flat);
+    if (!taken.empty()) {
+      unplaced.clear();
+    } else if (!held_back) {
+      unplaced[shape] = {decisions.back().reason, FitsWhenIdle(request.resources, workers)};
+    }
   }
   if (blocked_below != nullptr) *blocked_below = blocked;
   return decisions;

@@ -128,6 +128,18 @@ TEST(SchedulerTest, NeverFittingJobDoesNotBlockOthers) {
   EXPECT_EQ(Find(decisions, "small").placement.size(), 1u);
 }
 
+TEST(SchedulerTest, SameShapeReasonsFollowPlacementsWithinAPass) {
+  WorkerView w = Worker("w", 4);
+  w.busy = {0};
+  const auto decisions = Schedule(
+      {Job("a", 4, 0, 1), Job("b", 4, 0, 2), Job("small", 1, 0, 3), Job("c", 4, 0, 4)}, {w});
+  EXPECT_NE(Find(decisions, "a").reason.find("3 of 4 matching are free"), std::string::npos);
+  EXPECT_EQ(Find(decisions, "b").reason, Find(decisions, "a").reason);
+  EXPECT_EQ(Find(decisions, "small").placement.size(), 1u);
+  EXPECT_NE(Find(decisions, "c").reason.find("2 of 4 matching are free"), std::string::npos)
+      << Find(decisions, "c").reason;
+}
+
 TEST(SchedulerTest, NoWorkersAtAll) {
   const auto decisions = Schedule({Job("j", 1)}, {});
   EXPECT_TRUE(decisions[0].placement.empty());
