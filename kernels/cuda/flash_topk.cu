@@ -19,7 +19,7 @@
 #include <string>
 
 #include "kernels/cuda/flash_topk_cuda.h"
-#include "kernels/cuda/index_score_warp.cuh"
+#include "kernels/cuda/index_score_warpgroup.cuh"
 #include "kernels/cuda/radix_select.cuh"
 
 namespace hyscale::cuda {
@@ -79,38 +79,50 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 
 enum class ScoreMode { kCandidates, kTable };
 
-// One warp per query row, kQueriesPerBlock rows per block sharing each key tile (cp.async,
-// kStages deep). Causal: the block walks the keys its latest row sees; a warp idles past its own
-// row.
+// One warpgroup a block scores kQueriesPerBlock query rows against each key tile (cp.async,
+// kStages deep) with one wgmma chain for all of them. Causal: the block walks the keys its latest
+// row sees; the other rows' scores past their own row are dropped.
 template <class Traits, ScoreMode kMode>
 __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksPerSm)
     score_rows_kernel(ScoreParams p) {
-  constexpr int kWarps = SelectTraits::kQueriesPerBlock;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto* key_tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  constexpr int kQueries = SelectTraits::kQueriesPerBlock;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto* queries = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // kQueries x [H_I x d_I], stacked
+  auto* key_tiles = queries + kQueries * Traits::kQueryElems;
+  __shared__ int found[kQueries];  // candidates per query (may exceed the capacity)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Causal rows late in the sequence cost the most: start them first, so the tail is short.
   const int block = gridDim.x - 1 - blockIdx.x;
-  const int slot = block * kWarps + warp;
-  const bool active = slot < p.rows.rows;
-  const int64_t row = active ? p.rows.row(slot) : 0;
-  auto array_visible = [&](int64_t r) {
-    const int64_t v = visible_keys(r, p.q_offset, p.tokens_per_key, p.num_keys);
+  const int first_slot = block * kQueries;
+  auto array_visible = [&](int slot) -> int64_t {
+    if (slot >= p.rows.rows) return 0;
+    const int64_t v = visible_keys(p.rows.row(slot), p.q_offset, p.tokens_per_key, p.num_keys);
     return min(ceil_div(v, p.key_stride), p.num_array_keys);
   };
-  const int64_t visible = active ? array_visible(row) : 0;
-  int64_t block_visible = 0;
-  for (int s = block * kWarps; s < min(block * kWarps + kWarps, p.rows.rows); ++s) {
-    block_visible = max(block_visible, array_visible(p.rows.row(s)));
-  }
 
-  QueryFragments<Traits> query;
-  load_query_fragments<Traits>(active ? p.q + row * Traits::kHeads * Traits::kDim : nullptr, lane,
-                               query);
-  float weights[Traits::kHeadsPerLane] = {};
-  if (active) load_lane_weights<Traits>(p.w + row * Traits::kHeads, lane, weights);
-  const float threshold = (active && p.thresholds) ? p.thresholds[slot] : kNegInf;
+  int64_t visible[kQueries];
+  float threshold[kQueries];
+  float weights[kQueries][Traits::kHeadsPerLane];
+  int64_t block_visible = 0;
+#pragma unroll
+  for (int q = 0; q < kQueries; ++q) {
+    const int slot = first_slot + q;
+    const bool active = slot < p.rows.rows;
+    visible[q] = array_visible(slot);
+    block_visible = max(block_visible, visible[q]);
+    threshold[q] = (active && p.thresholds) ? p.thresholds[slot] : kNegInf;
+#pragma unroll
+    for (int j = 0; j < Traits::kHeadsPerLane; ++j) weights[q][j] = 0.f;
+    if (active)
+      load_lane_weights<Traits>(p.w + p.rows.row(slot) * Traits::kHeads, lane, weights[q]);
+    const __nv_bfloat16* q_row =
+        active ? p.q + p.rows.row(slot) * Traits::kHeads * Traits::kDim : nullptr;
+    load_rows_async<Traits>(queries + q * Traits::kQueryElems, Traits::kHeads, threadIdx.x,
+                            SelectTraits::kThreads,
+                            [&](int h) { return q_row ? q_row + h * Traits::kDim : nullptr; });
+  }
+  if (threadIdx.x < kQueries) found[threadIdx.x] = 0;
 
   const int64_t tiles = ceil_div(block_visible, Traits::kKeysPerTile);
   auto load_tile = [&](int64_t tile) {
@@ -125,46 +137,59 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
 #pragma unroll
   for (int tile = 0; tile < kAhead; ++tile) {
     if (tile < tiles) load_tile(tile);
-    cp_async_commit();
+    cp_async_commit();  // the queries travel in the first group
   }
 
-  int count = 0;
+  const int tile_key = emitted_key(warp, lane);
+  // One finished tile of query q: keep (or write) the score of this lane's key.
+  auto emit = [&](int q, int64_t base, float2 scores) {
+    const int slot = first_slot + q;
+    const float score = lane % 4 == 0 ? scores.x : scores.y;
+    const int64_t key = base + tile_key;
+    const bool valid = tile_key >= 0 && key < visible[q];
+    if constexpr (kMode == ScoreMode::kCandidates) {
+      const bool keep = valid && score >= threshold[q];
+      const uint32_t ballot = __ballot_sync(0xffffffffu, keep);
+      int warp_base = 0;
+      if (lane == 0 && ballot != 0) warp_base = atomicAdd(&found[q], __popc(ballot));
+      warp_base = __shfl_sync(0xffffffffu, warp_base, 0);
+      // Candidates land in any order; the finish does not depend on it.
+      const int pos = warp_base + __popc(ballot & lanemask_lt());
+      if (keep && pos < p.capacity) {
+        const int64_t out = static_cast<int64_t>(slot) * p.capacity + pos;
+        p.cand_scores[out] = score;
+        if (p.cand_keys) p.cand_keys[out] = static_cast<int>(key * p.key_stride);
+      }
+    } else {
+      if (valid) p.table[static_cast<int64_t>(slot) * p.table_stride + key] = score;
+    }
+  };
+
   for (int64_t tile = 0; tile < tiles; ++tile) {
     cp_async_wait<kAhead - 1>();  // this tile has landed (one commit group per tile)
-    __syncthreads();              // for every thread; and every warp is done with tile - 1
+    fence_async_shared();         // cp.async wrote it; wgmma reads it
+    __syncthreads();              // for every thread; and the products of tile - 1 are done
     if (tile + kAhead < tiles) load_tile(tile + kAhead);  // into the stage tile - 1 used
     cp_async_commit();
     const int64_t base = tile * Traits::kKeysPerTile;
-    if (base < visible) {
-      const float2 s = score_key_tile<Traits>(
-          key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems, query, lane, weights);
-      const int64_t key0 = base + lane_key(lane), key1 = key0 + 8;
-      if constexpr (kMode == ScoreMode::kCandidates) {
-        const bool keep0 = key0 < visible && s.x >= threshold;
-        const bool keep1 = key1 < visible && s.y >= threshold;
-        const uint32_t ballot0 = __ballot_sync(0xffffffffu, keep0);
-        const uint32_t ballot1 = __ballot_sync(0xffffffffu, keep1);
-        const int pos0 = count + __popc(ballot0 & lanemask_lt());
-        const int pos1 = count + __popc(ballot0) + __popc(ballot1 & lanemask_lt());
-        const int64_t out = static_cast<int64_t>(slot) * p.capacity;
-        if (keep0 && pos0 < p.capacity) {
-          p.cand_scores[out + pos0] = s.x;
-          if (p.cand_keys) p.cand_keys[out + pos0] = static_cast<int>(key0 * p.key_stride);
-        }
-        if (keep1 && pos1 < p.capacity) {
-          p.cand_scores[out + pos1] = s.y;
-          if (p.cand_keys) p.cand_keys[out + pos1] = static_cast<int>(key1 * p.key_stride);
-        }
-        count += __popc(ballot0) + __popc(ballot1);
-      } else {
-        float* out = p.table + static_cast<int64_t>(slot) * p.table_stride;
-        if (key0 < visible) out[key0] = s.x;
-        if (key1 < visible) out[key1] = s.y;
-      }
-    }
+    float acc[kQueries * Traits::kHeads / 2];
+    wgmma_fence();
+    issue_key_tile<Traits, kQueries>(
+        key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems, queries, acc);
+    wgmma_commit();
+    wgmma_wait<0>();
+    emit(0, base, reduce_heads<Traits, 0>(acc, weights[0]));
+    emit(1, base, reduce_heads<Traits, 1>(acc, weights[1]));
+    emit(2, base, reduce_heads<Traits, 2>(acc, weights[2]));
+    emit(3, base, reduce_heads<Traits, 3>(acc, weights[3]));
   }
+  static_assert(kQueries == 4, "the epilogue above names four queries");
+  cp_async_wait<0>();
+  __syncthreads();
   if constexpr (kMode == ScoreMode::kCandidates) {
-    if (active && lane == 0) p.counts[slot] = count;
+    if (threadIdx.x < kQueries && first_slot + static_cast<int>(threadIdx.x) < p.rows.rows) {
+      p.counts[first_slot + threadIdx.x] = found[threadIdx.x];
+    }
   }
 }
 
@@ -215,7 +240,7 @@ struct FinishParams {
 
 // Per row: exact top-k of its candidates, sorted by score descending then key ascending.
 __global__ void __launch_bounds__(SelectTraits::kSelectThreads) finish_rows_kernel(FinishParams p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   auto* sorted = reinterpret_cast<unsigned long long*>(smem_raw);
   __shared__ RadixSelectShared shared;
   __shared__ int filled;
@@ -392,7 +417,9 @@ struct Workspace {
 template <class Traits, ScoreMode kMode>
 void launch_score(const ScoreParams& p, cudaStream_t stream) {
   if (p.rows.rows == 0) return;
-  constexpr size_t kSmem = SelectTraits::kStages * Traits::kKeyTileElems * sizeof(__nv_bfloat16);
+  constexpr size_t kSmem = (SelectTraits::kQueriesPerBlock * Traits::kQueryElems +
+                            SelectTraits::kStages * Traits::kKeyTileElems) *
+                           sizeof(__nv_bfloat16);
   auto kernel = score_rows_kernel<Traits, kMode>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
         "shared memory size");
@@ -514,21 +541,21 @@ FlashTopkStats flash_topk_impl(const IndexerShape& shape, const void* q, const v
 
 // ---- index_score_gather ---------------------------------------------------------------------
 
-constexpr int kGatherWarps = 4;
-
+// One warpgroup per query row: gathers 64 selected keys at a time into shared memory (two
+// stages) and scores them with the same routine as the selection.
 template <class Traits>
-__global__ void __launch_bounds__(kGatherWarps * 32)
+__global__ void __launch_bounds__(128)
     gather_scores_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                          const int32_t* indices, int64_t topk, int64_t num_keys, float* scores) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto* query = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  auto* key_tiles = query + Traits::kQueryElems;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __nv_bfloat16* key_tile =
-      reinterpret_cast<__nv_bfloat16*>(smem_raw) + warp * Traits::kKeyTileElems;
   const int64_t row = blockIdx.x;
   const int32_t* row_indices = indices + row * topk;
 
-  QueryFragments<Traits> query;
-  load_query_fragments<Traits>(q + row * Traits::kHeads * Traits::kDim, lane, query);
+  load_rows_async<Traits>(query, Traits::kHeads, threadIdx.x, 128,
+                          [&](int h) { return q + (row * Traits::kHeads + h) * Traits::kDim; });
   float weights[Traits::kHeadsPerLane];
   load_lane_weights<Traits>(w + row * Traits::kHeads, lane, weights);
 
@@ -536,21 +563,34 @@ __global__ void __launch_bounds__(kGatherWarps * 32)
     const int64_t key = j < topk ? row_indices[j] : -1;
     return key >= 0 && key < num_keys ? key : -1;
   };
-  for (int64_t tile = warp; tile * Traits::kKeysPerTile < topk; tile += kGatherWarps) {
-    const int64_t base = tile * Traits::kKeysPerTile;
-    load_rows_async<Traits>(key_tile, Traits::kKeysPerTile, lane, 32,
-                            [&](int r) -> const __nv_bfloat16* {
-                              const int64_t key = key_at(base + r);
+  const int64_t tiles = ceil_div(topk, Traits::kKeysPerTile);
+  auto load_tile = [&](int64_t tile) {
+    load_rows_async<Traits>(key_tiles + (tile % 2) * Traits::kKeyTileElems, Traits::kKeysPerTile,
+                            threadIdx.x, 128, [&](int r) -> const __nv_bfloat16* {
+                              const int64_t key = key_at(tile * Traits::kKeysPerTile + r);
                               return key >= 0 ? keys + key * Traits::kDim : nullptr;
                             });
+  };
+  load_tile(0);
+  cp_async_commit();  // with the query
+  const int tile_key = emitted_key(warp, lane);
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) load_tile(tile + 1);
     cp_async_commit();
-    cp_async_wait<0>();
-    __syncwarp();
-    const float2 s = score_key_tile<Traits>(key_tile, query, lane, weights);
-    const int64_t j0 = base + lane_key(lane), j1 = j0 + 8;
-    if (j0 < topk) scores[row * topk + j0] = key_at(j0) >= 0 ? s.x : kNegInf;
-    if (j1 < topk) scores[row * topk + j1] = key_at(j1) >= 0 ? s.y : kNegInf;
-    __syncwarp();  // the next tile overwrites key_tile
+    cp_async_wait<1>();
+    fence_async_shared();
+    __syncthreads();
+    float acc[Traits::kHeads / 2];
+    wgmma_fence();
+    issue_key_tile<Traits, 1>(key_tiles + (tile % 2) * Traits::kKeyTileElems, query, acc);
+    wgmma_commit();
+    wgmma_wait<0>();
+    const float2 s = reduce_heads<Traits, 0>(acc, weights);
+    const int64_t j = tile * Traits::kKeysPerTile + tile_key;
+    if (tile_key >= 0 && j < topk) {
+      scores[row * topk + j] = key_at(j) >= 0 ? (lane % 4 == 0 ? s.x : s.y) : kNegInf;
+    }
+    __syncthreads();  // the next load overwrites this stage
   }
 }
 
@@ -603,11 +643,12 @@ void index_score_gather(const IndexerShape& shape, const void* q, const void* k,
   if (shape.num_queries == 0 || topk == 0) return;
   dispatch_shape(shape.heads, shape.dim, [&](auto traits) {
     using Traits = decltype(traits);
-    constexpr size_t kSmem = kGatherWarps * Traits::kKeyTileElems * sizeof(__nv_bfloat16);
+    constexpr size_t kSmem =
+        (Traits::kQueryElems + 2 * Traits::kKeyTileElems) * sizeof(__nv_bfloat16);
     auto kernel = gather_scores_kernel<Traits>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
           "shared memory size");
-    kernel<<<static_cast<unsigned>(shape.num_queries), kGatherWarps * 32, kSmem,
+    kernel<<<static_cast<unsigned>(shape.num_queries), 128, kSmem,
              static_cast<cudaStream_t>(stream)>>>(static_cast<const __nv_bfloat16*>(q),
                                                   static_cast<const __nv_bfloat16*>(k), w, indices,
                                                   topk, shape.num_keys, scores);
