@@ -465,7 +465,7 @@ int Run(const Flags& flags) {
 
 int main(int argc, char** argv) {
   hyscale::bench::Flags flags;
-  CLI::App app{"service_load_bench: load on a real hyscaled (see docs/service-load.md)"};
+  CLI::App app{"service_load_bench: load on a real hyscaled (see docs/performance.md, section 6)"};
   app.add_option("--hyscaled", flags.hyscaled, "hyscaled binary to start")->capture_default_str();
   app.add_option("--server", flags.server,
                  "Use this running coordinator (HOST:PORT) instead of starting one per phase");
