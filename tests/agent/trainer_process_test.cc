@@ -78,6 +78,15 @@ struct Recorder {
 
 class TrainerProcessTest : public ::testing::Test {
  protected:
+  // The pid the fake trainer's background child writes (the "sleep" and "stubborn" scripts).
+  pid_t WaitForChildPid() {
+    const std::string pid_file = dir_.path() + "/work/job-1/0/rank0/child.pid";
+    for (int i = 0; i < 200 && ReadAll(pid_file).empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return std::stoi(ReadAll(pid_file));
+  }
+
   TrainerProcessTest() : trainer_(testing::WriteFakeTrainer(dir_.path())) {}
 
   TrainerCommand Prepare(const v1::RunRank& run, bool gpus = false) {
@@ -181,11 +190,7 @@ TEST_F(TrainerProcessTest, StopKillsTheProcessGroup) {
   Recorder recorder;
   auto process = TrainerProcess::Start(command, recorder.Callbacks());
   ASSERT_TRUE(process.ok()) << process.status();
-  const std::string pid_file = dir_.path() + "/work/job-1/0/rank0/child.pid";
-  for (int i = 0; i < 200 && ReadAll(pid_file).empty(); ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  const pid_t child = std::stoi(ReadAll(pid_file));
+  const pid_t child = WaitForChildPid();
   ASSERT_TRUE(Alive(child));
   (*process)->Stop("cancelled", std::chrono::seconds(10));
   ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
@@ -205,11 +210,7 @@ TEST_F(TrainerProcessTest, StopEscalatesToSigkill) {
   Recorder recorder;
   auto process = TrainerProcess::Start(command, recorder.Callbacks());
   ASSERT_TRUE(process.ok()) << process.status();
-  const std::string pid_file = dir_.path() + "/work/job-1/0/rank0/child.pid";
-  for (int i = 0; i < 200 && ReadAll(pid_file).empty(); ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  const pid_t child = std::stoi(ReadAll(pid_file));
+  const pid_t child = WaitForChildPid();
   (*process)->Stop("cancelled", milliseconds(300));
   ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
   {

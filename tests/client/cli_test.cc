@@ -1,4 +1,5 @@
 #include "client/cli.h"
+#include "tests/client/tiny_spec.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "tests/client/fake_job_service.h"
+#include "tests/client/tiny_spec.h"
 
 namespace hyscale::cli {
 namespace {
@@ -23,26 +25,7 @@ struct Result {
   std::string err;
 };
 
-constexpr char kSpec[] = R"(name: tiny
-seed: 1
-model:
-  vocab_size: 160
-  d_model: 32
-  layers: 1
-  heads: 2
-  head_dim_qk: 16
-  rope_dim: 8
-  head_dim_v: 16
-  d_ff: 64
-  indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 16}
-data:
-  seq_len: 64
-  batch_size: 2
-  recall: {pairs: 4, queries: 4, key_vocab: 64, value_vocab: 64}
-stages:
-  - {name: dense, steps: 20, lr: 1.0e-3, attention: DENSE, trains: ALL}
-checkpoint: {every_steps: 5}
-)";
+constexpr const char* kSpec = hyscale::cli::testing::kTinySpec;
 
 class CliTest : public ::testing::Test {
  protected:

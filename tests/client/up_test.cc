@@ -17,27 +17,11 @@
 #include <string>
 #include <thread>
 
+#include "tests/client/tiny_spec.h"
+
 namespace {
 
-constexpr char kSpec[] = R"(name: tiny
-seed: 1
-model:
-  vocab_size: 160
-  d_model: 32
-  layers: 1
-  heads: 2
-  head_dim_qk: 16
-  rope_dim: 8
-  head_dim_v: 16
-  d_ff: 64
-  indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 16}
-data:
-  seq_len: 64
-  batch_size: 2
-  recall: {pairs: 4, queries: 4, key_vocab: 64, value_vocab: 64}
-stages:
-  - {name: dense, steps: 3, lr: 1.0e-3, attention: DENSE, trains: ALL}
-)";
+constexpr const char* kSpec = hyscale::cli::testing::kTinySpec;
 
 // Prints the trainer's event lines; exits with $FAKE_EXIT (default 0).
 constexpr char kTrainer[] = R"SH(#!/bin/sh
