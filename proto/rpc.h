@@ -24,9 +24,9 @@ absl::StatusOr<std::string> ResolveToken(const std::string& token, const std::st
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 struct ClientOptions {
-  std::string server;       // host:port
-  std::string token;        // empty: no authorization header
-  std::string tls_ca_file;  // PEM roots; empty: plaintext
+  std::string server;                        // host:port
+  std::string token;                         // empty: no authorization header
+  std::string tls_ca_file;                   // PEM roots; empty: plaintext
   std::chrono::milliseconds timeout{10000};  // deadline of each unary call
 };
 
@@ -46,7 +46,8 @@ inline void PrepareCall(grpc::ClientContext* context, const ClientOptions& optio
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const std::string& cert_file, const std::string& key_file);
 
-// Checks "authorization: Bearer <expected>" on a server call. OK when `expected` is empty (auth off).
+// Checks "authorization: Bearer <expected>" on a server call. OK when `expected` is empty (auth
+// off).
 grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& expected);
 
 grpc::Status ToGrpc(const absl::Status& status);

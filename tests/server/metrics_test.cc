@@ -91,8 +91,8 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
         "hyscale_workers{state=\"online\"} 1", "hyscale_workers{state=\"lost\"} 0",
         "hyscale_job_step_phase_seconds_bucket{job_id=\"job-1\",phase=\"selection\",le=\"0.1\"} 1",
         "hyscale_job_step_seconds_count{job_id=\"job-1\"} 1",
-        "hyscale_job_tokens_per_second{job_id=\"job-1\"} 1000", "hyscale_job_loss{job_id=\"job-1\"} 2",
-        "hyscale_job_indexer_recall{job_id=\"job-1\"} 0.75",
+        "hyscale_job_tokens_per_second{job_id=\"job-1\"} 1000",
+        "hyscale_job_loss{job_id=\"job-1\"} 2", "hyscale_job_indexer_recall{job_id=\"job-1\"} 0.75",
         "hyscale_job_peak_memory_bytes{job_id=\"job-1\"} 1048576",
         "hyscale_job_step{job_id=\"job-1\"} 10"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name;
