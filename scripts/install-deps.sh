@@ -9,6 +9,8 @@ packages=(
   # trainer and kernels
   libtorch-dev protobuf-compiler libprotobuf-dev libabsl-dev libyaml-cpp-dev nlohmann-json3-dev
   libcli11-dev zlib1g-dev
+  # context parallelism on CPU: c10d's Gloo process group needs the Gloo headers
+  libgloo-dev
   # libtorch-dev pulls in the reference BLAS; OpenBLAS (OpenMP build, like libtorch) is ~10x faster
   libopenblas0-openmp
   # reusing freed pages instead of page-faulting fresh ones: see worker/trainer/allocator.cc
