@@ -48,6 +48,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
 
 // Checks "authorization: Bearer <expected>" on a server call. OK when `expected` is empty (auth
 // off).
+// Constant-time comparison, so a token does not leak through response timing.
+bool SameSecret(const std::string& a, const std::string& b);
+
 grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& expected);
 
 grpc::Status ToGrpc(const absl::Status& status);

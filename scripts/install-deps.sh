@@ -21,6 +21,8 @@ packages=(
   libgtest-dev libgmock-dev prometheus clang libclang-rt-14-dev
   # the end-to-end tests drive the CLI and Prometheus from bash
   jq curl procps openssl
+  # the web view's test (headless Chromium) and the deploy/ checks (python3 with YAML)
+  chromium python3-yaml
 )
 
 missing=()

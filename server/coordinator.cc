@@ -127,6 +127,7 @@ absl::Status Coordinator::Load() {
     by_order_[entry.order] = job.id();
     if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
     Track(job.id(), job.state(), +1);
+    if (!IsTerminal(job.state())) ExportPlan(job);
     entry.job = std::move(job);
   }
   RestartJobsOnLostWorkers();
@@ -184,6 +185,7 @@ absl::Status Coordinator::TransitionWith(JobEntry& entry, v1::Job updated, v1::J
   Track(entry.job.id(), from, -1);
   Track(entry.job.id(), to, +1);
   if (metrics_ != nullptr && IsTerminal(to)) metrics_->JobEnded(entry.job.id(), now);
+  if (metrics_ != nullptr && to == v1::JOB_STATE_RESTARTING) metrics_->JobRestarted(entry.job.id());
   // Leaving a placement frees slots (or starts a backoff); a waiting job that leaves may have been
   // holding others back. Only becoming SCHEDULED or RUNNING frees nothing.
   if (to != v1::JOB_STATE_SCHEDULED && to != v1::JOB_STATE_RUNNING) pass_needed_ = true;
@@ -193,12 +195,18 @@ absl::Status Coordinator::TransitionWith(JobEntry& entry, v1::Job updated, v1::J
 
 void Coordinator::Track(const std::string& job_id, v1::JobState state, int delta) {
   job_counts_[state] += delta;
+  if (metrics_ != nullptr && delta > 0 && !IsTerminal(state)) metrics_->JobState(job_id, state);
   if (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING) return;
   if (delta > 0) {
     placed_.insert(job_id);
   } else {
     placed_.erase(job_id);
   }
+}
+
+void Coordinator::ExportPlan(const v1::Job& job) {
+  if (metrics_ == nullptr) return;
+  metrics_->JobPlanned(job.id(), planner::EstimateMemory(job.spec()).total_bytes);
 }
 
 void Coordinator::UpdateGauges() {
@@ -561,6 +569,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   by_order_[entry.order] = job.id();
   if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
   Track(job.id(), job.state(), +1);
+  ExportPlan(job);
   if (metrics_ != nullptr) metrics_->JobSubmitted();
   changed_.notify_all();
   UpdateGauges();
@@ -573,6 +582,19 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
   const auto found = jobs_.find(job_id);
   if (found == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   return found->second.job;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::JobEvents(const std::string& job_id,
+                                                                 int64_t after_sequence,
+                                                                 int limit) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (jobs_.count(job_id) == 0) {
+      return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+    }
+  }
+  // The store has its own lock; reading outside ours keeps a long read from holding up reports.
+  return store_->LoadEvents(job_id, after_sequence, limit);
 }
 
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {

@@ -84,6 +84,10 @@ class Coordinator {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   absl::StatusOr<v1::Plan> PlanJob(const v1::PlanJobRequest& request);
+  // A job's stored events with sequence > `after_sequence`, at most `limit` (the web view's
+  // polling); NOT_FOUND for an unknown job.
+  absl::StatusOr<std::vector<v1::JobEvent>> JobEvents(const std::string& job_id,
+                                                      int64_t after_sequence, int limit);
 
   // Streams call `send` for each item (false: the client is gone, stop) and poll `cancelled`.
   using EventSink = std::function<bool(const v1::JobEvent&)>;
@@ -188,6 +192,8 @@ class Coordinator {
   // Keeps job_counts_ and placed_ in step with a job entering (+1) or leaving (-1) `state`.
   void Track(const std::string& job_id, v1::JobState state, int delta);
   void UpdateGauges();
+  // Exports the planner's predictions for `job` beside what it measures.
+  void ExportPlan(const v1::Job& job);
   std::string NewJobId();
   absl::Status ValidateSubmit(const v1::SubmitJobRequest& request) const;
 

@@ -17,6 +17,7 @@
 #include "server/grpc_server.h"
 #include "server/metrics_http.h"
 #include "server/server_metrics.h"
+#include "server/web_ui.h"
 
 namespace hyscale::server {
 namespace {
@@ -79,14 +80,16 @@ int Run(const Flags& flags) {
   if (!server.ok()) return Fail(server.status());
 
   MetricsHttpServer metrics_http([&metrics] { return metrics.Render(); });
+  const WebUi web_ui(coordinator->get(), *token);
+  web_ui.Mount(&metrics_http);
   if (metrics_address->second != 0) {
     auto bound = metrics_http.Start(metrics_address->first, metrics_address->second);
     if (!bound.ok()) {
       (*server)->Shutdown(std::chrono::system_clock::now());
       return Fail(bound.status());
     }
-    std::printf("hyscaled: metrics on http://%s:%d/metrics\n", metrics_address->first.c_str(),
-                *bound);
+    std::printf("hyscaled: metrics on http://%s:%d/metrics, web view on http://%s:%d/\n",
+                metrics_address->first.c_str(), *bound, metrics_address->first.c_str(), *bound);
   }
   std::printf("hyscaled: listening on %s:%d\n", listen->first.c_str(), (*server)->port());
   std::fflush(stdout);
@@ -143,7 +146,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--data-dir", flags.data_dir, "Directory of hyscale.db and job logs")->required();
   app.add_option("--metrics-listen", flags.metrics_listen,
-                 "HTTP address of /metrics HOST:PORT (port 0 disables)")
+                 "HTTP address of /metrics and the web view HOST:PORT (port 0 disables)")
       ->capture_default_str();
   app.add_option("--token-file", flags.token_file,
                  "File holding the bearer token (else env HYSCALE_TOKEN; none: auth off)");

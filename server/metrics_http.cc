@@ -36,6 +36,18 @@ MetricsHttpServer::MetricsHttpServer(std::function<std::string()> render)
   http_->set_write_timeout(5, 0);
 }
 
+void MetricsHttpServer::Get(const std::string& path, HttpHandler handler) {
+  http_->Get(path, [handler = std::move(handler)](const httplib::Request& request,
+                                                  httplib::Response& response) {
+    HttpRequest in;
+    for (const auto& [name, value] : request.params) in.params.emplace(name, value);
+    in.authorization = request.get_header_value("Authorization");
+    const HttpResponse out = handler(in);
+    response.status = out.status;
+    response.set_content(out.body, out.content_type);
+  });
+}
+
 MetricsHttpServer::~MetricsHttpServer() {
   Stop();
 }

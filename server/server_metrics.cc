@@ -52,7 +52,15 @@ ServerMetrics::ServerMetrics(absl::Duration retention)
                                          "Indexer recall at the last evaluation.", {"job_id"})),
       peak_memory_(registry_.AddGauge("hyscale_job_peak_memory_bytes",
                                       "Peak memory of rank 0's trainer.", {"job_id"})),
-      step_(registry_.AddGauge("hyscale_job_step", "Last reported training step.", {"job_id"})) {
+      step_(registry_.AddGauge("hyscale_job_step", "Last reported training step.", {"job_id"})),
+      running_(registry_.AddGauge("hyscale_job_running", "1 while the job is RUNNING, else 0.",
+                                  {"job_id"})),
+      restarts_(registry_.AddCounter("hyscale_job_restarts_total",
+                                     "Restarts of the job seen by this coordinator process.",
+                                     {"job_id"})),
+      predicted_memory_(registry_.AddGauge("hyscale_job_predicted_memory_bytes",
+                                           "Planner's estimate of one rank's peak memory.",
+                                           {"job_id"})) {
   submissions_->Inc({}, 0);  // exported as 0 before the first submission
   for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
     jobs_->Set({StateLabel(v1::JobState_Name(s), 10)}, 0);
@@ -97,7 +105,20 @@ void ServerMetrics::Step(const std::string& job_id, const v1::StepProgress& step
   step_->Set({job_id}, static_cast<double>(step.step()));
 }
 
+void ServerMetrics::JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes) {
+  predicted_memory_->Set({job_id}, static_cast<double>(predicted_memory_bytes));
+}
+
+void ServerMetrics::JobState(const std::string& job_id, v1::JobState state) {
+  running_->Set({job_id}, state == v1::JOB_STATE_RUNNING ? 1 : 0);
+}
+
+void ServerMetrics::JobRestarted(const std::string& job_id) {
+  restarts_->Inc({job_id});
+}
+
 void ServerMetrics::JobEnded(const std::string& job_id, absl::Time when) {
+  running_->Set({job_id}, 0);
   std::lock_guard<std::mutex> lock(mu_);
   ended_.emplace(job_id, when);
 }

@@ -25,6 +25,12 @@ class ServerMetrics {
   void JobSubmitted();
   void JobScheduled(double latency_seconds);  // PENDING -> SCHEDULED
   void Step(const std::string& job_id, const v1::StepProgress& step);
+  // The predicted peak memory of one rank (planner::EstimateMemory), beside the measured peak.
+  void JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes);
+  // A non-terminal state the job entered (or was loaded in): whether it is RUNNING, so alerts on
+  // a stalled step counter do not fire for jobs that wait, restart or ended.
+  void JobState(const std::string& job_id, v1::JobState state);
+  void JobRestarted(const std::string& job_id);
   void JobEnded(const std::string& job_id, absl::Time when);
   // Drops the series of jobs that ended more than `retention` before `now`.
   void Expire(absl::Time now);
@@ -48,6 +54,9 @@ class ServerMetrics {
   Gauge* indexer_recall_;
   Gauge* peak_memory_;
   Gauge* step_;
+  Gauge* running_;
+  Counter* restarts_;
+  Gauge* predicted_memory_;
 
   std::mutex mu_;
   std::map<std::string, absl::Time> ended_;  // job id -> when it ended

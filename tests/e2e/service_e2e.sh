@@ -34,26 +34,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() {
-  echo "FAIL [$scenario]: $*" >&2
-  for f in "$work"/*.log; do
-    [[ -f $f ]] || continue
-    echo "--- $f (last 25 lines)" >&2
-    tail -n 25 "$f" >&2
-  done
-  exit 1
-}
-
-# wait_for SECONDS WHAT COMMAND...: polls COMMAND until it succeeds, fails the test after SECONDS.
-wait_for() {
-  local seconds=$1 what=$2
-  shift 2
-  local end=$((SECONDS + seconds))
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < end)) || fail "timed out after ${seconds}s waiting for $what"
-    sleep 0.2
-  done
-}
+tag=$scenario
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 free_port() {
   local port

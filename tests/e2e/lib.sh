@@ -1,0 +1,23 @@
+# Shared by the end-to-end scripts (sourced). The caller sets `work`, its scratch folder whose
+# *.log files a failure shows, and `tag`, what its FAIL lines name.
+
+fail() {
+  echo "FAIL [$tag]: $*" >&2
+  for f in "$work"/*.log; do
+    [[ -f $f ]] || continue
+    echo "--- $f (last 25 lines)" >&2
+    tail -n 25 "$f" >&2
+  done
+  exit 1
+}
+
+# wait_for SECONDS WHAT COMMAND...: polls COMMAND until it succeeds, fails the test after SECONDS.
+wait_for() {
+  local seconds=$1 what=$2
+  shift 2
+  local end=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < end)) || fail "timed out after ${seconds}s waiting for $what"
+    sleep 0.2
+  done
+}
