@@ -2,8 +2,8 @@
 //   cp_worker <mode> <rank> <world> <store port> [mode arguments]
 // Exit codes: 0 the checks passed, 1 a check failed (stderr says which), 3 a collective failed
 // as the lost-rank modes expect.
-#include <ATen/ATen.h>
 #include <signal.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "worker/parallel/gloo_communicator.h"
+#include "worker/parallel/key_exchange.h"
 #include "worker/parallel/rendezvous.h"
+#include "worker/trainer/recompute.h"
 
 namespace hyscale::parallel {
 namespace {
@@ -79,6 +81,114 @@ int run_lost_rank(Communicator& comm, bool hang) {
   return fail("all_reduce kept succeeding with a dead rank");
 }
 
+// A tiny DSA layer in double precision: topk < N, so selection really selects.
+trainer::ModelConfig layer_config() {
+  trainer::ModelConfig c;
+  c.vocab_size = 16;
+  c.d_model = 32;
+  c.layers = 1;
+  c.heads = 2;
+  c.head_dim_qk = 16;
+  c.rope_dim = 8;
+  c.head_dim_v = 8;
+  c.d_ff = 48;
+  c.index_heads = 2;
+  c.index_dim = 8;
+  c.index_rope_dim = 4;
+  c.topk = 6;
+  return c;
+}
+
+struct LayerRun {
+  trainer::LayerOutput out;
+  torch::Tensor loss;  // the indexer loss, as the layer returned it
+  torch::Tensor x_grad;
+  std::vector<torch::Tensor> param_grads;
+};
+
+// Forward and backward of sum(out * weight) + loss_scale * indexer_loss.
+LayerRun forward_backward(trainer::DsaLayer& layer, const torch::Tensor& x,
+                          const torch::Tensor& weight, double loss_scale,
+                          const trainer::ForwardOptions& options) {
+  layer->zero_grad();
+  trainer::SelectionStats stats;
+  const auto input = x.detach().requires_grad_(true);
+  LayerRun run;
+  run.out = options.recompute ? trainer::checkpointed_layer(layer, input, options, stats)
+                              : layer->forward(input, options, torch::Tensor(), stats);
+  run.loss = run.out.indexer_loss;
+  ((run.out.x * weight).sum() + loss_scale * run.loss).backward();
+  run.x_grad = input.grad();
+  for (const auto& p : layer->parameters()) {
+    run.param_grads.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+  }
+  return run;
+}
+
+bool close(const char* what, const torch::Tensor& got, const torch::Tensor& want) {
+  if (got.sizes() == want.sizes() && torch::allclose(got, want, 1e-9, 1e-11)) return true;
+  std::cerr << what << " differs: max |diff| "
+            << (got.sizes() == want.sizes() ? (got - want).abs().max().item<double>() : -1.0)
+            << "\n";
+  return false;
+}
+
+// For each layout and forward variant: the context-parallel layer's outputs, selection,
+// indexer loss (across shards) and gradients (parameters summed over ranks, inputs per
+// shard) equal the single-process layer's on the whole sequence.
+int run_layer(const std::shared_ptr<Communicator>& comm) {
+  const int world = comm->world_size();
+  const int64_t batch = 2, seq_len = 8 * world;
+  torch::manual_seed(7);  // the same layer and data on every rank
+  auto layer = trainer::DsaLayer(layer_config());
+  layer->to(torch::kDouble);
+  const auto x = torch::randn({batch, seq_len, 32}, torch::kDouble);
+  const auto weight = torch::randn({batch, seq_len, 32}, torch::kDouble);
+  struct Variant {
+    const char* name;
+    trainer::AttentionMode attention;
+    bool recompute;
+  };
+  bool ok = true;
+  for (const Variant& v : {Variant{"sparse", trainer::AttentionMode::kSparse, false},
+                           Variant{"sparse+recompute", trainer::AttentionMode::kSparse, true},
+                           Variant{"dense", trainer::AttentionMode::kDense, false}}) {
+    trainer::ForwardOptions options;
+    options.attention = v.attention;
+    options.recompute = v.recompute;
+    const LayerRun whole = forward_backward(layer, x, weight, 1.0, options);
+    for (Layout layout : {Layout::kContiguous, Layout::kZigzag, Layout::kRoundRobin}) {
+      auto exchange = ContextParallelExchange::Create(comm, layout, seq_len);
+      if (!exchange.ok()) return fail(exchange.status().ToString());
+      const auto pos = (*exchange)->positions();
+      options.key_exchange = *exchange;
+      // Each rank's share of the global mean loss: its local mean / world.
+      const LayerRun shard = forward_backward(layer, x.index_select(1, pos),
+                                              weight.index_select(1, pos), 1.0 / world, options);
+      const std::string what = std::string(v.name) + " " + LayoutName(layout) + ": ";
+      ok &= close((what + "output").c_str(), shard.out.x, whole.out.x.index_select(1, pos));
+      ok &=
+          close((what + "input gradient").c_str(), shard.x_grad, whole.x_grad.index_select(1, pos));
+      if (v.attention == trainer::AttentionMode::kSparse &&
+          !torch::equal(shard.out.indices, whole.out.indices.index_select(1, pos))) {
+        ok = fail(what + "selection differs") == 0;
+      }
+      auto loss = MeanAcrossRanks(*comm, shard.loss);
+      if (!loss.ok()) return fail(loss.status().ToString());
+      ok &= close((what + "indexer loss").c_str(), *loss, whole.loss);
+      for (size_t i = 0; i < shard.param_grads.size(); ++i) {
+        if (auto s = comm->all_reduce(shard.param_grads[i]); !s.ok()) return fail(s.ToString());
+        ok &= close((what + "gradient of parameter " + std::to_string(i)).c_str(),
+                    shard.param_grads[i], whole.param_grads[i]);
+      }
+      const CommTimes times = (*exchange)->take_times();
+      std::cerr << what << "communication " << times.overlapped_s * 1e3 << " ms overlapped, "
+                << times.exposed_s * 1e3 << " ms exposed\n";
+    }
+  }
+  return ok ? 0 : 1;
+}
+
 int run(int argc, char** argv) {
   if (argc < 5) return fail("usage: cp_worker <mode> <rank> <world> <port> [args]");
   const std::string mode = argv[1];
@@ -98,6 +208,7 @@ int run(int argc, char** argv) {
   auto comm = ConnectGloo(*store, rank, world, options);
   if (!comm.ok()) return fail(comm.status().ToString());
   if (mode == "collectives") return run_collectives(**comm);
+  if (mode == "layer") return run_layer(std::shared_ptr<Communicator>(std::move(*comm)));
   if (lost_rank) {
     const int code = run_lost_rank(**comm, mode == "stuck_rank");
     // The group's destructor would wait for the failed peer's connections: leave at once.

@@ -25,6 +25,18 @@ TEST_P(Collectives, GlooMatchesExpectedValues) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(2, 4));
 
+// Every layout, sparse (with and without recomputation) and dense attention: the
+// context-parallel DSA layer equals the single-process one (cp_worker.cc, run_layer).
+class ContextParallelLayer : public ::testing::TestWithParam<int> {};
+
+TEST_P(ContextParallelLayer, MatchesTheSingleProcessLayer) {
+  const auto ranks = RunRanks("layer", GetParam(), {}, 50);
+  ExpectAllPassed(ranks);
+  std::cout << "rank 0: " << ranks[0].log;  // communication times per layout
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ContextParallelLayer, ::testing::Values(2, 4));
+
 // A rank killed (dead_rank) or stuck outside the collective (stuck_rank) fails the others
 // within the 3 s communication timeout.
 class LostRank : public ::testing::TestWithParam<std::tuple<std::string, int>> {};

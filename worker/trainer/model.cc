@@ -23,9 +23,55 @@ torch::nn::Linear linear(int64_t in, int64_t out, double std) {
   return l;
 }
 
-// Rows of a [.., T, T] table a query may see: s <= t.
-torch::Tensor causal_mask(int64_t t, const torch::TensorOptions& options) {
-  return torch::ones({t, t}, options.dtype(torch::kBool)).tril();
+// Entries of a [.., T, M] table a query may see: key s <= the query's global position.
+torch::Tensor visible_keys(const torch::Tensor& positions, int64_t num_keys) {
+  return torch::arange(num_keys, positions.options()).unsqueeze(0) <= positions.unsqueeze(1);
+}
+
+// Maximal runs of consecutive global positions among a layer's queries: the kernels place
+// queries by one q_offset per call, so a non-contiguous shard is selected run by run.
+struct QueryRun {
+  int64_t begin = 0;   // first local row
+  int64_t length = 0;  // rows
+  int64_t offset = 0;  // global position of the first row
+};
+
+std::vector<QueryRun> query_runs(const torch::Tensor& positions) {
+  const auto pos = positions.to(torch::kCPU).contiguous();
+  const auto* p = pos.data_ptr<int64_t>();
+  std::vector<QueryRun> runs;
+  for (int64_t i = 0; i < pos.numel(); ++i) {
+    if (runs.empty() || p[i] != runs.back().offset + runs.back().length) {
+      runs.push_back({i, 0, p[i]});
+    }
+    ++runs.back().length;
+  }
+  return runs;
+}
+
+// The indexer's top-k of every query (or, given replay indices, their scores), run by run.
+ops::Selection select(const LightningIndexerImpl::Projections& index,
+                      const std::vector<QueryRun>& runs, int64_t topk,
+                      const torch::Tensor& replay_indices) {
+  std::vector<torch::Tensor> indices, scores;
+  for (const auto& run : runs) {
+    const auto rows = [&run](const torch::Tensor& t) { return t.narrow(1, run.begin, run.length); };
+    if (replay_indices.defined()) {
+      scores.push_back(ops::index_score_gather(rows(index.q), index.k, rows(index.w),
+                                               rows(replay_indices), run.offset));
+    } else {
+      auto selection = ops::flash_topk(rows(index.q), index.k, rows(index.w), topk, run.offset);
+      indices.push_back(selection.indices);
+      scores.push_back(selection.scores);
+    }
+  }
+  const auto join = [](const std::vector<torch::Tensor>& parts) {
+    return parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
+  };
+  ops::Selection selection;
+  selection.indices = replay_indices.defined() ? replay_indices : join(indices);
+  selection.scores = join(scores);
+  return selection;
 }
 
 // KL(p || softmax(scores)) per row, over the entries `visible` allows; p is 0 elsewhere.
@@ -64,13 +110,13 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight_;
 }
 
-torch::Tensor Rope::apply(const torch::Tensor& x) const {
+torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions) const {
   if (rope_dim_ == 0) return x;
   const int64_t t = x.size(1), half = rope_dim_ / 2;
   const auto options = x.options();
   const auto inv_freq =
       torch::pow(theta_, -torch::arange(0, half, options) * (2.0 / static_cast<double>(rope_dim_)));
-  auto angles = torch::outer(torch::arange(0, t, options), inv_freq);  // [T, half]
+  auto angles = torch::outer(positions.to(options.dtype()), inv_freq);  // [T, half]
   // Broadcast over the dims between T and the feature dim (heads, if any).
   std::vector<int64_t> shape{1, t};
   for (int64_t d = 2; d < x.dim() - 1; ++d) shape.push_back(1);
@@ -92,23 +138,25 @@ LightningIndexerImpl::LightningIndexerImpl(const ModelConfig& c)
       register_module("k_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.index_dim})));
 }
 
-LightningIndexerImpl::Projections LightningIndexerImpl::project(const torch::Tensor& h) {
-  const int64_t b = h.size(0), t = h.size(1);
-  const int64_t heads = ww_->options.out_features();
-  Projections p;
-  p.q = rope_.apply(wq_->forward(h).view({b, t, heads, -1}));
-  p.k = rope_.apply(k_norm_->forward(wk_->forward(h)));
-  p.w = ww_->forward(h) * weight_scale_;
-  return p;
+torch::Tensor LightningIndexerImpl::project_keys(const torch::Tensor& h,
+                                                 const torch::Tensor& positions) {
+  return rope_.apply(k_norm_->forward(wk_->forward(h)), positions);
 }
 
-torch::Tensor LightningIndexerImpl::dense_scores(const Projections& p) {
+void LightningIndexerImpl::project_queries(const torch::Tensor& h, const torch::Tensor& positions,
+                                           Projections& p) {
+  const int64_t b = h.size(0), t = h.size(1);
+  const int64_t heads = ww_->options.out_features();
+  p.q = rope_.apply(wq_->forward(h).view({b, t, heads, -1}), positions);
+  p.w = ww_->forward(h) * weight_scale_;
+}
+
+torch::Tensor LightningIndexerImpl::dense_scores(const Projections& p,
+                                                 const torch::Tensor& visible) {
   // [B, T, H_I, S]: each query head against every key, then the weighted ReLU sum over heads.
   const auto per_head = torch::relu(torch::einsum("bthd,bsd->bths", {p.q, p.k}));
   const auto scores = (per_head * p.w.unsqueeze(-1)).sum(2);
-  const int64_t t = scores.size(1);
-  return scores.masked_fill(causal_mask(t, scores.options()).logical_not(),
-                            -std::numeric_limits<double>::infinity());
+  return scores.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
 DsaLayerImpl::DsaLayerImpl(const ModelConfig& c)
@@ -131,10 +179,10 @@ DsaLayerImpl::DsaLayerImpl(const ModelConfig& c)
 
 DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
     const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
-    const LightningIndexerImpl::Projections& index, const ForwardOptions& options) {
+    const LightningIndexerImpl::Projections& index, const torch::Tensor& positions,
+    const ForwardOptions& options) {
   Attention a;
-  const int64_t t = q.size(1);
-  const auto visible = causal_mask(t, q.options());
+  const auto visible = visible_keys(positions, key.size(1));
   torch::Tensor probs;
   {
     PhaseClock::Scope scope(*options.clock, Phase::kAttentionFwd);
@@ -147,29 +195,27 @@ DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
     PhaseClock::Scope scope(*options.clock, Phase::kIndexerLoss);
     // Target: attention probabilities summed over heads, L1-normalised (each head sums to 1).
     const auto target = probs.detach().sum(1) / static_cast<double>(config_.heads);
-    a.loss = dense_kl(target, LightningIndexerImpl::dense_scores(index), visible).mean();
+    a.loss = dense_kl(target, LightningIndexerImpl::dense_scores(index, visible), visible).mean();
   }
   return a;
 }
 
 DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
     const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
-    const LightningIndexerImpl::Projections& index, const ForwardOptions& options,
-    const torch::Tensor& replay_indices, SelectionStats& stats) {
+    const LightningIndexerImpl::Projections& index, const torch::Tensor& positions,
+    const ForwardOptions& options, const torch::Tensor& replay_indices, SelectionStats& stats) {
   Attention a;
   torch::Tensor scores;
   {
     PhaseClock::Scope scope(*options.clock, Phase::kSelection);
     if (replay_indices.defined()) {
       ++stats.replays;
-      a.indices = replay_indices;
-      scores = ops::index_score_gather(index.q, index.k, index.w, replay_indices);
     } else {
       ++(options.clock->recomputing() ? stats.recompute_selections : stats.selections);
-      auto selection = ops::flash_topk(index.q, index.k, index.w, config_.topk);
-      a.indices = selection.indices;
-      scores = selection.scores;
     }
+    auto selection = select(index, query_runs(positions), config_.topk, replay_indices);
+    a.indices = selection.indices;
+    scores = selection.scores;
   }
   torch::Tensor lse;
   {
@@ -197,25 +243,51 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
                                   const torch::Tensor& replay_indices, SelectionStats& stats) {
   const auto& clock = options.clock;
   const int64_t b = x.size(0), t = x.size(1);
+  const auto& exchange = options.key_exchange;
+  const auto positions = exchange ? exchange->positions().to(x.device())
+                                  : torch::arange(t, x.options().dtype(torch::kLong));
   const auto h = attn_norm_(x);
-  torch::Tensor q, key, value;
+  torch::Tensor key, value;
+  LightningIndexerImpl::Projections index;
   {
     PhaseClock::Scope scope(*clock, Phase::kAttentionFwd);
-    q = rope_.apply(wq_(h).view({b, t, config_.heads, config_.head_dim_qk}));
-    key = rope_.apply(wk_(h));
+    key = rope_.apply(wk_(h), positions);
     value = wv_(h);
   }
-  LightningIndexerImpl::Projections index;
   {
     // The indexer's inputs are detached: it learns only from its KL loss.
     PhaseClock::Scope scope(*clock, Phase::kSelection);
-    index = indexer_->project(h.detach());
+    index.k = indexer_->project_keys(h.detach(), positions);
+  }
+  // Under context parallelism the key side travels while the query side is projected.
+  if (exchange) exchange->start(torch::cat({key, value, index.k}, -1));
+  torch::Tensor q;
+  {
+    PhaseClock::Scope scope(*clock, Phase::kAttentionFwd);
+    q = rope_.apply(wq_(h).view({b, t, config_.heads, config_.head_dim_qk}), positions);
+  }
+  {
+    PhaseClock::Scope scope(*clock, Phase::kSelection);
+    indexer_->project_queries(h.detach(), positions, index);
+  }
+  if (exchange) {
+    torch::Tensor gathered;
+    {
+      PhaseClock::Scope scope(*clock, Phase::kComm);
+      gathered = exchange->finish();
+    }
+    const auto parts =
+        gathered.split_with_sizes({config_.head_dim_qk, config_.head_dim_v, index.k.size(-1)}, -1);
+    key = parts[0];
+    value = parts[1];
+    index.k = parts[2];
   }
   index.q = mark_region_input(index.q, clock, Phase::kIndexerLoss);
   const auto q_marked = mark_region_input(q, clock, Phase::kAttentionBwd);
   Attention a = options.attention == AttentionMode::kDense
-                    ? dense_attention(q_marked, key, value, index, options)
-                    : sparse_attention(q_marked, key, value, index, options, replay_indices, stats);
+                    ? dense_attention(q_marked, key, value, index, positions, options)
+                    : sparse_attention(q_marked, key, value, index, positions, options,
+                                       replay_indices, stats);
   LayerOutput out;
   const auto attn = mark_region_output(a.out, clock, Phase::kAttentionBwd);
   out.x = x + wo_(attn.reshape({b, t, config_.heads * config_.head_dim_v}));
@@ -225,10 +297,12 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   if (options.keep_probes) {
     out.probe.q = q.detach();
     out.probe.key = key.detach();
-    out.probe.indices = a.indices.defined() ? a.indices
-                                            : ops::flash_topk(index.q.detach(), index.k.detach(),
-                                                              index.w.detach(), config_.topk)
-                                                  .indices;
+    const LightningIndexerImpl::Projections detached{index.q.detach(), index.k.detach(),
+                                                     index.w.detach()};
+    out.probe.indices =
+        a.indices.defined()
+            ? a.indices
+            : select(detached, query_runs(positions), config_.topk, torch::Tensor()).indices;
   }
   return out;
 }

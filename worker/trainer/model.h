@@ -9,6 +9,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "hyscale/v1/job.pb.h"
@@ -45,6 +46,21 @@ struct SelectionStats {
   int64_t replays = 0;               // index_score_gather calls during recomputation (replay on)
 };
 
+// How a layer's key side reaches the queries of other ranks under context parallelism
+// (worker/parallel implements it over a communicator). A layer calls start() with its key-side
+// features, computes its query side meanwhile, and finish() returns every rank's features in
+// global sequence order; gradients flow back to `local`. Without one, a layer holds the whole
+// sequence.
+class KeyExchange {
+ public:
+  virtual ~KeyExchange() = default;
+  // Global positions of this rank's tokens, [T] int64, increasing.
+  virtual torch::Tensor positions() const = 0;
+  // local [B, T, F] -> (after finish) [B, N, F] for the N tokens of all ranks.
+  virtual void start(const torch::Tensor& local) = 0;
+  virtual torch::Tensor finish() = 0;
+};
+
 // What one forward pass computes and keeps.
 struct ForwardOptions {
   AttentionMode attention = AttentionMode::kSparse;
@@ -53,6 +69,7 @@ struct ForwardOptions {
   bool selection_replay = true;  // in recomputation, replay the forward's indices
   bool keep_probes = false;      // keep per-layer tensors for evaluation (indexer recall)
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
+  std::shared_ptr<KeyExchange> key_exchange;  // context parallelism; null: the whole sequence
 };
 
 // Per-layer tensors kept for evaluation: main queries/keys and the indexer's selection.
@@ -83,8 +100,8 @@ TORCH_MODULE(RMSNorm);
 class Rope {
  public:
   Rope(int64_t rope_dim, double theta) : rope_dim_(rope_dim), theta_(theta) {}
-  // x [B, T, ..., D]; positions 0..T-1.
-  torch::Tensor apply(const torch::Tensor& x) const;
+  // x [B, T, ..., D]; positions [T] (global token positions, int64).
+  torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& positions) const;
 
  private:
   int64_t rope_dim_;
@@ -101,10 +118,13 @@ class LightningIndexerImpl : public torch::nn::Module {
     torch::Tensor k;  // [B, T, d_I]
     torch::Tensor w;  // [B, T, H_I], scaled by (H_I * d_I)^-1/2
   };
-  Projections project(const torch::Tensor& h);
+  // The key side (k) and the query side (q, w) separately, so that context parallelism can
+  // exchange keys while queries are projected; positions [T] as in Rope::apply.
+  torch::Tensor project_keys(const torch::Tensor& h, const torch::Tensor& positions);
+  void project_queries(const torch::Tensor& h, const torch::Tensor& positions, Projections& p);
 
-  // Dense scores [B, T, T] with -inf above the diagonal (dense stage and tests only).
-  static torch::Tensor dense_scores(const Projections& p);
+  // Dense scores [B, T, M] with -inf where visible [T, M] is false (dense stage and tests only).
+  static torch::Tensor dense_scores(const Projections& p, const torch::Tensor& visible);
 
  private:
   torch::nn::Linear wq_{nullptr}, wk_{nullptr}, ww_{nullptr};
@@ -138,15 +158,16 @@ class DsaLayerImpl : public torch::nn::Module {
     torch::Tensor loss;  // indexer KL, scalar or undefined
     torch::Tensor indices;
   };
+  // positions [T]: global positions of the queries; keys cover the whole sequence.
   Attention dense_attention(const torch::Tensor& q, const torch::Tensor& key,
                             const torch::Tensor& value,
                             const LightningIndexerImpl::Projections& index,
-                            const ForwardOptions& options);
+                            const torch::Tensor& positions, const ForwardOptions& options);
   Attention sparse_attention(const torch::Tensor& q, const torch::Tensor& key,
                              const torch::Tensor& value,
                              const LightningIndexerImpl::Projections& index,
-                             const ForwardOptions& options, const torch::Tensor& replay_indices,
-                             SelectionStats& stats);
+                             const torch::Tensor& positions, const ForwardOptions& options,
+                             const torch::Tensor& replay_indices, SelectionStats& stats);
   torch::Tensor mlp(const torch::Tensor& x, const ForwardOptions& options);
 
   ModelConfig config_;
