@@ -22,16 +22,19 @@ class NcclCommunicator : public ProcessGroupCommunicator<c10d::ProcessGroupNCCL>
                                  timeout) {}
 
   std::unique_ptr<Work> all_gather_async(const at::Tensor& out, const at::Tensor& in) override {
-    return track("all_gather", WaitMode::kPoll, [this, out, in]() mutable {
+    // Captured tensors are const copies; c10d takes non-const references.
+    return track("all_gather", WaitMode::kPoll, [this, out, in] {
+      auto output = out;
       auto input = in.contiguous();
-      return group_->_allgather_base(out, input);
+      return group_->_allgather_base(output, input);
     });
   }
 
   std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& out, const at::Tensor& in) override {
-    return track("reduce_scatter", WaitMode::kPoll, [this, out, in]() mutable {
+    return track("reduce_scatter", WaitMode::kPoll, [this, out, in] {
+      auto output = out;
       auto input = in.contiguous();
-      return group_->_reduce_scatter_base(out, input);
+      return group_->_reduce_scatter_base(output, input);
     });
   }
 };
