@@ -46,11 +46,12 @@ inline void PrepareCall(grpc::ClientContext* context, const ClientOptions& optio
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const std::string& cert_file, const std::string& key_file);
 
-// Checks "authorization: Bearer <expected>" on a server call. OK when `expected` is empty (auth
-// off).
-// Constant-time comparison, so a token does not leak through response timing.
+// Constant-time comparison, so a token does not leak through response timing (also used by
+// hyscaled's web view, server/web_ui.h).
 bool SameSecret(const std::string& a, const std::string& b);
 
+// Checks "authorization: Bearer <expected>" on a server call. OK when `expected` is empty (auth
+// off).
 grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& expected);
 
 grpc::Status ToGrpc(const absl::Status& status);
