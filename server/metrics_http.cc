@@ -43,6 +43,13 @@ void MetricsHttpServer::Get(const std::string& path, HttpHandler handler) {
     for (const auto& [name, value] : request.params) in.params.emplace(name, value);
     in.authorization = request.get_header_value("Authorization");
     const HttpResponse out = handler(in);
+    // Mounted routes are the web view: its page loads only its own script and JSON (the CSS is
+    // inline), nobody may frame it, and job data is never cached or content-sniffed.
+    response.set_header("Content-Security-Policy",
+                        "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+                        "frame-ancestors 'none'");
+    response.set_header("X-Content-Type-Options", "nosniff");
+    response.set_header("Cache-Control", "no-store");
     response.status = out.status;
     response.set_content(out.body, out.content_type);
   });

@@ -39,7 +39,8 @@ class MetricsHttpServer {
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
-  // Serves GET `path` (exact match) with `handler`; call before Start.
+  // Serves GET `path` (exact match) with `handler`, with headers that confine a page to its own
+  // origin (Content-Security-Policy) and keep responses out of caches; call before Start.
   void Get(const std::string& path, HttpHandler handler);
 
   // Binds `host`:`port` (port 0: any free port) and serves on a thread; returns the bound port.

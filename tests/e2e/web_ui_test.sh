@@ -109,7 +109,9 @@ jq -e '(.steps | length) == 0 and .after == '"$last" "$work/body.json" >/dev/nul
 [[ $(api "${auth[@]}" "http://$web/api/v1/job?id=no-such-job") == 404 ]] &&
   jq -e '.error | test("not found")' "$work/body.json" >/dev/null || fail "unknown job: not 404 JSON"
 [[ $(api "${auth[@]}" "http://$web/api/v1/job") == 400 ]] || fail "missing id: not 400"
-[[ $(api "http://$web/") == 200 ]] || fail "the page is not served"
+[[ $(api -D "$work/headers.txt" "http://$web/") == 200 ]] || fail "the page is not served"
+grep -qi "^Content-Security-Policy: default-src 'self'" "$work/headers.txt" ||
+  fail "the page has no Content-Security-Policy: $(cat "$work/headers.txt")"
 
 # --- metrics
 curl -sf "http://$web/metrics" >"$work/metrics.txt" || fail "GET /metrics"
