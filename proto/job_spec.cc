@@ -223,14 +223,23 @@ void validate_recall(const v1::JobSpec& spec, Problems& p) {
     p.Add(
         "model.vocab_size",
         absl::StrCat("must be >= ", RecallVocab::kSpecialTokens,
-                     " + data.recall.key_vocab + data.recall.value_vocab for the recall task (got ",
-                     spec.model().vocab_size(), " < ", needed, ")"));
+                     " + data.recall.key_vocab + data.recall.value_vocab",
+                     r.pair_tokens() ? " + key_vocab * value_vocab (pair_tokens)" : "",
+                     " for the recall task (got ", spec.model().vocab_size(), " < ", needed, ")"));
   }
-  const int64_t tokens = 2 * int64_t{r.pairs()} + 2 * int64_t{r.queries()} + 1;
-  if (spec.data().seq_len() > 0 && tokens > spec.data().seq_len()) {
-    p.Add("data.seq_len",
-          absl::StrCat("must be >= 2 * data.recall.pairs + 2 * data.recall.queries + 1 (got ",
-                       spec.data().seq_len(), " < ", tokens, ")"));
+  // Every stage's context must hold the pairs, the marker and the queries.
+  const int64_t tokens =
+      (r.pair_tokens() ? 1 : 2) * int64_t{r.pairs()} + 2 * int64_t{r.queries()} + 1;
+  const char* rule = r.pair_tokens() ? "data.recall.pairs + 2 * data.recall.queries + 1"
+                                     : "2 * data.recall.pairs + 2 * data.recall.queries + 1";
+  auto check_context = [&](const std::string& field, int64_t seq_len) {
+    if (seq_len > 0 && tokens > seq_len) {
+      p.Add(field, absl::StrCat("must be >= ", rule, " (got ", seq_len, " < ", tokens, ")"));
+    }
+  };
+  check_context("data.seq_len", spec.data().seq_len());
+  for (int i = 0; i < spec.stages_size(); ++i) {
+    check_context(absl::StrCat("stages[", i, "].seq_len"), spec.stages(i).seq_len());
   }
 }
 
@@ -273,7 +282,8 @@ void validate_data(const v1::JobSpec& spec, Problems& p) {
   }
 }
 
-void validate_stage(const v1::StageSpec& s, const std::string& f, Problems& p) {
+void validate_stage(const v1::StageSpec& s, const v1::DataSpec& data, const std::string& f,
+                    Problems& p) {
   p.ShortText(f + ".name", s.name());
   p.Positive(f + ".steps", s.steps(), kMaxSteps);
   p.PositiveReal(f + ".lr", s.lr());
@@ -295,6 +305,17 @@ void validate_stage(const v1::StageSpec& s, const std::string& f, Problems& p) {
                                       enum_text(v1::Trainable_Name(s.trains()), s.trains()), ")"));
   }
   p.NonNegativeReal(f + ".indexer_loss_weight", s.indexer_loss_weight());
+  // 0 takes the data's value.
+  p.AtLeast(f + ".seq_len", s.seq_len(), 0);
+  p.AtMostField(f + ".seq_len", s.seq_len(), "data.seq_len", data.seq_len());
+  p.AtLeast(f + ".batch_size", s.batch_size(), 0);
+  if (s.batch_size() > kMaxDim) p.Positive(f + ".batch_size", s.batch_size(), kMaxDim);
+  const int64_t seq_len = s.seq_len() > 0 ? s.seq_len() : data.seq_len();
+  const int64_t batch_size = s.batch_size() > 0 ? s.batch_size() : data.batch_size();
+  if (seq_len * batch_size > kMaxBatchTokens) {
+    p.Add(f + ".batch_size", absl::StrCat("times the stage's seq_len must be <= ", kMaxBatchTokens,
+                                          " (got ", batch_size, " * ", seq_len, ")"));
+  }
   if (s.trains() == v1::INDEXER_ONLY && s.indexer_loss_weight() == 0) {
     p.Add(f + ".indexer_loss_weight",
           "must be > 0 when trains is INDEXER_ONLY (nothing would "
@@ -305,7 +326,7 @@ void validate_stage(const v1::StageSpec& s, const std::string& f, Problems& p) {
 void validate_stages(const v1::JobSpec& spec, Problems& p) {
   if (spec.stages().empty()) p.Add("stages", "must hold at least one stage");
   for (int i = 0; i < spec.stages_size(); ++i) {
-    validate_stage(spec.stages(i), absl::StrCat("stages[", i, "]"), p);
+    validate_stage(spec.stages(i), spec.data(), absl::StrCat("stages[", i, "]"), p);
   }
 }
 
@@ -404,6 +425,8 @@ RecallVocab RecallVocab::Of(const v1::RecallData& recall) {
   vocab.key_count = recall.key_vocab();
   vocab.first_value = vocab.first_key + vocab.key_count;
   vocab.value_count = recall.value_vocab();
+  vocab.first_pair = vocab.first_value + vocab.value_count;
+  vocab.pair_count = recall.pair_tokens() ? vocab.key_count * vocab.value_count : 0;
   return vocab;
 }
 

@@ -49,6 +49,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 //   kQueryMarker                           separates the context from the queries
 //   [first_key, first_key + key_count)     keys
 //   [first_value, first_value + value_count) values
+//   [first_pair, first_pair + pair_count)  with pair_tokens, one token per (key, value):
+//                                          first_pair + key_index * value_count + value_index
 // model.vocab_size must be >= size().
 struct RecallVocab {
   static constexpr int64_t kFillerCount = 16;
@@ -59,11 +61,17 @@ struct RecallVocab {
   int64_t key_count = 0;
   int64_t first_value = kSpecialTokens;
   int64_t value_count = 0;
+  int64_t first_pair = kSpecialTokens;
+  int64_t pair_count = 0;  // key_count * value_count with pair_tokens, else 0
 
   static RecallVocab Of(const v1::RecallData& recall);
-  int64_t size() const { return first_value + value_count; }
+  int64_t size() const { return first_pair + pair_count; }
   bool IsKey(int64_t token) const { return token >= first_key && token < first_value; }
-  bool IsValue(int64_t token) const { return token >= first_value && token < size(); }
+  bool IsValue(int64_t token) const { return token >= first_value && token < first_pair; }
+  bool IsPair(int64_t token) const { return token >= first_pair && token < size(); }
+  int64_t Pair(int64_t key, int64_t value) const {
+    return first_pair + (key - first_key) * value_count + (value - first_value);
+  }
 };
 
 }  // namespace hyscale

@@ -324,6 +324,36 @@ TEST(ValidateJobSpec, RecallMustFitVocabAndSequence) {
             "< 49)");
 }
 
+TEST(ValidateJobSpec, PairTokensNeedTheirVocabAndFitShorterContexts) {
+  EXPECT_EQ(problems_after([](v1::JobSpec& s) {
+              s.mutable_data()->mutable_recall()->set_pair_tokens(true);
+              s.mutable_model()->set_vocab_size(4240);
+            }),
+            "model.vocab_size: must be >= 17 + data.recall.key_vocab + data.recall.value_vocab + "
+            "key_vocab * value_vocab (pair_tokens) for the recall task (got 4240 < 4241)");
+  // A pair is one token, so 16 pairs and 8 queries fit in 33 tokens.
+  v1::JobSpec spec = recall_spec();
+  spec.mutable_data()->mutable_recall()->set_pair_tokens(true);
+  spec.mutable_model()->set_vocab_size(4241);
+  spec.mutable_data()->set_seq_len(33);
+  spec.mutable_model()->mutable_indexer()->set_topk(8);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(ValidateJobSpec, StageShapesFitTheData) {
+  EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_stages(0)->set_seq_len(512); }),
+            "stages[0].seq_len: must be <= data.seq_len (got 512 > 256)");
+  EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_stages(1)->set_batch_size(-2); }),
+            "stages[1].batch_size: must be >= 0 (got -2)");
+  EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_stages(0)->set_seq_len(40); }),
+            "stages[0].seq_len: must be >= 2 * data.recall.pairs + 2 * data.recall.queries + 1 "
+            "(got 40 < 49)");
+  v1::JobSpec spec = recall_spec();
+  spec.mutable_stages(0)->set_seq_len(64);
+  spec.mutable_stages(0)->set_batch_size(32);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
 TEST(ValidateJobSpec, OptimizerAndCheckpoint) {
   EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_optimizer()->set_beta1(1); }),
             "optimizer.beta1: must be in [0, 1) (got 1)");

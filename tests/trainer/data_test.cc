@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -142,6 +143,54 @@ TEST(RecallData, PairsSpreadOverTheWholeContext) {
   EXPECT_EQ(*positions.begin(), 0);
   EXPECT_EQ(*positions.rbegin(), context - 2);
   EXPECT_GT(positions.size(), static_cast<size_t>(context) * 3 / 4);
+}
+
+// With pair_tokens each context pair is one token naming its key and value; queries are still
+// "key value" with the value as the target.
+TEST(RecallData, PairTokensHoldKeyAndValue) {
+  v1::JobSpec spec = recall_spec();
+  spec.mutable_data()->mutable_recall()->set_pair_tokens(true);
+  const RecallVocab vocab = RecallVocab::Of(spec.data().recall());
+  ASSERT_EQ(vocab.pair_count, 40 * 20);
+  const int pairs = spec.data().recall().pairs(), queries = spec.data().recall().queries();
+  const int context = kSeqLen - 2 * queries - 1;
+  const auto source = make(spec);
+  for (int64_t index = 0; index < 20; ++index) {
+    const Batch batch = source->Get(Split::kTrain, index);
+    for (int row = 0; row < batch.batch_size; ++row) {
+      const int32_t* tokens = batch.inputs.data() + row * kSeqLen;
+      const int32_t* targets = batch.targets.data() + row * kSeqLen;
+      int pairs_in_context = 0;
+      for (int i = 0; i < context; ++i) {
+        EXPECT_TRUE(vocab.IsPair(tokens[i]) || tokens[i] < RecallVocab::kFillerCount) << i;
+        pairs_in_context += vocab.IsPair(tokens[i]);
+      }
+      EXPECT_EQ(pairs_in_context, pairs);
+      for (int q = 0; q < queries; ++q) {
+        const int at = context + 1 + 2 * q;
+        ASSERT_TRUE(vocab.IsKey(tokens[at]));
+        ASSERT_TRUE(vocab.IsValue(targets[at]));
+        const int32_t pair = static_cast<int32_t>(vocab.Pair(tokens[at], targets[at]));
+        EXPECT_EQ(std::count(tokens, tokens + context, pair), 1) << "query " << q;
+      }
+    }
+  }
+}
+
+// A stage may train on a shorter context or another batch size (a length curriculum); the
+// layout holds at every length.
+TEST(RecallData, ShapeCanDifferFromTheDataSpec) {
+  const v1::JobSpec spec = recall_spec(/*pairs=*/4, /*queries=*/2);
+  const auto source = make(spec);
+  const Batch batch = source->Get(Split::kTrain, 3, BatchShape{7, 16});
+  ASSERT_EQ(batch.batch_size, 7);
+  ASSERT_EQ(batch.seq_len, 16);
+  ASSERT_EQ(batch.inputs.size(), 7u * 16u);
+  for (int row = 0; row < 7; ++row) {
+    EXPECT_EQ(batch.inputs[row * 16 + 16 - 2 * 2 - 1], RecallVocab::kQueryMarker);
+  }
+  EXPECT_TRUE(same(batch, source->Get(Split::kTrain, 3, BatchShape{7, 16})));
+  EXPECT_EQ(source->Get(Split::kTrain, 3).seq_len, kSeqLen);
 }
 
 TEST(ScoreQueries, CountsOnlyPositionsWithATarget) {

@@ -57,10 +57,14 @@ class Rng {
   uint64_t state_;
 };
 
-Batch empty_batch(const v1::DataSpec& data, int32_t fill_target) {
+BatchShape shape_of(const v1::DataSpec& data) {
+  return {data.batch_size(), data.seq_len()};
+}
+
+Batch empty_batch(BatchShape shape, int32_t fill_target) {
   Batch b;
-  b.batch_size = data.batch_size();
-  b.seq_len = data.seq_len();
+  b.batch_size = shape.batch_size;
+  b.seq_len = shape.seq_len;
   b.inputs.assign(b.batch_size * b.seq_len, 0);
   b.targets.assign(b.batch_size * b.seq_len, fill_target);
   return b;
@@ -77,24 +81,26 @@ std::vector<int32_t> iota_vector(int64_t count, int64_t first) {
 class RecallTask : public DataSource {
  public:
   explicit RecallTask(const v1::JobSpec& spec)
-      : data_(spec.data()),
+      : DataSource(shape_of(spec.data())),
         recall_(spec.data().recall()),
         vocab_(RecallVocab::Of(spec.data().recall())),
         seed_(spec.seed()) {}
 
-  Batch Get(Split split, int64_t index) const override {
-    Batch b = empty_batch(data_, -1);
+  using DataSource::Get;
+  Batch Get(Split split, int64_t index, BatchShape shape) const override {
+    Batch b = empty_batch(shape, -1);
     Rng rng(seed_, split, index);
     for (int64_t row = 0; row < b.batch_size; ++row) {
-      FillRow(rng, b.inputs.data() + row * b.seq_len, b.targets.data() + row * b.seq_len);
+      FillRow(rng, b.seq_len, b.inputs.data() + row * b.seq_len,
+              b.targets.data() + row * b.seq_len);
     }
     return b;
   }
 
  private:
-  void FillRow(Rng& rng, int32_t* tokens, int32_t* targets) const {
+  void FillRow(Rng& rng, int64_t seq_len, int32_t* tokens, int32_t* targets) const {
     const int64_t pairs = recall_.pairs(), queries = recall_.queries();
-    const int64_t context = data_.seq_len() - 2 * queries - 1;
+    const int64_t context = seq_len - 2 * queries - 1;
     for (int64_t i = 0; i < context; ++i) {
       tokens[i] = static_cast<int32_t>(rng.Below(RecallVocab::kFillerCount));
     }
@@ -107,16 +113,21 @@ class RecallTask : public DataSource {
       v = static_cast<int32_t>(vocab_.first_value + rng.Below(vocab_.value_count));
     }
 
-    // Non-overlapping bigrams, uniformly: the context is `pairs` bigrams and context - 2 * pairs
-    // fillers, i.e. context - pairs items; choose which items are bigrams, then shift the i-th
-    // bigram by i for the values before it.
-    std::vector<int32_t> slots = iota_vector(context - pairs, 0);
+    // Non-overlapping pairs, uniformly: the context is `pairs` pair items (a bigram, or one pair
+    // token) and fillers; choose which items are pairs, then shift the i-th by the i bigram values
+    // before it.
+    const int64_t width = recall_.pair_tokens() ? 1 : 2;
+    std::vector<int32_t> slots = iota_vector(context - (width - 1) * pairs, 0);
     rng.SampleToFront(slots, pairs);
     std::sort(slots.begin(), slots.begin() + pairs);
     for (int64_t p = 0; p < pairs; ++p) {
-      const int64_t at = slots[p] + p;
-      tokens[at] = keys[p];
-      tokens[at + 1] = values[p];
+      const int64_t at = slots[p] + (width - 1) * p;
+      if (recall_.pair_tokens()) {
+        tokens[at] = static_cast<int32_t>(vocab_.Pair(keys[p], values[p]));
+      } else {
+        tokens[at] = keys[p];
+        tokens[at + 1] = values[p];
+      }
     }
 
     std::vector<int32_t> asked = iota_vector(pairs, 0);
@@ -129,7 +140,6 @@ class RecallTask : public DataSource {
     }
   }
 
-  const v1::DataSpec data_;
   const v1::RecallData recall_;
   const RecallVocab vocab_;
   const uint64_t seed_;
@@ -232,8 +242,8 @@ absl::Status check_tokens(const TokenArray& tokens, const v1::JobSpec& spec,
 class TokenWindows : public DataSource {
  public:
   TokenWindows(TokenArray tokens, const v1::JobSpec& spec)
-      : tokens_(std::move(tokens)), data_(spec.data()), seed_(spec.seed()) {
-    const int64_t n = tokens_.size(), window = data_.seq_len() + 1;
+      : DataSource(shape_of(spec.data())), tokens_(std::move(tokens)), seed_(spec.seed()) {
+    const int64_t n = tokens_.size(), window = spec.data().seq_len() + 1;
     const int64_t tail = std::max(n / 10, window);
     if (n - tail >= window) {
       train_ = {0, n - tail};
@@ -243,8 +253,9 @@ class TokenWindows : public DataSource {
     }
   }
 
-  Batch Get(Split split, int64_t index) const override {
-    Batch b = empty_batch(data_, 0);
+  using DataSource::Get;
+  Batch Get(Split split, int64_t index, BatchShape shape) const override {
+    Batch b = empty_batch(shape, 0);
     const auto [begin, end] = split == Split::kTrain ? train_ : eval_;
     const int64_t starts = end - begin - b.seq_len;  // windows of seq_len + 1 fitting the range
     Rng rng(seed_, split, index);
@@ -262,7 +273,6 @@ class TokenWindows : public DataSource {
 
  private:
   const TokenArray tokens_;
-  const v1::DataSpec data_;
   const uint64_t seed_;
   std::pair<int64_t, int64_t> train_, eval_;  // [begin, end) token ranges
 };

@@ -4,9 +4,10 @@
 // batch comes back on any standard library -- hence a run's data position is just its step and
 // resume is exact.
 //
-// Recall sequences (token ids from RecallVocab in proto/job_spec.h), T = data.seq_len:
-//   [0, C)   C = T - 2*queries - 1 context tokens: `pairs` "key value" bigrams at uniformly random
-//            non-overlapping positions, filler tokens everywhere else;
+// Recall sequences (token ids from RecallVocab in proto/job_spec.h), T = the batch's seq_len:
+//   [0, C)   C = T - 2*queries - 1 context tokens: `pairs` "key value" bigrams (or, with
+//            pair_tokens, single (key, value) tokens) at uniformly random non-overlapping
+//            positions, filler tokens everywhere else;
 //   C        the query marker;
 //   (C, T)   `queries` distinct keys of the context, in random order, each followed by its value.
 // Keys are distinct within a sequence; values are drawn independently. The target at each query
@@ -37,11 +38,25 @@ struct Batch {
   std::vector<int32_t> targets;  // [batch_size, seq_len]; -1 = no loss at that position
 };
 
-// Immutable once made; Get may be called from several threads.
+struct BatchShape {
+  int64_t batch_size = 0;
+  int64_t seq_len = 0;
+};
+
+// Immutable once made; Get may be called from several threads. A batch is a pure function of
+// (seed, split, index, shape).
 class DataSource {
  public:
+  explicit DataSource(BatchShape default_shape) : default_shape_(default_shape) {}
   virtual ~DataSource() = default;
-  virtual Batch Get(Split split, int64_t index) const = 0;
+  // seq_len must not exceed data.seq_len (token windows are checked against it).
+  virtual Batch Get(Split split, int64_t index, BatchShape shape) const = 0;
+  // The data spec's shape.
+  Batch Get(Split split, int64_t index) const { return Get(split, index, default_shape_); }
+  BatchShape default_shape() const { return default_shape_; }
+
+ private:
+  const BatchShape default_shape_;
 };
 
 // Validates `spec` (ValidateJobSpec) and opens its data source. Token and text files are mapped

@@ -116,6 +116,14 @@ class Trainer::Impl {
     return o;
   }
 
+  // The stage's own batch shape, or the data's (0 in the spec).
+  BatchShape shape_of(const v1::StageSpec& stage) const {
+    BatchShape shape = data_->default_shape();
+    if (stage.seq_len() > 0) shape.seq_len = stage.seq_len();
+    if (stage.batch_size() > 0) shape.batch_size = stage.batch_size();
+    return shape;
+  }
+
   StepMetrics TrainStep(int64_t step, const StagePlan::Position& position) {
     const auto start = std::chrono::steady_clock::now();
     const auto& stage = plan_.stage(position.stage);
@@ -126,7 +134,7 @@ class Trainer::Impl {
     torch::Tensor inputs, targets;
     {
       PhaseClock::Scope scope(*clock, Phase::kData);
-      const Batch batch = data_->Get(Split::kTrain, step - 1);
+      const Batch batch = data_->Get(Split::kTrain, step - 1, shape_of(stage));
       inputs = to_tensor(batch.inputs, batch.batch_size, batch.seq_len);
       targets = to_tensor(batch.targets, batch.batch_size, batch.seq_len);
     }
