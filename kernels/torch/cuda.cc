@@ -2,6 +2,7 @@
 // checks shared with the CPU backend, dtype conversion to what the kernels take (bf16 q/k, fp32
 // w), and the per-sequence calls into kernels/cuda.
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -9,6 +10,7 @@
 #include <tuple>
 
 #include "kernels/cuda/flash_topk_cuda.h"
+#include "kernels/cuda/sparse_attn_cuda.h"
 #include "kernels/torch/checks.h"
 
 namespace hyscale::torch_ops {
@@ -99,6 +101,114 @@ at::Tensor index_score_table(const at::Tensor& q, const at::Tensor& k, const at:
   return table;
 }
 
+// sparse_attn: bf16 inputs for the kernels, per-sequence calls; out in q's dtype, lse fp32.
+struct AttnInputs {
+  SparseAttnArgs a;
+  at::Tensor q, key, value, indices;  // with a leading batch dim, contiguous, bf16 / int32
+};
+
+AttnInputs attn_inputs(const char* op, const at::Tensor& q, const at::Tensor& key,
+                       const at::Tensor& value, const at::Tensor& indices, int64_t group) {
+  AttnInputs in;
+  in.a = check_sparse_attn(op, q, key, value, indices);
+  const auto& s = in.a.shape;
+  TORCH_CHECK(cuda::sparse_attn_dims_supported(s.dim_qk, s.dim_v), op,
+              ": the CUDA kernels take (d_qk, d_v) in {(64, 64), (128, 128), (192, 128), "
+              "(576, 512)}, got (",
+              s.dim_qk, ", ", s.dim_v, ")");
+  TORCH_CHECK(cuda::sparse_attn_group_supported(group, s.topk), op,
+              ": group must be 1, 2, 4, 8 or 16 with group * topk <= 32768, got group = ", group,
+              ", topk = ", s.topk);
+  auto batched = [&](const at::Tensor& t) { return in.a.batching.batched ? t : t.unsqueeze(0); };
+  in.q = batched(q).to(at::kBFloat16).contiguous();
+  in.key = batched(key).to(at::kBFloat16).contiguous();
+  in.value = batched(value).to(at::kBFloat16).contiguous();
+  in.indices = batched(indices).contiguous();
+  if (in.indices.numel() > 0) {
+    const auto [lowest, highest] = at::aminmax(in.indices);
+    TORCH_CHECK(lowest.item<int>() >= -1 && highest.item<int>() < s.num_keys, op,
+                ": indices must be -1 or in [0, ", s.num_keys, ")");
+  }
+  return in;
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_attn_grouped(const at::Tensor& q, const at::Tensor& key,
+                                                       const at::Tensor& value,
+                                                       const at::Tensor& indices, double scale,
+                                                       int64_t group) {
+  const char* op = "hyscale::sparse_attn";
+  const c10::cuda::CUDAGuard guard(q.device());
+  const AttnInputs in = attn_inputs(op, q, key, value, indices, group);
+  const auto& s = in.a.shape;
+  const int64_t batch = in.a.batching.batch;
+  auto out = at::empty({batch, s.num_queries, s.heads, s.dim_v}, in.q.options());
+  auto lse = at::empty({batch, s.num_queries, s.heads}, in.q.options().dtype(at::kFloat));
+  auto workspace =
+      at::empty({static_cast<int64_t>(cuda::sparse_attn_fwd_workspace_bytes(s, group))},
+                q.options().dtype(at::kByte));
+  for (int64_t b = 0; b < batch; ++b) {
+    cuda::sparse_attn_fwd(s, in.q[b].data_ptr(), in.key[b].data_ptr(), in.value[b].data_ptr(),
+                          in.indices[b].data_ptr<int32_t>(), static_cast<float>(scale), group,
+                          out[b].data_ptr(), lse[b].data_ptr<float>(), workspace.data_ptr(),
+                          current_stream());
+  }
+  return {unbatch(out, in.a.batching).to(q.scalar_type()), unbatch(lse, in.a.batching)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward_grouped(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& indices, double scale, const at::Tensor& out, const at::Tensor& lse,
+    int64_t group, bool deterministic) {
+  const char* op = "hyscale::sparse_attn_backward";
+  const c10::cuda::CUDAGuard guard(q.device());
+  const AttnInputs in = attn_inputs(op, q, key, value, indices, group);
+  const auto& s = in.a.shape;
+  const int64_t batch = in.a.batching.batch;
+  check_sizes(op, "grad_out", grad_out, out.sizes());
+  auto batched = [&](const at::Tensor& t) { return in.a.batching.batched ? t : t.unsqueeze(0); };
+  const auto go = batched(grad_out).to(at::kBFloat16).contiguous();
+  const auto o = batched(out).to(at::kBFloat16).contiguous();
+  const auto l = batched(lse).to(at::kFloat).contiguous();
+  check_sizes(op, "out", o, {batch, s.num_queries, s.heads, s.dim_v});
+  check_sizes(op, "lse", l, {batch, s.num_queries, s.heads});
+  auto grad_q = at::empty_like(in.q);
+  auto grad_key = at::empty(in.key.sizes(), in.key.options().dtype(at::kFloat));
+  auto grad_value = at::empty(in.value.sizes(), in.value.options().dtype(at::kFloat));
+  auto workspace = at::empty(
+      {static_cast<int64_t>(cuda::sparse_attn_bwd_workspace_bytes(s, group, deterministic))},
+      q.options().dtype(at::kByte));
+  for (int64_t b = 0; b < batch; ++b) {
+    cuda::sparse_attn_bwd(s, in.q[b].data_ptr(), in.key[b].data_ptr(), in.value[b].data_ptr(),
+                          in.indices[b].data_ptr<int32_t>(), static_cast<float>(scale),
+                          o[b].data_ptr(), l[b].data_ptr<float>(), go[b].data_ptr(), group,
+                          deterministic, grad_q[b].data_ptr(), grad_key[b].data_ptr<float>(),
+                          grad_value[b].data_ptr<float>(), workspace.data_ptr(), current_stream());
+  }
+  return {unbatch(grad_q, in.a.batching).to(q.scalar_type()),
+          unbatch(grad_key, in.a.batching).to(key.scalar_type()),
+          unbatch(grad_value, in.a.batching).to(value.scalar_type())};
+}
+
+int64_t default_group(const at::Tensor& q, const at::Tensor& indices) {
+  return cuda::sparse_attn_default_group(q.size(-2), indices.size(-1));
+}
+
+// The schema's ops: G picked by sparse_attn_default_group; the backward is deterministic when
+// torch.use_deterministic_algorithms(True) is in effect, else it uses fp32 atomics.
+std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Tensor& key,
+                                               const at::Tensor& value, const at::Tensor& indices,
+                                               double scale) {
+  return sparse_attn_grouped(q, key, value, indices, scale, default_group(q, indices));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& indices, double scale, const at::Tensor& out, const at::Tensor& lse) {
+  return sparse_attn_backward_grouped(grad_out, q, key, value, indices, scale, out, lse,
+                                      default_group(q, indices),
+                                      at::globalContext().deterministicAlgorithms());
+}
+
 }  // namespace
 }  // namespace hyscale::torch_ops
 
@@ -107,4 +217,8 @@ TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   m.impl("flash_topk", &flash_topk);
   m.impl("index_score_gather", &index_score_gather);
   m.impl("index_score_table", &index_score_table);
+  m.impl("sparse_attn", &sparse_attn);
+  m.impl("sparse_attn_backward", &sparse_attn_backward);
+  m.impl("sparse_attn_grouped", &sparse_attn_grouped);
+  m.impl("sparse_attn_backward_grouped", &sparse_attn_backward_grouped);
 }

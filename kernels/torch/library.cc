@@ -25,6 +25,15 @@ TORCH_LIBRARY(hyscale, m) {
       "sparse_attn_backward(Tensor grad_out, Tensor q, Tensor key, Tensor value, Tensor indices,"
       " float scale, Tensor out, Tensor lse) -> (Tensor grad_q, Tensor grad_key, Tensor "
       "grad_value)");
+  // CUDA only: sparse_attn / its backward with an explicit query-group size G (1, 2, 4, 8, 16)
+  // and, for the backward, the accumulation mode; for tests and benchmarks (no autograd).
+  m.def(
+      "sparse_attn_grouped(Tensor q, Tensor key, Tensor value, Tensor indices, float scale,"
+      " int group) -> (Tensor out, Tensor lse)");
+  m.def(
+      "sparse_attn_backward_grouped(Tensor grad_out, Tensor q, Tensor key, Tensor value,"
+      " Tensor indices, float scale, Tensor out, Tensor lse, int group, bool deterministic)"
+      " -> (Tensor grad_q, Tensor grad_key, Tensor grad_value)");
   m.def(
       "selected_attention_mass(Tensor q, Tensor key, Tensor indices, Tensor lse, float scale)"
       " -> Tensor");

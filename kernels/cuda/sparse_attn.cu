@@ -1,0 +1,814 @@
+// CUDA sparse MQA attention: forward (online softmax, LSE out) and backward (dq; dkey and dvalue
+// accumulated into the shared keys), with query grouping. docs/sparse_attn.md has the why.
+//
+// Block tile (sparse_attn_traits.cuh): 64 rows = G adjacent queries x HB heads. The block's key
+// list is its query's selected slots (G = 1) or the sorted union of its G queries' keys with a
+// G-bit mask per entry (G > 1, built by build_union_kernel); a row sees an entry only when its
+// query's bit is set, so every row attends exactly its own selected set.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/sparse_attn_cuda.h"
+#include "kernels/cuda/sparse_attn_mma.cuh"
+#include "kernels/cuda/sparse_attn_traits.cuh"
+
+namespace hyscale::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace attn;
+constexpr float kLog2e = 1.4426950408889634f;
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("hyscale::sparse_attn (CUDA): ") + what + ": " +
+                             cudaGetErrorString(status));
+  }
+}
+
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Everything a block needs to know about its rows and its key list.
+struct Problem {
+  const bf16 *q, *key, *value;
+  const int32_t* indices;  // [N, topk] (G = 1)
+  const int32_t* ukeys;    // [groups, cap] sorted key union (G > 1)
+  const uint16_t* umask;   // [groups, cap] bit g: query g of the group selected the key
+  const int32_t* ucount;   // [groups] union sizes
+  int64_t cap;
+  int n, heads, topk, group, hb;
+  float scale, scale_log2;
+};
+
+// The key list of block `grp`.
+struct KeyList {
+  const int32_t* keys;
+  const uint16_t* mask;  // null for G = 1
+  int count;
+  __device__ int key(int slot) const { return slot < count ? keys[slot] : -1; }
+  // Whether rows of query g (in the group) attend `slot`.
+  __device__ bool sees(int slot, int g) const {
+    if (slot >= count) return false;
+    return mask ? ((mask[slot] >> g) & 1) != 0 : keys[slot] >= 0;
+  }
+};
+
+__device__ KeyList key_list(const Problem& p, int grp) {
+  if (p.group == 1) return {p.indices + int64_t(grp) * p.topk, nullptr, p.topk};
+  return {p.ukeys + grp * p.cap, p.umask + grp * p.cap, p.ucount[grp]};
+}
+
+// Global row (query * H + head) of tile row r, or -1 when the row lies outside the problem.
+__device__ int64_t tile_row(const Problem& p, int grp, int h0, int r) {
+  const int g = r / p.hb, h = h0 + r % p.hb;
+  const int64_t query = int64_t(grp) * p.group + g;
+  if (g >= p.group || h >= p.heads || query >= p.n) return -1;
+  return query * p.heads + h;
+}
+
+// Copy the 64 rows of a [rows][D] tile (zeros for rows outside the problem).
+template <int D, int kThreads>
+__device__ void load_tile_rows(bf16* tile, const bf16* src, const Problem& p, int grp, int h0,
+                               int tid) {
+  constexpr int kChunks = D / 8;
+  for (int i = tid; i < 64 * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t row = tile_row(p, grp, h0, r);
+    cp_async_16(tile + swz<D>(r, c * 8), row >= 0 ? src + row * D + c * 8 : src, row >= 0);
+  }
+}
+
+// Gather the rows of kKeys slots from slot0 on (zeros for unused slots).
+template <int D, int kKeys, int kThreads>
+__device__ void gather_keys(bf16* tile, const bf16* src, const KeyList& list, int slot0, int tid) {
+  constexpr int kChunks = D / 8;
+  for (int i = tid; i < kKeys * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int key = list.key(slot0 + r);
+    cp_async_16(tile + swz<D>(r, c * 8), key >= 0 ? src + int64_t(key) * D + c * 8 : src, key >= 0);
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. Warp (rw, cw): rows 16 rw .. 16 rw + 15; S for keys 32 cw .. 32 cw + 31 of the tile,
+// O for value columns cw * d_v/2 ... Row maxima and sums are combined across the two column
+// warps through shared memory; P goes through shared memory (bf16) to the P V product.
+// K and V tiles are single-buffered but loaded one phase ahead: K(j+1) streams in during the
+// softmax and P V of tile j, V(j+1) during Q K^T of tile j+1.
+
+struct FwdOut {
+  bf16* out;
+  float* lse;
+};
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Problem p, FwdOut o_) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kFwdKeys, T = Tr::kThreads;
+  constexpr int kVTiles = DV / 2 / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sk = sq + 64 * DQ;
+  bf16* sv = sk + BK * DQ;
+  bf16* sp = sv + BK * DV;
+  __shared__ float red[2][64];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, rw = warp & 3, cw = warp >> 2;
+  const int grp = blockIdx.x, h0 = blockIdx.y * p.hb;
+  const KeyList list = key_list(p, grp);
+  load_tile_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
+  gather_keys<DQ, BK, T>(sk, p.key, list, 0, tid);
+  cp_async_commit();
+  gather_keys<DV, BK, T>(sv, p.value, list, 0, tid);
+  cp_async_commit();
+
+  const int ra = rw * 16 + (lane >> 2), rb = ra + 8;
+  const int ga = ra / p.hb, gb = rb / p.hb;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+  float o[kVTiles][4];
+#pragma unroll
+  for (int i = 0; i < kVTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+
+  const int tiles = static_cast<int>(ceil_div(list.count, BK));
+  for (int j = 0; j < tiles; ++j) {
+    cp_async_wait<1>();
+    __syncthreads();
+    float s[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll 4
+    for (int k0 = 0; k0 < DQ; k0 += 16) {
+      uint32_t a[4], b[4];
+      load_a<DQ>(a, sq, rw * 16, k0, lane);
+#pragma unroll
+      for (int nt = 0; nt < 4; nt += 2) {
+        load_b_nk<DQ>(b, sk, cw * 32 + nt * 8, k0, lane);
+        mma_bf16(s[nt], a, b[0], b[1]);
+        mma_bf16(s[nt + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();
+    if (j + 1 < tiles) gather_keys<DQ, BK, T>(sk, p.key, list, (j + 1) * BK, tid);
+    cp_async_commit();
+
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int slot = j * BK + cw * 32 + nt * 8 + 2 * (lane & 3) + (e & 1);
+        const bool seen = list.sees(slot, e < 2 ? ga : gb);
+        s[nt][e] = seen ? s[nt][e] * p.scale_log2 : -INFINITY;
+      }
+      mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
+      mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx_a = quad_max(mx_a);
+    mx_b = quad_max(mx_b);
+    if ((lane & 3) == 0) {
+      red[cw][ra] = mx_a;
+      red[cw][rb] = mx_b;
+    }
+    __syncthreads();
+    const float new_a = fmaxf(m_a, fmaxf(red[0][ra], red[1][ra]));
+    const float new_b = fmaxf(m_b, fmaxf(red[0][rb], red[1][rb]));
+    const float alpha_a = new_a == -INFINITY ? 1.f : exp2f(m_a - new_a);
+    const float alpha_b = new_b == -INFINITY ? 1.f : exp2f(m_b - new_b);
+    const float base_a = new_a == -INFINITY ? 0.f : new_a;
+    const float base_b = new_b == -INFINITY ? 0.f : new_b;
+    m_a = new_a;
+    m_b = new_b;
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const float p0 = exp2f(s[nt][0] - base_a), p1 = exp2f(s[nt][1] - base_a);
+      const float p2 = exp2f(s[nt][2] - base_b), p3 = exp2f(s[nt][3] - base_b);
+      sum_a += p0 + p1;
+      sum_b += p2 + p3;
+      const int col = cw * 32 + nt * 8 + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t*>(sp + swz<BK>(ra, col)) = pack_bf16(p0, p1);
+      *reinterpret_cast<uint32_t*>(sp + swz<BK>(rb, col)) = pack_bf16(p2, p3);
+    }
+    l_a = l_a * alpha_a + sum_a;
+    l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int i = 0; i < kVTiles; ++i) {
+      o[i][0] *= alpha_a;
+      o[i][1] *= alpha_a;
+      o[i][2] *= alpha_b;
+      o[i][3] *= alpha_b;
+    }
+    cp_async_wait<1>();
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      uint32_t a[4];
+      load_a<BK>(a, sp, rw * 16, kk, lane);
+#pragma unroll
+      for (int nt = 0; nt < kVTiles; nt += 2) {
+        uint32_t b[4];
+        load_b_kn<DV>(b, sv, kk, cw * (DV / 2) + nt * 8, lane);
+        mma_bf16(o[nt], a, b[0], b[1]);
+        mma_bf16(o[nt + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();
+    if (j + 1 < tiles) gather_keys<DV, BK, T>(sv, p.value, list, (j + 1) * BK, tid);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  l_a = quad_sum(l_a);
+  l_b = quad_sum(l_b);
+  if ((lane & 3) == 0) {
+    red[cw][ra] = l_a;
+    red[cw][rb] = l_b;
+  }
+  __syncthreads();
+  const float tot_a = red[0][ra] + red[1][ra], tot_b = red[0][rb] + red[1][rb];
+  const float inv_a = tot_a > 0.f ? 1.f / tot_a : 0.f, inv_b = tot_b > 0.f ? 1.f / tot_b : 0.f;
+  const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
+#pragma unroll
+  for (int nt = 0; nt < kVTiles; ++nt) {
+    const int col = cw * (DV / 2) + nt * 8 + 2 * (lane & 3);
+    if (row_a >= 0) {
+      *reinterpret_cast<uint32_t*>(o_.out + row_a * DV + col) =
+          pack_bf16(o[nt][0] * inv_a, o[nt][1] * inv_a);
+    }
+    if (row_b >= 0) {
+      *reinterpret_cast<uint32_t*>(o_.out + row_b * DV + col) =
+          pack_bf16(o[nt][2] * inv_b, o[nt][3] * inv_b);
+    }
+  }
+  if (cw == 0 && (lane & 3) == 0) {
+    const float ln2 = 0.6931471805599453f;
+    if (row_a >= 0) o_.lse[row_a] = tot_a > 0.f ? (m_a + log2f(tot_a)) * ln2 : -INFINITY;
+    if (row_b >= 0) o_.lse[row_b] = tot_b > 0.f ? (m_b + log2f(tot_b)) * ln2 : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward: one kernel body, three modes. Per key tile of 32: S = Q K^T and dP = dO V^T (warp
+// (rw, cw): rows 16 rw.., keys 16 cw..), P = exp(S - lse), dS = scale * P (dP - D) with
+// D = rowsum(dO * O); P and dS go to shared memory (bf16). Then
+//   kDq:       dQ += dS K, kept in registers (warp: rows 16 rw.., columns cw * d_qk/2 ..);
+//   kDkv*:     dV_tile = P^T dO and dK_tile = dS^T Q (warp: keys 16 (w & 1).., column quarter
+//              w >> 1), added into the shared keys: fp32 atomics (kDkvAtomic) or 64-bit
+//              fixed-point integer atomics (kDkvFixed, deterministic).
+enum BwdMode { kDq = 0, kDkvAtomic = 1, kDkvFixed = 2 };
+
+struct BwdArgs {
+  const bf16* grad_out;
+  const float* lse;
+  const float* delta;  // [N * H]
+  bf16* grad_q;
+  float* grad_key;
+  float* grad_value;
+  unsigned long long* fixed_key;
+  unsigned long long* fixed_value;
+  const float* amax;  // [3]: max |q|, max |dO|, max |value| (fixed-point scales)
+};
+
+// Fixed-point scales 2^e with the bound B of any partial sum below 2^61:
+//   |dvalue| <= N H max|dO|, |dkey| <= N H 2 d_v max|dO| max|v| max|q| scale.
+__device__ void fixed_scales(const Problem& p, int dim_v, const float* amax, double& key_scale,
+                             double& value_scale) {
+  const double rows = double(p.n) * p.heads;
+  const double bv = rows * amax[1];
+  const double bk = rows * 2.0 * dim_v * amax[1] * amax[2] * amax[0] * p.scale;
+  int e;
+  value_scale = bv > 0 ? (frexp(bv, &e), ldexp(1.0, 61 - e)) : 1.0;
+  key_scale = bk > 0 ? (frexp(bk, &e), ldexp(1.0, 61 - e)) : 1.0;
+}
+
+__device__ __forceinline__ void fixed_add(unsigned long long* dst, float x, double scale) {
+  const long long v = __double2ll_rn(double(x) * scale);
+  if (v != 0) atomicAdd(dst, static_cast<unsigned long long>(v));
+}
+
+template <class Tr, int kMode, int D, int kCols4>
+__device__ void add_key_grads(const float (&acc)[kCols4][4], const KeyList& list, int slot0,
+                              int key_row, int col0, int lane, float* dst, unsigned long long* fx,
+                              double fx_scale) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = list.key(slot0 + key_row + 8 * half);
+    if (key < 0) continue;
+#pragma unroll
+    for (int nt = 0; nt < kCols4; ++nt) {
+      const int64_t at = int64_t(key) * D + col0 + nt * 8 + 2 * (lane & 3);
+      if constexpr (kMode == kDkvAtomic) {
+        red_add_v2(dst + at, acc[nt][2 * half], acc[nt][2 * half + 1]);
+      } else {
+        fixed_add(fx + at, acc[nt][2 * half], fx_scale);
+        fixed_add(fx + at + 1, acc[nt][2 * half + 1], fx_scale);
+      }
+    }
+  }
+}
+
+// One warp's share of a key tile's gradient, added into the shared keys: rows (keys)
+// 16 kg .. 16 kg + 15, columns cg * D/4 .., of A^T B with A the [64 rows x 32 keys] tile
+// (P for dvalue, dS for dkey) and B the [64 rows x D] tile (dO, Q).
+template <class Tr, int kMode, int D>
+__device__ void key_grad_tile(const bf16* a_tile, const bf16* b_tile, const KeyList& list,
+                              int slot0, int kg, int cg, int lane, float* dst,
+                              unsigned long long* fx, double fx_scale) {
+  constexpr int kN = D / 4 / 8;
+  float acc[kN][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < 64; kk += 16) {
+    uint32_t a[4];
+    load_a_t<Tr::kBwdKeys>(a, a_tile, kk, kg * 16, lane);
+#pragma unroll
+    for (int nt = 0; nt < kN; nt += 2) {
+      uint32_t b[4];
+      load_b_kn<D>(b, b_tile, kk, cg * (D / 4) + nt * 8, lane);
+      mma_bf16(acc[nt], a, b[0], b[1]);
+      mma_bf16(acc[nt + 1], a, b[2], b[3]);
+    }
+  }
+  add_key_grads<Tr, kMode, D, kN>(acc, list, slot0, kg * 16 + (lane >> 2), cg * (D / 4), lane, dst,
+                                  fx, fx_scale);
+}
+
+template <class Tr, int kMode>
+__global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Problem p, BwdArgs g) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kBwdKeys, T = Tr::kThreads;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sdo = sq + 64 * DQ;
+  bf16* sk = sdo + 64 * DV;
+  bf16* sv = sk + BK * DQ;
+  bf16* sp = sv + BK * DV;
+  bf16* sds = sp + 64 * BK;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, rw = warp & 3, cw = warp >> 2;
+  const int grp = blockIdx.x, h0 = blockIdx.y * p.hb;
+  const KeyList list = key_list(p, grp);
+  load_tile_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
+  load_tile_rows<DV, T>(sdo, g.grad_out, p, grp, h0, tid);
+
+  const int ra = rw * 16 + (lane >> 2), rb = ra + 8;
+  const int ga = ra / p.hb, gb = rb / p.hb;
+  const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
+  // lse in log2 units; +infinity (p = 0) for rows outside the problem or without valid slots.
+  auto lse2 = [&](int64_t row) {
+    const float l = row >= 0 ? g.lse[row] : -INFINITY;
+    return l == -INFINITY ? INFINITY : l * kLog2e;
+  };
+  const float lse_a = lse2(row_a), lse_b = lse2(row_b);
+  const float d_a = row_a >= 0 ? g.delta[row_a] : 0.f, d_b = row_b >= 0 ? g.delta[row_b] : 0.f;
+
+  constexpr int kQTiles = kMode == kDq ? DQ / 2 / 8 : 1;
+  float dq[kQTiles][4];
+#pragma unroll
+  for (int i = 0; i < kQTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  double key_scale = 1, value_scale = 1;
+  if constexpr (kMode == kDkvFixed) fixed_scales(p, DV, g.amax, key_scale, value_scale);
+
+  const int tiles = static_cast<int>(ceil_div(list.count, BK));
+  for (int j = 0; j < tiles; ++j) {
+    gather_keys<DQ, BK, T>(sk, p.key, list, j * BK, tid);
+    gather_keys<DV, BK, T>(sv, p.value, list, j * BK, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float s[2][4] = {}, dp[2][4] = {};
+#pragma unroll 4
+    for (int k0 = 0; k0 < DQ; k0 += 16) {
+      uint32_t a[4], b[4];
+      load_a<DQ>(a, sq, rw * 16, k0, lane);
+      load_b_nk<DQ>(b, sk, cw * 16, k0, lane);
+      mma_bf16(s[0], a, b[0], b[1]);
+      mma_bf16(s[1], a, b[2], b[3]);
+    }
+#pragma unroll 4
+    for (int k0 = 0; k0 < DV; k0 += 16) {
+      uint32_t a[4], b[4];
+      load_a<DV>(a, sdo, rw * 16, k0, lane);
+      load_b_nk<DV>(b, sv, cw * 16, k0, lane);
+      mma_bf16(dp[0], a, b[0], b[1]);
+      mma_bf16(dp[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      float pr[4], ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int slot = j * BK + cw * 16 + nt * 8 + 2 * (lane & 3) + (e & 1);
+        const bool lo = e < 2;
+        const bool seen = list.sees(slot, lo ? ga : gb);
+        pr[e] = seen ? exp2f(s[nt][e] * p.scale_log2 - (lo ? lse_a : lse_b)) : 0.f;
+        ds[e] = pr[e] * (dp[nt][e] - (lo ? d_a : d_b)) * p.scale;
+      }
+      const int col = cw * 16 + nt * 8 + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t*>(sp + swz<BK>(ra, col)) = pack_bf16(pr[0], pr[1]);
+      *reinterpret_cast<uint32_t*>(sp + swz<BK>(rb, col)) = pack_bf16(pr[2], pr[3]);
+      *reinterpret_cast<uint32_t*>(sds + swz<BK>(ra, col)) = pack_bf16(ds[0], ds[1]);
+      *reinterpret_cast<uint32_t*>(sds + swz<BK>(rb, col)) = pack_bf16(ds[2], ds[3]);
+    }
+    __syncthreads();
+    if constexpr (kMode == kDq) {
+#pragma unroll
+      for (int kk = 0; kk < BK; kk += 16) {
+        uint32_t a[4];
+        load_a<BK>(a, sds, rw * 16, kk, lane);
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; nt += 2) {
+          uint32_t b[4];
+          load_b_kn<DQ>(b, sk, kk, cw * (DQ / 2) + nt * 8, lane);
+          mma_bf16(dq[nt], a, b[0], b[1]);
+          mma_bf16(dq[nt + 1], a, b[2], b[3]);
+        }
+      }
+    } else {
+      const int kg = warp & 1, cg = warp >> 1;
+      key_grad_tile<Tr, kMode, DV>(sp, sdo, list, j * BK, kg, cg, lane, g.grad_value, g.fixed_value,
+                                   value_scale);
+      key_grad_tile<Tr, kMode, DQ>(sds, sq, list, j * BK, kg, cg, lane, g.grad_key, g.fixed_key,
+                                   key_scale);
+    }
+    __syncthreads();
+  }
+  if constexpr (kMode == kDq) {
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt) {
+      const int col = cw * (DQ / 2) + nt * 8 + 2 * (lane & 3);
+      if (row_a >= 0) {
+        *reinterpret_cast<uint32_t*>(g.grad_q + row_a * DQ + col) = pack_bf16(dq[nt][0], dq[nt][1]);
+      }
+      if (row_b >= 0) {
+        *reinterpret_cast<uint32_t*>(g.grad_q + row_b * DQ + col) = pack_bf16(dq[nt][2], dq[nt][3]);
+      }
+    }
+  }
+}
+
+// D[row] = sum_c dO[row, c] * O[row, c] (fp32), one warp per row.
+__global__ void row_dot_kernel(const bf16* a, const bf16* b, int64_t rows, int dim, float* out) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float sum = 0.f;
+  for (int c = lane; c < dim; c += 32) {
+    sum += __bfloat162float(a[row * dim + c]) * __bfloat162float(b[row * dim + c]);
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+  if (lane == 0) out[row] = sum;
+}
+
+// max |x| into *out (non-negative floats order like their bit patterns).
+__global__ void absmax_kernel(const bf16* x, int64_t n, float* out) {
+  float m = 0.f;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    m = fmaxf(m, fabsf(__bfloat162float(x[i])));
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+  if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<int*>(out), __float_as_int(m));
+}
+
+__global__ void fixed_to_float_kernel(Problem p, int dim_v, const float* amax, int64_t key_elems,
+                                      int64_t value_elems, const unsigned long long* fk,
+                                      const unsigned long long* fv, float* grad_key,
+                                      float* grad_value) {
+  double key_scale, value_scale;
+  fixed_scales(p, dim_v, amax, key_scale, value_scale);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < key_elems + value_elems;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (i < key_elems) {
+      grad_key[i] = float(double(static_cast<long long>(fk[i])) / key_scale);
+    } else {
+      const int64_t v = i - key_elems;
+      grad_value[v] = float(double(static_cast<long long>(fv[v])) / value_scale);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Key union of each group of G queries: the G * topk slots, packed as key << 4 | g, are sorted
+// in shared memory (bitonic), then equal keys merge into one entry whose mask ORs their g bits.
+constexpr int kUnionThreads = 1024;
+
+__global__ void __launch_bounds__(kUnionThreads)
+    build_union_kernel(const int32_t* indices, int n, int topk, int group, int pow2, int32_t* ukeys,
+                       uint16_t* umask, int32_t* ucount, int64_t cap) {
+  extern __shared__ uint32_t buf[];
+  __shared__ int warp_sums[kUnionThreads / 32];
+  const int grp = blockIdx.x, tid = threadIdx.x, total = group * topk;
+  for (int i = tid; i < pow2; i += kUnionThreads) {
+    uint32_t v = 0xffffffffu;
+    if (i < total) {
+      const int g = i / topk;
+      const int64_t query = int64_t(grp) * group + g;
+      const int key = query < n ? indices[query * topk + i % topk] : -1;
+      if (key >= 0) v = (uint32_t(key) << 4) | uint32_t(g);
+    }
+    buf[i] = v;
+  }
+  __syncthreads();
+  for (int k = 2; k <= pow2; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < pow2; i += kUnionThreads) {
+        const int other = i ^ j;
+        if (other > i) {
+          const uint32_t a = buf[i], b = buf[other];
+          if ((a > b) == ((i & k) == 0)) {
+            buf[i] = b;
+            buf[other] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // Each thread owns a contiguous run of slots; count first occurrences, scan, write.
+  const int per = (pow2 + kUnionThreads - 1) / kUnionThreads;
+  const int lo = min(pow2, tid * per), hi = min(pow2, lo + per);
+  auto first = [&](int i) {
+    return buf[i] != 0xffffffffu && (i == 0 || (buf[i] >> 4) != (buf[i - 1] >> 4));
+  };
+  int mine = 0;
+  for (int i = lo; i < hi; ++i) mine += first(i);
+  int incl = mine;
+  const int lane = tid & 31, warp = tid >> 5;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int x = __shfl_up_sync(0xffffffff, incl, o);
+    if (lane >= o) incl += x;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_sums[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const int x = __shfl_up_sync(0xffffffff, w, o);
+      if (lane >= o) w += x;
+    }
+    warp_sums[lane] = w;
+  }
+  __syncthreads();
+  int pos = incl - mine + (warp > 0 ? warp_sums[warp - 1] : 0);
+  for (int i = lo; i < hi; ++i) {
+    if (!first(i)) continue;
+    const uint32_t key = buf[i] >> 4;
+    uint32_t bits = 0;
+    for (int r = i; r < pow2 && (buf[r] >> 4) == key && buf[r] != 0xffffffffu; ++r) {
+      bits |= 1u << (buf[r] & 15);
+    }
+    ukeys[grp * cap + pos] = int32_t(key);
+    umask[grp * cap + pos] = uint16_t(bits);
+    ++pos;
+  }
+  if (tid == kUnionThreads - 1) ucount[grp] = warp_sums[31];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+int next_pow2(int x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+struct UnionPlan {
+  int32_t* keys = nullptr;
+  uint16_t* mask = nullptr;
+  int32_t* count = nullptr;
+  int64_t cap = 0;
+};
+
+int64_t groups_of(const SparseAttnShape& s, int64_t group) {
+  return ceil_div(s.num_queries, group);
+}
+
+size_t align256(size_t x) {
+  return (x + 255) / 256 * 256;
+}
+
+size_t plan_bytes(const SparseAttnShape& s, int64_t group) {
+  if (group == 1) return 0;
+  const int64_t slots = groups_of(s, group) * group * s.topk;
+  return align256(slots * 4) + align256(slots * 2) + align256(groups_of(s, group) * 4);
+}
+
+// Carves the plan out of `workspace`; returns the bytes used.
+size_t build_plan(const SparseAttnShape& s, const int32_t* indices, int64_t group, void* workspace,
+                  UnionPlan& plan, cudaStream_t stream) {
+  if (group == 1) return 0;
+  const int64_t groups = groups_of(s, group);
+  plan.cap = group * s.topk;
+  auto* base = static_cast<unsigned char*>(workspace);
+  plan.keys = reinterpret_cast<int32_t*>(base);
+  plan.mask = reinterpret_cast<uint16_t*>(base + align256(groups * plan.cap * 4));
+  plan.count = reinterpret_cast<int32_t*>(base + align256(groups * plan.cap * 4) +
+                                          align256(groups * plan.cap * 2));
+  const int pow2 = next_pow2(static_cast<int>(plan.cap));
+  const size_t smem = size_t(pow2) * 4;
+  check(cudaFuncSetAttribute(build_union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        "union smem");
+  build_union_kernel<<<static_cast<unsigned>(groups), kUnionThreads, smem, stream>>>(
+      indices, static_cast<int>(s.num_queries), static_cast<int>(s.topk), static_cast<int>(group),
+      pow2, plan.keys, plan.mask, plan.count, plan.cap);
+  check(cudaGetLastError(), "build_union_kernel");
+  return plan_bytes(s, group);
+}
+
+Problem make_problem(const SparseAttnShape& s, const void* q, const void* key, const void* value,
+                     const int32_t* indices, float scale, int64_t group, const UnionPlan& plan) {
+  Problem p{};
+  p.q = static_cast<const bf16*>(q);
+  p.key = static_cast<const bf16*>(key);
+  p.value = static_cast<const bf16*>(value);
+  p.indices = indices;
+  p.ukeys = plan.keys;
+  p.umask = plan.mask;
+  p.ucount = plan.count;
+  p.cap = plan.cap;
+  p.n = static_cast<int>(s.num_queries);
+  p.heads = static_cast<int>(s.heads);
+  p.topk = static_cast<int>(s.topk);
+  p.group = static_cast<int>(group);
+  p.hb = static_cast<int>(std::min<int64_t>(s.heads, 64 / group));
+  p.scale = scale;
+  p.scale_log2 = scale * kLog2e;
+  return p;
+}
+
+dim3 grid_of(const SparseAttnShape& s, const Problem& p) {
+  return dim3(static_cast<unsigned>(groups_of(s, p.group)),
+              static_cast<unsigned>(ceil_div(s.heads, p.hb)));
+}
+
+template <class Fn>
+void dispatch_dims(int64_t dim_qk, int64_t dim_v, Fn&& fn) {
+#define HYSCALE_SA_CASE(DQ, DV)      \
+  if (dim_qk == DQ && dim_v == DV) { \
+    fn(SparseAttnTraits<DQ, DV>{});  \
+    return;                          \
+  }
+  HYSCALE_SPARSE_ATTN_DIMS(HYSCALE_SA_CASE)
+#undef HYSCALE_SA_CASE
+  throw std::invalid_argument("hyscale::sparse_attn (CUDA): unsupported d_qk = " +
+                              std::to_string(dim_qk) + ", d_v = " + std::to_string(dim_v));
+}
+
+void check_call(const SparseAttnShape& s, int64_t group) {
+  s.validate();
+  if (!sparse_attn_dims_supported(s.dim_qk, s.dim_v)) {
+    throw std::invalid_argument(
+        "hyscale::sparse_attn (CUDA): (d_qk, d_v) must be one of (64, 64), (128, 128), "
+        "(192, 128), (576, 512); got (" +
+        std::to_string(s.dim_qk) + ", " + std::to_string(s.dim_v) + ")");
+  }
+  if (!sparse_attn_group_supported(group, s.topk)) {
+    throw std::invalid_argument(
+        "hyscale::sparse_attn (CUDA): group must be 1, 2, 4, 8 or 16 with group * topk <= " +
+        std::to_string(kMaxGroupSlots) + "; got group = " + std::to_string(group) +
+        ", topk = " + std::to_string(s.topk));
+  }
+  if (s.num_keys >= (int64_t(1) << 27) || s.num_queries * s.heads >= (int64_t(1) << 31)) {
+    throw std::invalid_argument("hyscale::sparse_attn (CUDA): M must be < 2^27 and N * H < 2^31");
+  }
+}
+
+}  // namespace
+
+bool sparse_attn_dims_supported(int64_t dim_qk, int64_t dim_v) {
+  bool ok = false;
+#define HYSCALE_SA_OK(DQ, DV) ok = ok || (dim_qk == DQ && dim_v == DV);
+  HYSCALE_SPARSE_ATTN_DIMS(HYSCALE_SA_OK)
+#undef HYSCALE_SA_OK
+  return ok;
+}
+
+bool sparse_attn_group_supported(int64_t group, int64_t topk) {
+  const bool pow2 = group == 1 || group == 2 || group == 4 || group == 8 || group == 16;
+  return pow2 && (group == 1 || group * topk <= kMaxGroupSlots);
+}
+
+int64_t sparse_attn_default_group(int64_t heads, int64_t topk) {
+  int64_t g = 1;
+  while (g * 2 <= kMaxGroup && g * 2 * heads <= 64 && sparse_attn_group_supported(g * 2, topk)) {
+    g *= 2;
+  }
+  return g;
+}
+
+size_t sparse_attn_fwd_workspace_bytes(const SparseAttnShape& shape, int64_t group) {
+  return plan_bytes(shape, group);
+}
+
+void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* key,
+                     const void* value, const int32_t* indices, float scale, int64_t group,
+                     void* out, float* lse, void* workspace, Stream stream_) {
+  check_call(shape, group);
+  if (shape.num_queries == 0 || shape.heads == 0) return;
+  auto stream = static_cast<cudaStream_t>(stream_);
+  UnionPlan plan;
+  build_plan(shape, indices, group, workspace, plan, stream);
+  const Problem p = make_problem(shape, q, key, value, indices, scale, group, plan);
+  dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
+    using Tr = decltype(traits);
+    const size_t smem = size_t(Tr::kFwdSmemElems) * sizeof(bf16);
+    check(cudaFuncSetAttribute(sparse_attn_fwd_kernel<Tr>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "forward smem");
+    sparse_attn_fwd_kernel<Tr><<<grid_of(shape, p), Tr::kThreads, smem, stream>>>(
+        p, FwdOut{static_cast<bf16*>(out), lse});
+    check(cudaGetLastError(), "sparse_attn_fwd_kernel");
+  });
+}
+
+size_t sparse_attn_bwd_workspace_bytes(const SparseAttnShape& s, int64_t group,
+                                       bool deterministic) {
+  size_t bytes = plan_bytes(s, group) + align256(s.num_queries * s.heads * 4) + 256;
+  if (deterministic) bytes += align256(s.num_keys * (s.dim_qk + s.dim_v) * 8);
+  return bytes;
+}
+
+void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* key,
+                     const void* value, const int32_t* indices, float scale, const void* out,
+                     const float* lse, const void* grad_out, int64_t group, bool deterministic,
+                     void* grad_q, float* grad_key, float* grad_value, void* workspace,
+                     Stream stream_) {
+  check_call(shape, group);
+  auto stream = static_cast<cudaStream_t>(stream_);
+  const int64_t key_elems = shape.num_keys * shape.dim_qk,
+                value_elems = shape.num_keys * shape.dim_v;
+  check(cudaMemsetAsync(grad_key, 0, key_elems * 4, stream), "memset");
+  check(cudaMemsetAsync(grad_value, 0, value_elems * 4, stream), "memset");
+  if (shape.num_queries == 0 || shape.heads == 0) return;
+  UnionPlan plan;
+  auto* base = static_cast<unsigned char*>(workspace);
+  base += build_plan(shape, indices, group, base, plan, stream);
+  const int64_t rows = shape.num_queries * shape.heads;
+  BwdArgs g{};
+  g.grad_out = static_cast<const bf16*>(grad_out);
+  g.lse = lse;
+  g.grad_q = static_cast<bf16*>(grad_q);
+  g.grad_key = grad_key;
+  g.grad_value = grad_value;
+  auto* delta = reinterpret_cast<float*>(base);
+  g.delta = delta;
+  base += align256(rows * 4);
+  auto* amax = reinterpret_cast<float*>(base);
+  g.amax = amax;
+  base += 256;
+  row_dot_kernel<<<static_cast<unsigned>(ceil_div(rows * 32, 256)), 256, 0, stream>>>(
+      static_cast<const bf16*>(grad_out), static_cast<const bf16*>(out), rows,
+      static_cast<int>(shape.dim_v), delta);
+  check(cudaGetLastError(), "row_dot_kernel");
+  if (deterministic) {
+    g.fixed_key = reinterpret_cast<unsigned long long*>(base);
+    g.fixed_value = g.fixed_key + key_elems;
+    check(cudaMemsetAsync(g.fixed_key, 0, (key_elems + value_elems) * 8, stream), "memset");
+    check(cudaMemsetAsync(amax, 0, 3 * sizeof(float), stream), "memset");
+    const void* srcs[3] = {q, grad_out, value};
+    const int64_t counts[3] = {rows * shape.dim_qk, rows * shape.dim_v, value_elems};
+    for (int i = 0; i < 3; ++i) {
+      absmax_kernel<<<264, 256, 0, stream>>>(static_cast<const bf16*>(srcs[i]), counts[i],
+                                             amax + i);
+      check(cudaGetLastError(), "absmax_kernel");
+    }
+  }
+  const Problem p = make_problem(shape, q, key, value, indices, scale, group, plan);
+  dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
+    using Tr = decltype(traits);
+    const size_t smem = size_t(Tr::kBwdSmemElems) * sizeof(bf16);
+    auto launch = [&](auto kernel) {
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "backward smem");
+      kernel<<<grid_of(shape, p), Tr::kThreads, smem, stream>>>(p, g);
+      check(cudaGetLastError(), "sparse_attn_bwd_kernel");
+    };
+    launch(sparse_attn_bwd_kernel<Tr, kDq>);
+    if (deterministic) {
+      launch(sparse_attn_bwd_kernel<Tr, kDkvFixed>);
+      fixed_to_float_kernel<<<1024, 256, 0, stream>>>(p, int(shape.dim_v), amax, key_elems,
+                                                      value_elems, g.fixed_key, g.fixed_value,
+                                                      grad_key, grad_value);
+      check(cudaGetLastError(), "fixed_to_float_kernel");
+    } else {
+      launch(sparse_attn_bwd_kernel<Tr, kDkvAtomic>);
+    }
+  });
+}
+
+}  // namespace hyscale::cuda

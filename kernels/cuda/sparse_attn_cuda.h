@@ -1,0 +1,47 @@
+// CUDA sparse MQA attention over selected keys (sm_90a; tensor cores through mma.sync), forward
+// and backward, with query grouping.
+//
+// Host API over raw device pointers, so this header needs neither libtorch nor CUDA headers; the
+// torch binding (kernels/torch/cuda.cc) checks shapes and calls it. Inputs: q [N, H, d_qk],
+// key [M, d_qk], value [M, d_v] bf16, indices [N, topk] int32 (-1 = unused slot, no duplicates in
+// a row), all contiguous on one device. The contract is kernels/sparse_attn.h; docs/sparse_attn.md
+// explains the kernels.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/shapes.h"
+
+namespace hyscale::cuda {
+
+using Stream = void*;  // cudaStream_t
+
+// (d_qk, d_v) in {(64, 64), (128, 128), (192, 128), (576, 512)}; any H >= 1, N, M < 2^27.
+bool sparse_attn_dims_supported(int64_t dim_qk, int64_t dim_v);
+// G in {1, 2, 4, 8, 16}, and for G > 1 the group's slots G * topk at most 32768 (the key union
+// is built by one block, in shared memory).
+bool sparse_attn_group_supported(int64_t group, int64_t topk);
+// The G the torch op uses: 1 when H >= 64 (a block's 64 rows are already one query's heads, so a
+// union only adds masked work), else the largest supported G with G * H <= 64.
+int64_t sparse_attn_default_group(int64_t heads, int64_t topk);
+
+size_t sparse_attn_fwd_workspace_bytes(const SparseAttnShape& shape, int64_t group);
+// out [N, H, d_v] bf16, lse [N, H] fp32 (natural log; -infinity for rows without valid slots).
+void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* key,
+                     const void* value, const int32_t* indices, float scale, int64_t group,
+                     void* out, float* lse, void* workspace, Stream stream);
+
+size_t sparse_attn_bwd_workspace_bytes(const SparseAttnShape& shape, int64_t group,
+                                       bool deterministic);
+// grad_q [N, H, d_qk] bf16; grad_key [M, d_qk] and grad_value [M, d_v] fp32 (overwritten).
+// deterministic = false: fp32 atomics (order of additions varies run to run). deterministic =
+// true: contributions rounded to 64-bit fixed point (a per-call scale from bounds on the inputs)
+// and added as integers, which is associative, so the result is bit-identical on every run.
+void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* key,
+                     const void* value, const int32_t* indices, float scale, const void* out,
+                     const float* lse, const void* grad_out, int64_t group, bool deterministic,
+                     void* grad_q, float* grad_key, float* grad_value, void* workspace,
+                     Stream stream);
+
+}  // namespace hyscale::cuda

@@ -1,0 +1,86 @@
+// Warp-level tensor-core helpers of the sparse attention kernels (sm_80+ instructions, run on
+// sm_90a): ldmatrix from XOR-swizzled shared memory and mma.sync m16n8k16 bf16 -> fp32.
+//
+// Tiles are row-major [rows][D] bf16 with D a multiple of 32; 16-byte chunk c of row r lives at
+// chunk c ^ swizzle(r), so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/index_score_warpgroup.cuh"
+
+namespace hyscale::cuda::attn {
+
+// Element offset of (row, col) in a swizzled [rows][kCols] tile (col a multiple of 8 for chunks).
+template <int kCols>
+__device__ __forceinline__ int swz(int row, int col) {
+  constexpr int kChunks = kCols / 8;
+  static_assert(kChunks >= 4, "tiles are at least 32 columns wide");
+  const int chunk = col >> 3;
+  const int x = kChunks >= 8 ? (row & 7) : ((row >> 1) & 3);
+  return row * kCols + (((chunk ^ x) << 3) | (col & 7));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment (16 x 16) at (row0, col0) of a row-major tile: rows are M, columns are K.
+template <int kCols>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int row0,
+                                       int col0, int lane) {
+  ldsm_x4(a, tile + swz<kCols>(row0 + (lane & 15), col0 + ((lane >> 4) << 3)));
+}
+// A fragment (16 x 16) of the transpose of a row-major tile: M runs along the tile's columns
+// (from col0), K along its rows (from row0).
+template <int kCols>
+__device__ __forceinline__ void load_a_t(uint32_t (&a)[4], const __nv_bfloat16* tile, int row0,
+                                         int col0, int lane) {
+  ldsm_x4_t(a, tile + swz<kCols>(row0 + (lane & 7) + ((lane >> 4) << 3),
+                                 col0 + (((lane >> 3) & 1) << 3)));
+}
+// B fragments of two n8 tiles (n0..n0+15), K = 16 from k0, where the tile stores B^T row-major
+// ([n][k], e.g. keys x dims for Q K^T): b[0..1] for n0, b[2..3] for n0 + 8.
+template <int kCols>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const __nv_bfloat16* tile, int n0,
+                                          int k0, int lane) {
+  ldsm_x4(b,
+          tile + swz<kCols>(n0 + (lane & 7) + ((lane >> 4) << 3), k0 + (((lane >> 3) & 1) << 3)));
+}
+// The same where the tile stores B row-major ([k][n], e.g. keys x dims for P V).
+template <int kCols>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16* tile, int k0,
+                                          int n0, int lane) {
+  ldsm_x4_t(b,
+            tile + swz<kCols>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), n0 + ((lane >> 4) << 3)));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Vector fp32 reduction into global memory (sm_90).
+__device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+}  // namespace hyscale::cuda::attn

@@ -1,0 +1,35 @@
+// Tiling of the CUDA sparse MQA attention (sparse_attn.cu), in one place.
+//
+// A block owns a tile of kRows = 64 rows: G adjacent queries x HB heads of each (HB = min(H,
+// 64/G)), and walks the key list of its query group (the selected keys of its query for G = 1, the
+// union of the G queries' keys otherwise) in tiles of kKeys keys gathered into shared memory.
+// Products run on tensor cores as mma.sync m16n8k16 (bf16 in, fp32 accumulate), operands read from
+// XOR-swizzled shared memory with ldmatrix. docs/sparse_attn.md explains the schedule.
+#pragma once
+
+namespace hyscale::cuda {
+
+template <int kDimQk_, int kDimV_>
+struct SparseAttnTraits {
+  static constexpr int kDimQk = kDimQk_;
+  static constexpr int kDimV = kDimV_;
+  static constexpr int kRows = 64;      // rows (query, head) of a block
+  static constexpr int kThreads = 256;  // 8 warps: 4 row groups of 16 x 2 column halves
+  static constexpr int kFwdKeys = 64;   // keys per forward tile (each column-half warp: 32 keys)
+  static constexpr int kBwdKeys = 32;   // keys per backward tile (each column-half warp: 16 keys)
+  // Shared memory, in bf16 elements (Q, K tile, V tile, P tile; the backward adds dO and dS).
+  static constexpr int kFwdSmemElems =
+      kRows * kDimQk + kFwdKeys * kDimQk + kFwdKeys * kDimV + kRows * kFwdKeys;
+  static constexpr int kBwdSmemElems =
+      kRows * kDimQk + kRows * kDimV + kBwdKeys * kDimQk + kBwdKeys * kDimV + 2 * kRows * kBwdKeys;
+  static_assert(kDimQk % 64 == 0 && kDimV % 64 == 0, "d_qk and d_v must be multiples of 64");
+};
+
+// The (d_qk, d_v) pairs the kernels are compiled for; sparse_attn.cu dispatches over this list.
+#define HYSCALE_SPARSE_ATTN_DIMS(X) X(64, 64) X(128, 128) X(192, 128) X(576, 512)
+
+inline constexpr int kMaxGroup = 16;
+// Building a group's key union sorts its G * topk slots in shared memory (one block per group).
+inline constexpr int kMaxGroupSlots = 32768;
+
+}  // namespace hyscale::cuda

@@ -1,0 +1,256 @@
+// The CUDA sparse_attn forward and backward against float64 references on fresh random inputs:
+// N not a multiple of the tile, rows with -1 slots (and rows with none valid), adjacent queries
+// sharing keys (so groups have real unions), every group size G, the DeepSeek-V3.2 shape; the
+// backward also against the CPU op's gradients, and the deterministic mode bit for bit across
+// runs. Skips without a GPU.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/torch/ops.h"
+#include "tests/kernels/test_support.h"
+
+namespace hyscale::test {
+namespace {
+
+class SparseAttnCudaTest : public KernelTest {
+ protected:
+  void SetUp() override {
+#ifndef HYSCALE_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA kernels (needs nvcc and a CUDA libtorch)";
+#else
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+#endif
+    torch::manual_seed(static_cast<uint64_t>(seed_ & 0x7fffffffffffffff));
+  }
+};
+
+constexpr int64_t kGroups[] = {1, 2, 4, 8, 16};
+
+struct Case {
+  int64_t n, m, heads, dqk, dv, topk;
+  double scale;
+};
+
+struct Inputs {
+  torch::Tensor q, key, value, indices;  // fp32 holding bf16 values (CPU); indices int32 (CPU)
+};
+
+// Rows of 16 adjacent queries draw most keys from a shared pool (overlapping selections), the
+// rest anywhere; each row keeps a random number of valid slots (some none, when allowed), no
+// duplicates, -1 elsewhere, in random slot order.
+Inputs make_inputs(Random& rng, const Case& c, bool allow_empty_rows) {
+  auto bf = [](torch::Tensor t) { return t.to(torch::kBFloat16).to(torch::kFloat); };
+  Inputs in{bf(torch::randn({c.n, c.heads, c.dqk})), bf(torch::randn({c.m, c.dqk})),
+            bf(torch::randn({c.m, c.dv})), torch::full({c.n, c.topk}, -1, torch::kInt)};
+  auto idx = in.indices.accessor<int32_t, 2>();
+  std::vector<int64_t> pool;
+  for (int64_t t = 0; t < c.n; ++t) {
+    if (t % 16 == 0) {
+      const auto perm = torch::randperm(c.m, torch::kLong);
+      pool.assign(perm.data_ptr<int64_t>(),
+                  perm.data_ptr<int64_t>() + std::min<int64_t>(c.m, c.topk * 3 / 2));
+    }
+    const int64_t lo = allow_empty_rows ? 0 : 1;
+    const int64_t valid = rng.chance(0.5) ? c.topk : rng.uniform_int(lo, c.topk);
+    std::vector<char> used(c.m, 0);
+    std::vector<int64_t> keys;
+    while (static_cast<int64_t>(keys.size()) < valid) {
+      const int64_t s =
+          rng.chance(0.8) ? pool[rng.uniform_int(0, pool.size() - 1)] : rng.uniform_int(0, c.m - 1);
+      if (!used[s]) {
+        used[s] = 1;
+        keys.push_back(s);
+      }
+    }
+    const auto slots = torch::randperm(c.topk, torch::kLong);
+    for (int64_t i = 0; i < valid; ++i) idx[t][slots[i].item<int64_t>()] = keys[i];
+  }
+  return in;
+}
+
+struct Reference {
+  torch::Tensor out, lse, grad_q, grad_key, grad_value;
+};
+
+// float64 attention by gather; gradients of sum(out * grad_out) when grad_out is defined.
+Reference reference(const Inputs& in, double scale, const torch::Tensor& grad_out) {
+  auto q = in.q.to(torch::kDouble).requires_grad_(grad_out.defined());
+  auto key = in.key.to(torch::kDouble).requires_grad_(grad_out.defined());
+  auto value = in.value.to(torch::kDouble).requires_grad_(grad_out.defined());
+  const auto idx = in.indices.to(torch::kLong);
+  const auto valid = idx.ge(0);
+  const auto safe = idx.clamp_min(0);
+  const auto logits = torch::einsum("nhd,nkd->nhk", {q, key.index({safe})}) * scale;
+  const auto masked = logits.masked_fill(valid.logical_not().unsqueeze(1), -INFINITY);
+  const auto lse = torch::logsumexp(masked, -1);
+  const auto finite_lse = torch::where(lse.isinf(), torch::zeros_like(lse), lse);
+  const auto p = torch::exp(masked - finite_lse.unsqueeze(-1));
+  const auto out = torch::einsum("nhk,nkd->nhd", {p, value.index({safe})});
+  Reference r{out.detach(), lse.detach(), {}, {}, {}};
+  if (grad_out.defined()) {
+    (out * grad_out.to(torch::kDouble)).sum().backward();
+    r.grad_q = q.grad();
+    r.grad_key = key.grad();
+    r.grad_value = value.grad();
+  }
+  return r;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> run_fwd(const Inputs& in, double scale, int64_t group) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("hyscale::sparse_attn_grouped", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, double, int64_t)>();
+  auto [out, lse] =
+      op.call(in.q.cuda(), in.key.cuda(), in.value.cuda(), in.indices.cuda(), scale, group);
+  return {out.cpu(), lse.cpu()};
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_bwd(const Inputs& in, double scale,
+                                                                const torch::Tensor& out,
+                                                                const torch::Tensor& lse,
+                                                                const torch::Tensor& grad_out,
+                                                                int64_t group, bool deterministic) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("hyscale::sparse_attn_backward_grouped", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, double, const at::Tensor&, const at::Tensor&, int64_t, bool)>();
+  auto [gq, gk, gv] =
+      op.call(grad_out.cuda(), in.q.cuda(), in.key.cuda(), in.value.cuda(), in.indices.cuda(),
+              scale, out.cuda(), lse.cuda(), group, deterministic);
+  return {gq.cpu(), gk.cpu(), gv.cpu()};
+}
+
+// max |got - want| <= atol + rtol * max |want|, with a message naming the worst element.
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, double rtol,
+                  const std::string& what) {
+  const auto g = got.to(torch::kDouble), w = want.to(torch::kDouble);
+  const auto finite = w.isfinite();
+  ASSERT_TRUE(torch::equal(g.isinf(), w.isinf())) << what << ": infinities differ";
+  const auto diff = (g - w).abs().masked_fill(finite.logical_not(), 0);
+  const double scale =
+      std::max(1e-3, w.masked_fill(finite.logical_not(), 0).abs().max().item<double>());
+  const double worst = diff.max().item<double>();
+  EXPECT_LE(worst, rtol * scale) << what << ": max error " << worst << " vs max |ref| " << scale;
+}
+
+const Case kCases[] = {
+    {37, 300, 5, 64, 64, 24, 0.125},        // tiny head count: groups fill the tile
+    {53, 700, 3, 128, 128, 40, 0.09},       // N not a tile multiple, topk not a multiple of 32/64
+    {29, 500, 16, 192, 128, 72, 0.07},      // d_qk != d_v
+    {6, 2500, 128, 576, 512, 256, 0.0417},  // DeepSeek-V3.2 absorbed shape, small N
+};
+
+TEST_F(SparseAttnCudaTest, ForwardMatchesFloat64ReferenceForEveryGroup) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE("d_qk " + std::to_string(c.dqk) + " H " + std::to_string(c.heads));
+    const Inputs in = make_inputs(rng_, c, /*allow_empty_rows=*/true);
+    const Reference ref = reference(in, c.scale, {});
+    torch::Tensor out1, lse1;
+    for (int64_t group : kGroups) {
+      if (group * c.topk > 32768) continue;
+      SCOPED_TRACE("G " + std::to_string(group));
+      auto [out, lse] = run_fwd(in, c.scale, group);
+      expect_close(out, ref.out, 1e-2, "out");
+      expect_close(lse, ref.lse, 1e-5, "lse");
+      if (group == 1) {
+        out1 = out;
+        lse1 = lse;
+      } else {
+        // Same result up to the summation order (the union is walked in key order): far inside
+        // the reference tolerance.
+        expect_close(out, out1, 1e-2, "out vs G = 1");
+        expect_close(lse, lse1, 1e-5, "lse vs G = 1");
+      }
+    }
+  }
+}
+
+TEST_F(SparseAttnCudaTest, BackwardMatchesFloat64ReferenceAndTheCpuOp) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE("d_qk " + std::to_string(c.dqk) + " H " + std::to_string(c.heads));
+    const Inputs in = make_inputs(rng_, c, /*allow_empty_rows=*/false);
+    const auto grad_out = torch::randn({c.n, c.heads, c.dv}).to(torch::kBFloat16).to(torch::kFloat);
+    const Reference ref = reference(in, c.scale, grad_out);
+    const auto cpu =
+        ops::sparse_attn_backward(grad_out, in.q, in.key, in.value, in.indices, c.scale,
+                                  ref.out.to(torch::kFloat), ref.lse.to(torch::kFloat));
+    auto [out, lse] = run_fwd(in, c.scale, 1);
+    for (int64_t group : kGroups) {
+      if (group * c.topk > 32768) continue;
+      for (bool det : {false, true}) {
+        SCOPED_TRACE("G " + std::to_string(group) + (det ? " deterministic" : " atomic"));
+        auto [gq, gk, gv] = run_bwd(in, c.scale, out, lse, grad_out, group, det);
+        // bf16 P, dS and O in the products: errors of a few bf16 ulps of the largest entry.
+        expect_close(gq, ref.grad_q, 2e-2, "grad_q");
+        expect_close(gk, ref.grad_key, 2e-2, "grad_key");
+        expect_close(gv, ref.grad_value, 2e-2, "grad_value");
+        expect_close(gk, cpu.key, 2e-2, "grad_key vs CPU op");
+        expect_close(gv, cpu.value, 2e-2, "grad_value vs CPU op");
+        expect_close(gq, cpu.q, 2e-2, "grad_q vs CPU op");
+      }
+    }
+  }
+}
+
+TEST_F(SparseAttnCudaTest, DeterministicBackwardIsBitIdenticalAcrossRuns) {
+  const Case c{300, 4000, 128, 576, 512, 512, 0.0417};
+  const Inputs in = make_inputs(rng_, c, false);
+  const auto grad_out = torch::randn({c.n, c.heads, c.dv}).to(torch::kBFloat16).to(torch::kFloat);
+  auto [out, lse] = run_fwd(in, c.scale, 1);
+  for (int64_t group : {1, 4}) {
+    auto [gq0, gk0, gv0] = run_bwd(in, c.scale, out, lse, grad_out, group, true);
+    for (int run = 0; run < 3; ++run) {
+      auto [gq, gk, gv] = run_bwd(in, c.scale, out, lse, grad_out, group, true);
+      EXPECT_TRUE(torch::equal(gq, gq0)) << "grad_q differs, run " << run;
+      EXPECT_TRUE(torch::equal(gk, gk0)) << "grad_key differs, run " << run;
+      EXPECT_TRUE(torch::equal(gv, gv0)) << "grad_value differs, run " << run;
+    }
+  }
+}
+
+TEST_F(SparseAttnCudaTest, TorchOpAutogradOnCudaMatchesTheCpuOp) {
+  const Case c{40, 400, 8, 64, 64, 32, 0.125};
+  const Inputs in = make_inputs(rng_, c, false);
+  const auto weights = torch::randn({c.n, c.heads, c.dv}).to(torch::kBFloat16).to(torch::kFloat);
+  auto grads = [&](const torch::Device& device) {
+    auto q = in.q.to(device).requires_grad_(true), key = in.key.to(device).requires_grad_(true);
+    auto value = in.value.to(device).requires_grad_(true);
+    const auto attn = ops::sparse_attn(q, key, value, in.indices.to(device), c.scale);
+    (attn.out * weights.to(device)).sum().backward();
+    return std::vector<torch::Tensor>{attn.out.cpu(), attn.lse.cpu(), q.grad().cpu(),
+                                      key.grad().cpu(), value.grad().cpu()};
+  };
+  const auto gpu = grads(torch::kCUDA), cpu = grads(torch::kCPU);
+  const char* names[] = {"out", "lse", "grad_q", "grad_key", "grad_value"};
+  for (int i = 0; i < 5; ++i) expect_close(gpu[i], cpu[i], i == 1 ? 1e-5 : 2e-2, names[i]);
+}
+
+TEST_F(SparseAttnCudaTest, RejectsUnsupportedShapesAndGroups) {
+  const auto q = torch::randn({4, 2, 96}, torch::kCUDA), key = torch::randn({8, 96}, torch::kCUDA);
+  const auto idx = torch::zeros({4, 2}, torch::TensorOptions(torch::kCUDA).dtype(torch::kInt));
+  try {
+    ops::sparse_attn(q, key, key, idx, 1.0);
+    FAIL() << "d_qk = 96 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(d_qk, d_v)"), std::string::npos) << e.what();
+  }
+  const Case c{8, 64, 2, 64, 64, 4, 1.0};
+  const Inputs in = make_inputs(rng_, c, false);
+  try {
+    run_fwd(in, 1.0, 3);
+    FAIL() << "group 3 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group must be"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hyscale::test
