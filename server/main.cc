@@ -79,8 +79,8 @@ int Run(const Flags& flags) {
   auto server = GrpcServer::Start(coordinator->get(), *token, *credentials, flags.listen, &metrics);
   if (!server.ok()) return Fail(server.status());
 
+  const WebUi web_ui(coordinator->get(), *token);  // outlives the server that calls it
   MetricsHttpServer metrics_http([&metrics] { return metrics.Render(); });
-  const WebUi web_ui(coordinator->get(), *token);
   web_ui.Mount(&metrics_http);
   if (metrics_address->second != 0) {
     auto bound = metrics_http.Start(metrics_address->first, metrics_address->second);

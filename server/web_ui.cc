@@ -16,8 +16,14 @@ using nlohmann::json;
 
 constexpr char kJson[] = "application/json";
 
+// Reasons and names may hold bytes that are not UTF-8 (a trainer's stderr, say): replaced, not
+// thrown on.
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 HttpResponse Error(int status, const std::string& message) {
-  return {status, kJson, json{{"error", message}}.dump()};
+  return {status, kJson, Dump(json{{"error", message}})};
 }
 
 // "JOB_STATE_RUNNING" -> "running", as the metrics and the CLI spell states.
@@ -92,7 +98,7 @@ HttpResponse WebUi::Jobs(const HttpRequest& request) const {
   if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
   json rows = json::array();
   for (const auto& job : jobs->jobs()) rows.push_back(JobRow(job));
-  return {200, kJson, json{{"jobs", std::move(rows)}}.dump()};
+  return {200, kJson, Dump(json{{"jobs", std::move(rows)}})};
 }
 
 HttpResponse WebUi::Job(const HttpRequest& request) const {
@@ -126,12 +132,11 @@ HttpResponse WebUi::Job(const HttpRequest& request) const {
   }
   const bool more = static_cast<int>(events->size()) == kEventsPerPoll;
   return {200, kJson,
-          json{{"job", JobRow(*job)},
-               {"steps", std::move(steps)},
-               {"states", std::move(states)},
-               {"after", after},
-               {"more", more}}
-              .dump()};
+          Dump(json{{"job", JobRow(*job)},
+                    {"steps", std::move(steps)},
+                    {"states", std::move(states)},
+                    {"after", after},
+                    {"more", more}})};
 }
 
 }  // namespace hyscale::server
