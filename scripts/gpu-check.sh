@@ -5,6 +5,8 @@
 # (default build-pytorch/gpu-check).
 #   HYSCALE_DEPS_PREFIX    as for scripts/build-with-pytorch.sh
 #   HYSCALE_BENCH_SIZES    N values for the FlashTopK benchmark (default 16K..256K)
+#   HYSCALE_SA_BENCH_SIZES   N values for the sparse attention benchmark (default 32K, 64K)
+#   HYSCALE_SA_BENCH_GROUPS  query-group sizes G it runs (default 1, 4, 16)
 #   HYSCALE_SANITIZE=1     also run the small GPU tests under compute-sanitizer memcheck
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,3 +29,8 @@ fi
 python3 "$root/bench/flash_topk_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
   --sizes "${HYSCALE_BENCH_SIZES:-16384,32768,65536,131072,262144}" \
   --json "$out/flash_topk.json" 2>&1 | tee "$out/flash_topk.txt"
+
+"$build/tests/kernels/sparse_attn_cuda_test" 2>&1 | tail -3
+python3 "$root/bench/sparse_attn_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
+  --sizes "${HYSCALE_SA_BENCH_SIZES:-32768,65536}" --groups "${HYSCALE_SA_BENCH_GROUPS:-1,4,16}" \
+  --json "$out/sparse_attn.json" 2>&1 | tee "$out/sparse_attn.txt"
