@@ -111,6 +111,9 @@ void ServerMetrics::JobPlanned(const std::string& job_id, int64_t predicted_memo
 
 void ServerMetrics::JobState(const std::string& job_id, v1::JobState state) {
   running_->Set({job_id}, state == v1::JOB_STATE_RUNNING ? 1 : 0);
+  // Exported as 0 from the start: a counter that first appears at 1 hides that restart from
+  // increase(), and the restart-loop alert would see one restart too few.
+  restarts_->Inc({job_id}, 0);
 }
 
 void ServerMetrics::JobRestarted(const std::string& job_id) {

@@ -130,6 +130,7 @@ TEST_F(WebUiTest, ExportsRunningRestartsAndPredictedMemory) {
   std::string text = metrics_.Render();
   EXPECT_NE(text.find("hyscale_job_running" + label + " 1\n"), std::string::npos) << text;
   EXPECT_NE(text.find("hyscale_job_predicted_memory_bytes" + label + " "), std::string::npos);
+  EXPECT_NE(text.find("hyscale_job_restarts_total" + label + " 0\n"), std::string::npos) << text;
 
   v1::RankReport exited;
   *exited.mutable_ref() = ref_;
