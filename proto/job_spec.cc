@@ -18,6 +18,7 @@ namespace {
 
 // Upper bounds that keep products of sizes far from overflow and allocations sane.
 constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr int64_t kMaxContextParallel = 1024;  // the coordinator's limit on ranks
 constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxBatchTokens = (int64_t{1} << 31) - 1;  // one batch's int32 ids
@@ -351,6 +352,53 @@ void validate_training(const v1::JobSpec& spec, Problems& p) {
   }
 }
 
+// Context parallelism: with MANUAL the degree and layout must be given; with AUTO they may be
+// left for the planner. Either way what is set must be runnable: the sequence splits evenly.
+void validate_parallelism(const v1::JobSpec& spec, Problems& p) {
+  const v1::ParallelismSpec& par = spec.parallelism();
+  if (!v1::ParallelismMode_IsValid(par.mode())) {
+    p.Add("parallelism.mode", absl::StrCat("must be MANUAL or AUTO (got ", par.mode(), ")"));
+    return;
+  }
+  const bool manual = par.mode() == v1::MANUAL;
+  if (par.mode() == v1::PARALLELISM_MODE_UNSPECIFIED &&
+      (par.context_parallel() != 0 || !par.cp_layout().empty() || par.query_group() != 0 ||
+       par.separate_indexer_group())) {
+    p.Add("parallelism.mode", "must be MANUAL or AUTO when other parallelism fields are set");
+  }
+  if (manual || par.context_parallel() != 0) {
+    p.Positive("parallelism.context_parallel", par.context_parallel(), kMaxContextParallel);
+  }
+  const std::string& layout = par.cp_layout();
+  const bool known_layout = layout == "contiguous" || layout == "zigzag" || layout == "round-robin";
+  if (!layout.empty() && !known_layout) {
+    p.Add("parallelism.cp_layout",
+          absl::StrCat("must be contiguous, zigzag or round-robin (got '", layout, "')"));
+  }
+  if (manual && par.context_parallel() > 1 && layout.empty()) {
+    p.Add("parallelism.cp_layout", "must be set when context_parallel > 1 (got '')");
+  }
+  const int g = par.query_group();
+  if (g != 0 && g != 1 && g != 2 && g != 4 && g != 8 && g != 16) {
+    p.Add("parallelism.query_group", absl::StrCat("must be 1, 2, 4, 8 or 16 (got ", g, ")"));
+  }
+  const int64_t cp = par.context_parallel();
+  if (cp <= 0 || cp > kMaxContextParallel) return;
+  const int64_t shards = layout == "zigzag" ? 2 * cp : cp;
+  const auto check = [&](const std::string& field, int64_t seq_len) {
+    if (seq_len % shards == 0) return;
+    p.Add("parallelism.context_parallel",
+          absl::StrCat("must split ", field, " ", seq_len, " into ", shards, " equal shards (got ",
+                       cp, layout == "zigzag" ? ", zigzag)" : ")"));
+  };
+  check("data.seq_len", spec.data().seq_len());  // evaluation runs at the data's length
+  for (int i = 0; i < spec.stages_size(); ++i) {
+    if (spec.stages(i).seq_len() > 0) {
+      check(absl::StrCat("stages[", i, "].seq_len"), spec.stages(i).seq_len());
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view text, SpecFormat format) {
@@ -417,6 +465,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   validate_data(effective, p);
   validate_stages(effective, p);
   validate_training(effective, p);
+  validate_parallelism(effective, p);
   return p.ToStatus();
 }
 

@@ -365,6 +365,47 @@ TEST(ValidateJobSpec, OptimizerAndCheckpoint) {
             "threads: must be >= 0 (got -2)");
 }
 
+TEST(ValidateJobSpec, Parallelism) {
+  const auto parallelism = [](const std::string& yaml) {
+    auto spec =
+        ParseJobSpec(std::string(kRecallYaml) + "parallelism: " + yaml + "\n", SpecFormat::kYaml);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    const absl::Status status = ValidateJobSpec(*spec);
+    return status.ok() ? std::string("ok") : std::string(status.message());
+  };
+  EXPECT_EQ(parallelism("{mode: AUTO}"), "ok");
+  EXPECT_EQ(parallelism("{mode: MANUAL, context_parallel: 4, cp_layout: zigzag, query_group: 4}"),
+            "ok");
+  EXPECT_EQ(parallelism("{mode: AUTO, context_parallel: 2, cp_layout: round-robin}"), "ok");
+  EXPECT_EQ(parallelism("{mode: MANUAL}"), "parallelism.context_parallel: must be > 0 (got 0)");
+  EXPECT_EQ(parallelism("{mode: MANUAL, context_parallel: 2}"),
+            "parallelism.cp_layout: must be set when context_parallel > 1 (got '')");
+  EXPECT_EQ(parallelism("{mode: MANUAL, context_parallel: 2, cp_layout: ring}"),
+            "parallelism.cp_layout: must be contiguous, zigzag or round-robin (got 'ring')");
+  EXPECT_EQ(parallelism("{mode: AUTO, query_group: 3}"),
+            "parallelism.query_group: must be 1, 2, 4, 8 or 16 (got 3)");
+  EXPECT_EQ(parallelism("{context_parallel: 2}"),
+            "parallelism.mode: must be MANUAL or AUTO when other parallelism fields are set");
+  // 256 tokens in 2 x 256 zigzag chunks: not even.
+  EXPECT_EQ(parallelism("{mode: MANUAL, context_parallel: 256, cp_layout: zigzag}"),
+            "parallelism.context_parallel: must split data.seq_len 256 into 512 equal shards "
+            "(got 256, zigzag)");
+  auto spec = ParseJobSpec(std::string(kRecallYaml) +
+                               "parallelism: {mode: MANUAL, "
+                               "context_parallel: 4, cp_layout: contiguous}\n",
+                           SpecFormat::kYaml);
+  spec->mutable_stages(0)->set_seq_len(66);
+  EXPECT_EQ(std::string(ValidateJobSpec(*spec).message()),
+            "parallelism.context_parallel: must split stages[0].seq_len 66 into 4 equal shards "
+            "(got 4)");
+  EXPECT_EQ(parallelism("{mode: MANUAL, context_parallel: 2048, cp_layout: zigzag}"),
+            "parallelism.context_parallel: must be <= 1024 (got 2048)");
+  EXPECT_NE(
+      parse_error(std::string(kRecallYaml) + "parallelism: {mode: SOMETIMES}\n", SpecFormat::kYaml)
+          .find("mode"),
+      std::string::npos);
+}
+
 TEST(ValidateJobSpec, ReportsEveryProblem) {
   const std::string message = problems_after([](v1::JobSpec& s) {
     s.mutable_model()->set_layers(0);
