@@ -63,6 +63,44 @@ bool SameRef(const v1::RankRef& a, const v1::RankRef& b) {
   return a.job_id() == b.job_id() && a.rank() == b.rank() && a.attempt() == b.attempt();
 }
 
+// The planner's view of a job's resources: its ranks, on the GPU profile when it asks for GPUs,
+// else on "cpu" (a job that takes any device may land on a CPU worker).
+absl::StatusOr<planner::PlanOptions> PlannerOptions(const v1::Resources& resources,
+                                                    const std::string& gpu_profile) {
+  auto profile =
+      planner::BuiltinProfile(resources.device_kind() == v1::DEVICE_KIND_GPU ? gpu_profile : "cpu");
+  if (!profile.ok()) return profile.status();
+  planner::PlanOptions options;
+  options.gpus = RanksOf(resources);
+  options.profile = *std::move(profile);
+  // worker/parallel exchanges the indexer keys with the attention keys (one group).
+  options.indexer_groups = {planner::IndexerGroup::kShared};
+  return options;
+}
+
+// `parallelism: {mode: AUTO}`: the fastest plan that fits, written into the spec the trainer
+// gets (CP degree, layout, G, recomputation policy).
+absl::Status ApplyPlan(const v1::Resources& resources, const std::string& gpu_profile,
+                       v1::JobSpec* spec) {
+  auto options = PlannerOptions(resources, gpu_profile);
+  if (!options.ok()) return options.status();
+  const planner::PlanResult plan = planner::PlanJob(*spec, *options);
+  if (plan.winner < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.parallelism.mode: AUTO found no plan for ",
+                                                   options->gpus, " ", options->profile.name,
+                                                   " devices: ", plan.why.front()));
+  }
+  const planner::Candidate& best = plan.candidates[plan.winner].candidate;
+  v1::ParallelismSpec* par = spec->mutable_parallelism();
+  par->set_context_parallel(best.cp);
+  par->set_cp_layout(planner::Name(best.layout));
+  par->set_query_group(best.group);
+  par->set_separate_indexer_group(best.indexer == planner::IndexerGroup::kSeparate);
+  spec->mutable_recompute()->set_enabled(best.recompute != planner::Recompute::kNone);
+  spec->mutable_recompute()->set_selection_replay(best.recompute == planner::Recompute::kReplay);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsTerminal(v1::JobState state) {
@@ -206,7 +244,14 @@ void Coordinator::Track(const std::string& job_id, v1::JobState state, int delta
 
 void Coordinator::ExportPlan(const v1::Job& job) {
   if (metrics_ == nullptr) return;
-  metrics_->JobPlanned(job.id(), planner::EstimateMemory(job.spec()).total_bytes);
+  double step_seconds = 0;  // unknown without a profile
+  if (auto options = PlannerOptions(job.resources(), options_.gpu_profile); options.ok()) {
+    step_seconds =
+        planner::Predict(planner::Workload::Of(job.spec()), planner::CandidateOf(job.spec()),
+                         options->profile, options->gpus)
+            .step_s;
+  }
+  metrics_->JobPlanned(job.id(), planner::EstimateMemory(job.spec()).total_bytes, step_seconds);
 }
 
 void Coordinator::UpdateGauges() {
@@ -506,6 +551,12 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   job.set_priority(request.priority());
   job.set_max_restarts(request.max_restarts());
   job.set_request_id(request.request_id());
+  if (job.spec().parallelism().mode() == v1::AUTO) {
+    if (auto status = ApplyPlan(job.resources(), options_.gpu_profile, job.mutable_spec());
+        !status.ok()) {
+      return status;
+    }
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
   if (!request.request_id().empty()) {
@@ -662,26 +713,34 @@ absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request)
   if (auto status = ValidateSubmit(as_submit); !status.ok()) return status;
   v1::JobSpec spec = request.spec();
   ApplyDefaults(&spec);
-  const planner::PlanShape shape = planner::PlanSingleDevice(spec);
+  auto options = PlannerOptions(request.resources(), options_.gpu_profile);
+  if (!options.ok()) return options.status();
+  const planner::PlanResult result = planner::PlanJob(spec, *options);
 
   v1::Plan plan;
-  plan.set_ranks(shape.ranks);
-  plan.set_context_parallel(shape.context_parallel);
-  plan.set_cp_layout(shape.cp_layout);
-  plan.set_query_group(shape.query_group);
-  plan.set_memory_bytes_per_rank(shape.memory.total_bytes);
-  for (const auto& note : shape.notes) plan.add_notes(note);
-  if (RanksOf(request.resources()) != shape.ranks) {
-    plan.add_notes(absl::StrCat("resources.ranks ", RanksOf(request.resources()),
-                                " requested; planned for ", shape.ranks));
+  plan.set_ranks(options->gpus);
+  int64_t memory = planner::EstimateMemory(spec).total_bytes;
+  if (result.winner >= 0) {
+    const planner::Prediction& best = result.candidates[result.winner];
+    plan.set_context_parallel(best.candidate.cp);
+    plan.set_cp_layout(best.candidate.cp > 1 ? planner::Name(best.candidate.layout) : "none");
+    plan.set_query_group(best.candidate.group);
+    plan.set_step_seconds(best.step_s);
+    memory = static_cast<int64_t>(best.memory.total);
+  }
+  plan.set_memory_bytes_per_rank(memory);
+  for (const auto& line : result.why) plan.add_notes(line);
+  for (const auto& note : result.notes) plan.add_notes(note);
+  if (result.winner < 0) {
+    plan.set_feasible(false);
+    plan.set_reason(result.why.front());
+    return plan;
   }
   // Placement as the scheduler would choose it now, for the planned ranks and, unless the
   // request names a memory requirement, the estimated memory.
   v1::Resources resources = request.resources();
-  resources.set_ranks(shape.ranks);
-  if (resources.memory_bytes_per_rank() == 0) {
-    resources.set_memory_bytes_per_rank(shape.memory.total_bytes);
-  }
+  resources.set_ranks(options->gpus);
+  if (resources.memory_bytes_per_rank() == 0) resources.set_memory_bytes_per_rank(memory);
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<WorkerView> views = WorkerViews();
   std::vector<WorkerView> idle = views;

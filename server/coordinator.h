@@ -53,6 +53,9 @@ struct CoordinatorOptions {
   // reconnect backoff plus their own, up to seconds), and declaring their healthy ranks lost would
   // restart jobs for nothing.
   absl::Duration recovery_grace = absl::Seconds(10);
+  // The planner's device profile for GPU jobs (server/planner/profile.h); CPU jobs and jobs
+  // that take any device are planned on "cpu".
+  std::string gpu_profile = "h200";
 };
 
 // Limits of SubmitJob's validation.

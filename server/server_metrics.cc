@@ -60,7 +60,10 @@ ServerMetrics::ServerMetrics(absl::Duration retention)
                                      {"job_id"})),
       predicted_memory_(registry_.AddGauge("hyscale_job_predicted_memory_bytes",
                                            "Planner's estimate of one rank's peak memory.",
-                                           {"job_id"})) {
+                                           {"job_id"})),
+      predicted_step_(registry_.AddGauge(
+          "hyscale_job_predicted_step_seconds",
+          "Planner's predicted step time (compare with hyscale_job_step_seconds).", {"job_id"})) {
   submissions_->Inc({}, 0);  // exported as 0 before the first submission
   for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
     jobs_->Set({StateLabel(v1::JobState_Name(s), 10)}, 0);
@@ -105,8 +108,10 @@ void ServerMetrics::Step(const std::string& job_id, const v1::StepProgress& step
   step_->Set({job_id}, static_cast<double>(step.step()));
 }
 
-void ServerMetrics::JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes) {
+void ServerMetrics::JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes,
+                               double predicted_step_seconds) {
   predicted_memory_->Set({job_id}, static_cast<double>(predicted_memory_bytes));
+  predicted_step_->Set({job_id}, predicted_step_seconds);
 }
 
 void ServerMetrics::JobState(const std::string& job_id, v1::JobState state) {

@@ -25,8 +25,10 @@ class ServerMetrics {
   void JobSubmitted();
   void JobScheduled(double latency_seconds);  // PENDING -> SCHEDULED
   void Step(const std::string& job_id, const v1::StepProgress& step);
-  // The predicted peak memory of one rank (planner::EstimateMemory), beside the measured peak.
-  void JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes);
+  // The predicted peak memory of one rank (planner::EstimateMemory), beside the measured peak,
+  // and the predicted step time (planner::Predict; 0 when unknown) beside the measured one.
+  void JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes,
+                  double predicted_step_seconds);
   // A non-terminal state the job entered (or was loaded in): whether it is RUNNING, so alerts on
   // a stalled step counter do not fire for jobs that wait, restart or ended.
   void JobState(const std::string& job_id, v1::JobState state);
@@ -57,6 +59,7 @@ class ServerMetrics {
   Gauge* running_;
   Counter* restarts_;
   Gauge* predicted_memory_;
+  Gauge* predicted_step_;
 
   std::mutex mu_;
   std::map<std::string, absl::Time> ended_;  // job id -> when it ended

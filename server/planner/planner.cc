@@ -1,6 +1,8 @@
 #include "server/planner/planner.h"
 
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
 
 #include <algorithm>
 
@@ -59,16 +61,168 @@ MemoryEstimate EstimateMemory(const v1::JobSpec& spec) {
   return e;
 }
 
-PlanShape PlanSingleDevice(const v1::JobSpec& spec) {
-  PlanShape plan;
-  plan.memory = EstimateMemory(spec);
-  const auto& e = plan.memory;
-  plan.notes.push_back("single-device plan: context parallelism is not planned yet");
-  plan.notes.push_back(absl::StrCat("memory: ", e.parameters, " parameters x 16 B (weights, ",
-                                    "gradients, AdamW moments) + ", e.activation_bytes,
-                                    " B activations and logits, + 10% slack"));
-  plan.notes.push_back("step time: no measured profile covers this model; not estimated");
+std::vector<Candidate> EnumerateCandidates(const Workload& work, const PlanOptions& options) {
+  const bool megatron = options.stack == Stack::kMegatron;
+  const auto allowed = [](const auto& list, auto value) {
+    return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
+  };
+  std::vector<Recompute> policies;
+  for (Recompute r : {Recompute::kNone, Recompute::kReplay, Recompute::kReselect}) {
+    const bool supported = r != Recompute::kReplay || (work.sparse && !megatron);
+    if (supported && allowed(options.recompute, r)) policies.push_back(r);
+  }
+  std::vector<int> groups = {1};
+  if (work.sparse && !megatron) groups.assign(std::begin(kQueryGroups), std::end(kQueryGroups));
+  const int64_t need = std::max<int64_t>(1, work.seq_len / kMinShardTokens);
+
+  std::vector<Candidate> out;
+  for (int cp = 1; cp <= options.gpus && cp <= need; ++cp) {
+    if (options.gpus % cp != 0) continue;
+    // With one rank per sequence there is nothing to lay out or exchange.
+    std::vector<CpLayout> layouts = {CpLayout::kContiguous};
+    std::vector<IndexerGroup> indexer = {IndexerGroup::kShared};
+    if (cp > 1) {
+      layouts = {CpLayout::kContiguous, CpLayout::kZigzag, CpLayout::kRoundRobin};
+      if (!megatron) indexer.push_back(IndexerGroup::kSeparate);
+    }
+    for (CpLayout layout : layouts) {
+      for (IndexerGroup ig : indexer) {
+        if (!allowed(options.indexer_groups, ig)) continue;
+        for (int g : groups) {
+          for (Recompute r : policies) out.push_back({cp, layout, ig, g, r, options.stack});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+std::string Seconds(double s) {
+  return s >= 1 ? absl::StrFormat("%.2f s", s) : absl::StrFormat("%.1f ms", s * 1e3);
+}
+
+// The term that grew most from `winner` to `other`, e.g. "selection +1.20 s".
+std::string BiggestLoss(const Prediction& winner, const Prediction& other) {
+  std::string term;
+  double worst = -1;
+  for (const auto& [name, s] : other.seconds) {
+    const double delta = s - winner.seconds.at(name);
+    if (delta > worst) {
+      worst = delta;
+      term = name;
+    }
+  }
+  std::string line = absl::StrCat(term, " +", Seconds(worst));
+  if (term == "selection" && other.imbalance > winner.imbalance * 1.05) {
+    absl::StrAppend(&line, " (causal imbalance ", absl::StrFormat("%.2f", other.imbalance), "x)");
+  }
+  return line;
+}
+
+// For one choice of the winner: the best plan that differs from it only there, and why it lost.
+template <typename Same>
+std::string Compare(const std::string& choice, const PlanResult& plan, Same same_elsewhere) {
+  const Prediction& winner = plan.candidates[plan.winner];
+  const Prediction* best = nullptr;
+  const Prediction* best_rejected = nullptr;
+  for (const auto& p : plan.candidates) {
+    if (&p == &winner || !same_elsewhere(p.candidate, winner.candidate)) continue;
+    if (p.rejected.empty() && (best == nullptr || p.step_s < best->step_s)) best = &p;
+    if (!p.rejected.empty() && best_rejected == nullptr) best_rejected = &p;
+  }
+  if (best != nullptr) {
+    return absl::StrFormat("%s: next best %s is %.0f%% slower (%s)", choice,
+                           best->candidate.Describe(), 100 * (best->step_s / winner.step_s - 1),
+                           BiggestLoss(winner, *best));
+  }
+  if (best_rejected != nullptr) {
+    return absl::StrCat(choice, ": the alternatives do not fit (",
+                        best_rejected->candidate.Describe(), ": ", best_rejected->rejected, ")");
+  }
+  return absl::StrCat(choice, ": the only choice");
+}
+
+}  // namespace
+
+PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options) {
+  const Workload work = Workload::Of(spec);
+  PlanResult plan;
+  for (const Candidate& c : EnumerateCandidates(work, options)) {
+    plan.candidates.push_back(Predict(work, c, options.profile, options.gpus));
+  }
+  std::stable_sort(plan.candidates.begin(), plan.candidates.end(),
+                   [](const Prediction& a, const Prediction& b) {
+                     if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();
+                     return a.step_s < b.step_s;
+                   });
+  plan.notes.push_back(absl::StrCat(
+      "profile ", options.profile.name, ", ", options.gpus, " devices, ", work.seq_len,
+      " tokens x ", work.batch, " sequences, ", work.sparse ? "sparse" : "dense", " attention"));
+  int assumed = 0;
+  for (const auto& [figure, source] : options.profile.sources) {
+    assumed += absl::StartsWith(source, "assumption");
+  }
+  plan.notes.push_back(absl::StrCat(assumed, " of the profile's ", options.profile.sources.size(),
+                                    " figures are assumptions, not measurements (`hyscale plan "
+                                    "--sources` lists them)"));
+  if (plan.candidates.empty() || !plan.candidates.front().rejected.empty()) {
+    plan.why.push_back(plan.candidates.empty() ? "no candidate plans"
+                                               : absl::StrCat("no plan fits; the first rejected: ",
+                                                              plan.candidates.front().rejected));
+    return plan;
+  }
+  plan.winner = 0;
+  const Prediction& w = plan.candidates.front();
+  plan.why.push_back(
+      absl::StrCat("winner ", w.candidate.Describe(), ": ", Seconds(w.step_s),
+                   " per step (compute ", Seconds(w.compute_s), ", exposed communication ",
+                   Seconds(w.exposed_comm_s), " of ", Seconds(w.comm_s), "), ",
+                   absl::StrFormat("%.1f GiB", w.memory.total / (1 << 30)), " per device"));
+  const auto same = [](auto field) {
+    return [field](const Candidate& a, const Candidate& b) {
+      Candidate x = a;
+      field(x, b);  // copy b's value of everything but the field under comparison
+      return x.cp == b.cp && x.layout == b.layout && x.indexer == b.indexer && x.group == b.group &&
+             x.recompute == b.recompute;
+    };
+  };
+  plan.why.push_back(Compare("context parallel", plan, same([](Candidate& x, const Candidate& b) {
+                               x.cp = b.cp;
+                               // Layout and group mean nothing at cp 1.
+                               if (x.cp == 1 || b.cp == 1) {
+                                 x.layout = b.layout;
+                                 x.indexer = b.indexer;
+                               }
+                             })));
+  if (w.candidate.cp > 1) {
+    plan.why.push_back(Compare(
+        "layout", plan, same([](Candidate& x, const Candidate& b) { x.layout = b.layout; })));
+    plan.why.push_back(Compare("indexer group", plan, same([](Candidate& x, const Candidate& b) {
+                                 x.indexer = b.indexer;
+                               })));
+  }
+  plan.why.push_back(Compare("query group", plan,
+                             same([](Candidate& x, const Candidate& b) { x.group = b.group; })));
+  plan.why.push_back(Compare("recompute", plan, same([](Candidate& x, const Candidate& b) {
+                               x.recompute = b.recompute;
+                             })));
   return plan;
+}
+
+Candidate CandidateOf(const v1::JobSpec& spec) {
+  const v1::ParallelismSpec& par = spec.parallelism();
+  Candidate c;
+  c.cp = std::max(1, par.context_parallel());
+  if (par.cp_layout() == "zigzag") c.layout = CpLayout::kZigzag;
+  if (par.cp_layout() == "round-robin") c.layout = CpLayout::kRoundRobin;
+  c.indexer = par.separate_indexer_group() ? IndexerGroup::kSeparate : IndexerGroup::kShared;
+  c.group = std::max(1, par.query_group());
+  if (spec.recompute().enabled()) {
+    c.recompute = spec.recompute().selection_replay() ? Recompute::kReplay : Recompute::kReselect;
+  }
+  return c;
 }
 
 }  // namespace hyscale::server::planner

@@ -1,9 +1,8 @@
-// The planner: how a job would run (ranks, context parallelism, kernel grouping) and what it
-// needs per rank. Plain C++ over the JobSpec message (no gRPC), shared by the coordinator's
-// PlanJob and, later, `hyscale plan`.
-//
-// For now every plan is single-device: 1 rank, context_parallel 1, cp_layout "none",
-// query_group 1. Step time is not estimated yet (no measured profiles are loaded).
+// The planner: how a job would run (context parallelism, layout, indexer group, query grouping,
+// recomputation) and what it costs per GPU. Plain C++ over the JobSpec message (no gRPC), shared
+// by the coordinator's PlanJob and SubmitJob (`parallelism: {mode: AUTO}`) and `hyscale plan`.
+// It enumerates candidates, predicts each with the cost model (cost_model.h) on a device profile
+// (profile.h), rejects those over device memory and picks the fastest.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +10,8 @@
 #include <vector>
 
 #include "hyscale/v1/job.pb.h"
+#include "server/planner/cost_model.h"
+#include "server/planner/profile.h"
 
 namespace hyscale::server::planner {
 
@@ -41,15 +42,36 @@ int64_t ParameterCount(const v1::ModelSpec& model);
 //   plus 10% for allocator slack and workspaces.
 MemoryEstimate EstimateMemory(const v1::JobSpec& spec);
 
-struct PlanShape {
-  int ranks = 1;
-  int context_parallel = 1;
-  std::string cp_layout = "none";
-  int query_group = 1;
-  MemoryEstimate memory;
-  std::vector<std::string> notes;  // how the numbers were made
+// Context-parallel shards shorter than this cost more in collective steps than they save.
+inline constexpr int64_t kMinShardTokens = 1024;
+
+struct PlanOptions {
+  int gpus = 1;
+  DeviceProfile profile;
+  Stack stack = Stack::kHyScale;
+  // What may be chosen; empty: everything the stack supports.
+  std::vector<Recompute> recompute;
+  std::vector<IndexerGroup> indexer_groups;
 };
 
-PlanShape PlanSingleDevice(const v1::JobSpec& spec);
+// The candidates of a job: CP degree P over the divisors of `gpus` up to what the sequence needs
+// (seq_len / kMinShardTokens, at least 1), and for P > 1 each layout and indexer group; G over
+// kQueryGroups when a stage is sparse (else 1); recomputation none, replay (sparse only) or
+// re-selection. The Megatron-style stack has G = 1, a shared group and no replay.
+std::vector<Candidate> EnumerateCandidates(const Workload& work, const PlanOptions& options);
+
+struct PlanResult {
+  std::vector<Prediction> candidates;  // the feasible fastest first, then the rejected
+  int winner = -1;                     // index into candidates; -1 when none fits
+  std::vector<std::string> why;        // why the winner won, one line per choice it made
+  std::vector<std::string> notes;      // the profile and how the numbers were made
+};
+
+PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options);
+
+// The candidate a job's own parallelism settings name (MANUAL, or AUTO once planned; none set
+// means one rank per sequence), with its recomputation policy: what its metrics are predicted
+// from.
+Candidate CandidateOf(const v1::JobSpec& spec);
 
 }  // namespace hyscale::server::planner

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "proto/job_spec.h"
 #include "tests/server/test_util.h"
 
 namespace hyscale::server {
@@ -749,6 +750,9 @@ TEST_F(CoordinatorTest, PlanIsSingleDeviceWithPlacement) {
   EXPECT_EQ(plan->ranks(), 1);
   EXPECT_EQ(plan->cp_layout(), "none");
   EXPECT_GT(plan->memory_bytes_per_rank(), 0);
+  EXPECT_GT(plan->step_seconds(), 0);
+  ASSERT_FALSE(plan->notes().empty());
+  EXPECT_EQ(plan->notes(0).rfind("winner cp 1 ", 0), 0u) << plan->notes(0);
   EXPECT_FALSE(plan->feasible());
   EXPECT_FALSE(plan->reason().empty());
   Register("w1", 1);
@@ -759,6 +763,38 @@ TEST_F(CoordinatorTest, PlanIsSingleDeviceWithPlacement) {
   request.mutable_spec()->mutable_data()->set_seq_len(0);
   EXPECT_NE(std::string(c_->PlanJob(request).status().message()).find("spec.data.seq_len"),
             std::string::npos);
+}
+
+TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
+  v1::SubmitJobRequest request = SubmitRequest(4, 0, 0);
+  v1::JobSpec& spec = *request.mutable_spec();
+  spec.mutable_data()->set_seq_len(4096);
+  spec.mutable_stages(0)->set_attention(v1::SPARSE);
+  spec.mutable_parallelism()->set_mode(v1::AUTO);
+  auto job = c_->SubmitJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::ParallelismSpec& planned = job->spec().parallelism();
+  EXPECT_EQ(planned.mode(), v1::AUTO);
+  // 4096 tokens allow CP up to 4 (kMinShardTokens); the planner's choice is written back whole.
+  EXPECT_GE(planned.context_parallel(), 1);
+  EXPECT_LE(planned.context_parallel(), 4);
+  EXPECT_FALSE(planned.cp_layout().empty());
+  EXPECT_GE(planned.query_group(), 1);
+  EXPECT_FALSE(planned.separate_indexer_group());  // what worker/parallel runs
+  EXPECT_TRUE(hyscale::ValidateJobSpec(job->spec()).ok()) << hyscale::ValidateJobSpec(job->spec());
+  const std::string text = metrics_.Render();
+  EXPECT_NE(text.find("hyscale_job_predicted_step_seconds{job_id=\"" + job->id() + "\"} "),
+            std::string::npos);
+
+  // Nothing fits: the submission fails and says why.
+  spec.mutable_model()->set_vocab_size(1 << 24);
+  spec.mutable_model()->set_d_model(4096);
+  const auto too_big = c_->SubmitJob(request);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(too_big.status().message())
+                .find("spec.parallelism.mode: AUTO found no plan for 4 h200 devices: no plan fits"),
+            std::string::npos)
+      << too_big.status();
 }
 
 TEST_F(CoordinatorTest, MetricsFollowTheJobs) {

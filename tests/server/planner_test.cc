@@ -46,14 +46,207 @@ TEST(PlannerTest, MemoryGrowsWithBatchAndShrinksWithRecompute) {
   EXPECT_LT(recompute.activation_bytes, EstimateMemory(spec).activation_bytes);
 }
 
-TEST(PlannerTest, SingleDevicePlan) {
-  const auto plan = PlanSingleDevice(Spec());
-  EXPECT_EQ(plan.ranks, 1);
-  EXPECT_EQ(plan.context_parallel, 1);
-  EXPECT_EQ(plan.cp_layout, "none");
-  EXPECT_EQ(plan.query_group, 1);
-  EXPECT_GT(plan.memory.total_bytes, 0);
-  EXPECT_FALSE(plan.notes.empty());
+// A sparse job at a length where context parallelism matters: 8192 tokens allow CP up to 8.
+v1::JobSpec LongSparse() {
+  v1::JobSpec spec = Spec();
+  auto* m = spec.mutable_model();
+  m->set_d_model(1024);
+  m->set_heads(16);
+  m->set_head_dim_qk(128);
+  m->set_head_dim_v(128);
+  m->set_d_ff(4096);
+  m->mutable_indexer()->set_heads(16);
+  m->mutable_indexer()->set_dim(64);
+  m->mutable_indexer()->set_topk(512);
+  spec.mutable_data()->set_seq_len(8192);
+  spec.mutable_data()->set_batch_size(1);
+  spec.mutable_stages(0)->set_attention(v1::SPARSE);
+  return spec;
+}
+
+// 128K tokens: selection (quadratic) outweighs the rest, as at the lengths CP is for.
+v1::JobSpec VeryLongSparse() {
+  v1::JobSpec spec = LongSparse();
+  spec.mutable_data()->set_seq_len(1 << 17);
+  return spec;
+}
+
+PlanOptions On(const std::string& profile, int gpus) {
+  PlanOptions options;
+  options.gpus = gpus;
+  options.profile = *BuiltinProfile(profile);
+  return options;
+}
+
+const Prediction& Find(const PlanResult& plan, int cp, CpLayout layout, int group = 1,
+                       Recompute recompute = Recompute::kNone) {
+  for (const auto& p : plan.candidates) {
+    const Candidate& c = p.candidate;
+    if (c.cp == cp && c.layout == layout && c.indexer == IndexerGroup::kShared &&
+        c.group == group && c.recompute == recompute) {
+      return p;
+    }
+  }
+  ADD_FAILURE() << "no candidate cp " << cp << " " << Name(layout);
+  return plan.candidates.front();
+}
+
+TEST(PlannerTest, EnumeratesEveryChoice) {
+  const Workload sparse = Workload::Of(LongSparse());
+  // CP 1, 2, 4, 8: 1 + 3 x (3 layouts x 2 indexer groups) shapes, x 5 G x 3 recompute policies.
+  EXPECT_EQ(EnumerateCandidates(sparse, On("h200", 8)).size(), (1 + 3 * 6) * 5 * 3);
+  // 16 GPUs still stop at CP 8: the sequence needs no more (8192 / kMinShardTokens).
+  EXPECT_EQ(EnumerateCandidates(sparse, On("h200", 16)).size(), (1 + 3 * 6) * 5 * 3);
+  // Divisors only: 6 GPUs give CP 1, 2, 3, 6.
+  EXPECT_EQ(EnumerateCandidates(sparse, On("h200", 6)).size(), (1 + 3 * 6) * 5 * 3);
+  // Dense attention: no G, no replay.
+  Workload dense = sparse;
+  dense.sparse = false;
+  EXPECT_EQ(EnumerateCandidates(dense, On("h200", 8)).size(), (1 + 3 * 6) * 1 * 2);
+  // The Megatron-style stack: G = 1, one group, no replay.
+  PlanOptions megatron = On("h200", 8);
+  megatron.stack = Stack::kMegatron;
+  EXPECT_EQ(EnumerateCandidates(sparse, megatron).size(), (1 + 3 * 3) * 1 * 2);
+  // A short job plans one rank per sequence.
+  EXPECT_EQ(EnumerateCandidates(Workload::Of(Spec()), On("h200", 8)).size(), 1u * 1 * 2);
+}
+
+TEST(PlannerTest, UnevenSplitsAreRejectedWithTheReason) {
+  const PlanResult plan = PlanJob(LongSparse(), On("h200", 6));
+  const Prediction& three = Find(plan, 3, CpLayout::kContiguous);
+  EXPECT_NE(three.rejected.find("does not split into 3 equal shards"), std::string::npos)
+      << three.rejected;
+  EXPECT_TRUE(Find(plan, 2, CpLayout::kZigzag).rejected.empty());
+}
+
+TEST(PlannerTest, RejectsPlansOverDeviceMemory) {
+  v1::JobSpec spec = VeryLongSparse();
+  spec.mutable_model()->set_layers(48);
+  const PlanResult plan = PlanJob(spec, On("h800", 1));
+  const Prediction& all_saved = Find(plan, 1, CpLayout::kContiguous, 1, Recompute::kNone);
+  EXPECT_NE(all_saved.rejected.find("memory"), std::string::npos);
+  EXPECT_NE(all_saved.rejected.find("GiB > 70.8 GiB of h800"), std::string::npos)
+      << all_saved.rejected;
+  // Recomputation keeps one layer's activations: it fits, and so the planner picks it.
+  ASSERT_GE(plan.winner, 0) << plan.why.front();
+  EXPECT_NE(plan.candidates[plan.winner].candidate.recompute, Recompute::kNone);
+  EXPECT_LT(plan.candidates[plan.winner].memory.total, all_saved.memory.total);
+  // Rejected plans sort after every feasible one.
+  bool rejected_seen = false;
+  for (const auto& p : plan.candidates) {
+    if (!p.rejected.empty()) rejected_seen = true;
+    EXPECT_FALSE(rejected_seen && p.rejected.empty());
+  }
+}
+
+TEST(PlannerTest, CausalImbalanceOrdersTheLayouts) {
+  const PlanResult plan = PlanJob(VeryLongSparse(), On("h200", 8));
+  const Prediction& contiguous = Find(plan, 8, CpLayout::kContiguous);
+  const Prediction& zigzag = Find(plan, 8, CpLayout::kZigzag);
+  const Prediction& round_robin = Find(plan, 8, CpLayout::kRoundRobin);
+  // The last contiguous rank holds the longest causal windows: ~2 - 1/P of the mean.
+  EXPECT_NEAR(contiguous.imbalance, 2 - 1.0 / 8, 0.01);
+  EXPECT_NEAR(zigzag.imbalance, 1, 1e-9);
+  EXPECT_NEAR(round_robin.imbalance, 1, 0.01);
+  EXPECT_GT(contiguous.seconds.at("selection"), 1.8 * zigzag.seconds.at("selection"));
+  EXPECT_GT(contiguous.step_s, zigzag.step_s);
+  // Round-robin is balanced but calls the kernels once per token.
+  EXPECT_GT(round_robin.seconds.at("launches"), 100 * zigzag.seconds.at("launches"));
+  EXPECT_GT(round_robin.step_s, zigzag.step_s);
+}
+
+TEST(PlannerTest, ReplayBeatsReselectionAndSavesIndices) {
+  const PlanResult plan = PlanJob(VeryLongSparse(), On("h200", 8));
+  const Prediction& replay = Find(plan, 8, CpLayout::kZigzag, 1, Recompute::kReplay);
+  const Prediction& reselect = Find(plan, 8, CpLayout::kZigzag, 1, Recompute::kReselect);
+  EXPECT_LT(replay.seconds.at("recompute"), reselect.seconds.at("recompute"));
+  EXPECT_GT(replay.memory.indices, reselect.memory.indices);
+}
+
+TEST(PlannerTest, ExplainsWhyTheWinnerWon) {
+  const PlanResult plan = PlanJob(VeryLongSparse(), On("h200", 8));
+  ASSERT_EQ(plan.winner, 0);
+  const Prediction& w = plan.candidates[0];
+  for (const auto& p : plan.candidates) {
+    if (p.rejected.empty()) {
+      EXPECT_LE(w.step_s, p.step_s);
+    }
+  }
+  EXPECT_EQ(w.candidate.cp, 8);
+  EXPECT_NE(w.candidate.layout, CpLayout::kContiguous);
+  ASSERT_GE(plan.why.size(), 6u);
+  EXPECT_EQ(plan.why[0].rfind("winner " + w.candidate.Describe(), 0), 0u) << plan.why[0];
+  bool layout_line = false;
+  for (const auto& line : plan.why) {
+    if (line.rfind("layout: next best", 0) == 0) layout_line = true;
+  }
+  EXPECT_TRUE(layout_line);
+  // Memory-bound attention with few heads: sharing keys across a query group pays.
+  EXPECT_GT(w.candidate.group, 1);
+}
+
+TEST(PlannerTest, NoPlanFitsSaysWhy) {
+  v1::JobSpec spec = LongSparse();
+  spec.mutable_model()->set_vocab_size(1 << 24);  // 16 B x 2 x 2^24 x 1024 of embeddings alone
+  const PlanResult plan = PlanJob(spec, On("h800", 1));
+  EXPECT_EQ(plan.winner, -1);
+  EXPECT_NE(plan.why.front().find("no plan fits"), std::string::npos);
+}
+
+TEST(PlannerTest, CalibrationReplacesProfileFigures) {
+  DeviceProfile profile = *BuiltinProfile("h200");
+  ASSERT_TRUE(ApplyCalibration(R"({"source": "bench at abc123", "flash_topk_tflops": 500,
+      "sparse_attention": [{"group": 4, "fwd_tflops": 300, "dedup": 3}]})",
+                               &profile)
+                  .ok());
+  EXPECT_EQ(profile.flash_topk_tflops, 500);
+  EXPECT_EQ(profile.sparse_attention.at(4).fwd_tflops, 300);
+  EXPECT_EQ(profile.sparse_attention.at(4).dedup, 3);
+  EXPECT_EQ(profile.sparse_attention.at(4).bwd_tflops, 115);  // untouched
+  EXPECT_EQ(profile.sources.at("flash_topk_tflops"), "calibrated: bench at abc123");
+  // Faster FlashTopK: a faster predicted step.
+  const Workload work = Workload::Of(LongSparse());
+  Candidate c{8, CpLayout::kZigzag};
+  EXPECT_LT(Predict(work, c, profile, 8).step_s,
+            Predict(work, c, *BuiltinProfile("h200"), 8).step_s);
+
+  const auto error = [&](const std::string& text) {
+    return std::string(ApplyCalibration(text, &profile).message());
+  };
+  EXPECT_NE(error(R"({"flash_topk": 1})").find("calibration.flash_topk: unknown"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"dense_tflops": -1})").find("calibration.dense_tflops: must be a number > 0"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"sparse_attention": [{"group": 3}]})")
+                .find("calibration.sparse_attention[0].group"),
+            std::string::npos);
+  EXPECT_NE(error("[1]").find("not a JSON object"), std::string::npos);
+  EXPECT_FALSE(BuiltinProfile("a100").ok());
+}
+
+TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
+  for (const auto& name : BuiltinProfileNames()) {
+    const DeviceProfile profile = *BuiltinProfile(name);
+    for (const char* figure :
+         {"dense_tflops", "hbm_gbps", "flash_topk_tflops", "table_topk_tflops",
+          "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "sparse_attention.dedup",
+          "gather_matmul_tflops", "intra_node_gbps", "inter_node_gbps"}) {
+      EXPECT_EQ(profile.sources.count(figure), 1u) << name << " " << figure;
+    }
+  }
+}
+
+TEST(PlannerTest, CandidateOfReadsTheSpec) {
+  v1::JobSpec spec = LongSparse();
+  EXPECT_EQ(CandidateOf(spec).cp, 1);
+  spec.mutable_parallelism()->set_mode(v1::MANUAL);
+  spec.mutable_parallelism()->set_context_parallel(4);
+  spec.mutable_parallelism()->set_cp_layout("round-robin");
+  spec.mutable_parallelism()->set_query_group(8);
+  spec.mutable_recompute()->set_enabled(true);
+  spec.mutable_recompute()->set_selection_replay(true);
+  const Candidate c = CandidateOf(spec);
+  EXPECT_EQ(c.Describe(), "cp 4 round-robin shared G=8 replay");
 }
 
 }  // namespace

@@ -1,0 +1,258 @@
+#include "server/planner/cost_model.h"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "server/planner/planner.h"
+
+namespace hyscale::server::planner {
+namespace {
+
+constexpr double kTera = 1e12;
+constexpr double kGiga = 1e9;
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+constexpr double kBackwardFlops = 2.5;     // attention backward / forward FLOPs (FA-style)
+constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
+constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
+
+// Sum of (t + 1) over the positions the busiest rank holds: the causal work of one layer.
+double BusiestCausalWork(CpLayout layout, double n_total, int p) {
+  const double n = n_total / p;
+  switch (layout) {
+    case CpLayout::kContiguous:  // the last rank: positions [(p-1)n, pn)
+      return n * (p - 1) * n + n * (n + 1) / 2;
+    case CpLayout::kZigzag: {  // chunks r and 2p-1-r of c tokens: equal for every rank
+      const double c = n / 2;
+      return c * c * (2 * p - 1) + c * (c + 1);
+    }
+    case CpLayout::kRoundRobin:  // rank p-1: positions p-1, 2p-1, ...
+      return n * p + p * n * (n - 1) / 2;
+  }
+  return 0;
+}
+
+// Runs of consecutive positions per rank: one kernel call each.
+double Runs(CpLayout layout, double n_local) {
+  switch (layout) {
+    case CpLayout::kContiguous:
+      return 1;
+    case CpLayout::kZigzag:
+      return 2;
+    case CpLayout::kRoundRobin:
+      return n_local;
+  }
+  return 1;
+}
+
+// A ring all-gather (or reduce-scatter) of `bytes` in total over p ranks.
+double RingSeconds(double bytes, int p, const DeviceProfile& prof) {
+  if (p <= 1 || bytes <= 0) return 0;
+  const double link = p <= prof.devices_per_node ? prof.intra_node_gbps : prof.inter_node_gbps;
+  return bytes * (p - 1) / p / (link * kGiga * prof.collective_efficiency) +
+         (p - 1) * prof.collective_latency_s;
+}
+
+}  // namespace
+
+const char* Name(CpLayout layout) {
+  switch (layout) {
+    case CpLayout::kContiguous:
+      return "contiguous";
+    case CpLayout::kZigzag:
+      return "zigzag";
+    case CpLayout::kRoundRobin:
+      return "round-robin";
+  }
+  return "?";
+}
+
+const char* Name(IndexerGroup group) {
+  return group == IndexerGroup::kShared ? "shared" : "separate";
+}
+
+const char* Name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kReplay:
+      return "replay";
+    case Recompute::kReselect:
+      return "reselect";
+  }
+  return "?";
+}
+
+const char* Name(Stack stack) {
+  return stack == Stack::kHyScale ? "hyscale" : "megatron";
+}
+
+std::string Candidate::Describe() const {
+  return absl::StrCat(stack == Stack::kMegatron ? "megatron " : "", "cp ", cp, " ", Name(layout),
+                      " ", Name(indexer), " G=", group, " ", Name(recompute));
+}
+
+Workload Workload::Of(const v1::JobSpec& spec) {
+  const auto& m = spec.model();
+  Workload w;
+  w.seq_len = std::max(1, spec.data().seq_len());
+  w.batch = std::max(1, spec.data().batch_size());
+  w.layers = std::max(1, m.layers());
+  w.d_model = std::max(1, m.d_model());
+  w.heads = std::max(1, m.heads());
+  w.head_dim_qk = std::max(1, m.head_dim_qk());
+  w.head_dim_v = std::max(1, m.head_dim_v());
+  w.d_ff = std::max(1, m.d_ff());
+  w.indexer_heads = std::max(1, m.indexer().heads());
+  w.indexer_dim = std::max(1, m.indexer().dim());
+  w.topk = std::max(1, m.indexer().topk());
+  w.vocab = std::max(1, m.vocab_size());
+  w.parameters = ParameterCount(m);
+  for (const auto& stage : spec.stages()) w.sparse |= stage.attention() == v1::SPARSE;
+  return w;
+}
+
+Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& prof, int gpus) {
+  Prediction out;
+  out.candidate = c;
+  const int p = std::max(1, c.cp);
+  out.data_parallel = std::max(1, gpus / p);
+  out.sequences = (w.batch + out.data_parallel - 1) / out.data_parallel;
+  const double N = static_cast<double>(w.seq_len);
+  const double n = N / p;
+  const double ab = prof.activation_bytes;
+  const bool megatron = c.stack == Stack::kMegatron;
+  const int split = c.layout == CpLayout::kZigzag ? 2 * p : p;
+  if (w.seq_len % split != 0) {
+    out.rejected =
+        absl::StrCat("data.seq_len ", w.seq_len, " does not split into ", split, " equal shards");
+  }
+
+  // Dense matmuls, per layer: every weight is touched once per token (2 FLOPs each).
+  const double d = w.d_model, H = w.heads, dqk = w.head_dim_qk, dv = w.head_dim_v;
+  const double hi = w.indexer_heads, di = w.indexer_dim;
+  const double q_side = d * H * dqk + d * hi * di + d * hi;
+  const double per_token_weights = q_side + d * dqk + d * dv + H * dv * d + d * di + 3 * d * w.d_ff;
+  const double dense_rate = prof.dense_tflops * kTera;
+  const double dense_fwd = 2 * per_token_weights * n / dense_rate;
+  const double q_proj = 2 * q_side * n / dense_rate;
+
+  // Selection (sparse) or the dense stage's scoring of every earlier key: causal work.
+  const double causal = BusiestCausalWork(c.layout, N, p);
+  out.imbalance = causal / (N * (N + 1) / 2 / p);
+  const double k = std::min<double>(w.topk, N);
+  const double topk_rate = (megatron ? prof.table_topk_tflops : prof.flash_topk_tflops) * kTera;
+  const double selection = 2 * hi * di * causal / topk_rate;
+  // Index scores at the k selected entries: replay's recomputation and the indexer loss backward.
+  const double score_gather = 2 * hi * di * k * n / (prof.flash_topk_tflops * kTera);
+
+  // Attention forward and backward.
+  double attn_fwd = 0, attn_bwd = 0;
+  const double row_bytes = (dqk + dv) * ab;
+  const double hbm = prof.hbm_gbps * kGiga;
+  if (!w.sparse) {  // dense causal attention (FlashAttention-style), the same for both stacks
+    const SparseAttentionRate& rate = prof.sparse_attention.at(1);
+    attn_fwd = 2 * H * (dqk + dv) * causal / (rate.fwd_tflops * kTera);
+    attn_bwd = kBackwardFlops * 2 * H * (dqk + dv) * causal / (rate.bwd_tflops * kTera);
+  } else if (megatron) {  // gather keys per query, then matmul-softmax-matmul
+    const double flops = 2 * H * k * (dqk + dv) * n;
+    const double gather = 3 * n * k * row_bytes / hbm;  // read, write, read the gathered rows
+    const double softmax = 4 * n * H * k * ab / hbm;    // scores and probabilities, out and in
+    attn_fwd = flops / (prof.gather_matmul_tflops * kTera) + gather + softmax;
+    attn_bwd = kBackwardFlops * flops / (prof.gather_matmul_tflops * kTera) + 2 * gather +
+               2 * softmax + 2 * n * k * (dqk + dv) * 4 / hbm;  // fp32 scatter-add of dkey/dv
+  } else {
+    const SparseAttentionRate& rate = prof.sparse_attention.at(c.group);
+    const double issued = 2 * H * k * (dqk + dv) * n * c.group / rate.dedup;
+    const double loaded = n * k * row_bytes / rate.dedup;
+    attn_fwd = std::max(issued / (rate.fwd_tflops * kTera), loaded / hbm);
+    attn_bwd = std::max(kBackwardFlops * issued / (rate.bwd_tflops * kTera), 2 * loaded / hbm);
+  }
+
+  // Kernel calls: one per run of consecutive positions, per kernel (selection and attention in
+  // forward, in backward, and again when recomputing).
+  const double calls = c.recompute == Recompute::kNone ? 4 : 6;
+  const double launches = Runs(c.layout, n) * calls * prof.kernel_launch_s;
+
+  // Communication of the key side, per layer.
+  const double key_elems = dqk + dv, idx_elems = di;
+  const double gather_all = RingSeconds(N * (key_elems + idx_elems) * ab, p, prof);
+  const double gather_idx = RingSeconds(N * idx_elems * ab, p, prof);
+  const double gather_kv = RingSeconds(N * key_elems * ab, p, prof);
+  const auto exposed_gather = [&](double hidden_by_selection) {
+    if (c.indexer == IndexerGroup::kShared) return std::max(0.0, gather_all - q_proj);
+    return std::max(0.0, gather_idx - q_proj) + std::max(0.0, gather_kv - hidden_by_selection);
+  };
+  const double gather_s = c.indexer == IndexerGroup::kShared ? gather_all : gather_idx + gather_kv;
+  const double reduce_scatter = c.indexer == IndexerGroup::kShared ? gather_all : gather_s;
+
+  double recompute = 0, recompute_exposed = 0, recompute_comm = 0;
+  if (c.recompute != Recompute::kNone) {
+    const double reselect = c.recompute == Recompute::kReselect;
+    recompute = dense_fwd + attn_fwd + (reselect ? selection : score_gather);
+    recompute_exposed = exposed_gather(reselect ? selection : score_gather);
+    recompute_comm = gather_s;
+  }
+
+  const double layer_dense = 3 * dense_fwd;
+  const double layer_selection = selection + 2 * score_gather;  // + indexer loss fwd/bwd
+  const double layer_attention = attn_fwd + attn_bwd;
+  const double layer_exposed = exposed_gather(selection) + reduce_scatter + recompute_exposed;
+  const double per_layer = w.layers * static_cast<double>(out.sequences);
+  // Embedding lookups are free; the untied lm_head is a matmul with its backward.
+  const double logits = 3 * 2 * d * w.vocab * n / dense_rate;
+
+  // Weight gradients: all-reduced over every GPU of the job, behind the backward compute.
+  const double backward = per_layer * (2 * dense_fwd + attn_bwd + 2 * score_gather);
+  const double allreduce =
+      gpus > 1 ? 2 * RingSeconds(static_cast<double>(w.parameters) * ab, gpus, prof) : 0;
+
+  out.seconds["dense"] = per_layer * layer_dense + out.sequences * logits;
+  out.seconds["selection"] = per_layer * layer_selection;
+  out.seconds["attention"] = per_layer * layer_attention;
+  out.seconds["recompute"] = per_layer * recompute;
+  out.seconds["launches"] = per_layer * launches;
+  out.compute_s = 0;
+  for (const auto& [term, s] : out.seconds) out.compute_s += s;
+  out.exposed_comm_s = per_layer * layer_exposed + std::max(0.0, allreduce - backward);
+  out.comm_s = per_layer * (gather_s + reduce_scatter + recompute_comm) + allreduce;
+  out.seconds["exposed_comm"] = out.exposed_comm_s;
+  out.step_s = out.compute_s + out.exposed_comm_s;
+
+  // Memory of one GPU.
+  MemoryBreakdown& mem = out.memory;
+  const double seqs = static_cast<double>(out.sequences);
+  mem.weights = 16.0 * static_cast<double>(w.parameters);
+  double per_token_layer = 6 * d + 3 * w.d_ff + H * (dqk + dv) + hi * di + H;  // H: lse
+  if (megatron && w.sparse) per_token_layer += H * k;  // gather attention saves probabilities
+  const double layer_act = seqs * n * per_token_layer * ab;
+  const double layers = static_cast<double>(w.layers);
+  mem.activations =
+      c.recompute == Recompute::kNone ? layers * layer_act : layers * seqs * n * d * ab + layer_act;
+  if (w.sparse) {
+    const double one_layer = seqs * n * k * 4;
+    mem.indices = c.recompute == Recompute::kReselect ? one_layer : layers * one_layer;
+  }
+  mem.gathered = N * (key_elems + idx_elems) * (2 * ab + 4);  // two in flight + fp32 gradients
+  if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
+  double scratch = 0;
+  if (w.sparse && megatron) {
+    scratch = std::min(kTableChunkRows, n) * N * 4 + std::min(kGatherChunkRows, n) * k * row_bytes;
+  } else if (w.sparse) {
+    scratch = prof.topk_scratch_bytes + 2 * n * k * 4;
+  }
+  mem.workspace = scratch + 2 * seqs * n * w.vocab * 4;
+  const double sum = mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace;
+  mem.total = sum * 1.1;
+  if (out.rejected.empty() && mem.total > prof.memory_bytes) {
+    out.rejected = absl::StrFormat(
+        "memory %.1f GiB > %.1f GiB of %s (activations %.1f GiB, weights+optimizer %.1f GiB)",
+        mem.total / kGiB, prof.memory_bytes / kGiB, prof.name, mem.activations / kGiB,
+        mem.weights / kGiB);
+  }
+  return out;
+}
+
+}  // namespace hyscale::server::planner

@@ -1,0 +1,93 @@
+// The planner's cost model: per-GPU memory and step time of one way of running a job (a
+// Candidate) on a device profile. Plain arithmetic, so a whole candidate table costs microseconds.
+//
+// Per layer and sequence, with N tokens over P context-parallel ranks (n = N/P local queries):
+//   dense      projections + SwiGLU: 2 x (weights touched per token) x n FLOPs, x3 with backward
+//   selection  FlashTopK (or the score table + topk) over each local query's causal window:
+//              2 H_I d_I sum(t+1) FLOPs, the sum taken on the busiest rank of the layout, so a
+//              contiguous split pays ~2x (the last rank holds the longest windows)
+//   attention  sparse fwd/bwd, FLOPs 2 H k (d_qk + d_v) n issued x G/dedup(G) (a group computes
+//              over the union of its keys) or memory-bound on keys loaded, n k (d_qk+d_v) / dedup
+//   recompute  replay: the forward again minus selection, plus index scores at the k saved
+//              entries; re-selection: the whole forward again
+//   comm       all-gather of the key side (N (d_qk + d_v + d_I) elements), hidden behind the
+//              query projections (and, with a separate indexer group, the K/V half behind
+//              FlashTopK); the backward reduce-scatter is exposed in full (as the trainer
+//              measures it); the weight-gradient all-reduce hides behind backward compute.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "hyscale/v1/job.pb.h"
+#include "server/planner/profile.h"
+
+namespace hyscale::server::planner {
+
+enum class CpLayout { kContiguous, kZigzag, kRoundRobin };
+enum class IndexerGroup { kShared, kSeparate };
+enum class Recompute { kNone, kReplay, kReselect };
+// Whose kernels: HyScale's, or the Megatron-style stack (score table + topk selection, gather
+// attention, re-selection when recomputing) that the scale simulation compares against.
+enum class Stack { kHyScale, kMegatron };
+
+const char* Name(CpLayout layout);  // "contiguous", "zigzag", "round-robin" (worker/parallel's)
+const char* Name(IndexerGroup group);
+const char* Name(Recompute recompute);  // "none", "replay", "reselect"
+const char* Name(Stack stack);
+
+struct Candidate {
+  int cp = 1;
+  CpLayout layout = CpLayout::kContiguous;
+  IndexerGroup indexer = IndexerGroup::kShared;
+  int group = 1;  // G
+  Recompute recompute = Recompute::kNone;
+  Stack stack = Stack::kHyScale;
+
+  std::string Describe() const;  // "cp 32 zigzag shared G=2 replay"
+};
+
+// The shape of the work, read from a JobSpec.
+struct Workload {
+  int64_t seq_len = 1;
+  int64_t batch = 1;
+  int64_t layers = 1;
+  int64_t d_model = 1, heads = 1, head_dim_qk = 1, head_dim_v = 1, d_ff = 1;
+  int64_t indexer_heads = 1, indexer_dim = 1, topk = 1;
+  int64_t vocab = 1;
+  int64_t parameters = 0;
+  bool sparse = false;  // some stage attends sparsely: plan for it (the costly stage at length)
+
+  static Workload Of(const v1::JobSpec& spec);
+};
+
+struct MemoryBreakdown {
+  double weights = 0;      // fp32 weights, gradients, AdamW moments
+  double activations = 0;  // saved for backward (and one layer's during recomputation)
+  double indices = 0;      // saved top-k indices
+  double gathered = 0;     // all-gathered key side (two layers in flight) and its gradients
+  double workspace = 0;    // selection and attention scratch, logits
+  double total = 0;        // the sum + 10% allocator slack
+};
+
+struct Prediction {
+  Candidate candidate;
+  int data_parallel = 1;                  // replicas of the CP group
+  int64_t sequences = 1;                  // per replica per step
+  double imbalance = 1;                   // busiest rank's causal work / the mean
+  std::map<std::string, double> seconds;  // per step: dense, selection, attention, recompute,
+                                          // launches, exposed_comm
+  double compute_s = 0;
+  double comm_s = 0;          // all communication, hidden or not
+  double exposed_comm_s = 0;  // what the step waits for
+  double step_s = 0;
+  MemoryBreakdown memory;
+  std::string rejected;  // why the plan cannot run; empty when it can
+};
+
+// `gpus`: devices of the job; the CP group is replicated gpus / cp times (data parallel).
+Prediction Predict(const Workload& work, const Candidate& candidate, const DeviceProfile& profile,
+                   int gpus);
+
+}  // namespace hyscale::server::planner

@@ -1,0 +1,248 @@
+#include "server/planner/profile.h"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace hyscale::server::planner {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// De-duplication of keys among G adjacent queries. Assumption anchored on LiteDSA's published
+// 6-7x at 16 queries per tile; the smaller groups interpolate (sharing grows sub-linearly).
+constexpr double kDedup[] = {1.0, 1.9, 3.4, 5.0, 6.5};
+
+void SetSparse(DeviceProfile* p, double fwd, double bwd) {
+  for (size_t i = 0; i < std::size(kQueryGroups); ++i) {
+    p->sparse_attention[kQueryGroups[i]] = {fwd, bwd, kDedup[i]};
+  }
+}
+
+// Figures shared by the Hopper profiles (H200, H800 and H20 use the same kernels).
+void SetHopperSources(DeviceProfile* p) {
+  p->sources["sparse_attention.dedup"] =
+      "assumption: 1, 1.9, 3.4, 5.0, 6.5 for G = 1..16, anchored on LiteDSA's published 6-7x "
+      "at G = 16";
+  p->sources["kernel_launch_s"] = "assumption: 5 us per kernel call";
+  p->sources["devices_per_node"] = "published: 8 GPUs per HGX node";
+  p->sources["collective_latency_s"] = "assumption: 10 us per ring step";
+  p->sources["collective_efficiency"] = "assumption: ring collectives reach 80% of the link";
+  p->sources["memory_bytes"] = "published capacity less 5% (assumption: context, fragmentation)";
+  p->sources["inter_node_gbps"] = "assumption: one 400 Gb/s InfiniBand NIC per GPU (50 GB/s)";
+}
+
+DeviceProfile H200() {
+  DeviceProfile p;
+  p.name = "h200";
+  p.memory_bytes = 141e9 * 0.95;
+  p.dense_tflops = 793;
+  p.hbm_gbps = 4000;
+  p.flash_topk_tflops = 384;
+  p.table_topk_tflops = 257;
+  SetSparse(&p, 640, 115);
+  p.gather_matmul_tflops = 200;
+  p.kernel_launch_s = 5e-6;
+  p.topk_scratch_bytes = 1 * kGiB;
+  p.devices_per_node = 8;
+  p.intra_node_gbps = 450;
+  p.inter_node_gbps = 50;
+  p.collective_latency_s = 10e-6;
+  p.collective_efficiency = 0.8;
+  p.activation_bytes = 2;
+  SetHopperSources(&p);
+  p.sources["dense_tflops"] = "measured: bf16 matmul 8192^3 on one H200 (DESIGN.md)";
+  p.sources["hbm_gbps"] = "assumption: 83% of the published 4.8 TB/s";
+  p.sources["flash_topk_tflops"] =
+      "measured: hyscale::flash_topk at N = 256K on H200, 1467 ms (docs/performance.md section 5)";
+  p.sources["table_topk_tflops"] =
+      "measured: score table + torch.topk at N = 256K on H200, 2189 ms (docs/performance.md "
+      "section 5)";
+  p.sources["sparse_attention.fwd_tflops"] =
+      "assumption: FlashMLA's published 640 TFLOP/s sparse forward (H800); ours not measured yet";
+  p.sources["sparse_attention.bwd_tflops"] =
+      "assumption: TileLang's published ~115 TFLOP/s sparse MLA backward (H200)";
+  p.sources["gather_matmul_tflops"] =
+      "assumption: gathered batched [H, d] x [d, k] bf16 matmuls at 25% of dense";
+  p.sources["intra_node_gbps"] = "published: NVLink 4, 900 GB/s both directions";
+  return p;
+}
+
+DeviceProfile H800() {
+  DeviceProfile p = H200();  // same GH100 compute: kernel rates carry over (assumption)
+  p.name = "h800";
+  p.memory_bytes = 80e9 * 0.95;
+  p.hbm_gbps = 2780;
+  p.intra_node_gbps = 200;
+  p.sources["dense_tflops"] = "assumption: the H200's measured 793 (same GH100 SMs and clocks)";
+  p.sources["flash_topk_tflops"] = "assumption: the H200's measured 384 (compute-bound, same SMs)";
+  p.sources["table_topk_tflops"] = "assumption: the H200's measured 257";
+  p.sources["sparse_attention.fwd_tflops"] = "published: FlashMLA sparse forward 640 TFLOP/s";
+  p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
+  p.sources["intra_node_gbps"] = "published: NVLink 400 GB/s both directions";
+  return p;
+}
+
+DeviceProfile H20() {
+  // 148 dense bf16 TFLOP/s against the H200's 989: compute-bound rates scale by 0.15.
+  constexpr double kCompute = 148.0 / 989.0;
+  DeviceProfile p = H200();
+  p.name = "h20";
+  p.memory_bytes = 96e9 * 0.95;
+  p.dense_tflops = 793 * kCompute;
+  p.hbm_gbps = 3300;
+  p.flash_topk_tflops = 384 * kCompute;
+  p.table_topk_tflops = 257 * kCompute;
+  SetSparse(&p, 640 * kCompute, 115 * kCompute);
+  p.gather_matmul_tflops = 200 * kCompute;
+  const std::string scaled = "assumption: the H200 figure x 148/989 (published dense bf16 peaks)";
+  for (const char* key :
+       {"dense_tflops", "flash_topk_tflops", "table_topk_tflops", "sparse_attention.fwd_tflops",
+        "sparse_attention.bwd_tflops", "gather_matmul_tflops"}) {
+    p.sources[key] = scaled;
+  }
+  p.sources["hbm_gbps"] = "assumption: 83% of the published 4.0 TB/s";
+  p.sources["intra_node_gbps"] = "published: NVLink 900 GB/s both directions";
+  return p;
+}
+
+DeviceProfile Cpu() {
+  DeviceProfile p;
+  p.name = "cpu";
+  p.memory_bytes = 64 * kGiB;
+  p.dense_tflops = 0.08;
+  p.hbm_gbps = 20;
+  p.flash_topk_tflops = 0.02;
+  p.table_topk_tflops = 0.01;
+  SetSparse(&p, 0.02, 0.01);
+  p.gather_matmul_tflops = 0.02;
+  p.kernel_launch_s = 1e-6;
+  p.devices_per_node = 1;
+  p.intra_node_gbps = 2;
+  p.inter_node_gbps = 2;
+  p.collective_latency_s = 50e-6;
+  p.collective_efficiency = 0.5;
+  p.activation_bytes = 4;
+  p.sources["dense_tflops"] =
+      "measured: OpenBLAS fp32 1024^3, 80 GFLOP/s (docs/performance.md section 3)";
+  const std::string guess = "assumption: CPU reference kernels, not measured";
+  for (const char* key : {"flash_topk_tflops", "table_topk_tflops", "sparse_attention.fwd_tflops",
+                          "sparse_attention.bwd_tflops", "gather_matmul_tflops"}) {
+    p.sources[key] = guess;
+  }
+  p.sources["sparse_attention.dedup"] = "assumption: as on the GPUs";
+  p.sources["memory_bytes"] = "assumption: 64 GiB of host memory per rank";
+  p.sources["hbm_gbps"] = "assumption: 20 GB/s of DRAM bandwidth per rank";
+  p.sources["kernel_launch_s"] = "assumption: 1 us per call";
+  p.sources["devices_per_node"] = "one process per rank";
+  p.sources["intra_node_gbps"] = "assumption: Gloo over TCP, 2 GB/s";
+  p.sources["inter_node_gbps"] = "assumption: Gloo over TCP, 2 GB/s";
+  p.sources["collective_latency_s"] = "assumption: 50 us per ring step";
+  p.sources["collective_efficiency"] = "assumption: 50% of the link";
+  return p;
+}
+
+}  // namespace
+
+std::vector<std::string> BuiltinProfileNames() {
+  return {"h200", "h800", "h20", "cpu"};
+}
+
+absl::StatusOr<DeviceProfile> BuiltinProfile(const std::string& name) {
+  if (name == "h200") return H200();
+  if (name == "h800") return H800();
+  if (name == "h20") return H20();
+  if (name == "cpu") return Cpu();
+  return absl::NotFoundError(absl::StrCat("unknown device profile '", name, "' (known: ",
+                                          absl::StrJoin(BuiltinProfileNames(), ", "), ")"));
+}
+
+absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profile) {
+  const nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("calibration: not a JSON object");
+  }
+  const std::string source =
+      absl::StrCat("calibrated: ", doc.contains("source") && doc["source"].is_string()
+                                       ? doc["source"].get<std::string>()
+                                       : "micro-benchmark");
+  const std::map<std::string, double*> figures = {
+      {"dense_tflops", &profile->dense_tflops},
+      {"hbm_gbps", &profile->hbm_gbps},
+      {"flash_topk_tflops", &profile->flash_topk_tflops},
+      {"table_topk_tflops", &profile->table_topk_tflops},
+      {"gather_matmul_tflops", &profile->gather_matmul_tflops},
+      {"kernel_launch_s", &profile->kernel_launch_s},
+  };
+  const auto positive = [](const nlohmann::json& v) {
+    return v.is_number() && v.get<double>() > 0;
+  };
+  for (const auto& [key, value] : doc.items()) {
+    if (key == "device" || key == "source") {
+      if (!value.is_string()) return absl::InvalidArgumentError("calibration." + key + ": string");
+      continue;
+    }
+    if (const auto figure = figures.find(key); figure != figures.end()) {
+      if (!positive(value)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("calibration.", key, ": must be a number > 0 (got ", value.dump(), ")"));
+      }
+      *figure->second = value.get<double>();
+      profile->sources[key] = source;
+      continue;
+    }
+    if (key != "sparse_attention") {
+      return absl::InvalidArgumentError(absl::StrCat("calibration.", key, ": unknown figure"));
+    }
+    if (!value.is_array()) {
+      return absl::InvalidArgumentError("calibration.sparse_attention: must be an array");
+    }
+    for (size_t i = 0; i < value.size(); ++i) {
+      const auto& row = value[i];
+      const std::string at = absl::StrCat("calibration.sparse_attention[", i, "]");
+      const bool known_group =
+          row.is_object() && row.contains("group") && row["group"].is_number_integer() &&
+          std::count(std::begin(kQueryGroups), std::end(kQueryGroups), row["group"].get<int>());
+      if (!known_group) {
+        return absl::InvalidArgumentError(at + ".group: must be one of 1, 2, 4, 8, 16");
+      }
+      SparseAttentionRate& rate = profile->sparse_attention[row["group"].get<int>()];
+      for (const auto& [name, field] : row.items()) {
+        double* target = name == "fwd_tflops"   ? &rate.fwd_tflops
+                         : name == "bwd_tflops" ? &rate.bwd_tflops
+                         : name == "dedup"      ? &rate.dedup
+                                                : nullptr;
+        if (name == "group") continue;
+        if (target == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat(at, ".", name, ": unknown figure"));
+        }
+        if (!positive(field)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(at, ".", name, ": must be a number > 0 (got ", field.dump(), ")"));
+        }
+        *target = field.get<double>();
+        profile->sources[absl::StrCat("sparse_attention[", row["group"].get<int>(), "].", name)] =
+            source;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read calibration file"));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto status = ApplyCalibration(text.str(), profile);
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hyscale::server::planner

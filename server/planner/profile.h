@@ -1,0 +1,66 @@
+// Device profiles of the planner's cost model: kernel throughputs, memory and link bandwidths of
+// one device kind, each figure with where it comes from. The built-in table (profile.cc) holds
+// h200, h800, h20 and cpu; a calibration file measured on a worker's device replaces figures of a
+// profile (ApplyCalibration).
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hyscale::server::planner {
+
+// Query group sizes G the sparse attention kernels support (DESIGN.md section 1, item 4).
+inline constexpr int kQueryGroups[] = {1, 2, 4, 8, 16};
+
+// Sparse attention at one query group size G.
+struct SparseAttentionRate {
+  double fwd_tflops = 0;  // on the FLOPs actually issued (G queries x the union of their keys)
+  double bwd_tflops = 0;
+  // Keys loaded per group: G x k / dedup (1 at G = 1: no sharing).
+  double dedup = 1;
+};
+
+struct DeviceProfile {
+  std::string name;
+  double memory_bytes = 0;  // usable device memory
+  double dense_tflops = 0;  // model matmuls (projections, MLP)
+  double hbm_gbps = 0;      // device memory bandwidth, GB/s
+  // FlashTopK (scoring + exact top-k; FLOPs counted as H_I * d_I * N(N+1) for a causal N).
+  double flash_topk_tflops = 0;
+  // The Megatron-style selection: fused scoring into an fp32 table, then torch.topk.
+  double table_topk_tflops = 0;
+  std::map<int, SparseAttentionRate> sparse_attention;  // by G
+  // Megatron-style attention: gather the selected keys, then batched matmul-softmax-matmul.
+  double gather_matmul_tflops = 0;
+  double kernel_launch_s = 0;       // fixed cost of one kernel call (round-robin pays it per token)
+  double topk_scratch_bytes = 0;    // FlashTopK scratch besides its O(n k) candidates
+  int devices_per_node = 1;         // devices joined by the fast link
+  double intra_node_gbps = 0;       // per device, one direction (NVLink)
+  double inter_node_gbps = 0;       // per device, one direction (InfiniBand)
+  double collective_latency_s = 0;  // per ring step of a collective
+  double collective_efficiency = 1;  // achieved / link bandwidth for ring collectives
+  double activation_bytes = 2;       // bytes per activation element (bf16 on GPUs, fp32 on CPU)
+  // Figure name -> where it comes from: "measured: ...", "published: ..." or "assumption: ...".
+  std::map<std::string, std::string> sources;
+};
+
+// The built-in profile `name` ("h200", "h800", "h20", "cpu"); NotFound lists the known names.
+absl::StatusOr<DeviceProfile> BuiltinProfile(const std::string& name);
+std::vector<std::string> BuiltinProfileNames();
+
+// Replaces figures of `profile` with those in a calibration file written by a micro-benchmark on
+// the worker's device (JSON):
+//   {"device": "h200", "source": "bench/... at <commit>",
+//    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 384, "table_topk_tflops": 257,
+//    "gather_matmul_tflops": 300, "kernel_launch_s": 5e-6,
+//    "sparse_attention": [{"group": 4, "fwd_tflops": 500, "bwd_tflops": 200, "dedup": 3.4}]}
+// Every key is optional; an unknown key, a non-positive figure or a group outside kQueryGroups is
+// an error naming it. Each replaced figure's source becomes "calibrated: <source>".
+absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profile);
+absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile);
+
+}  // namespace hyscale::server::planner
