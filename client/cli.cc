@@ -95,8 +95,23 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   PlanArgs plan;
   CLI::App* plan_command =
       app.add_subcommand("plan", "Show how a job would be laid out and what it would cost");
-  plan_command->add_option("-f,--file", plan.file, "Job spec (.yaml, .yml or .json)")->required();
+  plan_command->add_option("file,-f,--file", plan.file, "Job spec (.yaml, .yml or .json)")
+      ->required();
   AddResourceFlags(plan_command, &plan.ranks, &plan.device);
+  plan_command
+      ->add_option("--gpus", plan.gpus,
+                   "Plan offline (no coordinator) for this many devices: the candidate table")
+      ->check(CLI::Range(1, 1024));
+  plan_command
+      ->add_option("--gpu", plan.gpu, "Device profile offline: h200 (default), h800, h20, cpu")
+      ->check(CLI::IsMember({"h200", "h800", "h20", "cpu"}));
+  plan_command->add_option("--calibration", plan.calibration,
+                           "Micro-benchmark JSON whose figures replace the profile's (offline)");
+  plan_command->add_option("--top", plan.top, "Feasible candidates shown (offline); 0: all")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  plan_command->add_flag("--sources", plan.sources,
+                         "List each profile figure and where it comes from (offline)");
 
   UpArgs up;
   int64_t start_timeout_seconds = up.start_timeout.count();

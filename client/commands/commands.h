@@ -42,7 +42,16 @@ struct PlanArgs {
   std::string file;
   int ranks = 1;
   std::string device = "any";
+  // Offline planning (no coordinator) when gpus or gpu is set: the candidate table on `gpus`
+  // devices of profile `gpu` (default h200), figures replaced by `calibration` when given.
+  int gpus = 0;
+  std::string gpu;
+  std::string calibration;
+  int top = 20;          // feasible rows shown (and as many rejected); 0: all
+  bool sources = false;  // also list each profile figure and where it comes from
 };
+// With gpus/gpu: the local planner's candidate table and why the winner won; otherwise the
+// coordinator's plan (PlanJob) with placement.
 int Plan(const Context& context, const PlanArgs& args);
 
 struct UpArgs {

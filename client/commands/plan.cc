@@ -1,14 +1,120 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "client/commands/commands.h"
 #include "client/format.h"
+#include "proto/job_spec.h"
+#include "server/planner/planner.h"
 
 namespace hyscale::cli {
+namespace {
+
+namespace planner = server::planner;
+
+std::string Seconds(double s) {
+  return s >= 1 ? absl::StrFormat("%.2f s", s) : absl::StrFormat("%.1f ms", s * 1e3);
+}
+
+nlohmann::json ToJson(const planner::Prediction& p) {
+  const planner::Candidate& c = p.candidate;
+  nlohmann::json out = {
+      {"context_parallel", c.cp},
+      {"cp_layout", planner::Name(c.layout)},
+      {"indexer_group", planner::Name(c.indexer)},
+      {"query_group", c.group},
+      {"recompute", planner::Name(c.recompute)},
+      {"data_parallel", p.data_parallel},
+      {"sequences_per_replica", p.sequences},
+      {"step_seconds", p.step_s},
+      {"compute_seconds", p.compute_s},
+      {"comm_seconds", p.comm_s},
+      {"exposed_comm_seconds", p.exposed_comm_s},
+      {"causal_imbalance", p.imbalance},
+      {"seconds", p.seconds},
+      {"memory_bytes",
+       {{"weights", p.memory.weights},
+        {"activations", p.memory.activations},
+        {"indices", p.memory.indices},
+        {"gathered", p.memory.gathered},
+        {"workspace", p.memory.workspace},
+        {"total", p.memory.total}}},
+  };
+  if (!p.rejected.empty()) out["rejected"] = p.rejected;
+  return out;
+}
+
+void PrintTable(const Context& context, const planner::PlanResult& plan, int top) {
+  Table table({"PLAN", "STEP", "COMPUTE", "EXPOSED COMM", "MEMORY", "STATUS"});
+  int feasible = 0, rejected = 0, hidden = 0;
+  for (const auto& p : plan.candidates) {
+    int& shown = p.rejected.empty() ? feasible : rejected;
+    if (top > 0 && shown >= top) {
+      ++hidden;
+      continue;
+    }
+    ++shown;
+    std::string status = p.rejected.empty() ? "ok" : absl::StrCat("rejected: ", p.rejected);
+    if (&p == &plan.candidates.front() && plan.winner == 0) status = "winner";
+    table.AddRow({p.candidate.Describe(), Seconds(p.step_s), Seconds(p.compute_s),
+                  Seconds(p.exposed_comm_s), FormatBytes(static_cast<int64_t>(p.memory.total)),
+                  status});
+  }
+  table.Print(*context.out);
+  if (hidden > 0) {
+    *context.out << "(" << hidden << " more candidates not shown; --top 0 shows all)\n";
+  }
+}
+
+int PlanOffline(const Context& context, const PlanArgs& args, const v1::JobSpec& spec) {
+  planner::PlanOptions options;
+  options.gpus = args.gpus > 0 ? args.gpus : 1;
+  auto profile = planner::BuiltinProfile(args.gpu.empty() ? "h200" : args.gpu);
+  if (!profile.ok()) return Fail(context, "plan", profile.status());
+  options.profile = *std::move(profile);
+  if (!args.calibration.empty()) {
+    if (auto status = planner::LoadCalibration(args.calibration, &options.profile); !status.ok()) {
+      return Fail(context, "plan", status);
+    }
+  }
+  const planner::PlanResult plan = planner::PlanJob(spec, options);
+
+  if (context.json()) {
+    nlohmann::json out = {{"gpus", options.gpus},
+                          {"profile", options.profile.name},
+                          {"winner", plan.winner},
+                          {"why", plan.why},
+                          {"notes", plan.notes},
+                          {"sources", options.profile.sources},
+                          {"candidates", nlohmann::json::array()}};
+    for (const auto& p : plan.candidates) out["candidates"].push_back(ToJson(p));
+    *context.out << out.dump(2) << "\n";
+  } else {
+    PrintTable(context, plan, args.top);
+    for (const auto& line : plan.why) *context.out << "why: " << line << "\n";
+    for (const auto& note : plan.notes) *context.out << "note: " << note << "\n";
+    if (args.sources) {
+      for (const auto& [figure, source] : options.profile.sources) {
+        *context.out << "source: " << figure << ": " << source << "\n";
+      }
+    }
+  }
+  if (plan.winner < 0) {
+    return Fail(context, "plan", absl::FailedPreconditionError(plan.why.front()));
+  }
+  return kExitOk;
+}
+
+}  // namespace
 
 int Plan(const Context& context, const PlanArgs& args) {
   auto spec = LoadValidSpec(args.file);
   if (!spec.ok()) return Fail(context, "plan", spec.status());
+  if (args.gpus > 0 || !args.gpu.empty()) {
+    hyscale::ApplyDefaults(&*spec);
+    return PlanOffline(context, args, *spec);
+  }
   auto kind = ParseDeviceKind(args.device);
   if (!kind.ok()) return Fail(context, "plan", kind.status());
   v1::PlanJobRequest request;

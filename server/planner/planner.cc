@@ -133,7 +133,7 @@ std::string Compare(const std::string& choice, const PlanResult& plan, Same same
     if (!p.rejected.empty() && best_rejected == nullptr) best_rejected = &p;
   }
   if (best != nullptr) {
-    return absl::StrFormat("%s: next best %s is %.0f%% slower (%s)", choice,
+    return absl::StrFormat("%s: next best %s is %.1f%% slower (%s)", choice,
                            best->candidate.Describe(), 100 * (best->step_s / winner.step_s - 1),
                            BiggestLoss(winner, *best));
   }
@@ -197,8 +197,15 @@ PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options) {
                                }
                              })));
   if (w.candidate.cp > 1) {
-    plan.why.push_back(Compare(
-        "layout", plan, same([](Candidate& x, const Candidate& b) { x.layout = b.layout; })));
+    // Every other layout, so the causal imbalance of contiguous shows even when it is not next.
+    const auto same_but_layout =
+        same([](Candidate& x, const Candidate& b) { x.layout = b.layout; });
+    for (CpLayout layout : {CpLayout::kContiguous, CpLayout::kZigzag, CpLayout::kRoundRobin}) {
+      if (layout == w.candidate.layout) continue;
+      plan.why.push_back(Compare("layout", plan, [&](const Candidate& a, const Candidate& b) {
+        return a.layout == layout && same_but_layout(a, b);
+      }));
+    }
     plan.why.push_back(Compare("indexer group", plan, same([](Candidate& x, const Candidate& b) {
                                  x.indexer = b.indexer;
                                })));

@@ -277,6 +277,59 @@ TEST_F(CliTest, PlanPrintsThePlan) {
   EXPECT_NE(table.out.find("note: fake planner"), std::string::npos);
 }
 
+// 128K tokens of sparse attention: CP up to 8 on 8 GPUs.
+constexpr char kLongSpec[] = R"(name: long
+model: {vocab_size: 256, d_model: 1024, layers: 4, heads: 16, head_dim_qk: 128, rope_dim: 64,
+        head_dim_v: 128, d_ff: 4096, indexer: {heads: 16, dim: 64, rope_dim: 32, topk: 512}}
+data: {seq_len: 131072, batch_size: 1, text_file: {path: /dev/null}}
+stages: [{steps: 10, lr: 1.0e-4, attention: SPARSE}]
+)";
+
+TEST_F(CliTest, PlanOfflinePrintsTheCandidateTableAndWhy) {
+  const std::string spec = Write("long.yaml", kLongSpec);
+  const Result result = RunRaw({"plan", spec, "--gpus", "8", "--gpu", "h800", "--top", "3"});
+  ASSERT_EQ(result.code, 0) << result.err;
+  const std::string& out = result.out;
+  EXPECT_EQ(out.rfind("PLAN ", 0), 0u) << out;
+  EXPECT_NE(out.find("  STEP  "), std::string::npos);
+  EXPECT_NE(out.find("  EXPOSED COMM  MEMORY  "), std::string::npos);
+  EXPECT_NE(out.find("  winner\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("more candidates not shown; --top 0 shows all"), std::string::npos);
+  EXPECT_NE(out.find("why: winner cp 8 zigzag"), std::string::npos) << out;
+  EXPECT_NE(out.find("why: layout: next best cp 8 contiguous"), std::string::npos);
+  EXPECT_NE(out.find("(causal imbalance 1.8"), std::string::npos) << out;  // 2 - 1/P
+  EXPECT_NE(out.find("note: profile h800, 8 devices, 131072 tokens"), std::string::npos);
+  EXPECT_EQ(out.find("source: "), std::string::npos);
+
+  const Result sources = RunRaw({"plan", spec, "--gpu", "h200", "--sources"});
+  EXPECT_NE(sources.out.find("source: flash_topk_tflops: measured: "), std::string::npos);
+
+  const Result as_json = RunRaw({"-o", "json", "plan", spec, "--gpus", "8", "--gpu", "h800"});
+  ASSERT_EQ(as_json.code, 0) << as_json.err;
+  const json plan = json::parse(as_json.out);
+  // CP 1, 2, 4, 8 x layouts x indexer groups x 5 G x 3 recomputation policies.
+  EXPECT_EQ(plan["candidates"].size(), (1u + 3 * 6) * 5 * 3);
+  EXPECT_EQ(plan["winner"], 0);
+  EXPECT_EQ(plan["candidates"][0]["context_parallel"], 8);
+  EXPECT_GT(plan["candidates"][0]["step_seconds"].get<double>(), 0);
+  EXPECT_EQ(plan["profile"], "h800");
+}
+
+TEST_F(CliTest, PlanOfflineRejectsWhatDoesNotFit) {
+  std::string text = kLongSpec;
+  text.replace(text.find("vocab_size: 256"), 15, "vocab_size: 16777216");  // 512 GiB of weights
+  const std::string spec = Write("deep.yaml", text);
+  const Result result = RunRaw({"plan", spec, "--gpus", "1", "--gpu", "h800", "--top", "0"});
+  EXPECT_NE(result.code, 0);
+  EXPECT_NE(result.out.find("rejected: memory "), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("GiB of h800"), std::string::npos);
+  EXPECT_NE(result.err.find("no plan fits"), std::string::npos) << result.err;
+  EXPECT_EQ(RunRaw({"plan", spec, "--gpu", "a100"}).code, 2);
+  const std::string calibration = Write("bad.json", R"({"flash_topk": 1})");
+  const Result bad = RunRaw({"plan", spec, "--gpu", "h200", "--calibration", calibration});
+  EXPECT_NE(bad.err.find("calibration.flash_topk: unknown figure"), std::string::npos) << bad.err;
+}
+
 TEST(CliAuthTest, TokenFromFlagFileOrEnvironment) {
   unsetenv("HYSCALE_TOKEN");
   FakeServer server("s3cret");
