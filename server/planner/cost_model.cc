@@ -14,7 +14,8 @@ namespace {
 constexpr double kTera = 1e12;
 constexpr double kGiga = 1e9;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
-constexpr double kBackwardFlops = 2.5;     // attention backward / forward FLOPs (FA-style)
+// Attention backward / forward FLOPs: 2H(3 d_qk + 2 d_v) / 2H(d_qk + d_v) = 2.53 at 576 / 512.
+constexpr double kBackwardFlops = 2.5;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
 
@@ -156,13 +157,10 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     const SparseAttentionRate& rate = prof.sparse_attention.at(1);
     attn_fwd = 2 * H * (dqk + dv) * causal / (rate.fwd_tflops * kTera);
     attn_bwd = kBackwardFlops * 2 * H * (dqk + dv) * causal / (rate.bwd_tflops * kTera);
-  } else if (megatron) {  // gather keys per query, then matmul-softmax-matmul
+  } else if (megatron) {  // gather keys per query, then matmul-softmax-matmul: measured rates
     const double flops = 2 * H * k * (dqk + dv) * n;
-    const double gather = 3 * n * k * row_bytes / hbm;  // read, write, read the gathered rows
-    const double softmax = 4 * n * H * k * ab / hbm;    // scores and probabilities, out and in
-    attn_fwd = flops / (prof.gather_matmul_tflops * kTera) + gather + softmax;
-    attn_bwd = kBackwardFlops * flops / (prof.gather_matmul_tflops * kTera) + 2 * gather +
-               2 * softmax + 2 * n * k * (dqk + dv) * 4 / hbm;  // fp32 scatter-add of dkey/dv
+    attn_fwd = flops / (prof.gather_fwd_tflops * kTera);
+    attn_bwd = kBackwardFlops * flops / (prof.gather_bwd_tflops * kTera);
   } else {
     const SparseAttentionRate& rate = prof.sparse_attention.at(c.group);
     const double issued = 2 * H * k * (dqk + dv) * n * c.group / rate.dedup;

@@ -18,7 +18,8 @@ inline constexpr int kQueryGroups[] = {1, 2, 4, 8, 16};
 
 // Sparse attention at one query group size G.
 struct SparseAttentionRate {
-  double fwd_tflops = 0;  // on the FLOPs actually issued (G queries x the union of their keys)
+  // On the FLOPs executed: G queries x the union of their keys, masked pairs included.
+  double fwd_tflops = 0;
   double bwd_tflops = 0;
   // Keys loaded per group: G x k / dedup (1 at G = 1: no sharing).
   double dedup = 1;
@@ -34,8 +35,9 @@ struct DeviceProfile {
   // The Megatron-style selection: fused scoring into an fp32 table, then torch.topk.
   double table_topk_tflops = 0;
   std::map<int, SparseAttentionRate> sparse_attention;  // by G
-  // Megatron-style attention: gather the selected keys, then batched matmul-softmax-matmul.
-  double gather_matmul_tflops = 0;
+  // Megatron-style attention: gather the selected keys, then matmul-softmax-matmul (useful FLOPs).
+  double gather_fwd_tflops = 0;
+  double gather_bwd_tflops = 0;
   double kernel_launch_s = 0;       // fixed cost of one kernel call (round-robin pays it per token)
   double topk_scratch_bytes = 0;    // FlashTopK scratch besides its O(n k) candidates
   int devices_per_node = 1;         // devices joined by the fast link
@@ -56,7 +58,7 @@ std::vector<std::string> BuiltinProfileNames();
 // the worker's device (JSON):
 //   {"device": "h200", "source": "bench/... at <commit>",
 //    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 384, "table_topk_tflops": 257,
-//    "gather_matmul_tflops": 300, "kernel_launch_s": 5e-6,
+//    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "kernel_launch_s": 5e-6,
 //    "sparse_attention": [{"group": 4, "fwd_tflops": 500, "bwd_tflops": 200, "dedup": 3.4}]}
 // Every key is optional; an unknown key, a non-positive figure or a group outside kQueryGroups is
 // an error naming it. Each replaced figure's source becomes "calibrated: <source>".

@@ -133,7 +133,8 @@ int Main(int argc, char** argv) {
            if (g > 1) r.dedup = std::max(1.0, r.dedup * f);
          }
        }},
-      {"gather_matmul_tflops", [](DeviceProfile& p, double f) { p.gather_matmul_tflops *= f; }},
+      {"gather_fwd_tflops", [](DeviceProfile& p, double f) { p.gather_fwd_tflops *= f; }},
+      {"gather_bwd_tflops", [](DeviceProfile& p, double f) { p.gather_bwd_tflops *= f; }},
       {"dense_tflops", [](DeviceProfile& p, double f) { p.dense_tflops *= f; }},
       {"hbm_gbps", [](DeviceProfile& p, double f) { p.hbm_gbps *= f; }},
       {"intra_node_gbps", [](DeviceProfile& p, double f) { p.intra_node_gbps *= f; }},
@@ -157,6 +158,15 @@ int Main(int argc, char** argv) {
     }
     std::printf("\n");
   }
+  // The Megatron-naive selection of DESIGN.md section 4 (fp32 einsum + topk) instead of the
+  // score table: measured 2560 ms at 64K on the H200, 13.7 TFLOP/s on the same FLOP count.
+  std::printf("| table_topk_tflops = naive einsum (13.7, measured; H20 x 148/989) |");
+  for (const auto& [profile, gpus] : {std::pair{h200, 32}, std::pair{h20, 512}}) {
+    DeviceProfile varied = profile;
+    varied.table_topk_tflops = 13.7 * varied.dense_tflops / h200.dense_tflops;
+    std::printf(" %s | |", Ratio(Run(spec, varied, gpus)).c_str());
+  }
+  std::printf("\n");
   return 0;
 }
 
