@@ -188,7 +188,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
 
   double recompute = 0, recompute_exposed = 0, recompute_comm = 0;
   if (c.recompute != Recompute::kNone) {
-    const double reselect = c.recompute == Recompute::kReselect;
+    const bool reselect = c.recompute == Recompute::kReselect;
     recompute = dense_fwd + attn_fwd + (reselect ? selection : score_gather);
     recompute_exposed = exposed_gather(reselect ? selection : score_gather);
     recompute_comm = gather_s;
