@@ -16,6 +16,7 @@
 #include "server/coordinator.h"
 #include "server/grpc_server.h"
 #include "server/metrics_http.h"
+#include "server/planner/profile.h"
 #include "server/server_metrics.h"
 #include "server/web_ui.h"
 
@@ -42,6 +43,7 @@ struct Flags {
   int64_t heartbeat_timeout_ms = 0;  // 0: 3 x the interval
   int64_t restart_backoff_ms = 1000;
   std::string checkpoint_root;
+  std::string gpu_profile = "h200";
 };
 
 int Fail(const absl::Status& status) {
@@ -66,6 +68,7 @@ int Run(const Flags& flags) {
   CoordinatorOptions options;
   options.data_dir = flags.data_dir;
   options.checkpoint_root = flags.checkpoint_root;
+  options.gpu_profile = flags.gpu_profile;
   options.heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms);
   options.heartbeat_timeout =
       absl::Milliseconds(flags.heartbeat_timeout_ms > 0 ? flags.heartbeat_timeout_ms
@@ -165,6 +168,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
   app.add_option("--checkpoint-root", flags.checkpoint_root,
                  "Where jobs' checkpoint directories go (default <data-dir>/checkpoints)");
+  app.add_option("--gpu-profile", flags.gpu_profile,
+                 "Planner device profile of GPU jobs (server/planner/profile.h)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(hyscale::server::planner::BuiltinProfileNames()));
   app.footer(
       "Exit codes:\n  0  shut down by SIGTERM/SIGINT (or --help)\n"
       "  1  cannot start: store, TLS files, token file or ports\n  2  bad flags");
