@@ -225,6 +225,9 @@ async function poll() {
     }
     setStatus("updated " + new Date().toLocaleTimeString(), false);
   } catch (error) {
+    // Nothing stale stays on screen (e.g. the previous job after following a bad #job=ID).
+    detail = null;
+    document.getElementById("detail").hidden = true;
     setStatus(error.message, true);
   }
 }

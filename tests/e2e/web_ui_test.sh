@@ -7,7 +7,8 @@
 #   - /metrics passes `promtool check metrics` and has the job's running/plan series;
 #   - headless Chromium loads the page (token in the URL fragment), its script runs, and the
 #     dumped DOM has the job's row, a stacked area per phase and the loss line; without the token
-#     the page shows the 401 error. A screenshot goes to BUILD_DIR/web_ui.png.
+#     the page shows the 401 error, and for an unknown job the 404 error and no detail. A
+#     screenshot goes to BUILD_DIR/web_ui.png.
 # Usage: web_ui_test.sh BUILD_DIR
 set -euo pipefail
 
@@ -143,4 +144,9 @@ browse --screenshot="$build/web_ui.png" "$url" >/dev/null || fail "chromium --sc
 browse --dump-dom "http://$web/#job=$job" >"$work/dom-no-token.html" || fail "chromium without token"
 grep -q 'class="error">authorization: bearer token required' "$work/dom-no-token.html" ||
   fail "without the token the page shows no 401 error"
+browse --dump-dom "http://$web/#job=no-such-job&token=$token" >"$work/dom-bad-job.html" ||
+  fail "chromium with an unknown job"
+grep -q 'class="error">job not found: no-such-job' "$work/dom-bad-job.html" &&
+  grep -q '<section id="detail" hidden=' "$work/dom-bad-job.html" ||
+  fail "an unknown job in the URL does not show the 404 error alone"
 echo "web-ui: API, metrics and the page in Chromium ok; screenshot $build/web_ui.png"
