@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/flash_topk_cuda.h"
 #include "kernels/cuda/index_score_warpgroup.cuh"
+#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/radix_select.cuh"
 
 namespace hyscale::cuda {
@@ -28,14 +29,7 @@ namespace {
 constexpr float kNegInf = -INFINITY;
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("hyscale::flash_topk (CUDA): ") + what + ": " +
-                             cudaGetErrorString(status));
-  }
-}
-
-__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+  throw_on_error(status, "hyscale::flash_topk (CUDA)", what);
 }
 
 // Where a block's rows come from: rows [row0, row0 + rows), or the listed rows.

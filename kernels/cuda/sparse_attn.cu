@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sparse_attn_cuda.h"
 #include "kernels/cuda/sparse_attn_mma.cuh"
 #include "kernels/cuda/sparse_attn_traits.cuh"
@@ -24,14 +25,7 @@ using namespace attn;
 constexpr float kLog2e = 1.4426950408889634f;
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("hyscale::sparse_attn (CUDA): ") + what + ": " +
-                             cudaGetErrorString(status));
-  }
-}
-
-__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+  throw_on_error(status, "hyscale::sparse_attn (CUDA)", what);
 }
 
 // Everything a block needs to know about its rows and its key list.

@@ -8,8 +8,8 @@ absl::StatusOr<Layout> ParseLayout(std::string_view name) {
   for (Layout layout : {Layout::kContiguous, Layout::kZigzag, Layout::kRoundRobin}) {
     if (name == LayoutName(layout)) return layout;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("layout must be one of contiguous, zigzag, round-robin; got '", std::string(name), "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "layout must be one of contiguous, zigzag, round-robin; got '", std::string(name), "'"));
 }
 
 const char* LayoutName(Layout layout) {
