@@ -208,18 +208,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
     }
     cp_async_wait<1>();
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      uint32_t a[4];
-      load_a<BK>(a, sp, rw * 16, kk, lane);
-#pragma unroll
-      for (int nt = 0; nt < kVTiles; nt += 2) {
-        uint32_t b[4];
-        load_b_kn<DV>(b, sv, kk, cw * (DV / 2) + nt * 8, lane);
-        mma_bf16(o[nt], a, b[0], b[1]);
-        mma_bf16(o[nt + 1], a, b[2], b[3]);
-      }
-    }
+    mma_rows_by_kn<BK, DV>(o, sp, rw * 16, sv, cw * (DV / 2), lane);
     __syncthreads();
     if (j + 1 < tiles) gather_keys<DV, BK, T>(sv, p.value, list, (j + 1) * BK, tid);
     cp_async_commit();
@@ -418,18 +407,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
     }
     __syncthreads();
     if constexpr (kMode == kDq) {
-#pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
-        uint32_t a[4];
-        load_a<BK>(a, sds, rw * 16, kk, lane);
-#pragma unroll
-        for (int nt = 0; nt < kQTiles; nt += 2) {
-          uint32_t b[4];
-          load_b_kn<DQ>(b, sk, kk, cw * (DQ / 2) + nt * 8, lane);
-          mma_bf16(dq[nt], a, b[0], b[1]);
-          mma_bf16(dq[nt + 1], a, b[2], b[3]);
-        }
-      }
+      mma_rows_by_kn<BK, DQ>(dq, sds, rw * 16, sk, cw * (DQ / 2), lane);
     } else {
       const int kg = warp & 1, cg = warp >> 1;
       key_grad_tile<Tr, kMode, DV>(sp, sdo, list, j * BK, kg, cg, lane, g.grad_value, g.fixed_value,

@@ -73,6 +73,27 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16*
             tile + swz<kCols>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), n0 + ((lane >> 4) << 3)));
 }
 
+// acc[nt] += A[row0 .. row0+16, 0 .. kK) x B[0 .. kK, n0 + 8 nt .. + 8) for nt < kTiles, with A a
+// row-major [.][kK] tile (probabilities or dS) and B a row-major [kK][kBCols] tile (values or
+// keys): the P V product of the forward and the dS K product of dq.
+template <int kK, int kBCols, int kTiles>
+__device__ __forceinline__ void mma_rows_by_kn(float (&acc)[kTiles][4], const __nv_bfloat16* a_tile,
+                                               int row0, const __nv_bfloat16* b_tile, int n0,
+                                               int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kK; kk += 16) {
+    uint32_t a[4];
+    load_a<kK>(a, a_tile, row0, kk, lane);
+#pragma unroll
+    for (int nt = 0; nt < kTiles; nt += 2) {
+      uint32_t b[4];
+      load_b_kn<kBCols>(b, b_tile, kk, n0 + nt * 8, lane);
+      mma_bf16(acc[nt], a, b[0], b[1]);
+      mma_bf16(acc[nt + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "kernels/torch/ops.h"
+#include "tests/kernels/gpu_kernel_test.h"
 #include "tests/kernels/reference.h"
-#include "tests/kernels/test_support.h"
 #include "tests/kernels/topk_check.h"
 
 namespace hyscale::test {
@@ -18,16 +18,7 @@ namespace {
 // fp32 accumulation of bf16 products, in another order than the reference.
 constexpr double kGpuRelTol = 2e-5;
 
-class FlashTopkCudaTest : public KernelTest {
- protected:
-  void SetUp() override {
-#ifndef HYSCALE_HAVE_CUDA
-    GTEST_SKIP() << "built without the CUDA kernels (needs nvcc and a CUDA libtorch)";
-#else
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
-#endif
-  }
-};
+class FlashTopkCudaTest : public GpuKernelTest {};
 
 // Inputs on the GPU (q, k bf16; w fp32) and the float64 reference of exactly those values.
 struct GpuProblem {

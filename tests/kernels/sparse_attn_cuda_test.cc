@@ -11,22 +11,12 @@
 #include <vector>
 
 #include "kernels/torch/ops.h"
-#include "tests/kernels/test_support.h"
+#include "tests/kernels/gpu_kernel_test.h"
 
 namespace hyscale::test {
 namespace {
 
-class SparseAttnCudaTest : public KernelTest {
- protected:
-  void SetUp() override {
-#ifndef HYSCALE_HAVE_CUDA
-    GTEST_SKIP() << "built without the CUDA kernels (needs nvcc and a CUDA libtorch)";
-#else
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
-#endif
-    torch::manual_seed(static_cast<uint64_t>(seed_ & 0x7fffffffffffffff));
-  }
-};
+class SparseAttnCudaTest : public GpuKernelTest {};
 
 constexpr int64_t kGroups[] = {1, 2, 4, 8, 16};
 
