@@ -163,6 +163,13 @@ void EventSink::CheckpointLoaded(int64_t step, const std::string& path) {
   Emit(j.dump(), absl::StrCat("resumed at step ", step, " from ", path));
 }
 
+void EventSink::Rendezvous(const std::string& address, int world_size) {
+  json j = event("rendezvous");
+  j["address"] = address;
+  j["world_size"] = world_size;
+  Emit(j.dump(), absl::StrCat("rendezvous for ", world_size, " ranks at ", address));
+}
+
 void EventSink::Warning(const std::string& message) {
   json j = event("warning");
   j["message"] = message;

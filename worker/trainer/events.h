@@ -11,6 +11,8 @@
 //                    and after an evaluation accuracy, indexer_recall
 //   stage_finished   stage, name, step
 //   checkpoint_written / checkpoint_loaded   step, path
+//   rendezvous       address ("host:port" of the store rank 0 serves), world_size; written by
+//                    rank 0 of a context-parallel job before the other ranks are waited for
 //   warning          message
 //   job_finished     ok, elapsed_seconds, and when not ok reason
 #pragma once
@@ -67,6 +69,7 @@ class EventSink {
   void StageFinished(int index, const v1::StageSpec& stage, int64_t step);
   void CheckpointWritten(int64_t step, const std::string& path);
   void CheckpointLoaded(int64_t step, const std::string& path);
+  void Rendezvous(const std::string& address, int world_size);
   void Warning(const std::string& message);
   void JobFinished(const absl::Status& status);
 
