@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "kernels/cuda/flash_topk_cuda.h"
+#include "kernels/cuda/indexer_loss_cuda.h"
 #include "kernels/cuda/sparse_attn_cuda.h"
 #include "kernels/torch/checks.h"
 
@@ -209,6 +210,119 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
                                       at::globalContext().deterministicAlgorithms());
 }
 
+// ---- The indexer's training path: score backward, attention mass target, KL loss ----
+
+// indices with a leading batch dim, contiguous, every entry -1 or a key index.
+at::Tensor checked_indices(const char* op, const at::Tensor& indices, const Batching& b,
+                           int64_t num_keys) {
+  auto idx = (b.batched ? indices : indices.unsqueeze(0)).contiguous();
+  if (idx.numel() > 0) {
+    const auto [lowest, highest] = at::aminmax(idx);
+    TORCH_CHECK(lowest.item<int>() >= -1 && highest.item<int>() < num_keys, op,
+                ": indices must be -1 or in [0, ", num_keys, ")");
+  }
+  return idx;
+}
+
+// q, k, w in the kernels' dtypes, as the forward (index_score_gather, flash_topk) saw them;
+// gradients are returned in the inputs' dtypes.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
+    const at::Tensor& grad_scores, const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
+    const at::Tensor& indices, int64_t q_offset, int64_t tokens_per_key) {
+  const char* op = "hyscale::index_score_backward";
+  const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
+  const int64_t topk = check_indices(op, indices, a.batching, a.shape.num_queries, q);
+  check_sizes(op, "grad_scores", grad_scores, indices.sizes());
+  TORCH_CHECK(grad_scores.device() == q.device(), op, ": grad_scores is on ", grad_scores.device(),
+              " but q is on ", q.device());
+  const c10::cuda::CUDAGuard guard(q.device());
+  const IndexerInputs in = indexer_inputs(op, a, q, k, w);
+  const auto idx = checked_indices(op, indices, a.batching, a.shape.num_keys);
+  const auto& b = a.batching;
+  const auto g = (b.batched ? grad_scores : grad_scores.unsqueeze(0)).to(at::kFloat).contiguous();
+  auto grad_q = at::empty(in.q.sizes(), in.q.options().dtype(at::kFloat));
+  auto grad_k = at::empty(in.k.sizes(), in.k.options().dtype(at::kFloat));
+  auto grad_w = at::empty_like(in.w);
+  for (int64_t i = 0; i < b.batch; ++i) {
+    cuda::index_score_backward(
+        a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(), in.w[i].data_ptr<float>(),
+        idx[i].data_ptr<int32_t>(), topk, g[i].data_ptr<float>(), grad_q[i].data_ptr<float>(),
+        grad_k[i].data_ptr<float>(), grad_w[i].data_ptr<float>(), current_stream());
+  }
+  return {unbatch(grad_q, b).to(q.scalar_type()), unbatch(grad_k, b).to(k.scalar_type()),
+          unbatch(grad_w, b).to(w.scalar_type())};
+}
+
+// mass [.., N, topk] fp32 from bf16 q / key (as sparse_attn reads them) and fp32 lse.
+at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
+                                   const at::Tensor& indices, const at::Tensor& lse, double scale) {
+  const char* op = "hyscale::selected_attention_mass";
+  // value only shapes the output of attention; the mass needs q, key and lse, so key stands in.
+  const SparseAttnArgs a = check_sparse_attn(op, q, key, key, indices);
+  const auto& s = a.shape;
+  const auto& b = a.batching;
+  TORCH_CHECK(cuda::selected_attention_mass_dim_supported(s.dim_qk), op,
+              ": the CUDA kernel takes d_qk a multiple of 4 up to ", cuda::kMaxMassDimQk, ", got ",
+              s.dim_qk);
+  TORCH_CHECK(lse.device() == q.device(), op, ": lse is on ", lse.device(), " but q is on ",
+              q.device());
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto batched = [&](const at::Tensor& t) { return b.batched ? t : t.unsqueeze(0); };
+  const auto vq = batched(q).to(at::kBFloat16).contiguous();
+  const auto vk = batched(key).to(at::kBFloat16).contiguous();
+  const auto vl = batched(lse).to(at::kFloat).contiguous();
+  check_sizes(op, "lse", vl, {b.batch, s.num_queries, s.heads});
+  const auto idx = checked_indices(op, indices, b, s.num_keys);
+  auto mass = at::empty({b.batch, s.num_queries, s.topk}, vq.options().dtype(at::kFloat));
+  for (int64_t i = 0; i < b.batch; ++i) {
+    cuda::selected_attention_mass(s, vq[i].data_ptr(), vk[i].data_ptr(), idx[i].data_ptr<int32_t>(),
+                                  vl[i].data_ptr<float>(), static_cast<float>(scale),
+                                  mass[i].data_ptr<float>(), current_stream());
+  }
+  return unbatch(mass, b);
+}
+
+// score and target [..., topk]: every leading dim is a row. Computed in fp32; the loss is fp32
+// (fp64 for fp64 scores, as on the CPU).
+void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target) {
+  TORCH_CHECK(score.dim() >= 1 && score.size(-1) > 0, op,
+              ": score must be [..., topk] with topk > 0, got shape ", score.sizes());
+  TORCH_CHECK(at::isFloatingType(score.scalar_type()), op, ": score must be floating, got ",
+              score.scalar_type());
+  check_sizes(op, "target", target, score.sizes());
+  TORCH_CHECK(target.device() == score.device(), op, ": target is on ", target.device(),
+              " but score is on ", score.device());
+}
+
+at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
+  const char* op = "hyscale::indexer_kl";
+  check_kl_args(op, score, target);
+  const c10::cuda::CUDAGuard guard(score.device());
+  const int64_t topk = score.size(-1), rows = score.numel() / topk;
+  const auto s = score.to(at::kFloat).contiguous(), t = target.to(at::kFloat).contiguous();
+  auto loss = at::empty({rows}, s.options());
+  cuda::indexer_kl_fwd(rows, topk, s.data_ptr<float>(), t.data_ptr<float>(), loss.data_ptr<float>(),
+                       current_stream());
+  return loss.view(score.sizes().slice(0, score.dim() - 1)).to(cpu_compute_dtype(score));
+}
+
+at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
+                               const at::Tensor& target) {
+  const char* op = "hyscale::indexer_kl_backward";
+  check_kl_args(op, score, target);
+  check_sizes(op, "grad_loss", grad_loss, score.sizes().slice(0, score.dim() - 1));
+  TORCH_CHECK(grad_loss.device() == score.device(), op, ": grad_loss is on ", grad_loss.device(),
+              " but score is on ", score.device());
+  const c10::cuda::CUDAGuard guard(score.device());
+  const int64_t topk = score.size(-1), rows = score.numel() / topk;
+  const auto s = score.to(at::kFloat).contiguous(), t = target.to(at::kFloat).contiguous();
+  const auto g = grad_loss.to(at::kFloat).contiguous();
+  auto grad_score = at::empty_like(s);
+  cuda::indexer_kl_bwd(rows, topk, s.data_ptr<float>(), t.data_ptr<float>(), g.data_ptr<float>(),
+                       grad_score.data_ptr<float>(), current_stream());
+  return grad_score.to(score.scalar_type());
+}
+
 }  // namespace
 }  // namespace hyscale::torch_ops
 
@@ -221,4 +335,8 @@ TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   m.impl("sparse_attn_backward", &sparse_attn_backward);
   m.impl("sparse_attn_grouped", &sparse_attn_grouped);
   m.impl("sparse_attn_backward_grouped", &sparse_attn_backward_grouped);
+  m.impl("index_score_backward", &index_score_backward);
+  m.impl("selected_attention_mass", &selected_attention_mass);
+  m.impl("indexer_kl", &indexer_kl);
+  m.impl("indexer_kl_backward", &indexer_kl_backward);
 }

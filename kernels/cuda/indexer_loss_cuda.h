@@ -1,0 +1,48 @@
+// CUDA kernels of the indexer's training path: the backward of the index scores at selected keys
+// (selection replay), the main-attention mass at the selected keys (the indexer's sparse-stage
+// target) and the KL loss between the two, forward and backward.
+//
+// Host API over raw device pointers, so this header needs neither libtorch nor CUDA headers; the
+// torch binding (kernels/torch/cuda.cc) checks shapes and calls it. All tensors are contiguous on
+// one device. The contracts are kernels/index_score.h, kernels/sparse_attn.h
+// (selected_attention_mass_cpu) and kernels/indexer_kl.h; docs/sparse_attn.md ("The indexer's
+// loss on the GPU") explains the kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/shapes.h"
+
+namespace hyscale::cuda {
+
+using Stream = void*;  // cudaStream_t
+
+// q [N, H_I, d_I] and k [M, d_I] bf16, w [N, H_I] fp32 (the shapes of indexer_shape_supported),
+// indices [N, topk] int32 (-1 or in [0, M)), grad_scores [N, topk] fp32. Writes (overwrites)
+// grad_q [N, H_I, d_I], grad_k [M, d_I] and grad_w [N, H_I], fp32. ReLU's derivative at 0 is 0.
+// grad_k sums over queries with fp32 atomics (the order of additions varies run to run).
+void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
+                          const int32_t* indices, int64_t topk, const float* grad_scores,
+                          float* grad_q, float* grad_k, float* grad_w, Stream stream);
+
+// d_qk a multiple of 4, at most kMaxMassDimQk (the block keeps its heads' queries and a key tile
+// in shared memory, as fp32).
+inline constexpr int64_t kMaxMassDimQk = 768;
+bool selected_attention_mass_dim_supported(int64_t dim_qk);
+
+// q [N, H, d_qk] and key [M, d_qk] bf16, indices [N, topk] int32, lse [N, H] fp32 (from
+// sparse_attn). mass [N, topk] fp32: sum over heads of exp(scale * q[t, h] . key[s] - lse[t, h]),
+// L1-normalised per row, 0 in -1 slots. The head sum runs in fp32 atomics across blocks of heads.
+void selected_attention_mass(const SparseAttnShape& shape, const void* q, const void* key,
+                             const int32_t* indices, const float* lse, float scale, float* mass,
+                             Stream stream);
+
+// score, target [rows, topk] fp32 (score -infinity in unused slots). loss [rows] =
+// KL(target || softmax(score)) over the valid slots; grad_score [rows, topk] =
+// grad_loss[row] * (softmax(score) - target) on valid slots, 0 elsewhere.
+void indexer_kl_fwd(int64_t rows, int64_t topk, const float* score, const float* target,
+                    float* loss, Stream stream);
+void indexer_kl_bwd(int64_t rows, int64_t topk, const float* score, const float* target,
+                    const float* grad_loss, float* grad_score, Stream stream);
+
+}  // namespace hyscale::cuda
