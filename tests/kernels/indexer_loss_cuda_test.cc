@@ -1,0 +1,231 @@
+// The CUDA ops of the indexer's training path against float64 references on fresh random inputs:
+// index_score_backward, selected_attention_mass, indexer_kl and its backward, on N not a multiple
+// of any tile, topk not a multiple of 32, -1 slots, rows with t + 1 < topk (causal selections) and
+// rows without a valid slot; then the whole chain (q_I, k_I, w -> index_score_gather; q, key ->
+// sparse_attn -> selected_attention_mass; indexer_kl -> backward) on CUDA against the CPU ops.
+// Skips without a GPU.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/torch/ops.h"
+#include "tests/kernels/gpu_kernel_test.h"
+
+namespace hyscale::test {
+namespace {
+
+class IndexerLossCudaTest : public GpuKernelTest {};
+
+// Multiples of 1/8 in [-1, 1]: exact in bf16, and every index score and dot product of them is
+// exact in fp32 whatever the summation order, so the ReLU gates of the GPU and of the float64
+// reference agree (a gate flipped by rounding would move a gradient by a whole term).
+torch::Tensor eighths(at::IntArrayRef sizes) {
+  return torch::randint(-8, 9, sizes).to(torch::kFloat) / 8;
+}
+
+torch::Tensor bf16_values(at::IntArrayRef sizes) {
+  return torch::randn(sizes).to(torch::kBFloat16).to(torch::kFloat);
+}
+
+// Causal selections: row t takes up to min(topk, t + 1) distinct keys of [0, t] (some rows fewer,
+// some none when allowed) in random slots, -1 elsewhere.
+torch::Tensor causal_indices(Random& rng, int64_t n, int64_t topk, bool allow_empty_rows) {
+  auto indices = torch::full({n, topk}, -1, torch::kInt);
+  auto idx = indices.accessor<int32_t, 2>();
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t most = std::min(topk, t + 1);
+    int64_t valid = rng.chance(0.6) ? most : rng.uniform_int(0, most);
+    if (!allow_empty_rows) valid = std::max<int64_t>(valid, 1);
+    const auto keys = torch::randperm(t + 1, torch::kLong);
+    const auto slots = torch::randperm(topk, torch::kLong);
+    for (int64_t i = 0; i < valid; ++i) {
+      idx[t][slots[i].item<int64_t>()] = static_cast<int32_t>(keys[i].item<int64_t>());
+    }
+  }
+  return indices;
+}
+
+// max |got - want| <= tol * max(1, max |want|), with infinities matched exactly.
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tol,
+                  const std::string& what) {
+  const auto g = got.cpu().to(torch::kDouble), w = want.cpu().to(torch::kDouble);
+  ASSERT_EQ(g.sizes(), w.sizes()) << what;
+  ASSERT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN";
+  ASSERT_TRUE(torch::equal(g.isinf(), w.isinf())) << what << ": infinities differ";
+  const auto finite = w.isfinite();
+  const double scale =
+      std::max(1.0, w.masked_fill(finite.logical_not(), 0).abs().max().item<double>());
+  const double worst = (g - w).abs().masked_fill(finite.logical_not(), 0).max().item<double>();
+  EXPECT_LE(worst, tol * scale) << what << ": max error " << worst << " vs max |ref| " << scale;
+}
+
+struct IndexerCase {
+  int64_t n, m, heads, dim, topk;
+};
+
+TEST_F(IndexerLossCudaTest, IndexScoreBackwardMatchesFloat64Reference) {
+  const IndexerCase cases[] = {{45, 45, 16, 64, 40}, {70, 70, 64, 128, 33}, {19, 300, 32, 128, 97}};
+  for (const IndexerCase& c : cases) {
+    SCOPED_TRACE("N " + std::to_string(c.n) + " H_I " + std::to_string(c.heads) + " d_I " +
+                 std::to_string(c.dim) + " topk " + std::to_string(c.topk));
+    const auto q = eighths({c.n, c.heads, c.dim}), k = eighths({c.m, c.dim});
+    const auto w = eighths({c.n, c.heads});
+    // Rows see keys [0, q_offset + t]: with M > N the last rows see every key.
+    const int64_t q_offset = c.m - c.n;
+    auto indices = causal_indices(rng_, c.n, c.topk, /*allow_empty_rows=*/true);
+    indices = torch::where(indices.ge(0), indices + static_cast<int32_t>(q_offset), indices);
+    const auto grad = eighths({c.n, c.topk});
+
+    auto qd = q.to(torch::kDouble).requires_grad_(true);
+    auto kd = k.to(torch::kDouble).requires_grad_(true);
+    auto wd = w.to(torch::kDouble).requires_grad_(true);
+    const auto idx = indices.to(torch::kLong);
+    const auto dots = torch::einsum("nhd,nkd->nhk", {qd, kd.index({idx.clamp_min(0)})});
+    const auto scores = (wd.unsqueeze(-1) * torch::relu(dots)).sum(1);
+    (scores * grad.to(torch::kDouble) * idx.ge(0)).sum().backward();
+
+    const auto got = ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(),
+                                               indices.cuda(), q_offset);
+    expect_close(got.q, qd.grad(), 1e-6, "grad_q");
+    expect_close(got.k, kd.grad(), 1e-6, "grad_k");
+    expect_close(got.w, wd.grad(), 1e-6, "grad_w");
+  }
+}
+
+struct AttnCase {
+  int64_t n, m, heads, dqk, topk;
+  double scale;
+};
+
+TEST_F(IndexerLossCudaTest, SelectedAttentionMassMatchesFloat64Reference) {
+  const AttnCase cases[] = {
+      {37, 37, 5, 64, 24, 0.125},        // H below one block of heads
+      {53, 200, 40, 128, 45, 0.09},      // H not a multiple of 32, topk not of 32
+      {9, 2500, 128, 576, 300, 0.0417},  // DeepSeek-V3.2 absorbed d_qk, four blocks of heads
+  };
+  for (const AttnCase& c : cases) {
+    SCOPED_TRACE("N " + std::to_string(c.n) + " H " + std::to_string(c.heads) + " d_qk " +
+                 std::to_string(c.dqk));
+    const auto q = bf16_values({c.n, c.heads, c.dqk}), key = bf16_values({c.m, c.dqk});
+    auto indices = causal_indices(rng_, c.n, c.topk, /*allow_empty_rows=*/true);
+    const int32_t shift = static_cast<int32_t>(c.m - c.n);
+    indices = torch::where(indices.ge(0), indices + shift, indices);
+
+    const auto idx = indices.to(torch::kLong);
+    const auto valid = idx.ge(0);
+    const auto logits =
+        (torch::einsum("nhd,nkd->nhk",
+                       {q.to(torch::kDouble), key.to(torch::kDouble).index({idx.clamp_min(0)})}) *
+         c.scale)
+            .masked_fill(valid.logical_not().unsqueeze(1), -INFINITY);
+    const auto lse = torch::logsumexp(logits, -1);  // -inf for rows without a valid slot
+    const auto finite_lse = torch::where(lse.isinf(), torch::zeros_like(lse), lse);
+    const auto summed = torch::exp(logits - finite_lse.unsqueeze(-1)).sum(1);  // [N, topk]
+    const auto total = summed.sum(-1, true);
+    const auto want = torch::where(total.gt(0), summed / total, torch::zeros_like(summed));
+
+    const auto got = ops::selected_attention_mass(q.cuda(), key.cuda(), indices.cuda(),
+                                                  lse.to(torch::kFloat).cuda(), c.scale);
+    ASSERT_EQ(got.scalar_type(), torch::kFloat);
+    expect_close(got, want, 1e-5, "mass");
+    EXPECT_TRUE(torch::equal(got.cpu().eq(0).logical_or(valid), torch::ones_like(valid)))
+        << "a -1 slot got mass";
+  }
+}
+
+// Scores with -inf slots (and rows of them only), targets normalised over the valid slots with
+// some zeros.
+struct KlInputs {
+  torch::Tensor score, target, grad_loss;
+};
+
+KlInputs kl_inputs(int64_t rows, int64_t topk) {
+  auto score = torch::randn({rows, topk}) * 3;
+  auto invalid = torch::rand({rows, topk}).lt(0.2);
+  invalid.index_put_({rows / 2}, true);  // a row without a valid slot
+  score = score.masked_fill(invalid, -INFINITY);
+  auto target = torch::rand({rows, topk}).masked_fill(invalid, 0);
+  target = target.masked_fill(torch::rand({rows, topk}).lt(0.1), 0);
+  const auto total = target.sum(-1, true);
+  target = torch::where(total.gt(0), target / total, torch::zeros_like(target));
+  return {score, target, torch::randn({rows})};
+}
+
+TEST_F(IndexerLossCudaTest, IndexerKlMatchesFloat64Reference) {
+  for (const auto& [rows, topk] : {std::pair<int64_t, int64_t>{77, 300}, {5, 2048}, {33, 1}}) {
+    SCOPED_TRACE("rows " + std::to_string(rows) + " topk " + std::to_string(topk));
+    const KlInputs in = kl_inputs(rows, topk);
+    // The CPU op in float64 is the reference (kernels/cpu/indexer_kl.cc, tested on its own).
+    const auto want_loss =
+        ops::indexer_kl(in.score.to(torch::kDouble), in.target.to(torch::kDouble));
+    const auto want_grad = ops::indexer_kl_backward(
+        in.grad_loss.to(torch::kDouble), in.score.to(torch::kDouble), in.target.to(torch::kDouble));
+    const auto loss = ops::indexer_kl(in.score.cuda(), in.target.cuda());
+    const auto grad =
+        ops::indexer_kl_backward(in.grad_loss.cuda(), in.score.cuda(), in.target.cuda());
+    ASSERT_EQ(loss.scalar_type(), torch::kFloat);
+    expect_close(loss, want_loss, 1e-5, "loss");
+    expect_close(grad, want_grad, 1e-5, "grad_score");
+    EXPECT_EQ(loss.cpu()[rows / 2].item<float>(), 0.f) << "row without a valid slot";
+  }
+}
+
+// The sparse stage's indexer loss as the model computes it, on CUDA and on the CPU (fp32), with
+// the same inputs: gradients of q_I, k_I and w must agree.
+TEST_F(IndexerLossCudaTest, IndexerLossChainOnCudaMatchesTheCpuOps) {
+  const int64_t n = 150, topk = 40, heads_i = 16, dim_i = 64, heads = 8, dqk = 64;
+  const double scale = 0.125;
+  const auto q_i = eighths({n, heads_i, dim_i}), k_i = eighths({n, dim_i});
+  const auto w = eighths({n, heads_i});
+  const auto q = bf16_values({n, heads, dqk}), key = bf16_values({n, dqk});
+  const auto value = bf16_values({n, dqk});
+  const auto indices = causal_indices(rng_, n, topk, /*allow_empty_rows=*/false);
+
+  struct Result {
+    torch::Tensor loss, target, grad_q, grad_k, grad_w;
+  };
+  auto run = [&](const torch::Device& device) {
+    auto qi = q_i.to(device).requires_grad_(true), ki = k_i.to(device).requires_grad_(true);
+    auto wi = w.to(device).requires_grad_(true);
+    const auto idx = indices.to(device);
+    const auto score = ops::index_score_gather(qi, ki, wi, idx);
+    const auto attn = ops::sparse_attn(q.to(device), key.to(device), value.to(device), idx, scale);
+    const auto target =
+        ops::selected_attention_mass(q.to(device), key.to(device), idx, attn.lse, scale);
+    const auto loss = ops::indexer_kl(score, target).mean();
+    loss.backward();
+    return Result{loss.cpu(), target.cpu(), qi.grad().cpu(), ki.grad().cpu(), wi.grad().cpu()};
+  };
+  const Result gpu = run(torch::kCUDA), cpu = run(torch::kCPU);
+  // The targets differ by the GPU attention's bf16 lse; the scores are exact on both.
+  expect_close(gpu.target, cpu.target, 1e-4, "target");
+  expect_close(gpu.loss, cpu.loss, 1e-4, "loss");
+  expect_close(gpu.grad_q, cpu.grad_q, 1e-4, "grad q_I");
+  expect_close(gpu.grad_k, cpu.grad_k, 1e-4, "grad k_I");
+  expect_close(gpu.grad_w, cpu.grad_w, 1e-4, "grad w");
+}
+
+TEST_F(IndexerLossCudaTest, RejectsUnsupportedShapes) {
+  const auto opts = torch::TensorOptions(torch::kCUDA);
+  const auto q = torch::randn({4, 2, 70}, opts), key = torch::randn({8, 70}, opts);
+  const auto idx = torch::zeros({4, 3}, opts.dtype(torch::kInt));
+  try {
+    ops::selected_attention_mass(q, key, idx, torch::zeros({4, 2}, opts), 1.0);
+    FAIL() << "d_qk = 70 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 4"), std::string::npos) << e.what();
+  }
+  const auto qi = torch::randn({4, 8, 64}, opts), ki = torch::randn({8, 64}, opts);
+  const auto wi = torch::randn({4, 8}, opts);
+  try {
+    ops::index_score_backward(torch::zeros({4, 3}, opts), qi, ki, wi, idx);
+    FAIL() << "H_I = 8 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("H_I"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hyscale::test
