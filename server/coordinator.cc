@@ -27,10 +27,6 @@ constexpr int kEventBatch = 256;
 constexpr size_t kLogChunkBytes = 64 * 1024;
 // How often a waiting stream re-checks for a departed client.
 constexpr auto kStreamPoll = std::chrono::milliseconds(200);
-// Rendezvous ports are spread over [kPortBase, kPortBase + kPortSpan) by job and attempt, so a
-// restarted job does not wait for its previous attempt's port to leave TIME_WAIT.
-constexpr int kPortBase = 20000;
-constexpr int kPortSpan = 20000;
 // Backoff doubles per restart up to 2^kMaxBackoffDoublings times the base.
 constexpr int kMaxBackoffDoublings = 10;
 
@@ -159,9 +155,18 @@ absl::Status Coordinator::Load() {
     entry.queued_at = now;
     entry.restart_at = now + options_.restart_backoff;
     // A RUNNING job's ranks had all started; a SCHEDULED job's ranks are re-sent to workers that
-    // do not report them.
+    // do not report them. A rank 0 that published its rendezvous address had started too (so a
+    // worker coming back without it fails the attempt); until it has, the timeout runs again,
+    // with the grace workers get to come back and deliver what they hold.
     entry.ranks.assign(job.placement_size(),
                        RankState{job.state() == v1::JOB_STATE_RUNNING, false, false});
+    if (job.state() == v1::JOB_STATE_SCHEDULED && job.placement_size() > 1) {
+      if (!job.rendezvous().empty()) {
+        entry.ranks[0].started = true;
+      } else {
+        entry.rendezvous_deadline = now + options_.recovery_grace + options_.rendezvous_timeout;
+      }
+    }
     by_order_[entry.order] = job.id();
     if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
     Track(job.id(), job.state(), +1);
@@ -365,6 +370,7 @@ bool Coordinator::Start(JobEntry& entry, std::vector<v1::RankPlacement> placemen
   const bool first_placement = entry.job.state() == v1::JOB_STATE_PENDING;
   v1::Job updated = entry.job;
   updated.clear_placement();
+  updated.clear_rendezvous();
   std::set<std::string> hosts;
   for (auto& rank : placement) {
     hosts.insert(rank.worker_id());
@@ -379,7 +385,9 @@ bool Coordinator::Start(JobEntry& entry, std::vector<v1::RankPlacement> placemen
   if (metrics_ != nullptr && first_placement) {
     metrics_->JobScheduled(absl::ToDoubleSeconds(clock_->Now() - entry.queued_at));
   }
-  StartRanks(entry);
+  const int world = entry.job.placement_size();
+  if (world > 1) entry.rendezvous_deadline = clock_->Now() + options_.rendezvous_timeout;
+  StartRanks(entry, 0, world > 1 ? 1 : world);
   return true;
 }
 
@@ -393,20 +401,69 @@ v1::RunRank Coordinator::MakeRunRank(const JobEntry& entry,
   run.set_world_size(job.placement_size());
   *run.mutable_spec() = job.spec();
   run.set_device_index(placement.device_index());
-  const auto rank0 = workers_.find(job.placement(0).worker_id());
-  const std::string host = rank0 == workers_.end() ? "" : rank0->second.info.address();
-  const size_t port = kPortBase + (std::hash<std::string>{}(job.id()) + job.restarts()) % kPortSpan;
-  run.set_rendezvous(absl::StrCat(host, ":", port));
+  if (job.placement_size() > 1 && placement.rank() == 0) {
+    // Port 0: the trainer serves its store on a free port and publishes it.
+    const auto worker = workers_.find(placement.worker_id());
+    const std::string host = worker == workers_.end() ? "" : worker->second.info.address();
+    run.set_rendezvous(absl::StrCat(host, ":0"));
+  } else {
+    run.set_rendezvous(job.rendezvous());
+  }
   run.set_checkpoint_dir(CheckpointDir(job.id()));
   run.set_resume(job.restarts() > 0);
   return run;
 }
 
-void Coordinator::StartRanks(JobEntry& entry) {
-  for (const auto& placement : entry.job.placement()) {
+void Coordinator::StartRanks(JobEntry& entry, int first, int last) {
+  for (int rank = first; rank < last; ++rank) {
+    const v1::RankPlacement& placement = entry.job.placement(rank);
     v1::Assignment assignment;
     *assignment.mutable_run() = MakeRunRank(entry, placement);
     Send(placement.worker_id(), std::move(assignment));
+  }
+}
+
+bool Coordinator::Sendable(const v1::Job& job, int rank) {
+  if (job.placement_size() <= 1) return true;
+  // Rank 0 runs once per attempt: a second one would serve a store the others never hear of.
+  return rank == 0 ? job.rendezvous().empty() : !job.rendezvous().empty();
+}
+
+absl::Status Coordinator::PublishRendezvous(JobEntry& entry, v1::JobEvent event) {
+  v1::Job updated = entry.job;
+  const bool first = updated.placement_size() > 1 && updated.rendezvous().empty();
+  if (first) {
+    auto address = RendezvousAddress(event.trainer().json());
+    if (address.ok()) {
+      updated.set_rendezvous(*address);
+    } else {
+      std::fprintf(stderr, "hyscaled: job %s rank 0: %s\n", updated.id().c_str(),
+                   std::string(address.status().message()).c_str());
+    }
+  }
+  const bool published = !updated.rendezvous().empty() && first;
+  if (auto status = Commit(entry, std::move(updated), {std::move(event)}); !status.ok()) {
+    return status;
+  }
+  if (!published) return absl::OkStatus();
+  entry.rendezvous_deadline = absl::InfiniteFuture();
+  StartRanks(entry, 1, entry.job.placement_size());
+  return absl::OkStatus();
+}
+
+void Coordinator::ExpireRendezvous() {
+  const absl::Time now = clock_->Now();
+  // A copy: FailAttempt takes jobs out of placed_.
+  for (const std::string& id : std::vector<std::string>(placed_.begin(), placed_.end())) {
+    JobEntry& entry = jobs_.at(id);
+    if (entry.job.state() != v1::JOB_STATE_SCHEDULED || entry.job.placement_size() <= 1 ||
+        !entry.job.rendezvous().empty() || now < entry.rendezvous_deadline) {
+      continue;
+    }
+    // A failed write leaves the job as it was; the next Tick tries again.
+    (void)FailAttempt(entry,
+                      absl::StrCat("rank 0 did not publish its rendezvous address within ",
+                                   absl::ToDoubleSeconds(options_.rendezvous_timeout), " s"));
   }
 }
 
@@ -414,7 +471,10 @@ void Coordinator::StopRanks(const v1::Job& job, const std::vector<RankState>& ra
                             const std::string& reason) {
   for (const auto& placement : job.placement()) {
     const int rank = placement.rank();
-    if (rank < static_cast<int>(ranks.size()) && ranks[rank].exited) continue;
+    const bool known = rank < static_cast<int>(ranks.size());
+    if (known && ranks[rank].exited) continue;
+    // Ranks 1.. of a context-parallel job wait for rank 0's address: without one, never sent.
+    if (rank > 0 && job.rendezvous().empty() && !(known && ranks[rank].started)) continue;
     v1::Assignment assignment;
     auto* stop = assignment.mutable_stop();
     stop->mutable_ref()->set_job_id(job.id());
@@ -463,6 +523,7 @@ absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
     v1::Job updated = before;
     updated.set_restarts(before.restarts() + 1);
     updated.clear_placement();
+    updated.clear_rendezvous();  // the next attempt's rank 0 publishes its own
     const std::string reason =
         absl::StrCat(why, " (restart ", updated.restarts(), " of ", before.max_restarts(), ")");
     if (auto status = TransitionWith(entry, std::move(updated), v1::JOB_STATE_RESTARTING, reason);
@@ -988,7 +1049,7 @@ absl::StatusOr<std::shared_ptr<AssignmentQueue>> Coordinator::OpenAssignments(
   for (const std::string& id : placed_) {
     const JobEntry& entry = jobs_.at(id);
     for (const auto& placement : entry.job.placement()) {
-      if (placement.worker_id() != worker_id) continue;
+      if (placement.worker_id() != worker_id || !Sendable(entry.job, placement.rank())) continue;
       v1::RunRank run = MakeRunRank(entry, placement);
       const bool running =
           std::any_of(worker.info.running().begin(), worker.info.running().end(),
@@ -1054,6 +1115,9 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
         std::fprintf(stderr, "hyscaled: job %s rank %d: %s\n", job.id().c_str(), ref.rank(),
                      std::string(event.status().message()).c_str());
         return absl::OkStatus();  // a bad line is dropped, not retried
+      }
+      if (event->has_trainer() && event->trainer().event() == "rendezvous" && ref.rank() == 0) {
+        return PublishRendezvous(entry, *std::move(event));
       }
       v1::Job updated = job;
       if (event->has_step() && ref.rank() == 0) {
@@ -1168,6 +1232,7 @@ void Coordinator::Tick() {
     }
   }
   RestartJobsOnLostWorkers();
+  ExpireRendezvous();
   if (PassNeeded() || reasons_stale_) SchedulePass();
   if (metrics_ != nullptr) metrics_->Expire(now);
 }

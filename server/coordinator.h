@@ -5,6 +5,11 @@
 //
 // A job becomes SCHEDULED when the Scheduler places all its ranks (RunRank goes to each worker),
 // RUNNING when every rank reported its trainer started, SUCCEEDED when every rank exited 0.
+// A context-parallel job (ranks > 1) starts in two steps: only rank 0 is sent first, with
+// rendezvous "<its worker's address>:0"; its trainer serves the group's store on a port the
+// kernel picks and publishes "host:port" in a `rendezvous` event, which is stored with the job
+// (Job.rendezvous) before ranks 1.. are sent with it. No address within rendezvous_timeout fails
+// the attempt like a failed rank.
 // A rank exiting 2 (bad input) fails the job; any other failure, or the loss of a worker, stops
 // the job's other ranks and restarts it (attempt = restarts, resume from its checkpoints) after
 // restart_backoff x 2^(restarts-1), until max_restarts is used up. Reports of an older attempt
@@ -56,6 +61,9 @@ struct CoordinatorOptions {
   // The planner's device profile for GPU jobs (server/planner/profile.h); CPU jobs and jobs
   // that take any device are planned on "cpu".
   std::string gpu_profile = "h200";
+  // How long rank 0 of a context-parallel job gets, once placed, to publish its rendezvous
+  // address before the attempt fails.
+  absl::Duration rendezvous_timeout = absl::Seconds(120);
 };
 
 // Limits of SubmitJob's validation.
@@ -138,6 +146,8 @@ class Coordinator {
     std::vector<RankState> ranks;  // of the current attempt
     absl::Time queued_at;          // PENDING since (scheduling latency)
     absl::Time restart_at;         // RESTARTING: placed again from then on
+    // SCHEDULED context-parallel job whose rank 0 has not published: the attempt fails then.
+    absl::Time rendezvous_deadline = absl::InfiniteFuture();
   };
   struct WorkerEntry {
     v1::WorkerInfo info;
@@ -169,7 +179,16 @@ class Coordinator {
   void Apply(std::vector<Decision> decisions);
   // Makes `entry` SCHEDULED on `placement` and sends its ranks; false if that was not stored.
   bool Start(JobEntry& entry, std::vector<v1::RankPlacement> placement);
-  void StartRanks(JobEntry& entry);
+  // Sends RunRank to the placed ranks in [first, last).
+  void StartRanks(JobEntry& entry, int first, int last);
+  // Whether `rank` of the current attempt may be sent now: every rank of a single-rank job;
+  // rank 0 of a context-parallel job until it has published its address, the others after.
+  static bool Sendable(const v1::Job& job, int rank);
+  // Rank 0's `rendezvous` event (a TrainerEvent) for the current attempt: stores the address
+  // with `event` and sends the other ranks. A second one, or a bad address, only stores `event`.
+  absl::Status PublishRendezvous(JobEntry& entry, v1::JobEvent event);
+  // Fails the attempts of context-parallel jobs whose rank 0 did not publish in time.
+  void ExpireRendezvous();
   // Sends StopRank to every placed rank of `job` (as it was before a transition) that has not
   // exited; their slots stay busy until their worker stops reporting them.
   void StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,

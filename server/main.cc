@@ -42,6 +42,7 @@ struct Flags {
   int64_t heartbeat_interval_ms = 1000;
   int64_t heartbeat_timeout_ms = 0;  // 0: 3 x the interval
   int64_t restart_backoff_ms = 1000;
+  int64_t rendezvous_timeout_ms = 120'000;
   std::string checkpoint_root;
   std::string gpu_profile = "h200";
 };
@@ -74,6 +75,7 @@ int Run(const Flags& flags) {
       absl::Milliseconds(flags.heartbeat_timeout_ms > 0 ? flags.heartbeat_timeout_ms
                                                         : 3 * flags.heartbeat_interval_ms);
   options.restart_backoff = absl::Milliseconds(flags.restart_backoff_ms);
+  options.rendezvous_timeout = absl::Milliseconds(flags.rendezvous_timeout_ms);
   SystemClock clock;
   ServerMetrics metrics(kJobMetricsRetention);
   auto coordinator = Coordinator::Open(options, &clock, &metrics);
@@ -166,6 +168,11 @@ int main(int argc, char** argv) {
                  "Wait before the first restart of a failed job; doubles per restart")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
+  app.add_option("--rendezvous-timeout-ms", flags.rendezvous_timeout_ms,
+                 "Time rank 0 of a multi-rank job gets to publish its rendezvous address before "
+                 "the attempt fails")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
   app.add_option("--checkpoint-root", flags.checkpoint_root,
                  "Where jobs' checkpoint directories go (default <data-dir>/checkpoints)");
   app.add_option("--gpu-profile", flags.gpu_profile,

@@ -1,8 +1,17 @@
 #include "server/trainer_events.h"
 
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+
 #include <nlohmann/json.hpp>
 
 namespace hyscale::server {
+namespace {
+
+// A host name is at most 253 bytes; the rest is slack for the port.
+constexpr size_t kMaxAddressBytes = 300;
+
+}  // namespace
 
 absl::StatusOr<v1::JobEvent> ParseTrainerEvent(int rank, const std::string& line) {
   const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -46,6 +55,27 @@ absl::StatusOr<v1::JobEvent> ParseTrainerEvent(int rank, const std::string& line
     return absl::InvalidArgumentError(std::string("event_json: step event: ") + e.what());
   }
   return event;
+}
+
+absl::StatusOr<std::string> RendezvousAddress(const std::string& line) {
+  const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.contains("address") || !json["address"].is_string()) {
+    return absl::InvalidArgumentError("rendezvous event: no string \"address\"");
+  }
+  const std::string address = json["address"].get<std::string>();
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (address.size() > kMaxAddressBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous event: address longer than ", kMaxAddressBytes, " bytes"));
+  }
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous event: address must be host:port with a port in 1..65535, got '",
+                     address, "'"));
+  }
+  return address;
 }
 
 }  // namespace hyscale::server

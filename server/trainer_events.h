@@ -14,4 +14,8 @@ namespace hyscale::server {
 // the line is not a JSON object with a string "event" or a step field has the wrong type.
 absl::StatusOr<v1::JobEvent> ParseTrainerEvent(int rank, const std::string& line);
 
+// The "address" of a `rendezvous` event line: "host:port" with a non-empty host and a port in
+// 1..65535 (the trainer's port 0 request resolved). INVALID_ARGUMENT otherwise.
+absl::StatusOr<std::string> RendezvousAddress(const std::string& line);
+
 }  // namespace hyscale::server

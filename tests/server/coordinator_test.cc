@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "proto/job_spec.h"
@@ -111,6 +113,21 @@ class CoordinatorTest : public ::testing::Test {
     if (response != nullptr) *response = *result;
   }
 
+  // Rank 0's trainer publishing the store it serves.
+  void Publish(const std::string& worker, const v1::RankRef& ref, const std::string& address) {
+    EventLine(worker, ref,
+              R"({"event":"rendezvous","time":1,"address":")" + address + R"(","world_size":2})");
+  }
+  // Advances the clock by `total` in 1 s steps, each followed by a heartbeat of every worker in
+  // `running` (with the ranks it runs) and a Tick.
+  void Pass(absl::Duration total, const std::map<std::string, std::vector<v1::RankRef>>& running) {
+    for (absl::Duration left = total; left > absl::ZeroDuration(); left -= absl::Seconds(1)) {
+      clock_.Advance(std::min(left, absl::Seconds(1)));
+      for (const auto& [worker, refs] : running) Heartbeat(worker, refs);
+      c_->Tick();
+    }
+  }
+
   v1::JobState State(const std::string& job_id) { return c_->GetJob(job_id)->state(); }
 
   std::vector<v1::JobEvent> Events(const std::string& job_id, int64_t after = 0) {
@@ -151,7 +168,7 @@ TEST_F(CoordinatorTest, JobRunsToSuccess) {
   EXPECT_EQ(run.world_size(), 1);
   EXPECT_FALSE(run.resume());
   EXPECT_EQ(run.checkpoint_dir(), dir_ + "/checkpoints/" + job.id());
-  EXPECT_EQ(run.rendezvous().rfind("w1.local:", 0), 0u);
+  EXPECT_EQ(run.rendezvous(), "");  // a single rank meets nobody
   EXPECT_EQ(run.spec().name(), "tiny");
 
   Started("w1", run.ref());
@@ -236,7 +253,7 @@ TEST_F(CoordinatorTest, PendingUntilAWorkerFits) {
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_PENDING);
   auto queue = Register("big", 2);
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
-  EXPECT_EQ(Drain(queue).size(), 2u);
+  EXPECT_EQ(Drain(queue).size(), 1u);  // rank 0 first, to publish its rendezvous address
 }
 
 // Counts the coordinator's writes to the jobs table, through triggers another connection adds.
@@ -436,15 +453,14 @@ TEST_F(CoordinatorTest, OneRankFailingStopsTheOthers) {
   auto q1 = Register("w1", 1);
   auto q2 = Register("w2", 1);
   const v1::Job job = Submit(2, 0, 1);
-  auto a1 = Drain(q1);
-  auto a2 = Drain(q2);
-  ASSERT_EQ(a1.size() + a2.size(), 2u);
   const v1::RankRef ref0 = Ref(job.id(), 0, 0);
   const v1::RankRef ref1 = Ref(job.id(), 1, 0);
   const std::string w0 = c_->GetJob(job.id())->placement(0).worker_id();
   const std::string w1 = c_->GetJob(job.id())->placement(1).worker_id();
   auto& q_rank0 = w0 == "w1" ? q1 : q2;
   Started(w0, ref0);
+  Publish(w0, ref0, w0 + ".local:29400");
+  ASSERT_EQ(Drain(q1).size() + Drain(q2).size(), 2u);
   Started(w1, ref1);
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
   Exited(w1, ref1, 1);
@@ -461,6 +477,197 @@ TEST_F(CoordinatorTest, OneRankFailingStopsTheOthers) {
   Heartbeat(w0, {});
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
   EXPECT_EQ(c_->GetJob(job.id())->restarts(), 1);
+}
+
+// Rank 0 of a context-parallel job goes first, with port 0; the address it publishes is stored
+// with the job and only then are the other ranks sent, with it.
+TEST_F(CoordinatorTest, ContextParallelJobStartsRankZeroFirst) {
+  auto q1 = Register("w1", 1);
+  auto q2 = Register("w2", 1);
+  const v1::Job job = Submit(2);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(job.rendezvous(), "");
+  const std::string w0 = job.placement(0).worker_id();
+  const std::string w1 = job.placement(1).worker_id();
+  ASSERT_NE(w0, w1);
+  auto& q_rank0 = w0 == "w1" ? q1 : q2;
+  auto& q_rank1 = w0 == "w1" ? q2 : q1;
+  auto first = Drain(q_rank0);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_TRUE(Drain(q_rank1).empty());
+  const v1::RunRank& run0 = first[0].run();
+  EXPECT_EQ(run0.ref().rank(), 0);
+  EXPECT_EQ(run0.world_size(), 2);
+  EXPECT_EQ(run0.rendezvous(), w0 + ".local:0");
+
+  Started(w0, run0.ref());
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);  // rank 1 has not started
+  // Rank 1 publishes nothing, and an address without a real port is no address.
+  Publish(w1, Ref(job.id(), 1, 0), "w1.local:1234");
+  Publish(w0, run0.ref(), w0 + ".local:0");
+  EXPECT_TRUE(Drain(q_rank1).empty());
+  EXPECT_EQ(c_->GetJob(job.id())->rendezvous(), "");
+
+  Publish(w0, run0.ref(), w0 + ".local:29400");
+  EXPECT_EQ(c_->GetJob(job.id())->rendezvous(), w0 + ".local:29400");
+  auto second = Drain(q_rank1);
+  ASSERT_EQ(second.size(), 1u);
+  const v1::RunRank& run1 = second[0].run();
+  EXPECT_EQ(run1.ref().rank(), 1);
+  EXPECT_EQ(run1.world_size(), 2);
+  EXPECT_EQ(run1.rendezvous(), w0 + ".local:29400");
+  EXPECT_TRUE(Drain(q_rank0).empty());
+
+  // A second publication changes nothing: the ranks already have the first.
+  Publish(w0, run0.ref(), w0 + ".local:29401");
+  EXPECT_EQ(c_->GetJob(job.id())->rendezvous(), w0 + ".local:29400");
+  EXPECT_TRUE(Drain(q_rank0).empty());
+  EXPECT_TRUE(Drain(q_rank1).empty());
+  // A reopened stream resends rank 1 (not running yet), never rank 0 (it has run).
+  q_rank0 = *c_->OpenAssignments(w0);
+  q_rank1 = *c_->OpenAssignments(w1);
+  EXPECT_TRUE(Drain(q_rank0).empty());
+  ASSERT_EQ(Drain(q_rank1).at(0).run().rendezvous(), w0 + ".local:29400");
+
+  Started(w1, run1.ref());
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
+  Exited(w0, run0.ref(), 0);
+  Exited(w1, run1.ref(), 0);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SUCCEEDED);
+  int published = 0;
+  for (const auto& event : Events(job.id())) {
+    if (event.trainer().event() == "rendezvous") ++published;
+  }
+  EXPECT_EQ(published, 4);  // every line is in the job's events, whatever it did
+}
+
+// The coordinator dies after storing rank 0's address, before rank 1 got its RunRank: once the
+// workers are back, rank 1 is sent the stored address and rank 0 keeps running.
+TEST_F(CoordinatorTest, PublishedAddressSurvivesCoordinatorRestart) {
+  auto q1 = Register("w1", 1);
+  auto q2 = Register("w2", 1);
+  const v1::Job job = Submit(2);
+  const std::string w0 = job.placement(0).worker_id();
+  const std::string w1 = job.placement(1).worker_id();
+  const v1::RankRef ref0 = Ref(job.id(), 0, 0);
+  Started(w0, ref0);
+  Publish(w0, ref0, "10.0.0.7:29400");
+
+  c_.reset();  // rank 1's RunRank is lost with the queues
+  Open();
+  auto reloaded = c_->GetJob(job.id());
+  EXPECT_EQ(reloaded->state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(reloaded->rendezvous(), "10.0.0.7:29400");
+  auto q_rank0 = Register(w0, 1, {ref0});
+  auto q_rank1 = Register(w1, 1);
+  EXPECT_TRUE(Drain(q_rank0).empty());
+  auto resent = Drain(q_rank1);
+  ASSERT_EQ(resent.size(), 1u);
+  EXPECT_EQ(resent[0].run().ref().rank(), 1);
+  EXPECT_EQ(resent[0].run().rendezvous(), "10.0.0.7:29400");
+  // Long past the rendezvous timeout: the address is in, nothing expires.
+  Pass(absl::Seconds(200), {{w0, {ref0}}, {w1, {}}});
+  Started(w1, resent[0].run().ref());
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(c_->GetJob(job.id())->restarts(), 0);
+}
+
+// After a coordinator restart, a rank 0 that had published but is gone when its worker returns
+// fails the attempt: a new rank 0 would serve a store rank 1 never hears of.
+TEST_F(CoordinatorTest, PublishedRankZeroMissingAfterCoordinatorRestartFailsTheAttempt) {
+  Register("w1", 2);
+  const v1::Job job = Submit(2, 0, 1);
+  const v1::RankRef ref0 = Ref(job.id(), 0, 0);
+  Started("w1", ref0);
+  Publish("w1", ref0, "w1.local:29400");
+  c_.reset();
+  Open();
+  auto queue = Register("w1", 2);
+  auto restarting = c_->GetJob(job.id());
+  EXPECT_EQ(restarting->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(restarting->reason().find("rank 0 is no longer running"), std::string::npos)
+      << restarting->reason();
+  EXPECT_EQ(restarting->rendezvous(), "");
+  EXPECT_TRUE(Drain(queue).empty());
+}
+
+// No address within the timeout (120 s by default) fails the attempt like a failed rank: a
+// restart while restarts remain, then FAILED. Each attempt publishes afresh; an older attempt's
+// publication is ignored.
+TEST_F(CoordinatorTest, RendezvousTimeoutRestartsThenFails) {
+  auto queue = Register("w1", 2);
+  const v1::Job job = Submit(2, 0, /*max_restarts=*/1);
+  auto run0 = Drain(queue).at(0).run();
+  ASSERT_EQ(run0.ref().rank(), 0);
+  Started("w1", run0.ref());
+  Pass(absl::Seconds(119), {{"w1", {run0.ref()}}});
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  Pass(absl::Seconds(1), {{"w1", {run0.ref()}}});
+  auto restarting = c_->GetJob(job.id());
+  EXPECT_EQ(restarting->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(restarting->reason(),
+            "rank 0 did not publish its rendezvous address within 120 s (restart 1 of 1)");
+  auto stops = Drain(queue);
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].stop().ref().rank(), 0);
+
+  // Once the old rank 0 is gone and the backoff is over, the new attempt starts with rank 0.
+  Pass(absl::Seconds(2), {{"w1", {}}});
+  ASSERT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  auto sent = Drain(queue);
+  ASSERT_EQ(sent.size(), 1u);
+  run0 = sent[0].run();
+  EXPECT_EQ(run0.ref().rank(), 0);
+  EXPECT_EQ(run0.ref().attempt(), 1);
+  EXPECT_EQ(run0.rendezvous(), "w1.local:0");
+  // The first attempt's rank 0, late: ignored.
+  Publish("w1", Ref(job.id(), 0, 0), "w1.local:29400");
+  EXPECT_EQ(c_->GetJob(job.id())->rendezvous(), "");
+  EXPECT_TRUE(Drain(queue).empty());
+
+  Started("w1", run0.ref());
+  Pass(absl::Seconds(120), {{"w1", {run0.ref()}}});
+  auto failed = c_->GetJob(job.id());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->reason(),
+            "rank 0 did not publish its rendezvous address within 120 s (max_restarts 1 used up)");
+}
+
+// A restart clears the address; the next attempt's rank 0 publishes its own, which the other
+// ranks get. A coordinator restart before it publishes restarts the timeout (plus the grace).
+TEST_F(CoordinatorTest, RestartClearsTheAddress) {
+  auto queue = Register("w1", 2);
+  const v1::Job job = Submit(2, 0, /*max_restarts=*/1);
+  const v1::RankRef ref0 = Ref(job.id(), 0, 0);
+  const v1::RankRef ref1 = Ref(job.id(), 1, 0);
+  Started("w1", ref0);
+  Publish("w1", ref0, "w1.local:29400");
+  Started("w1", ref1);
+  ASSERT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
+  Exited("w1", ref1, 1);
+  EXPECT_EQ(c_->GetJob(job.id())->rendezvous(), "");
+  Pass(absl::Seconds(2), {{"w1", {}}});
+  ASSERT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  queue = Register("w1", 2);  // drops what was queued before
+  auto sent = Drain(queue);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].run().ref().attempt(), 1);
+  EXPECT_EQ(sent[0].run().ref().rank(), 0);
+
+  c_.reset();
+  Open();
+  queue = Register("w1", 2, {Ref(job.id(), 0, 1)});
+  EXPECT_TRUE(Drain(queue).empty());
+  // 120 s + the 5 s recovery grace from the reload.
+  Pass(absl::Seconds(124), {{"w1", {Ref(job.id(), 0, 1)}}});
+  ASSERT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  Publish("w1", Ref(job.id(), 0, 1), "w1.local:29411");
+  sent = Drain(queue);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].run().ref().rank(), 1);
+  EXPECT_EQ(sent[0].run().ref().attempt(), 1);
+  EXPECT_EQ(sent[0].run().rendezvous(), "w1.local:29411");
+  EXPECT_TRUE(sent[0].run().resume());
 }
 
 TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
