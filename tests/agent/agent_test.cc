@@ -276,6 +276,57 @@ TEST_F(AgentTest, RetriesRegistrationUntilCoordinatorComesUp) {
   ASSERT_TRUE(WaitForExit("job-late"));
 }
 
+// A context-parallel job through the agent: rank 0 is given port 0 and its rendezvous event (the
+// store it serves) reaches the coordinator; rank 1 then runs with the published address.
+TEST_F(AgentTest, ContextParallelRanksGetTheirRendezvous) {
+  StartAgent();
+  ASSERT_TRUE(WaitForStream());
+  auto& fake = service();
+  const auto exited = [&](int rank) {
+    return fake.WaitUntil([&] {
+      for (const auto& report : fake.reports_locked()) {
+        if (report.ref().job_id() == "job-cp" && report.ref().rank() == rank &&
+            report.has_exited()) {
+          return true;
+        }
+      }
+      return false;
+    });
+  };
+  // The event line `name` of `rank`, and its exit code.
+  const auto outcome = [&](int rank, const std::string& name) {
+    std::pair<std::string, int> result{"", -2};
+    for (const auto& report : ReportsOf(fake.reports(), "job-cp")) {
+      if (report.ref().rank() != rank) continue;
+      if (report.event_json().find("\"event\":\"" + name + "\"") != std::string::npos) {
+        result.first = report.event_json();
+      }
+      if (report.has_exited()) result.second = report.exited().exit_code();
+    }
+    return result;
+  };
+
+  v1::Assignment rank0 = RunAssignment("rendezvous", "job-cp");
+  rank0.mutable_run()->set_world_size(2);
+  rank0.mutable_run()->set_rendezvous("127.0.0.1:0");
+  fake.Push(rank0);
+  ASSERT_TRUE(exited(0));
+  const auto [published, code0] = outcome(0, "rendezvous");
+  EXPECT_EQ(code0, 0);
+  EXPECT_NE(published.find("\"address\":\"127.0.0.1:29517\""), std::string::npos) << published;
+  EXPECT_NE(published.find("\"world_size\":2"), std::string::npos) << published;
+
+  v1::Assignment rank1 = rank0;
+  rank1.mutable_run()->mutable_ref()->set_rank(1);
+  rank1.mutable_run()->set_device_index(1);
+  rank1.mutable_run()->set_rendezvous("127.0.0.1:29517");
+  fake.Push(rank1);
+  ASSERT_TRUE(exited(1));
+  const auto [joined, code1] = outcome(1, "joined");
+  EXPECT_EQ(code1, 0);
+  EXPECT_NE(joined.find("\"rendezvous\":\"127.0.0.1:29517\""), std::string::npos) << joined;
+}
+
 // With HYSCALE_TEST_TRAINER pointing at a built hyscale-train, a tiny real job runs end to end
 // through the agent: real event lines, checkpoints in the assigned directory, exit 0.
 TEST(AgentRealTrainerTest, TrainsTinyJob) {

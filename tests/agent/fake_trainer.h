@@ -4,6 +4,9 @@
 //   slow      like ok but 0.3 s between steps (10 steps)
 //   sleep     job_started, starts a child (its pid in <rank dir>/child.pid), sleeps
 //   stubborn  like sleep but ignores SIGTERM
+//   rendezvous  a context-parallel rank: rank 0 must get port 0 and publishes 29517 on its host
+//             in a rendezvous event (exit 1 otherwise); other ranks echo HYSCALE_RENDEZVOUS in
+//             a "joined" event
 #pragma once
 
 #include <sys/stat.h>
@@ -36,6 +39,16 @@ case "$mode" in
     sleep 1000 &
     echo $! > "$rankdir/child.pid"
     wait;;
+  rendezvous)
+    if [ "$HYSCALE_RANK" = 0 ]; then
+      case "$HYSCALE_RENDEZVOUS" in
+        *:0) ;;
+        *) echo "rank 0 was given $HYSCALE_RENDEZVOUS, not port 0" >&2; exit 1;;
+      esac
+      echo "{\"event\":\"rendezvous\",\"time\":1,\"address\":\"${HYSCALE_RENDEZVOUS%:0}:29517\",\"world_size\":$HYSCALE_WORLD_SIZE}"
+    else
+      echo "{\"event\":\"joined\",\"time\":1,\"rendezvous\":\"$HYSCALE_RENDEZVOUS\"}"
+    fi;;
   slow)
     i=1
     while [ $i -le 10 ]; do
