@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "server/planner/flops.h"
 #include "server/planner/planner.h"
 
 namespace hyscale::server::planner {
@@ -14,8 +15,6 @@ namespace {
 constexpr double kTera = 1e12;
 constexpr double kGiga = 1e9;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
-// Attention backward / forward FLOPs: 2H(3 d_qk + 2 d_v) / 2H(d_qk + d_v) = 2.53 at 576 / 512.
-constexpr double kBackwardFlops = 2.5;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
 
@@ -145,7 +144,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   out.imbalance = causal / (N * (N + 1) / 2 / p);
   const double k = std::min<double>(w.topk, N);
   const double topk_rate = (megatron ? prof.table_topk_tflops : prof.flash_topk_tflops) * kTera;
-  const double selection = 2 * hi * di * causal / topk_rate;
+  const double selection = SelectionFlops(hi, di, causal) / topk_rate;
   // Index scores at the k selected entries: replay's recomputation and the indexer loss backward.
   const double score_gather = 2 * hi * di * k * n / (prof.flash_topk_tflops * kTera);
 
@@ -158,12 +157,12 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     attn_fwd = 2 * H * (dqk + dv) * causal / (rate.fwd_tflops * kTera);
     attn_bwd = kBackwardFlops * 2 * H * (dqk + dv) * causal / (rate.bwd_tflops * kTera);
   } else if (megatron) {  // gather keys per query, then matmul-softmax-matmul: measured rates
-    const double flops = 2 * H * k * (dqk + dv) * n;
+    const double flops = AttentionFlops(H, dqk, dv, k * n);
     attn_fwd = flops / (prof.gather_fwd_tflops * kTera);
     attn_bwd = kBackwardFlops * flops / (prof.gather_bwd_tflops * kTera);
   } else {
     const SparseAttentionRate& rate = prof.sparse_attention.at(c.group);
-    const double issued = 2 * H * k * (dqk + dv) * n * c.group / rate.dedup;
+    const double issued = AttentionFlops(H, dqk, dv, k * n * c.group / rate.dedup);
     const double loaded = n * k * row_bytes / rate.dedup;
     attn_fwd = std::max(issued / (rate.fwd_tflops * kTera), loaded / hbm);
     attn_bwd = std::max(kBackwardFlops * issued / (rate.bwd_tflops * kTera), 2 * loaded / hbm);

@@ -193,8 +193,21 @@ absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profi
     return v.is_number() && v.get<double>() > 0;
   };
   for (const auto& [key, value] : doc.items()) {
-    if (key == "device" || key == "source") {
+    if (key == "device" || key == "source" || key == "device_name" || key == "commit" ||
+        key == "date") {
       if (!value.is_string()) return absl::InvalidArgumentError("calibration." + key + ": string");
+      continue;
+    }
+    // How the figures were measured, for people: kept in the file, not used by the model.
+    if (key == "shapes" || key == "measurements") {
+      if (!value.is_object()) return absl::InvalidArgumentError("calibration." + key + ": object");
+      continue;
+    }
+    if (key == "notes") {
+      const bool strings =
+          value.is_array() &&
+          std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_string(); });
+      if (!strings) return absl::InvalidArgumentError("calibration.notes: array of strings");
       continue;
     }
     if (const auto figure = figures.find(key); figure != figures.end()) {

@@ -61,7 +61,9 @@ std::vector<std::string> BuiltinProfileNames();
 //    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "kernel_launch_s": 5e-6,
 //    "sparse_attention": [{"group": 4, "fwd_tflops": 500, "bwd_tflops": 200, "dedup": 3.4}]}
 // Every key is optional; an unknown key, a non-positive figure or a group outside kQueryGroups is
-// an error naming it. Each replaced figure's source becomes "calibrated: <source>".
+// an error naming it. Each replaced figure's source becomes "calibrated: <source>". Descriptive
+// keys are checked for type and otherwise ignored: "device_name", "commit", "date" (strings),
+// "shapes", "measurements" (objects) and "notes" (strings), as hyscale-calibrate writes them.
 absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profile);
 absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile);
 

@@ -1,0 +1,26 @@
+// The FLOP counts behind the device profile's rates (profile.h), shared by the cost model and the
+// calibration tool (worker/calibrate): a measured rate must divide the same count the model
+// multiplies. Header-only and dependency-free, so the tool need not link the planner.
+#pragma once
+
+namespace hyscale::server::planner {
+
+// Attention backward / forward FLOPs: 2H(3 d_qk + 2 d_v) / 2H(d_qk + d_v) = 2.53 at 576 / 512.
+inline constexpr double kBackwardFlops = 2.5;
+
+// (query, key) pairs a causal sequence of n tokens scores: sum of (t + 1).
+inline double CausalPairs(double n) {
+  return n * (n + 1) / 2;
+}
+
+// Lightning-indexer scoring (FlashTopK or the score table): 2 H_I d_I per scored pair.
+inline double SelectionFlops(double indexer_heads, double indexer_dim, double pairs) {
+  return 2 * indexer_heads * indexer_dim * pairs;
+}
+
+// Attention forward over `pairs` (query, key) pairs: Q.K and P.V for every head.
+inline double AttentionFlops(double heads, double dim_qk, double dim_v, double pairs) {
+  return 2 * heads * (dim_qk + dim_v) * pairs;
+}
+
+}  // namespace hyscale::server::planner

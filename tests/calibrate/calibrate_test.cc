@@ -1,0 +1,217 @@
+// hyscale-calibrate as a user runs it: its --quick file must be one the planner loads, replacing
+// the figures it names; bad flags exit 2 naming the flag; `hyscale plan --calibration` takes it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "server/planner/profile.h"
+
+namespace hyscale::calibrate {
+namespace {
+
+namespace planner = server::planner;
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+std::string Quote(const std::string& arg) {
+  std::string quoted = "'";
+  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+Result RunCommand(const std::string& binary, const std::vector<std::string>& args) {
+  std::string command = Quote(binary);
+  for (const auto& arg : args) command += " " + Quote(arg);
+  command += " 2>&1";
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+Result Calibrate(const std::vector<std::string>& args) {
+  return RunCommand(HYSCALE_CALIBRATE_BIN, args);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class CalibrateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("hyscale_calibrate_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+};
+
+constexpr const char* kFigures[] = {"dense_tflops",      "hbm_gbps",          "flash_topk_tflops",
+                                    "table_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
+                                    "kernel_launch_s"};
+
+double Figure(const planner::DeviceProfile& p, const std::string& name) {
+  if (name == "dense_tflops") return p.dense_tflops;
+  if (name == "hbm_gbps") return p.hbm_gbps;
+  if (name == "flash_topk_tflops") return p.flash_topk_tflops;
+  if (name == "table_topk_tflops") return p.table_topk_tflops;
+  if (name == "gather_fwd_tflops") return p.gather_fwd_tflops;
+  if (name == "gather_bwd_tflops") return p.gather_bwd_tflops;
+  return p.kernel_launch_s;
+}
+
+TEST_F(CalibrateTest, QuickCpuRunWritesAFileThePlannerLoads) {
+  const std::string out = Path("cpu.json");
+  const Result run = Calibrate({"--quick", "--device", "cpu", "--out", out});
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto doc = nlohmann::json::parse(ReadFile(out));
+  EXPECT_EQ(doc["device"], "cpu");
+  EXPECT_NE(doc["source"].get<std::string>().find("hyscale-calibrate"), std::string::npos);
+  EXPECT_TRUE(doc["date"].is_string());
+  EXPECT_EQ(doc["shapes"]["seq_len"], 128);
+  // Only G = 1 on the CPU, and the notes say so; collectives are skipped with a note too.
+  ASSERT_EQ(doc["sparse_attention"].size(), 1u);
+  EXPECT_EQ(doc["sparse_attention"][0]["group"], 1);
+  EXPECT_EQ(doc["sparse_attention"][0]["dedup"], 1.0);
+  const std::string notes = doc["notes"].dump();
+  EXPECT_NE(notes.find("G = 1 only"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("collective figures"), std::string::npos) << notes;
+
+  auto profile = planner::BuiltinProfile("cpu");
+  ASSERT_TRUE(profile.ok());
+  const planner::DeviceProfile builtin = *profile;
+  ASSERT_TRUE(planner::LoadCalibration(out, &*profile).ok());
+  for (const char* name : kFigures) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(doc.contains(name));
+    EXPECT_GT(doc[name].get<double>(), 0);
+    EXPECT_EQ(Figure(*profile, name), doc[name].get<double>());
+    EXPECT_EQ(profile->sources.at(name).rfind("calibrated: hyscale-calibrate", 0), 0u)
+        << profile->sources.at(name);
+  }
+  const auto& g1 = profile->sparse_attention.at(1);
+  EXPECT_EQ(g1.fwd_tflops, doc["sparse_attention"][0]["fwd_tflops"].get<double>());
+  EXPECT_EQ(g1.bwd_tflops, doc["sparse_attention"][0]["bwd_tflops"].get<double>());
+  EXPECT_NE(g1.fwd_tflops, builtin.sparse_attention.at(1).fwd_tflops);
+  // Groups the CPU cannot measure keep the built-in figures.
+  EXPECT_EQ(profile->sparse_attention.at(4).fwd_tflops, builtin.sparse_attention.at(4).fwd_tflops);
+  EXPECT_EQ(profile->sparse_attention.at(4).dedup, builtin.sparse_attention.at(4).dedup);
+}
+
+TEST_F(CalibrateTest, BadFlagsExit2NamingTheFlag) {
+  const std::string out = Path("never.json");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--quick"}, "--out"},
+      {{"--out", Path("no/such/dir/f.json")}, "--out"},
+      {{"--out", out, "--device", "tpu"}, "--device"},
+      {{"--out", out, "--seq-len", "0"}, "--seq-len"},
+      {{"--out", out, "--seq-len", "many"}, "--seq-len"},
+      {{"--out", out, "--quick", "--device", "cpu", "--seq-len", "64", "--topk", "128"}, "--topk"},
+      {{"--out", out, "--runs", "0"}, "--runs"},
+      {{"--out", out, "--bogus"}, "--bogus"},
+  };
+  for (const auto& [args, flag] : cases) {
+    const Result run = Calibrate(args);
+    SCOPED_TRACE(::testing::PrintToString(args));
+    EXPECT_EQ(run.code, 2) << run.output;
+    EXPECT_NE(run.output.find(flag), std::string::npos) << run.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST_F(CalibrateTest, PlanUsesTheCalibration) {
+  const std::string out = Path("cpu.json");
+  ASSERT_EQ(Calibrate({"--quick", "--device", "cpu", "--out", out}).code, 0);
+  const std::string spec = Path("job.yaml");
+  std::ofstream(spec) << R"(name: tiny
+model:
+  vocab_size: 160
+  d_model: 32
+  layers: 1
+  heads: 2
+  head_dim_qk: 16
+  rope_dim: 8
+  head_dim_v: 16
+  d_ff: 64
+  indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 16}
+data:
+  seq_len: 64
+  batch_size: 2
+  recall: {pairs: 4, queries: 4, key_vocab: 64, value_vocab: 64}
+stages:
+  - {name: sparse, steps: 20, lr: 1.0e-3, attention: SPARSE, trains: ALL}
+)";
+  const Result plan = RunCommand(HYSCALE_CLI_BIN, {"-o", "json", "plan", spec, "--gpus", "1",
+                                                   "--gpu", "cpu", "--calibration", out});
+  ASSERT_EQ(plan.code, 0) << plan.output;
+  const auto doc = nlohmann::json::parse(plan.output);
+  EXPECT_EQ(doc["profile"], "cpu");
+  EXPECT_EQ(doc["sources"]["dense_tflops"].get<std::string>().rfind("calibrated: ", 0), 0u);
+  EXPECT_EQ(doc["sources"]["sparse_attention[1].fwd_tflops"].get<std::string>().rfind(
+                "calibrated: hyscale-calibrate", 0),
+            0u);
+  // Against the built-in figures the predicted step differs.
+  const Result builtin =
+      RunCommand(HYSCALE_CLI_BIN, {"-o", "json", "plan", spec, "--gpus", "1", "--gpu", "cpu"});
+  ASSERT_EQ(builtin.code, 0) << builtin.output;
+  EXPECT_NE(nlohmann::json::parse(builtin.output)["candidates"][0]["step_seconds"],
+            doc["candidates"][0]["step_seconds"]);
+}
+
+TEST_F(CalibrateTest, DescriptiveKeysAreCheckedNotUsed) {
+  auto profile = planner::BuiltinProfile("cpu");
+  ASSERT_TRUE(profile.ok());
+  EXPECT_TRUE(planner::ApplyCalibration(
+                  R"({"device": "cpu", "device_name": "cpu", "commit": "abc", "date": "today",
+                      "shapes": {"seq_len": 8}, "measurements": {}, "notes": ["n"]})",
+                  &*profile)
+                  .ok());
+  for (const char* bad : {R"({"notes": "one"})", R"({"shapes": 3})", R"({"commit": 1})"}) {
+    const auto status = planner::ApplyCalibration(bad, &*profile);
+    EXPECT_FALSE(status.ok()) << bad;
+  }
+  EXPECT_NE(planner::ApplyCalibration(R"({"notes": [1]})", &*profile).message().find("notes"),
+            std::string::npos);
+}
+
+TEST_F(CalibrateTest, QuickCudaRunMeasuresEveryGroup) {
+  const std::string out = Path("cuda.json");
+  const Result run = Calibrate({"--quick", "--device", "cuda", "--out", out});
+  if (run.code == 2 && run.output.find("--device cuda") != std::string::npos) {
+    GTEST_SKIP() << "no CUDA here: " << run.output;
+  }
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto doc = nlohmann::json::parse(ReadFile(out));
+  ASSERT_EQ(doc["sparse_attention"].size(), 5u) << doc.dump(2);  // k = 512: G = 1 .. 16
+  for (const auto& row : doc["sparse_attention"]) {
+    EXPECT_GE(row["dedup"].get<double>(), 1.0) << row.dump();
+  }
+  auto profile = planner::BuiltinProfile("h200");
+  ASSERT_TRUE(profile.ok());
+  EXPECT_TRUE(planner::LoadCalibration(out, &*profile).ok());
+}
+
+}  // namespace
+}  // namespace hyscale::calibrate

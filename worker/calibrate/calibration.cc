@@ -1,0 +1,73 @@
+#include "worker/calibrate/calibration.h"
+
+#include <absl/strings/str_cat.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace hyscale::calibrate {
+namespace {
+
+constexpr double kTera = 1e12, kGiga = 1e9;
+
+nlohmann::json Timing(const Measurement& m, const char* work) {
+  return {{"median_s", m.seconds}, {work, m.work}};
+}
+
+}  // namespace
+
+nlohmann::json ToJson(const Calibration& c) {
+  const Shapes& s = c.shapes;
+  nlohmann::json doc;
+  doc["device"] = c.device;
+  doc["device_name"] = c.device_name;
+  doc["source"] =
+      absl::StrCat("hyscale-calibrate at ", c.commit.empty() ? "an unknown commit" : c.commit,
+                   " on ", c.device_name, ", N = ", s.seq_len, ", k = ", s.topk, ", ", c.date);
+  if (!c.commit.empty()) doc["commit"] = c.commit;
+  doc["date"] = c.date;
+  doc["dense_tflops"] = c.dense.Rate() / kTera;
+  doc["hbm_gbps"] = c.copy.Rate() / kGiga;
+  doc["flash_topk_tflops"] = c.flash_topk.Rate() / kTera;
+  doc["table_topk_tflops"] = c.table_topk.Rate() / kTera;
+  doc["gather_fwd_tflops"] = c.gather.fwd.Rate() / kTera;
+  doc["gather_bwd_tflops"] = c.gather.bwd.Rate() / kTera;
+  doc["kernel_launch_s"] = c.kernel_launch_s;
+  nlohmann::json sparse = nlohmann::json::array();
+  nlohmann::json sparse_timings = nlohmann::json::array();
+  for (const auto& m : c.sparse_attention) {
+    sparse.push_back({{"group", m.group},
+                      {"fwd_tflops", m.fwd.Rate() / kTera},
+                      {"bwd_tflops", m.bwd.Rate() / kTera},
+                      {"dedup", m.dedup}});
+    sparse_timings.push_back(
+        {{"group", m.group}, {"fwd", Timing(m.fwd, "flops")}, {"bwd", Timing(m.bwd, "flops")}});
+  }
+  doc["sparse_attention"] = sparse;
+  doc["shapes"] = ToJson(s);
+  doc["measurements"] = {
+      {"dense", Timing(c.dense, "flops")},           {"copy", Timing(c.copy, "bytes")},
+      {"flash_topk", Timing(c.flash_topk, "flops")}, {"table_topk", Timing(c.table_topk, "flops")},
+      {"gather_fwd", Timing(c.gather.fwd, "flops")}, {"gather_bwd", Timing(c.gather.bwd, "flops")},
+      {"sparse_attention", sparse_timings},
+  };
+  doc["notes"] = c.notes;
+  return doc;
+}
+
+absl::Status WriteJson(const std::string& path, const nlohmann::json& doc) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary);
+    out << doc.dump(2) << "\n";
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat(temporary, ": cannot write"));
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    std::remove(temporary.c_str());
+    return absl::InternalError(absl::StrCat(path, ": cannot write (rename failed)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hyscale::calibrate

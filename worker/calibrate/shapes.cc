@@ -1,0 +1,68 @@
+#include "worker/calibrate/shapes.h"
+
+#include <algorithm>
+
+namespace hyscale::calibrate {
+
+Shapes DefaultShapes(bool cuda, bool quick) {
+  Shapes s;
+  s.heads = 128;
+  s.dim_qk = 576;
+  s.dim_v = 512;
+  s.indexer_heads = 64;
+  s.indexer_dim = 128;
+  if (cuda) {
+    // About 25 s on an H200: sparse attention fwd + bwd dominate (~0.75 s per G per run).
+    s.seq_len = quick ? 4096 : 32768;
+    s.topk = quick ? 512 : 2048;
+    s.dense_size = quick ? 2048 : 8192;
+    s.copy_bytes = int64_t{quick ? 64 : 1024} << 20;
+    s.gather_rows = quick ? 512 : 4096;
+    s.gather_chunk = 256;
+    s.table_block_rows = 8192;
+    s.runs = quick ? 2 : 3;
+  } else if (quick) {  // for tests: every figure in well under a second
+    s.heads = 4;
+    s.dim_qk = 32;
+    s.dim_v = 32;
+    s.indexer_heads = 4;
+    s.indexer_dim = 16;
+    s.seq_len = 128;
+    s.topk = 16;
+    s.dense_size = 128;
+    s.copy_bytes = int64_t{4} << 20;
+    s.gather_rows = 64;
+    s.gather_chunk = 32;
+    s.table_block_rows = 64;
+    s.runs = 2;
+  } else {  // the DSA head dims at a short length: tens of seconds on a few cores
+    s.seq_len = 512;
+    s.topk = 128;
+    s.dense_size = 1024;
+    s.copy_bytes = int64_t{256} << 20;
+    s.gather_rows = 256;
+    s.gather_chunk = 64;
+    s.table_block_rows = 256;
+  }
+  s.gather_rows = std::min(s.gather_rows, s.seq_len);
+  return s;
+}
+
+nlohmann::json ToJson(const Shapes& s) {
+  return {{"seq_len", s.seq_len},
+          {"topk", s.topk},
+          {"heads", s.heads},
+          {"dim_qk", s.dim_qk},
+          {"dim_v", s.dim_v},
+          {"indexer_heads", s.indexer_heads},
+          {"indexer_dim", s.indexer_dim},
+          {"dense_size", s.dense_size},
+          {"copy_bytes", s.copy_bytes},
+          {"gather_rows", s.gather_rows},
+          {"gather_chunk", s.gather_chunk},
+          {"table_block_rows", s.table_block_rows},
+          {"warmup", s.warmup},
+          {"runs", s.runs}};
+}
+
+}  // namespace hyscale::calibrate

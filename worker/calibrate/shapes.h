@@ -1,0 +1,30 @@
+// The shapes hyscale-calibrate measures at: the DSA layer of DESIGN.md (H = 128, d_qk = 576,
+// d_v = 512, H_I = 64, d_I = 128, k = 2048) at a length that takes seconds, not minutes.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+
+namespace hyscale::calibrate {
+
+struct Shapes {
+  int64_t seq_len = 0;  // N: selection and sparse attention over one causal sequence
+  int64_t topk = 0;     // k
+  int64_t heads = 0, dim_qk = 0, dim_v = 0;
+  int64_t indexer_heads = 0, indexer_dim = 0;
+  int64_t dense_size = 0;        // square matmul n x n x n
+  int64_t copy_bytes = 0;        // device-to-device copy
+  int64_t gather_rows = 0;       // the gather baseline's queries (the last ones: full windows)
+  int64_t gather_chunk = 0;      // queries gathered per block, as bench/sparse_attn_bench.py
+  int64_t table_block_rows = 0;  // score-table rows per block (Megatron-style selection)
+  int warmup = 1;
+  int runs = 3;
+};
+
+// cuda: the H200-sized defaults (the CUDA kernels support only the DSA head dims, so --quick
+// shrinks N and k there); else a CPU shape, with tiny head dims under --quick.
+Shapes DefaultShapes(bool cuda, bool quick);
+
+nlohmann::json ToJson(const Shapes& shapes);
+
+}  // namespace hyscale::calibrate
