@@ -7,6 +7,8 @@
 #   HYSCALE_BENCH_SIZES    N values for the FlashTopK benchmark (default 16K..256K)
 #   HYSCALE_SA_BENCH_SIZES   N values for the sparse attention benchmark (default 32K, 64K)
 #   HYSCALE_SA_BENCH_GROUPS  query-group sizes G it runs (default 1, 4, 16)
+#   HYSCALE_DSA_BENCH_SIZES  N values for the DSA layer benchmark (default 32K, 64K, 128K)
+#   HYSCALE_DSA_BENCH_MAX_N  bound of its longest-trainable-N search (default 1M)
 #   HYSCALE_SANITIZE=1     also run the small GPU tests under compute-sanitizer memcheck
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,3 +36,9 @@ python3 "$root/bench/flash_topk_bench.py" --lib "$build/kernels/torch/libhyscale
 python3 "$root/bench/sparse_attn_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
   --sizes "${HYSCALE_SA_BENCH_SIZES:-32768,65536}" --groups "${HYSCALE_SA_BENCH_GROUPS:-1,4,16}" \
   --json "$out/sparse_attn.json" 2>&1 | tee "$out/sparse_attn.txt"
+
+"$build/tests/kernels/indexer_loss_cuda_test" 2>&1 | tail -3
+python3 "$root/bench/dsa_layer_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
+  --sizes "${HYSCALE_DSA_BENCH_SIZES:-32768,65536,131072}" \
+  --max-n "${HYSCALE_DSA_BENCH_MAX_N:-1048576}" \
+  --json "$out/dsa_layer.json" 2>&1 | tee "$out/dsa_layer.txt"

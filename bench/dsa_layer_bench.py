@@ -1,0 +1,608 @@
+#!/usr/bin/env python3
+"""One DSA layer's training step: HyScale beside the Megatron-style stack of DESIGN.md section 4.
+
+DeepSeek-V3.2 shape (H = 128, d_qk = 576 with 64 RoPE, d_v = 512, H_I = 64, d_I = 128, k = 2048),
+batch 1, bf16 inputs, N from --sizes. The layer here is its DSA-specific part: selection, sparse
+attention and the indexer's KL loss (projections and the MLP are the same in both stacks and left
+out); inputs are q [N, H, d_qk], key [N, d_qk], value [N, d_v], q_I [N, H_I, d_I], k_I [N, d_I],
+w [N, H_I], and the step's loss is sum(out * grad_out) + lambda * mean_t KL_t.
+
+  a) selection replay: what activation recomputation pays to get the selection back --
+       replay     hyscale::index_score_gather at the kept indices (the scores the loss needs)
+       reselect   hyscale::flash_topk again
+       naive      Megatron-naive re-selection: fp32 einsum score table + torch.topk, rows chunked
+  b) one training step = forward (selection, attention, indexer loss; no autograd graph kept),
+     recomputation of the layer with autograd, backward --
+       hyscale    flash_topk + sparse_attn + selected_attention_mass + indexer_kl; replay on
+                  recompute
+       megatron   naive selection, attention by gather in torch (fp32 softmax), torch target and
+                  KL, re-selection on recompute; recompute + backward chunked over query rows
+     medians of --runs (--baseline-runs) CUDA-event timings after a warm-up, per-phase times,
+     peak memory (torch.cuda.max_memory_allocated, reset before each), and the longest N each
+     trains on this GPU (doubling N from the largest size that ran until it runs out of memory,
+     at most --max-n).
+The gate runs on fp32 inputs holding bf16 values (fp64 on the CPU); the timings on bf16 (fp32 on
+the CPU). At the default sizes the whole run takes about 6 minutes on an H200, mostly the
+baseline (its gather backward alone is ~5 s at 32K, bench/sparse_attn_bench.py).
+Useful FLOPs and the fewest bytes are counted as bench/sparse_attn_bench.py does (valid
+(query, slot) pairs; causal scoring for selection); "floor" = the larger of FLOPs at --peak-tflops
+and bytes at --peak-gbps, over the measured time.
+
+Correctness gate first, at --gate-n: both selections follow the DESIGN.md section 3 rule against
+float64 scores on sampled rows, and on one selection both stacks give the same layer output, lse,
+indexer target and loss, and gradients of all six inputs (else no timings, exit status 1).
+
+  python3 bench/dsa_layer_bench.py --lib build-pytorch/kernels/torch/libhyscale_ops.so
+  /usr/bin/python3 bench/dsa_layer_bench.py --lib build/kernels/torch/libhyscale_ops.so \\
+      --device cpu --sizes 256 --topk 32 --heads 4 --dqk 64 --dv 64 --heads-i 16 --dim-i 64
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+GiB = 2 ** 30
+
+
+# ---- timing and memory ---------------------------------------------------------------------------
+
+class Clock:
+    """CUDA events on a GPU, perf_counter on the CPU; milliseconds."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def now(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def ms(self, start, end):
+        if self.cuda:
+            end.synchronize()
+            return start.elapsed_time(end)
+        return (end - start) * 1e3
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def timed_step(clock, step, runs, warmup):
+    """Median total and per-phase medians of `step(mark)`; mark(name) closes a phase."""
+    for _ in range(warmup):
+        step(lambda name: None)
+    clock.sync()
+    totals, phases = [], {}
+    for _ in range(runs):
+        marks = [("start", clock.now())]
+        step(lambda name: marks.append((name, clock.now())))
+        for (_, a), (name, b) in zip(marks, marks[1:]):
+            phases.setdefault(name, []).append(clock.ms(a, b))
+        totals.append(clock.ms(marks[0][1], marks[-1][1]))
+    return statistics.median(totals), {k: statistics.median(v) for k, v in phases.items()}
+
+
+def timed(clock, fn, runs, warmup=1):
+    return timed_step(clock, lambda mark: (fn(), mark("all")), runs, warmup)[0]
+
+
+def peak_gib(device, fn):
+    """Peak allocated memory during fn (inputs included); None on the CPU."""
+    if device.type != "cuda":
+        fn()
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / GiB
+
+
+def is_oom(e):
+    text = str(e)
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+
+def make_layer(cfg, n, dtype, device, seed):
+    """Leaf tensors of the layer (requires_grad), inputs drawn in `dtype` directly."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype)
+
+    t = dict(q=randn(n, cfg.heads, cfg.dqk), key=randn(n, cfg.dqk), value=randn(n, cfg.dv),
+             q_i=randn(n, cfg.heads_i, cfg.dim_i), k_i=randn(n, cfg.dim_i),
+             w=randn(n, cfg.heads_i) * (cfg.heads_i * cfg.dim_i) ** -0.5)
+    grad_out = randn(n, cfg.heads, cfg.dv)
+    return {k: v.requires_grad_(True) for k, v in t.items()}, grad_out
+
+
+def acc(x):
+    """The accumulation dtype of the torch baseline: fp32 for 16-bit inputs, else the input's."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
+def bf16_valued(x):
+    """fp32/fp64 tensors holding bf16 values: exact inputs for both stacks in the gate."""
+    return x.detach().to(torch.bfloat16).to(x.dtype)
+
+
+# ---- HyScale ---------------------------------------------------------------------------------
+
+def hyscale_step(cfg, L, grad_out, mark=lambda name: None):
+    ops, scale = torch.ops.hyscale, cfg.dqk ** -0.5
+    with torch.no_grad():
+        idx, scores = ops.flash_topk(L["q_i"], L["k_i"], L["w"], cfg.topk)
+        mark("fwd selection")
+        out, lse = ops.sparse_attn(L["q"], L["key"], L["value"], idx, scale)
+        mark("fwd attention")
+        target = ops.selected_attention_mass(L["q"], L["key"], idx, lse, scale)
+        loss = ops.indexer_kl(scores, target).mean()
+        mark("fwd indexer loss")
+    # Recomputation: the selection is replayed, only its scores are recomputed.
+    score = ops.index_score_gather(L["q_i"], L["k_i"], L["w"], idx)
+    mark("recompute selection")
+    out, lse = ops.sparse_attn(L["q"], L["key"], L["value"], idx, scale)
+    target = ops.selected_attention_mass(L["q"], L["key"], idx, lse, scale)
+    kl = ops.indexer_kl(score, target).mean()
+    mark("recompute attention + loss")
+    torch.autograd.backward([out, kl * cfg.kl_weight], [grad_out, None])
+    mark("backward")
+    return dict(idx=idx, out=out.detach(), lse=lse, loss=loss, target=target)
+
+
+# ---- Megatron-style (DESIGN.md section 4) ----------------------------------------------------
+
+def naive_select(q_i, k_i, w, topk, chunk_bytes):
+    """fp32 einsum into [rows, H_I, M], ReLU, weighted sum, causal mask, torch.topk; unused slots
+    (t + 1 < k) are -1. Returns (int32 indices, scores in the accumulation dtype)."""
+    n, heads, _ = q_i.shape
+    m = k_i.shape[0]
+    rows_per_chunk = max(1, chunk_bytes // (heads * m * 4))
+    kf = acc(k_i)
+    k = min(topk, m)
+    indices = torch.full((n, topk), -1, dtype=torch.int32, device=q_i.device)
+    scores = torch.full((n, topk), float("-inf"), dtype=kf.dtype, device=q_i.device)
+    keys = torch.arange(m, device=q_i.device)
+    for row in range(0, n, rows_per_chunk):
+        rows = min(rows_per_chunk, n - row)
+        logits = torch.einsum("rhd,md->rhm", acc(q_i[row:row + rows]), kf).relu_()
+        s = torch.einsum("rhm,rh->rm", logits, acc(w[row:row + rows]))
+        del logits
+        causal = keys.unsqueeze(0) > torch.arange(row, row + rows, device=q_i.device).unsqueeze(1)
+        s.masked_fill_(causal, float("-inf"))
+        top = torch.topk(s, k, dim=1)
+        valid = top.values > float("-inf")
+        indices[row:row + rows, :k] = torch.where(valid, top.indices, -1).int()
+        scores[row:row + rows, :k] = top.values
+    return indices, scores
+
+
+def torch_index_scores(q_i, k_i, w, idx):
+    """Scores at the selected keys, differentiable: gather k_I, fp32 einsum, ReLU, weighted sum."""
+    valid = idx >= 0
+    kg = acc(k_i)[idx.long().clamp(min=0)]  # [c, k, d_I]
+    dots = torch.einsum("chd,ckd->chk", acc(q_i), kg).relu()
+    s = torch.einsum("chk,ch->ck", dots, acc(w))
+    return s.masked_fill(~valid, float("-inf"))
+
+
+def gather_attention(q, key, value, idx, scale):
+    """Megatron's unfused path: gather K/V per query, bmm, fp32 softmax, bmm. Returns out, lse."""
+    valid = idx >= 0
+    safe = idx.long().clamp(min=0)
+    kg, vg = key[safe], value[safe]  # [c, k, d]
+    logits = acc(torch.bmm(q, kg.transpose(1, 2))) * scale  # [c, H, k]
+    logits = logits.masked_fill(~valid.unsqueeze(1), float("-inf"))
+    lse = torch.logsumexp(logits, -1)
+    p = torch.exp(logits - lse.unsqueeze(-1)).to(q.dtype)
+    return torch.bmm(p, vg), lse
+
+
+def torch_target(q, key, idx, lse, scale):
+    """Attention probabilities at the selected keys, summed over heads, L1-normalised."""
+    valid = idx >= 0
+    kg = key[idx.long().clamp(min=0)]
+    logits = torch.bmm(q, kg.transpose(1, 2)).to(lse.dtype) * scale
+    p = torch.exp(logits - lse.unsqueeze(-1)).masked_fill(~valid.unsqueeze(1), 0).sum(1)
+    total = p.sum(-1, keepdim=True)
+    return torch.where(total > 0, p / total.clamp(min=torch.finfo(p.dtype).tiny), p)
+
+
+def torch_kl(score, target):
+    """Per-row KL(target || softmax(score)) over the valid (finite-score) slots."""
+    valid = score > float("-inf")
+    lse = torch.logsumexp(score, -1, keepdim=True)
+    logp = torch.where(valid, score - lse, torch.zeros_like(score))
+    t = target.to(score.dtype)
+    safe_t = torch.where(t > 0, t, torch.ones_like(t))
+    return torch.where(valid & (t > 0), t * (torch.log(safe_t) - logp), torch.zeros_like(t)).sum(-1)
+
+
+def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None):
+    """`select` replaces the selection (the gate runs both stacks on one selection)."""
+    scale, n, chunk = cfg.dqk ** -0.5, L["q"].shape[0], cfg.chunk
+    select = select or (lambda: naive_select(L["q_i"], L["k_i"], L["w"], cfg.topk,
+                                             cfg.naive_chunk_bytes))
+    with torch.no_grad():
+        idx, scores = select()
+        mark("fwd selection")
+        outs, lses = [], []
+        for lo in range(0, n, chunk):
+            o, l = gather_attention(L["q"][lo:lo + chunk], L["key"], L["value"],
+                                    idx[lo:lo + chunk], scale)
+            outs.append(o)
+            lses.append(l)
+        out, lse = torch.cat(outs), torch.cat(lses)
+        del outs, lses
+        mark("fwd attention")
+        target = torch.cat([torch_target(L["q"][lo:lo + chunk], L["key"], idx[lo:lo + chunk],
+                                         lse[lo:lo + chunk], scale) for lo in range(0, n, chunk)])
+        loss = torch_kl(scores, target).mean()
+        mark("fwd indexer loss")
+    # Recomputation re-runs the selection, then the layer with autograd, chunk by chunk (each
+    # chunk's graph is freed by its backward, so the baseline fits).
+    idx, _ = select()
+    mark("recompute selection")
+    key, value, k_i = (L[name].detach().requires_grad_(True) for name in ("key", "value", "k_i"))
+    grads = {name: torch.empty_like(L[name]) for name in ("q", "q_i", "w")}
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        q = L["q"][lo:hi].detach().requires_grad_(True)
+        q_i = L["q_i"][lo:hi].detach().requires_grad_(True)
+        w = L["w"][lo:hi].detach().requires_grad_(True)
+        ii = idx[lo:hi]
+        score = torch_index_scores(q_i, k_i, w, ii)
+        o, l = gather_attention(q, key, value, ii, scale)
+        with torch.no_grad():
+            t = torch_target(q, key, ii, l, scale)
+        kl = torch_kl(score, t).sum() / n
+        torch.autograd.backward([o, kl * cfg.kl_weight], [grad_out[lo:hi], None])
+        grads["q"][lo:hi], grads["q_i"][lo:hi], grads["w"][lo:hi] = q.grad, q_i.grad, w.grad
+    mark("recompute + backward")
+    grads.update(key=key.grad, value=value.grad, k_i=k_i.grad)
+    for name, g in grads.items():
+        L[name].grad = g.to(L[name].dtype)
+    return dict(idx=idx, out=out, lse=lse, loss=loss, target=target)
+
+
+# ---- correctness gate ------------------------------------------------------------------------
+
+def same_selection(q_i, k_i, w, got, topk, rows):
+    """Rows whose selections differ beyond ties: DESIGN.md section 3 with the reference scores."""
+    bad = 0
+    kd = k_i.double()
+    for row in rows:
+        visible = row + 1
+        ref = (w[row].double().unsqueeze(1) *
+               torch.einsum("hd,md->hm", q_i[row].double(), kd[:visible]).clamp_min(0)).sum(0)
+        selected = min(topk, visible)
+        g = got[row].long()
+        tau = torch.topk(ref, selected).values[-1].item()
+        eps = 1e-4 * abs(tau) + 1e-12
+        chosen = torch.zeros(visible, dtype=torch.bool, device=ref.device)
+        sel = g[:selected]
+        ok = bool((g[selected:] == -1).all()) and bool(((sel >= 0) & (sel < visible)).all())
+        if ok:
+            chosen[sel] = True
+            ok = (sel.unique().numel() == selected and bool((ref[sel] >= tau - eps).all())
+                  and bool((chosen | (ref <= tau + eps)).all()))
+        bad += not ok
+    return bad
+
+
+def rel_err(got, want):
+    g, w = got.detach().double(), want.detach().double()
+    finite = torch.isfinite(w)
+    scale = max(1e-12, float(w[finite].abs().max())) if bool(finite.any()) else 1.0
+    return float((g[finite] - w[finite]).abs().max()) / scale if bool(finite.any()) else 0.0
+
+
+def gate(cfg, device, dtype):
+    """Both stacks on the same inputs; returns {quantity: relative error} and the tolerance."""
+    n = cfg.gate_n
+    L, grad_out = make_layer(cfg, n, torch.float32, device, seed=1)
+    L = {k: bf16_valued(v).to(dtype).requires_grad_(True) for k, v in L.items()}
+    grad_out = bf16_valued(grad_out).to(dtype)
+    errors = {}
+    idx_h, _ = torch.ops.hyscale.flash_topk(L["q_i"], L["k_i"], L["w"], cfg.topk)
+    idx_m, _ = naive_select(L["q_i"], L["k_i"], L["w"], cfg.topk, cfg.naive_chunk_bytes)
+    g = torch.Generator().manual_seed(2)
+    rows = sorted({0, n - 1, min(n - 1, cfg.topk - 1), min(n - 1, cfg.topk)} |
+                  set(torch.randint(0, n, (cfg.gate_rows,), generator=g).tolist()))
+    errors["hyscale selection: rows off"] = same_selection(L["q_i"], L["k_i"], L["w"], idx_h,
+                                                           cfg.topk, rows)
+    errors["naive selection: rows off"] = same_selection(L["q_i"], L["k_i"], L["w"], idx_m,
+                                                         cfg.topk, rows)
+    h = hyscale_step(cfg, L, grad_out)
+    grads_h = {k: v.grad.detach().clone() for k, v in L.items()}
+    for v in L.values():
+        v.grad = None
+    # The Megatron stack on HyScale's selection (the selections were compared above, as sets),
+    # with its own table scores at those keys.
+    with torch.no_grad():
+        naive_scores = torch_index_scores(L["q_i"], L["k_i"], L["w"], h["idx"])
+    m = megatron_step(cfg, L, grad_out, select=lambda: (h["idx"], naive_scores))
+    errors["out"] = rel_err(h["out"], m["out"])
+    errors["lse"] = rel_err(h["lse"], m["lse"])
+    errors["target"] = rel_err(h["target"], m["target"])
+    errors["indexer loss"] = rel_err(h["loss"].reshape(1), m["loss"].reshape(1))
+    for k, v in L.items():
+        errors[f"grad {k}"] = rel_err(grads_h[k], v.grad)
+    # bf16 operands inside the CUDA kernels (P, dS in the attention); float64 all through on CPU.
+    tol = 2e-2 if device.type == "cuda" else 1e-6
+    return errors, tol
+
+
+# ---- FLOPs and bytes -------------------------------------------------------------------------
+
+def causal_pairs(n, topk):
+    """Valid (query, slot) pairs of a causal selection: row t selects min(topk, t + 1) keys."""
+    full = max(0, n - topk)
+    short = n - full
+    return short * (short + 1) // 2 + full * topk
+
+
+def step_work(cfg, n, pairs):
+    """Useful FLOPs and fewest bytes of one step as HyScale schedules it (selection once, attention
+    forward twice, attention backward, the mass twice, score replay and its backward); the same
+    floor is applied to both stacks."""
+    h, i = cfg.heads, cfg.heads_i * cfg.dim_i
+    selection = 2.0 * i * n * (n + 1) / 2
+    attn_fwd = 2.0 * pairs * h * (cfg.dqk + cfg.dv)
+    attn_bwd = 2.0 * pairs * h * (3 * cfg.dqk + 2 * cfg.dv)
+    mass = 2.0 * pairs * h * cfg.dqk
+    scores = 2.0 * pairs * i
+    flops = selection + 2 * attn_fwd + attn_bwd + 2 * mass + scores + 2 * scores
+    # bf16 q, key, value, grad_out, q_I, k_I read; out and every gradient written; fp32 w and its
+    # gradient; int32 indices written once and read back.
+    elems = n * (2 * h * cfg.dqk + 2 * cfg.dqk + 2 * cfg.dv + 2 * h * cfg.dv +
+                 2 * cfg.heads_i * cfg.dim_i + 2 * cfg.dim_i)
+    nbytes = 2.0 * elems + 4.0 * 2 * n * cfg.heads_i + 4.0 * 2 * n * cfg.topk
+    return flops, nbytes
+
+
+def floor_ms(cfg, flops, nbytes):
+    return max(flops / (cfg.peak_tflops * 1e9), nbytes / (cfg.peak_gbps * 1e6))
+
+
+# ---- benchmarks ------------------------------------------------------------------------------
+
+def free(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def bench_replay(cfg, device, dtype, clock, n):
+    L, _ = make_layer(cfg, n, dtype, device, seed=n)
+    q_i, k_i, w = (L[k].detach() for k in ("q_i", "k_i", "w"))
+    del L
+    ops = torch.ops.hyscale
+    idx, _ = ops.flash_topk(q_i, k_i, w, cfg.topk)
+    pairs = int((idx >= 0).sum())
+    r = dict(n=n, pairs=pairs)
+    with torch.no_grad():
+        r["replay_ms"] = timed(clock, lambda: ops.index_score_gather(q_i, k_i, w, idx), cfg.runs)
+        r["reselect_ms"] = timed(clock, lambda: ops.flash_topk(q_i, k_i, w, cfg.topk), cfg.runs)
+        if n <= cfg.naive_max:
+            r["naive_ms"] = timed(clock, lambda: naive_select(q_i, k_i, w, cfg.topk,
+                                                              cfg.naive_chunk_bytes),
+                                  max(1, cfg.runs // 2))
+            r["naive_over_replay"] = r["naive_ms"] / r["replay_ms"]
+    r["reselect_over_replay"] = r["reselect_ms"] / r["replay_ms"]
+    r["replay_tflops"] = 2.0 * pairs * cfg.heads_i * cfg.dim_i / r["replay_ms"] / 1e9
+    del q_i, k_i, w, idx
+    free(device)
+    return r
+
+
+STEPS = {"hyscale": hyscale_step, "megatron": megatron_step}
+
+
+def run_step(cfg, device, dtype, clock, stack, n, runs):
+    """(result dict, None) or (None, error text) when the step runs out of memory."""
+    L = grad_out = None
+    try:
+        L, grad_out = make_layer(cfg, n, dtype, device, seed=n)
+        step = STEPS[stack]
+
+        def one(mark):
+            for v in L.values():
+                v.grad = None
+            return step(cfg, L, grad_out, mark)
+
+        peak = peak_gib(device, lambda: one(lambda name: None))  # also the warm-up
+        if runs == 0:
+            return dict(n=n, stack=stack, peak_gib=peak), None
+        pairs = causal_pairs(n, cfg.topk)
+        total, phases = timed_step(clock, one, runs, warmup=0)
+        flops, nbytes = step_work(cfg, n, pairs)
+        fwd = sum(v for k, v in phases.items() if k.startswith("fwd"))
+        resel = phases.get("recompute selection", 0.0)
+        return dict(n=n, stack=stack, step_ms=total, fwd_ms=fwd, recompute_selection_ms=resel,
+                    recompute_backward_ms=total - fwd - resel, phases_ms=phases, pairs=pairs,
+                    flops=flops, bytes=nbytes, tflops=flops / total / 1e9,
+                    fraction_of_floor=floor_ms(cfg, flops, nbytes) / total, peak_gib=peak), None
+    except RuntimeError as e:
+        if not is_oom(e):
+            raise
+        return None, str(e).splitlines()[0][:120]
+    finally:
+        del L, grad_out
+        free(device)
+
+
+def longest_n(cfg, device, dtype, clock, stack, start):
+    """Doubles N from `start` (which fit) until a step runs out of memory or passes --max-n."""
+    last, n, first_oom = start, start * 2, None
+    while n <= cfg.max_n:
+        r, err = run_step(cfg, device, dtype, clock, stack, n, runs=0)
+        if r is None:
+            first_oom = n
+            break
+        last, n = n, n * 2
+    return dict(stack=stack, longest_n=last, first_oom_n=first_oom,
+                bounded_by_max_n=first_oom is None)
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+def summary(cfg, report):
+    def num(x, width, prec, suffix=""):
+        if isinstance(x, (int, float)):
+            return f"{x:>{width}.{prec}f}{suffix}"
+        return f"{'-':>{width + len(suffix)}}"
+
+    lines = [f"== DSA layer summary: {report['device']}  H={cfg.heads} d_qk={cfg.dqk} d_v={cfg.dv} "
+             f"H_I={cfg.heads_i} d_I={cfg.dim_i} k={cfg.topk} {cfg.dtype}; "
+             f"medians of {cfg.runs} runs ({cfg.baseline_runs} for the baseline step) =="]
+    g = report["gate"]
+    worst = max(v for k, v in g["errors"].items() if "rows off" not in k)
+    lines.append(f"gate at N={cfg.gate_n} ({g['dtype']}): {'ok' if g['ok'] else 'FAILED'}, "
+                 f"max relative error {worst:.2e} (tolerance {g['tolerance']:.0e}), selection rows "
+                 f"off: hyscale {g['errors']['hyscale selection: rows off']}, naive "
+                 f"{g['errors']['naive selection: rows off']}")
+    lines.append("a) selection on recompute (ms): replay = index_score_gather at the kept indices")
+    lines.append(f"{'N':>8} {'replay':>9} {'reselect':>9} {'naive':>10} {'reselect/replay':>16} "
+                 f"{'naive/replay':>13} (target >= 30x)")
+    for r in report["replay"]:
+        lines.append(f"{r['n']:>8} {num(r['replay_ms'], 9, 2)} {num(r['reselect_ms'], 9, 2)} "
+                     f"{num(r.get('naive_ms'), 10, 1)} {num(r['reselect_over_replay'], 15, 1, 'x')} "
+                     f"{num(r.get('naive_over_replay'), 12, 1, 'x')}")
+    lines.append("b) one training step (ms): fwd | recompute selection | recompute + bwd")
+    lines.append(f"{'N':>8} {'stack':>9} {'step':>10} {'fwd':>9} {'re-sel':>9} {'re+bwd':>10} "
+                 f"{'TFLOP/s':>8} {'floor':>6} {'peak GiB':>9} {'vs hyscale':>10}")
+    for n in sorted({r["n"] for r in report["step"]}):
+        rows = {r["stack"]: r for r in report["step"] if r["n"] == n}
+        base = rows.get("hyscale", {}).get("step_ms")
+        for stack in ("hyscale", "megatron"):
+            r = rows.get(stack)
+            if r is None:
+                continue
+            if "oom" in r:
+                lines.append(f"{n:>8} {stack:>9} {'OOM':>10}")
+                continue
+            ratio = r["step_ms"] / base if base else None
+            lines.append(f"{n:>8} {stack:>9} {num(r['step_ms'], 10, 1)} {num(r['fwd_ms'], 9, 1)} "
+                         f"{num(r['recompute_selection_ms'], 9, 1)} "
+                         f"{num(r['recompute_backward_ms'], 10, 1)} {num(r['tflops'], 8, 1)} "
+                         f"{num(r['fraction_of_floor'], 6, 3)} {num(r['peak_gib'], 9, 1)} "
+                         f"{num(ratio, 9, 2, 'x')}")
+    lines.append("megatron / hyscale step time (target >= 2.5x): " + ", ".join(
+        f"N={r['n']}: {r['megatron_over_hyscale']:.2f}x" for r in report["speedups"]))
+    for m in report["longest_n"]:
+        bound = f" (stopped at --max-n {cfg.max_n})" if m["bounded_by_max_n"] else \
+            f" (N={m['first_oom_n']} ran out of memory)"
+        lines.append(f"longest N that trains, {m['stack']}: {m['longest_n']}{bound}")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", required=True, help="path to libhyscale_ops.so")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--sizes", default="32768,65536,131072")
+    ap.add_argument("--heads", type=int, default=128)
+    ap.add_argument("--dqk", type=int, default=576)
+    ap.add_argument("--dv", type=int, default=512)
+    ap.add_argument("--heads-i", type=int, default=64)
+    ap.add_argument("--dim-i", type=int, default=128)
+    ap.add_argument("--topk", type=int, default=2048)
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], help="timing dtype (default: bf16 on "
+                    "cuda, fp32 on cpu)")
+    ap.add_argument("--kl-weight", type=float, default=0.01, help="lambda of the indexer loss")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--baseline-runs", type=int, default=2,
+                    help="timed runs of the Megatron-style step (seconds each at 64K and up)")
+    ap.add_argument("--chunk", type=int, default=256, help="query rows per gather chunk (baseline)")
+    ap.add_argument("--naive-chunk-gib", type=float, default=8.0,
+                    help="score-table chunk of the naive selection")
+    ap.add_argument("--naive-max", type=int, default=131072,
+                    help="largest N for the naive re-selection in a)")
+    ap.add_argument("--megatron-max", type=int, default=131072,
+                    help="largest N for the baseline step in b)")
+    ap.add_argument("--max-n", type=int, default=1048576, help="bound of the longest-N search")
+    ap.add_argument("--gate-n", type=int, default=3000)
+    ap.add_argument("--gate-rows", type=int, default=48, help="sampled rows of the selection check")
+    ap.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense rate (DESIGN.md)")
+    ap.add_argument("--peak-gbps", type=float, default=4000.0, help="device memory bandwidth")
+    ap.add_argument("--json", help="write every figure here")
+    cfg = ap.parse_args()
+    cfg.dtype = cfg.dtype or ("bf16" if cfg.device == "cuda" else "fp32")
+    cfg.naive_chunk_bytes = int(cfg.naive_chunk_gib * GiB)
+    torch.ops.load_library(cfg.lib)
+    device = torch.device(cfg.device)
+    dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+    clock = Clock(device)
+    sizes = [int(x) for x in cfg.sizes.split(",")]
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    report = dict(device=name, torch=torch.__version__, config=vars(cfg))
+    print(f"# {name}  torch {torch.__version__}", flush=True)
+
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # the gate compares fp32 math
+    gate_dtype = torch.float32 if device.type == "cuda" else torch.float64
+    errors, tol = gate(cfg, device, gate_dtype)
+    ok = all((v == 0) if "rows off" in k else (v <= tol) for k, v in errors.items())
+    report["gate"] = dict(n=cfg.gate_n, dtype=str(gate_dtype), errors=errors, tolerance=tol, ok=ok)
+    for k, v in errors.items():
+        print(f"gate {k:>32}: {v:.3e}" if isinstance(v, float) else f"gate {k:>32}: {v}")
+    free(device)
+    if not ok:
+        print("gate FAILED: HyScale and the Megatron-style stack disagree; no timings")
+        if cfg.json:
+            with open(cfg.json, "w") as f:
+                json.dump(report, f, indent=1)
+        raise SystemExit(1)
+
+    report["replay"] = []
+    for n in sizes:
+        r = bench_replay(cfg, device, dtype, clock, n)
+        report["replay"].append(r)
+        print(f"replay N={n}: {r}", flush=True)
+
+    report["step"], report["speedups"] = [], []
+    largest_fit = {}
+    for n in sizes:
+        for stack in ("hyscale", "megatron"):
+            if stack == "megatron" and n > cfg.megatron_max:
+                continue
+            runs = cfg.runs if stack == "hyscale" else cfg.baseline_runs
+            r, err = run_step(cfg, device, dtype, clock, stack, n, runs)
+            if r is None:
+                r = dict(n=n, stack=stack, oom=err)
+            else:
+                largest_fit[stack] = n
+            report["step"].append(r)
+            print(f"step N={n} {stack}: " + ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
+                if k != "phases_ms"), flush=True)
+        both = {r["stack"]: r for r in report["step"] if r["n"] == n and "step_ms" in r}
+        if len(both) == 2:
+            report["speedups"].append(dict(n=n, megatron_over_hyscale=both["megatron"]["step_ms"] /
+                                           both["hyscale"]["step_ms"]))
+
+    report["longest_n"] = []
+    for stack in ("hyscale", "megatron"):
+        if stack in largest_fit:
+            report["longest_n"].append(
+                longest_n(cfg, device, dtype, clock, stack, largest_fit[stack]))
+
+    text = summary(cfg, report)
+    print(text)
+    if cfg.json:
+        report["summary"] = text
+        with open(cfg.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
