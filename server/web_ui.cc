@@ -45,6 +45,7 @@ json JobRow(const v1::Job& job) {
           {"reason", job.reason()},
           {"restarts", job.restarts()},
           {"ranks", job.resources().ranks()},
+          {"rendezvous", job.rendezvous()},
           {"step", progress.step()},
           {"total_steps", progress.total_steps()},
           {"loss", progress.loss()},

@@ -185,7 +185,8 @@ function renderDetail() {
       job.state + (job.reason ? ": " + job.reason : "") + " - step " + job.step +
       (job.total_steps ? " of " + job.total_steps : "") + ", " + detail.steps.length +
       " steps reported" + (job.indexer_recall ? ", indexer recall " + fmt(job.indexer_recall, 3)
-                                              : "");
+                                              : "") +
+      (job.rendezvous ? ", " + job.ranks + " ranks meet at " + job.rendezvous : "");
   if (detail.steps.length === 0) {
     emptyChart(document.getElementById("phase-chart"), "no steps reported yet");
     emptyChart(document.getElementById("loss-chart"), "no steps reported yet");

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "proto/job_spec.h"
+#include "server/trainer_events.h"
 #include "tests/server/test_util.h"
 
 namespace hyscale::server {
@@ -668,6 +669,21 @@ TEST_F(CoordinatorTest, RestartClearsTheAddress) {
   EXPECT_EQ(sent[0].run().ref().attempt(), 1);
   EXPECT_EQ(sent[0].run().rendezvous(), "w1.local:29411");
   EXPECT_TRUE(sent[0].run().resume());
+}
+
+TEST(TrainerEventsTest, RendezvousAddressNeedsHostAndRealPort) {
+  const auto address = [](const std::string& value) {
+    return RendezvousAddress(R"({"event":"rendezvous","address":")" + value + R"("})");
+  };
+  EXPECT_EQ(*address("10.0.0.7:29400"), "10.0.0.7:29400");
+  EXPECT_EQ(*address("w1.local:1"), "w1.local:1");
+  for (const std::string& bad :
+       std::vector<std::string>{"w1.local:0", "w1.local", ":29400", "w1.local:65536", "w1.local:-5",
+                                "w1.local:x", "w1.local:", std::string(400, 'h')}) {
+    EXPECT_EQ(address(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_FALSE(RendezvousAddress(R"({"event":"rendezvous","address":29400})").ok());
+  EXPECT_FALSE(RendezvousAddress("not json").ok());
 }
 
 TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
