@@ -59,16 +59,12 @@ bool SameRef(const v1::RankRef& a, const v1::RankRef& b) {
   return a.job_id() == b.job_id() && a.rank() == b.rank() && a.attempt() == b.attempt();
 }
 
-// The planner's view of a job's resources: its ranks, on the GPU profile when it asks for GPUs,
-// else on "cpu" (a job that takes any device may land on a CPU worker).
-absl::StatusOr<planner::PlanOptions> PlannerOptions(const v1::Resources& resources,
-                                                    const std::string& gpu_profile) {
-  auto profile =
-      planner::BuiltinProfile(resources.device_kind() == v1::DEVICE_KIND_GPU ? gpu_profile : "cpu");
-  if (!profile.ok()) return profile.status();
+// The planner's view of a job's resources: its ranks, on `profile` (Coordinator::ProfileFor).
+planner::PlanOptions PlannerOptions(const v1::Resources& resources,
+                                    const planner::DeviceProfile& profile) {
   planner::PlanOptions options;
   options.gpus = RanksOf(resources);
-  options.profile = *std::move(profile);
+  options.profile = profile;
   // worker/parallel exchanges the indexer keys with the attention keys (one group).
   options.indexer_groups = {planner::IndexerGroup::kShared};
   return options;
@@ -76,14 +72,13 @@ absl::StatusOr<planner::PlanOptions> PlannerOptions(const v1::Resources& resourc
 
 // `parallelism: {mode: AUTO}`: the fastest plan that fits, written into the spec the trainer
 // gets (CP degree, layout, G, recomputation policy).
-absl::Status ApplyPlan(const v1::Resources& resources, const std::string& gpu_profile,
+absl::Status ApplyPlan(const v1::Resources& resources, const planner::DeviceProfile& profile,
                        v1::JobSpec* spec) {
-  auto options = PlannerOptions(resources, gpu_profile);
-  if (!options.ok()) return options.status();
-  const planner::PlanResult plan = planner::PlanJob(*spec, *options);
+  const planner::PlanOptions options = PlannerOptions(resources, profile);
+  const planner::PlanResult plan = planner::PlanJob(*spec, options);
   if (plan.winner < 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.parallelism.mode: AUTO found no plan for ",
-                                                   options->gpus, " ", options->profile.name,
+                                                   options.gpus, " ", options.profile.name,
                                                    " devices: ", plan.why.front()));
   }
   const planner::Candidate& best = plan.candidates[plan.winner].candidate;
@@ -107,9 +102,10 @@ bool IsTerminal(v1::JobState state) {
 // ---------------------------------------------------------------------------------------------
 // Opening and recovery
 
-Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, ServerMetrics* metrics,
-                         std::unique_ptr<Store> store)
+Coordinator::Coordinator(CoordinatorOptions options, Profiles profiles, Clock* clock,
+                         ServerMetrics* metrics, std::unique_ptr<Store> store)
     : options_(std::move(options)),
+      profiles_(std::move(profiles)),
       clock_(clock),
       metrics_(metrics),
       store_(std::move(store)),
@@ -119,6 +115,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
                                                                Clock* clock,
                                                                ServerMetrics* metrics) {
   if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir: required");
+  auto profiles = LoadProfiles(options);
+  if (!profiles.ok()) return profiles.status();
   std::error_code error;
   std::filesystem::create_directories(options.data_dir, error);
   if (error) {
@@ -128,9 +126,39 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
   auto store = Store::Open((std::filesystem::path(options.data_dir) / "hyscale.db").string());
   if (!store.ok()) return store.status();
   std::unique_ptr<Coordinator> coordinator(
-      new Coordinator(std::move(options), clock, metrics, std::move(*store)));
+      new Coordinator(std::move(options), *std::move(profiles), clock, metrics, std::move(*store)));
   if (auto status = coordinator->Load(); !status.ok()) return status;
   return coordinator;
+}
+
+absl::StatusOr<Coordinator::Profiles> Coordinator::LoadProfiles(const CoordinatorOptions& options) {
+  auto gpu = planner::BuiltinProfile(options.gpu_profile);
+  if (!gpu.ok()) return gpu.status();
+  auto cpu = planner::BuiltinProfile("cpu");
+  if (!cpu.ok()) return cpu.status();
+  Profiles profiles{*std::move(gpu), *std::move(cpu)};
+  if (options.calibration.empty()) return profiles;
+  auto device = planner::CalibrationDevice(options.calibration);
+  if (!device.ok()) return device.status();
+  // A file from another built-in GPU would silently misplan every job: refuse it.
+  const auto builtin = planner::BuiltinProfileNames();
+  const bool other_gpu = *device != "cpu" && *device != options.gpu_profile &&
+                         std::count(builtin.begin(), builtin.end(), *device) > 0;
+  if (other_gpu) {
+    return absl::InvalidArgumentError(absl::StrCat(options.calibration, ": measured on ", *device,
+                                                   ", but the GPU profile is ",
+                                                   options.gpu_profile));
+  }
+  planner::DeviceProfile* target = *device == "cpu" ? &profiles.cpu : &profiles.gpu;
+  if (auto status = planner::LoadCalibration(options.calibration, target); !status.ok()) {
+    return status;
+  }
+  return profiles;
+}
+
+const planner::DeviceProfile& Coordinator::ProfileFor(const v1::Resources& resources) const {
+  // A job that takes any device may land on a CPU worker: planned on the CPU profile.
+  return resources.device_kind() == v1::DEVICE_KIND_GPU ? profiles_.gpu : profiles_.cpu;
 }
 
 absl::Status Coordinator::Load() {
@@ -249,13 +277,11 @@ void Coordinator::Track(const std::string& job_id, v1::JobState state, int delta
 
 void Coordinator::ExportPlan(const v1::Job& job) {
   if (metrics_ == nullptr) return;
-  double step_seconds = 0;  // unknown without a profile
-  if (auto options = PlannerOptions(job.resources(), options_.gpu_profile); options.ok()) {
-    step_seconds =
-        planner::Predict(planner::Workload::Of(job.spec()), planner::CandidateOf(job.spec()),
-                         options->profile, options->gpus)
-            .step_s;
-  }
+  const planner::PlanOptions options = PlannerOptions(job.resources(), ProfileFor(job.resources()));
+  const double step_seconds =
+      planner::Predict(planner::Workload::Of(job.spec()), planner::CandidateOf(job.spec()),
+                       options.profile, options.gpus)
+          .step_s;
   metrics_->JobPlanned(job.id(), planner::EstimateMemory(job.spec()).total_bytes, step_seconds);
 }
 
@@ -613,7 +639,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   job.set_max_restarts(request.max_restarts());
   job.set_request_id(request.request_id());
   if (job.spec().parallelism().mode() == v1::AUTO) {
-    if (auto status = ApplyPlan(job.resources(), options_.gpu_profile, job.mutable_spec());
+    if (auto status = ApplyPlan(job.resources(), ProfileFor(job.resources()), job.mutable_spec());
         !status.ok()) {
       return status;
     }
@@ -774,12 +800,12 @@ absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request)
   if (auto status = ValidateSubmit(as_submit); !status.ok()) return status;
   v1::JobSpec spec = request.spec();
   ApplyDefaults(&spec);
-  auto options = PlannerOptions(request.resources(), options_.gpu_profile);
-  if (!options.ok()) return options.status();
-  const planner::PlanResult result = planner::PlanJob(spec, *options);
+  const planner::PlanOptions options =
+      PlannerOptions(request.resources(), ProfileFor(request.resources()));
+  const planner::PlanResult result = planner::PlanJob(spec, options);
 
   v1::Plan plan;
-  plan.set_ranks(options->gpus);
+  plan.set_ranks(options.gpus);
   int64_t memory = planner::EstimateMemory(spec).total_bytes;
   if (result.winner >= 0) {
     const planner::Prediction& best = result.candidates[result.winner];
@@ -800,7 +826,7 @@ absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request)
   // Placement as the scheduler would choose it now, for the planned ranks and, unless the
   // request names a memory requirement, the estimated memory.
   v1::Resources resources = request.resources();
-  resources.set_ranks(options->gpus);
+  resources.set_ranks(options.gpus);
   if (resources.memory_bytes_per_rank() == 0) resources.set_memory_bytes_per_rank(memory);
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<WorkerView> views = WorkerViews();

@@ -41,6 +41,7 @@
 #include "hyscale/v1/service.pb.h"
 #include "server/assignment_queue.h"
 #include "server/clock.h"
+#include "server/planner/profile.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
 #include "server/store.h"
@@ -61,6 +62,9 @@ struct CoordinatorOptions {
   // The planner's device profile for GPU jobs (server/planner/profile.h); CPU jobs and jobs
   // that take any device are planned on "cpu".
   std::string gpu_profile = "h200";
+  // A calibration file (hyscale-calibrate; empty: none) whose figures replace those of the
+  // profile it was measured on: "cpu" for a CPU run, else the GPU profile above.
+  std::string calibration;
   // How long rank 0 of a context-parallel job gets, once placed, to publish its rendezvous
   // address before the attempt fails.
   absl::Duration rendezvous_timeout = absl::Seconds(120);
@@ -149,6 +153,13 @@ class Coordinator {
     // SCHEDULED context-parallel job whose rank 0 has not published: the attempt fails then.
     absl::Time rendezvous_deadline = absl::InfiniteFuture();
   };
+  // The planner's device profiles, calibrated when the options name a file.
+  struct Profiles {
+    planner::DeviceProfile gpu, cpu;
+  };
+  static absl::StatusOr<Profiles> LoadProfiles(const CoordinatorOptions& options);
+  const planner::DeviceProfile& ProfileFor(const v1::Resources& resources) const;
+
   struct WorkerEntry {
     v1::WorkerInfo info;
     absl::Time last_seen;
@@ -157,7 +168,7 @@ class Coordinator {
     std::shared_ptr<AssignmentQueue> queue;
   };
 
-  Coordinator(CoordinatorOptions options, Clock* clock, ServerMetrics* metrics,
+  Coordinator(CoordinatorOptions options, Profiles profiles, Clock* clock, ServerMetrics* metrics,
               std::unique_ptr<Store> store);
   absl::Status Load();
 
@@ -220,6 +231,7 @@ class Coordinator {
   absl::Status ValidateSubmit(const v1::SubmitJobRequest& request) const;
 
   const CoordinatorOptions options_;
+  const Profiles profiles_;
   Clock* const clock_;
   ServerMetrics* const metrics_;
   const std::unique_ptr<Store> store_;

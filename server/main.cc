@@ -45,6 +45,7 @@ struct Flags {
   int64_t rendezvous_timeout_ms = 120'000;
   std::string checkpoint_root;
   std::string gpu_profile = "h200";
+  std::string calibration;
 };
 
 int Fail(const absl::Status& status) {
@@ -70,6 +71,7 @@ int Run(const Flags& flags) {
   options.data_dir = flags.data_dir;
   options.checkpoint_root = flags.checkpoint_root;
   options.gpu_profile = flags.gpu_profile;
+  options.calibration = flags.calibration;
   options.heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms);
   options.heartbeat_timeout =
       absl::Milliseconds(flags.heartbeat_timeout_ms > 0 ? flags.heartbeat_timeout_ms
@@ -179,9 +181,13 @@ int main(int argc, char** argv) {
                  "Planner device profile of GPU jobs (server/planner/profile.h)")
       ->capture_default_str()
       ->check(CLI::IsMember(hyscale::server::planner::BuiltinProfileNames()));
+  app.add_option("--calibration", flags.calibration,
+                 "Calibration file from hyscale-calibrate: replaces figures of the profile it was "
+                 "measured on (cpu, else --gpu-profile) for AUTO planning");
   app.footer(
       "Exit codes:\n  0  shut down by SIGTERM/SIGINT (or --help)\n"
-      "  1  cannot start: store, TLS files, token file or ports\n  2  bad flags");
+      "  1  cannot start: store, TLS files, token file, calibration file or ports\n"
+      "  2  bad flags");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

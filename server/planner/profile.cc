@@ -257,12 +257,36 @@ absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profi
   return absl::OkStatus();
 }
 
-absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile) {
+namespace {
+
+absl::StatusOr<std::string> ReadCalibration(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read calibration file"));
   std::stringstream text;
   text << in.rdbuf();
-  auto status = ApplyCalibration(text.str(), profile);
+  return text.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> CalibrationDevice(const std::string& path) {
+  auto text = ReadCalibration(path);
+  if (!text.ok()) return text.status();
+  const nlohmann::json doc = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": calibration: not a JSON object"));
+  }
+  if (!doc.contains("device")) return std::string();
+  if (!doc["device"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": calibration.device: string"));
+  }
+  return doc["device"].get<std::string>();
+}
+
+absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile) {
+  auto text = ReadCalibration(path);
+  if (!text.ok()) return text.status();
+  auto status = ApplyCalibration(*text, profile);
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
   }

@@ -66,5 +66,7 @@ std::vector<std::string> BuiltinProfileNames();
 // "shapes", "measurements" (objects) and "notes" (strings), as hyscale-calibrate writes them.
 absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profile);
 absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile);
+// The "device" a calibration file names ("" when none), to pick the profile it calibrates.
+absl::StatusOr<std::string> CalibrationDevice(const std::string& path);
 
 }  // namespace hyscale::server::planner

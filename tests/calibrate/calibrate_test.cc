@@ -120,6 +120,7 @@ TEST_F(CalibrateTest, QuickCpuRunWritesAFileThePlannerLoads) {
   EXPECT_EQ(profile->sparse_attention.at(4).dedup, builtin.sparse_attention.at(4).dedup);
 }
 
+// Each case loads libtorch (about a second): a few, one per kind of check.
 TEST_F(CalibrateTest, BadFlagsExit2NamingTheFlag) {
   const std::string out = Path("never.json");
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
@@ -127,10 +128,7 @@ TEST_F(CalibrateTest, BadFlagsExit2NamingTheFlag) {
       {{"--out", Path("no/such/dir/f.json")}, "--out"},
       {{"--out", out, "--device", "tpu"}, "--device"},
       {{"--out", out, "--seq-len", "0"}, "--seq-len"},
-      {{"--out", out, "--seq-len", "many"}, "--seq-len"},
       {{"--out", out, "--quick", "--device", "cpu", "--seq-len", "64", "--topk", "128"}, "--topk"},
-      {{"--out", out, "--runs", "0"}, "--runs"},
-      {{"--out", out, "--bogus"}, "--bogus"},
   };
   for (const auto& [args, flag] : cases) {
     const Result run = Calibrate(args);
