@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -43,41 +44,61 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> make_store(const std::string& ho
 
 }  // namespace
 
-absl::StatusOr<RendezvousConfig> RendezvousFromEnv() {
+absl::StatusOr<std::optional<RendezvousConfig>> RendezvousFromEnv() {
   RendezvousConfig config;
-  if (const char* addr = std::getenv("MASTER_ADDR")) config.host = addr;
+  if (auto status = read_int("HYSCALE_WORLD_SIZE", false, 1, &config.world_size); !status.ok()) {
+    return status;
+  }
+  if (config.world_size == 1) return std::nullopt;
   int timeout_s =
       static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(config.timeout).count());
-  for (const auto& status :
-       {read_int("MASTER_PORT", false, 1, &config.port), read_int("RANK", true, 0, &config.rank),
-        read_int("WORLD_SIZE", true, 1, &config.world_size),
-        read_int("HYSCALE_COMM_TIMEOUT_S", false, 1, &timeout_s)}) {
+  int collective_timeout_s = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::seconds>(config.collective_timeout).count());
+  for (const auto& status : {read_int("HYSCALE_RANK", true, 0, &config.rank),
+                             read_int("HYSCALE_RENDEZVOUS_TIMEOUT_S", false, 1, &timeout_s),
+                             read_int("HYSCALE_COMM_TIMEOUT_S", false, 1, &collective_timeout_s)}) {
     if (!status.ok()) return status;
   }
-  if (config.port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MASTER_PORT must be <= 65535, got ", config.port));
-  }
   if (config.rank >= config.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RANK (", config.rank, ") must be below WORLD_SIZE (", config.world_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("HYSCALE_RANK (", config.rank,
+                                                   ") must be below HYSCALE_WORLD_SIZE (",
+                                                   config.world_size, ")"));
   }
+  const char* address = std::getenv("HYSCALE_RENDEZVOUS");
+  const std::string text = address == nullptr ? "" : address;
+  const size_t colon = text.rfind(':');
+  const int min_port = config.rank == 0 ? 0 : 1;  // only the server may ask for a free port
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &config.port) || config.port < min_port ||
+      config.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HYSCALE_RENDEZVOUS must be host:port with a port in ", min_port,
+                     "..65535, got '", text, "'"));
+  }
+  config.host = std::string(text.substr(0, colon));
   config.serve_store = config.rank == 0;
   config.timeout = std::chrono::seconds(timeout_s);
+  config.collective_timeout = std::chrono::seconds(collective_timeout_s);
   return config;
 }
 
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RendezvousConfig& config) {
-  return make_store(config.host, config.port, config.serve_store, config.timeout);
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RendezvousConfig& config,
+                                                             int* served_port) {
+  auto store = make_store(config.host, config.port, config.serve_store, config.timeout);
+  if (store.ok() && served_port != nullptr) {
+    *served_port = static_cast<c10d::TCPStore&>(**store).getPort();
+  }
+  return store;
 }
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ServeStore(const std::string& host,
                                                            std::chrono::milliseconds timeout,
                                                            int* port) {
-  auto store = make_store(host, 0, true, timeout);
-  if (!store.ok()) return store.status();
-  *port = static_cast<c10d::TCPStore&>(**store).getPort();
-  return store;
+  RendezvousConfig config;
+  config.host = host;
+  config.port = 0;
+  config.timeout = timeout;
+  return ConnectStore(config, port);
 }
 
 }  // namespace hyscale::parallel

@@ -1,11 +1,18 @@
-// Rendezvous of a standalone run: the ranks meet through a c10d TCPStore (a small key-value
-// server) that rank 0 hosts, at an address given by flags or MASTER_ADDR / MASTER_PORT-style
-// environment variables. Jobs run by the coordinator get the same address with their spec.
+// Rendezvous of a context-parallel group: the ranks meet through a c10d TCPStore (a small
+// key-value server) that rank 0 hosts. Every rank reads its place from the environment:
+//   HYSCALE_WORLD_SIZE  ranks in the group (unset or 1: no group)
+//   HYSCALE_RANK        this rank, 0 .. world - 1
+//   HYSCALE_RENDEZVOUS  "host:port" of rank 0's store; rank 0 may give port 0 (a free port the
+//                       kernel picks) and then publishes the real one (the coordinator forwards
+//                       it to the other ranks; standalone runs give a fixed port to every rank)
+//   HYSCALE_RENDEZVOUS_TIMEOUT_S  deadline of meeting the other ranks (default 300)
+//   HYSCALE_COMM_TIMEOUT_S        deadline of every collective after that (default 300)
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -18,15 +25,18 @@ struct RendezvousConfig {
   int rank = 0;
   int world_size = 1;
   bool serve_store = true;  // this process hosts the store (rank 0 in a standalone run)
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // of meeting the other ranks
+  std::chrono::milliseconds collective_timeout{std::chrono::minutes(5)};
 };
 
-// Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and HYSCALE_COMM_TIMEOUT_S (seconds,
-// optional); rank 0 serves the store. Errors name the variable.
-absl::StatusOr<RendezvousConfig> RendezvousFromEnv();
+// The variables above; nullopt when this process runs alone. Rank 0 serves the store. Errors
+// name the variable.
+absl::StatusOr<std::optional<RendezvousConfig>> RendezvousFromEnv();
 
 // Connects to (or serves) the store; fails after config.timeout if the server never answers.
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RendezvousConfig& config);
+// A server's port (the kernel's pick for port 0) goes to *served_port when given.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RendezvousConfig& config,
+                                                             int* served_port = nullptr);
 
 // A store served by this process on a free port of `host` (port 0: the kernel picks), for
 // tests and launchers that start the ranks themselves. The port is in *port.

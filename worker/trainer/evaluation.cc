@@ -8,19 +8,29 @@
 namespace hyscale::trainer {
 namespace {
 
-// Query rows of sequence b to score: rows with a target if there are any, else evenly spaced.
-std::vector<int64_t> sample_rows(const torch::Tensor& targets, int64_t b, int64_t first_row,
-                                 int64_t max_rows) {
+// Query rows of sequence b to score, chosen over the whole sequence so that every rank of a
+// context-parallel group makes the same choice: up to max_rows positions >= min_position with a
+// target if there are any, else evenly spaced ones. Returned as local rows of `positions`.
+std::vector<int64_t> sample_rows(const torch::Tensor& targets, const torch::Tensor& positions,
+                                 int64_t b, int64_t min_position, int64_t max_rows) {
   const auto row = targets[b];
   const auto row_targets = row.accessor<int64_t, 1>();
-  const int64_t t = row_targets.size(0);
-  std::vector<int64_t> rows;
-  for (int64_t r = first_row; r < t && static_cast<int64_t>(rows.size()) < max_rows; ++r) {
-    if (row_targets[r] >= 0) rows.push_back(r);
+  const int64_t n = row_targets.size(0);
+  std::vector<int64_t> chosen;  // global positions
+  for (int64_t p = min_position; p < n && static_cast<int64_t>(chosen.size()) < max_rows; ++p) {
+    if (row_targets[p] >= 0) chosen.push_back(p);
   }
-  if (!rows.empty() || first_row >= t) return rows;
-  const int64_t n = std::min(max_rows, t - first_row);
-  for (int64_t i = 0; i < n; ++i) rows.push_back(first_row + i * (t - first_row) / n);
+  if (chosen.empty() && min_position < n) {
+    const int64_t count = std::min(max_rows, n - min_position);
+    for (int64_t i = 0; i < count; ++i) {
+      chosen.push_back(min_position + i * (n - min_position) / count);
+    }
+  }
+  const auto pos = positions.accessor<int64_t, 1>();
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < pos.size(0); ++r) {
+    if (std::binary_search(chosen.begin(), chosen.end(), pos[r])) rows.push_back(r);
+  }
   return rows;
 }
 
@@ -32,29 +42,31 @@ std::vector<int32_t> predicted_tokens(const torch::Tensor& logits) {
                               argmax.data_ptr<int32_t>() + argmax.numel());
 }
 
-double indexer_recall(const std::vector<LayerProbe>& probes, const torch::Tensor& targets,
-                      const ModelConfig& config, int64_t max_rows) {
+IndexerRecall indexer_recall(const std::vector<LayerProbe>& probes, const torch::Tensor& targets,
+                             const torch::Tensor& positions, const ModelConfig& config,
+                             int64_t max_rows) {
   torch::NoGradGuard no_grad;
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_dim_qk));
   const auto targets_cpu = targets.to(torch::kCPU, torch::kInt64);
-  double total = 0.0;
-  int64_t count = 0;
+  const auto positions_cpu = positions.to(torch::kCPU, torch::kInt64).contiguous();
+  const auto pos = positions_cpu.accessor<int64_t, 1>();
+  IndexerRecall recall;
   for (const auto& probe : probes) {
     const auto indices = probe.indices.to(torch::kCPU);
     for (int64_t b = 0; b < probe.q.size(0); ++b) {
       // Rows seeing at most topk keys select all of them: recall 1 by construction, skipped.
-      for (int64_t row : sample_rows(targets_cpu, b, config.topk, max_rows)) {
-        const auto keys = probe.key[b].narrow(0, 0, row + 1);                  // [t+1, D]
+      for (int64_t row : sample_rows(targets_cpu, positions_cpu, b, config.topk, max_rows)) {
+        const auto keys = probe.key[b].narrow(0, 0, pos[row] + 1);             // [t+1, D]
         const auto logits = torch::matmul(probe.q[b][row], keys.t()) * scale;  // [H, t+1]
         const auto mass = torch::softmax(logits, -1).sum(0);
         const auto dense = std::get<1>(mass.topk(config.topk)).to(torch::kCPU);
-        const auto chosen = indices[b][row].to(torch::kInt64);
-        total += torch::isin(dense, chosen).sum().item<double>() / config.topk;
-        ++count;
+        const auto chosen = indices[b][row].to(torch::kCPU, torch::kInt64);
+        recall.total += torch::isin(dense, chosen).sum().item<double>() / config.topk;
+        ++recall.rows;
       }
     }
   }
-  return count == 0 ? 1.0 : total / count;
+  return recall;
 }
 
 }  // namespace hyscale::trainer

@@ -15,9 +15,17 @@ namespace hyscale::trainer {
 std::vector<int32_t> predicted_tokens(const torch::Tensor& logits);
 
 // Recall of the indexer's top-k against the top-k keys by dense attention mass (summed over
-// heads), averaged over layers and over up to `max_rows` query rows per sequence that see more
-// than topk keys. Rows with a target are preferred (they are the ones the task scores).
-double indexer_recall(const std::vector<LayerProbe>& probes, const torch::Tensor& targets,
-                      const ModelConfig& config, int64_t max_rows);
+// heads), over layers and over up to `max_rows` query rows per sequence that see more than topk
+// keys. Rows with a target are preferred (they are the ones the task scores). targets [B, N] is
+// the whole batch; the probes' queries are this rank's rows, at global `positions` [T], and their
+// keys cover the whole sequence. A sum, so that the ranks of a group can add theirs.
+struct IndexerRecall {
+  double total = 0;  // sum of per-row recalls
+  int64_t rows = 0;
+  double value() const { return rows == 0 ? 1.0 : total / static_cast<double>(rows); }
+};
+IndexerRecall indexer_recall(const std::vector<LayerProbe>& probes, const torch::Tensor& targets,
+                             const torch::Tensor& positions, const ModelConfig& config,
+                             int64_t max_rows);
 
 }  // namespace hyscale::trainer

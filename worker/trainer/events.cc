@@ -117,6 +117,10 @@ void EventSink::Step(const StepMetrics& m, int64_t total_steps) {
   j["peak_memory_bytes"] = m.peak_memory_bytes;
   j["eta_seconds"] = eta;
   j["phase_seconds"] = m.phase_seconds;
+  if (m.comm) {
+    j["comm_exposed_seconds"] = m.comm->exposed_seconds;
+    j["comm_overlapped_seconds"] = m.comm->overlapped_seconds;
+  }
   std::string readable = absl::StrCat(
       "step ", m.step, "/", total_steps, "  loss ", format("%.4f", m.loss), " (lm ",
       format("%.4f", m.lm_loss), ", indexer ", format("%.4f", m.indexer_loss), ")  lr ",

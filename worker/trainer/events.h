@@ -7,7 +7,8 @@
 //   stage_started    stage, name, step, steps, attention, trains
 //   step             step, total_steps, stage, loss, lm_loss, indexer_loss, lr, step_seconds,
 //                    tokens_per_second, peak_memory_bytes, eta_seconds,
-//                    phase_seconds {data, selection, attention_fwd, ...},
+//                    phase_seconds {data, selection, attention_fwd, ...}, under context
+//                    parallelism comm_exposed_seconds and comm_overlapped_seconds,
 //                    and after an evaluation accuracy, indexer_recall
 //   stage_finished   stage, name, step
 //   checkpoint_written / checkpoint_loaded   step, path
@@ -37,6 +38,13 @@ struct EvalMetrics {
   double indexer_recall = 0;  // indexer top-k vs the top-k of dense attention mass
 };
 
+// Context-parallel communication of one step: exposed (waited for) and overlapped (hidden
+// behind computation) seconds.
+struct CommMetrics {
+  double exposed_seconds = 0;
+  double overlapped_seconds = 0;
+};
+
 struct StepMetrics {
   int64_t step = 0;  // 1-based, counted over all stages
   int stage = 0;
@@ -48,6 +56,7 @@ struct StepMetrics {
   double tokens_per_second = 0;
   int64_t peak_memory_bytes = 0;
   std::map<std::string, double> phase_seconds;  // by phase name
+  std::optional<CommMetrics> comm;              // under context parallelism
   std::optional<EvalMetrics> eval;
 };
 

@@ -1,7 +1,12 @@
 // hyscale-train: trains the DSA model described by a job spec (JSON or YAML).
 //
-// Exit codes: 0 trained to the end; 2 bad command line or job spec (the message names the field
-// or file); 1 training failed.
+// Exit codes: 0 trained to the end; 2 bad command line, job spec or environment (the message
+// names the field, file or variable); 1 training failed.
+//
+// A context-parallel job (spec.parallelism.context_parallel = P > 1) runs as P processes, one
+// per rank, each told its place by HYSCALE_WORLD_SIZE, HYSCALE_RANK and HYSCALE_RENDEZVOUS
+// (worker/parallel/rendezvous.h); the worker agent sets them, or a person does for a
+// standalone run.
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
@@ -11,6 +16,7 @@
 #include <thread>
 
 #include "proto/job_spec.h"
+#include "worker/parallel/context_parallel_group.h"
 #include "worker/trainer/events.h"
 #include "worker/trainer/trainer.h"
 
@@ -21,12 +27,36 @@ constexpr int kExitBadInput = 2;
 
 }  // namespace
 
+// The group this process is a rank of; null when it runs alone. Rank 0 reports its store's address
+// (the coordinator hands it to the other ranks).
+absl::StatusOr<std::shared_ptr<hyscale::parallel::ContextParallelGroup>> join_group(
+    const hyscale::v1::ParallelismSpec& parallelism,
+    const std::optional<hyscale::parallel::RendezvousConfig>& rendezvous, torch::Device device,
+    hyscale::trainer::EventSink& events) {
+  namespace parallel = hyscale::parallel;
+  if (!rendezvous) return nullptr;
+  parallel::ContextParallelGroup::Options options;
+  options.rendezvous = *rendezvous;
+  auto layout = parallel::ParseLayout(parallelism.cp_layout());
+  if (!layout.ok()) return layout.status();
+  options.layout = *layout;
+  options.separate_indexer_group = parallelism.separate_indexer_group();
+  options.cuda = device.is_cuda();
+  options.on_serving = [&events, world = rendezvous->world_size](const std::string& address) {
+    events.Rendezvous(address, world);
+  };
+  auto group = parallel::ContextParallelGroup::Join(options);
+  if (!group.ok()) return group.status();
+  return std::shared_ptr<parallel::ContextParallelGroup>(*std::move(group));
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"hyscale-train: DSA sparse-attention training"};
   std::string config_path, events_path, checkpoint_dir, attention;
   bool resume = false;
   std::optional<bool> recompute, replay;
   int threads = -1;
+  std::string device_name = "auto";
   app.add_option("-c,--config", config_path, "Job spec (.json, .yaml or .yml)")->required();
   app.add_flag("--resume", resume, "Continue from the newest valid checkpoint");
   app.add_option("--attention", attention, "Override every stage's attention: dense or sparse")
@@ -36,6 +66,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", checkpoint_dir, "Override checkpoint.dir");
   app.add_option("--events", events_path, "Also write JSON-line events to this file");
   app.add_option("--threads", threads, "CPU threads (overrides the spec's threads)");
+  app.add_option("--device", device_name, "Where to train: cpu, cuda, or auto (cuda if present)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
 
   auto spec = hyscale::LoadJobSpec(config_path);
@@ -49,6 +81,26 @@ int main(int argc, char** argv) {
   if (auto status = hyscale::ValidateJobSpec(*spec); !status.ok()) {
     std::cerr << "hyscale-train: invalid job spec " << config_path << ": " << status.message()
               << "\n";
+    return kExitBadInput;
+  }
+  const bool cuda = torch::cuda::is_available();
+  if (device_name == "cuda" && !cuda) {
+    std::cerr << "hyscale-train: --device cuda: no CUDA device is visible to this process\n";
+    return kExitBadInput;
+  }
+  const torch::Device device =
+      device_name == "cuda" || (device_name == "auto" && cuda) ? torch::kCUDA : torch::kCPU;
+  auto rendezvous = hyscale::parallel::RendezvousFromEnv();
+  if (!rendezvous.ok()) {
+    std::cerr << "hyscale-train: " << rendezvous.status().message() << "\n";
+    return kExitBadInput;
+  }
+  const int world = *rendezvous ? (*rendezvous)->world_size : 1;
+  const int cp = std::max(1, spec->parallelism().context_parallel());
+  if (cp != world) {
+    std::cerr << "hyscale-train: parallelism.context_parallel is " << cp
+              << " but HYSCALE_WORLD_SIZE is " << world
+              << ": run one process per context-parallel rank\n";
     return kExitBadInput;
   }
   torch::set_num_threads(spec->threads() > 0
@@ -71,8 +123,17 @@ int main(int argc, char** argv) {
   if (attention == "sparse") options.attention = hyscale::trainer::AttentionMode::kSparse;
   options.recompute = recompute;
   options.selection_replay = replay;
+  options.device = device;
 
   events.JobStarted(*spec);
+  auto group = join_group(spec->parallelism(), *rendezvous, device, events);
+  if (!group.ok()) {
+    std::cerr << "hyscale-train: joining the context-parallel group: " << group.status().message()
+              << "\n";
+    events.JobFinished(group.status());
+    return kExitFailed;
+  }
+  options.context_parallel = *std::move(group);
   auto trainer = hyscale::trainer::Trainer::Create(*spec, options, events);
   if (!trainer.ok()) {
     std::cerr << "hyscale-train: " << trainer.status().message() << "\n";

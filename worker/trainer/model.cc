@@ -259,8 +259,14 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
     PhaseClock::Scope scope(*clock, Phase::kSelection);
     index.k = indexer_->project_keys(h.detach(), positions);
   }
-  // Under context parallelism the key side travels while the query side is projected.
-  if (exchange) exchange->start(torch::cat({key, value, index.k}, -1));
+  // Under context parallelism the key side travels while the query side is projected; the
+  // indexer keys either with the attention keys or on their own group, concurrently.
+  const auto& indexer_exchange = options.indexer_key_exchange;
+  if (indexer_exchange) indexer_exchange->start(index.k);
+  if (exchange) {
+    exchange->start(indexer_exchange ? torch::cat({key, value}, -1)
+                                     : torch::cat({key, value, index.k}, -1));
+  }
   torch::Tensor q;
   {
     PhaseClock::Scope scope(*clock, Phase::kAttentionFwd);
@@ -276,11 +282,16 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
       PhaseClock::Scope scope(*clock, Phase::kComm);
       gathered = exchange->finish();
     }
-    const auto parts =
-        gathered.split_with_sizes({config_.head_dim_qk, config_.head_dim_v, index.k.size(-1)}, -1);
+    std::vector<int64_t> widths{config_.head_dim_qk, config_.head_dim_v};
+    if (!indexer_exchange) widths.push_back(index.k.size(-1));
+    const auto parts = gathered.split_with_sizes(widths, -1);
     key = parts[0];
     value = parts[1];
-    index.k = parts[2];
+    if (!indexer_exchange) index.k = parts[2];
+  }
+  if (indexer_exchange) {
+    PhaseClock::Scope scope(*clock, Phase::kComm);
+    index.k = indexer_exchange->finish();
   }
   index.q = mark_region_input(index.q, clock, Phase::kIndexerLoss);
   const auto q_marked = mark_region_input(q, clock, Phase::kAttentionBwd);

@@ -70,6 +70,8 @@ struct ForwardOptions {
   bool keep_probes = false;      // keep per-layer tensors for evaluation (indexer recall)
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
   std::shared_ptr<KeyExchange> key_exchange;  // context parallelism; null: the whole sequence
+  // The indexer keys' own exchange (a separate CP group); null: they travel with key_exchange.
+  std::shared_ptr<KeyExchange> indexer_key_exchange;
 };
 
 // Per-layer tensors kept for evaluation: main queries/keys and the indexer's selection.

@@ -58,8 +58,8 @@ absl::Status load_optimizer_state(torch::optim::AdamW& optimizer, const torch::n
                                            " does not fit the parameter's shape");
     }
     auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->exp_avg(avg->second.clone());
-    s->exp_avg_sq(avg_sq->second.clone());
+    s->exp_avg(avg->second.to(item.value().device(), /*non_blocking=*/false, /*copy=*/true));
+    s->exp_avg_sq(avg_sq->second.to(item.value().device(), /*non_blocking=*/false, /*copy=*/true));
     s->step(step->second.item<int64_t>());
     restored[compat::optimizer_state_key(item.value())] = std::move(s);
   }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "worker/parallel/context_parallel_group.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/data.h"
 #include "worker/trainer/evaluation.h"
@@ -29,11 +30,29 @@ torch::Tensor to_tensor(const std::vector<int32_t>& values, int64_t rows, int64_
   return torch::tensor(values, torch::kInt32).view({rows, cols}).to(torch::kInt64);
 }
 
-// The initial weights are a function of the job's seed alone.
-DsaModel seeded_model(const v1::JobSpec& spec) {
-  torch::manual_seed(spec.seed());
-  return DsaModel(ModelConfig::FromSpec(spec.model()));
+std::vector<int32_t> to_vector(const torch::Tensor& t) {
+  const auto flat = t.to(torch::kCPU, torch::kInt32).contiguous();
+  return std::vector<int32_t>(flat.data_ptr<int32_t>(), flat.data_ptr<int32_t>() + flat.numel());
 }
+
+// The initial weights are a function of the job's seed alone (drawn on the CPU, then moved), so
+// every rank of a context-parallel group starts from the same ones.
+DsaModel seeded_model(const v1::JobSpec& spec, torch::Device device) {
+  torch::manual_seed(spec.seed());
+  DsaModel model(ModelConfig::FromSpec(spec.model()));
+  model->to(device);
+  return model;
+}
+
+void throw_if_error(const absl::Status& status) {
+  if (!status.ok()) throw std::runtime_error(std::string(status.message()));
+}
+
+// One batch as this rank trains on it: the token columns at its global positions.
+struct Shard {
+  torch::Tensor inputs, targets;  // [B, T]
+  torch::Tensor positions;        // [T] global, increasing
+};
 
 }  // namespace
 
@@ -45,8 +64,9 @@ class Trainer::Impl {
         options_(options),
         events_(events),
         plan_(spec),
+        cp_(options.context_parallel),
         data_(std::move(data)),
-        model_(seeded_model(spec)),
+        model_(seeded_model(spec, options.device)),
         optimizer_(make_adamw(*model_, spec.optimizer())),
         checkpoints_(spec.checkpoint().dir(), spec.checkpoint().keep()) {
     for (const auto& p : model_->indexer_parameters())
@@ -68,7 +88,17 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
+  // Collectives fail by exception inside autograd (a dead or stuck rank), kernels on bad shapes.
   absl::Status Run() {
+    try {
+      return RunSteps();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("at step ", step_ + 1, ": ", e.what()));
+    }
+  }
+
+ private:
+  absl::Status RunSteps() {
     const int64_t total = plan_.total_steps();
     int current_stage = -1;
     while (step_ < total) {
@@ -92,7 +122,8 @@ class Trainer::Impl {
       }
       events_.Step(metrics, total);
       const int every = spec_.checkpoint().every_steps();
-      if (!spec_.checkpoint().dir().empty() &&
+      // Ranks hold identical weights: rank 0 writes for all.
+      if (rank() == 0 && !spec_.checkpoint().dir().empty() &&
           (step == total || (every > 0 && step % every == 0))) {
         if (auto status = Save(); !status.ok()) return status;
       }
@@ -101,7 +132,39 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
- private:
+  int rank() const { return cp_ ? cp_->rank() : 0; }
+  int world_size() const { return cp_ ? cp_->world_size() : 1; }
+
+  // This rank's part of a batch, with the exchanges of its length set in `options`.
+  Shard shard(const Batch& batch, ForwardOptions& options) const {
+    Shard s;
+    s.inputs = to_tensor(batch.inputs, batch.batch_size, batch.seq_len);
+    s.targets = to_tensor(batch.targets, batch.batch_size, batch.seq_len);
+    if (!cp_) {
+      s.positions = torch::arange(batch.seq_len, torch::kLong);
+    } else {
+      auto exchanges = cp_->exchanges(batch.seq_len);
+      throw_if_error(exchanges.status());
+      options.key_exchange = exchanges->keys;
+      options.indexer_key_exchange = exchanges->indexer_keys;
+      s.positions = exchanges->keys->positions();
+      s.inputs = s.inputs.index_select(1, s.positions);
+      s.targets = s.targets.index_select(1, s.positions);
+    }
+    s.inputs = s.inputs.to(options_.device);
+    s.targets = s.targets.to(options_.device);
+    return s;
+  }
+
+  // Sums `values` over the ranks (a no-op alone).
+  torch::Tensor sum_over_ranks(std::vector<double> values) const {
+    auto t = torch::tensor(values, torch::kDouble);
+    if (!cp_) return t;
+    t = t.to(options_.device);
+    throw_if_error(cp_->sum(t));
+    return t.to(torch::kCPU);
+  }
+
   bool is_indexer(const torch::Tensor& p) const {
     return indexer_params_.count(p.unsafeGetTensorImpl()) > 0;
   }
@@ -131,23 +194,35 @@ class Trainer::Impl {
     for (auto& p : model_->parameters()) p.set_requires_grad(main_trains || is_indexer(p));
 
     auto clock = c10::make_intrusive<PhaseClock>();
-    torch::Tensor inputs, targets;
-    {
-      PhaseClock::Scope scope(*clock, Phase::kData);
-      const Batch batch = data_->Get(Split::kTrain, step - 1, shape_of(stage));
-      inputs = to_tensor(batch.inputs, batch.batch_size, batch.seq_len);
-      targets = to_tensor(batch.targets, batch.batch_size, batch.seq_len);
-    }
     ForwardOptions options = forward_options(stage);
     options.clock = clock;
+    Shard batch;
+    int64_t batch_tokens = 0, counted = 0;
+    {
+      PhaseClock::Scope scope(*clock, Phase::kData);
+      const Batch whole = data_->Get(Split::kTrain, step - 1, shape_of(stage));
+      batch_tokens = whole.batch_size * whole.seq_len;
+      for (int32_t t : whole.targets) counted += t >= 0 ? 1 : 0;
+      batch = shard(whole, options);
+    }
     clear_gradients(*model_);
-    const auto result = model_->forward(inputs, options);
-    const auto lm_loss = torch::nn::functional::cross_entropy(
-        result.logits.view({-1, result.logits.size(-1)}), targets.view(-1),
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
-    const auto loss = (main_trains ? lm_loss : lm_loss.detach()) +
-                      stage.indexer_loss_weight() * result.indexer_loss;
+    const auto result = model_->forward(batch.inputs, options);
+    // Each rank's loss is its tokens' share of the whole batch's mean: the ranks' gradients then
+    // add up to the gradient of the whole batch's loss.
+    const auto lm_loss =
+        torch::nn::functional::cross_entropy(
+            result.logits.view({-1, result.logits.size(-1)}), batch.targets.view(-1),
+            torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(
+                torch::kSum)) /
+        static_cast<double>(std::max<int64_t>(counted, 1));
+    const auto indexer_loss = result.indexer_loss / static_cast<double>(world_size());
+    const auto loss =
+        (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
     loss.backward();
+    if (cp_) {
+      PhaseClock::Scope scope(*clock, Phase::kComm);
+      throw_if_error(cp_->sum_gradients(model_->parameters()));
+    }
     const double lr = plan_.learning_rate(step);
     {
       PhaseClock::Scope scope(*clock, Phase::kOptimizer);
@@ -157,22 +232,28 @@ class Trainer::Impl {
       set_learning_rate(*optimizer_, lr);
       optimizer_->step();
     }
+    const auto losses =
+        sum_over_ranks({lm_loss.item<double>(), indexer_loss.item<double>(), loss.item<double>()});
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     StepMetrics m;
     m.step = step;
     m.stage = position.stage;
-    m.loss = loss.item<double>();
-    m.lm_loss = lm_loss.item<double>();
-    m.indexer_loss = result.indexer_loss.item<double>();
+    m.lm_loss = losses[0].item<double>();
+    m.indexer_loss = losses[1].item<double>();
+    m.loss = losses[2].item<double>();
     m.lr = lr;
     m.step_seconds = seconds;
-    m.tokens_per_second = static_cast<double>(inputs.numel()) / seconds;
+    m.tokens_per_second = static_cast<double>(batch_tokens) / seconds;
     m.peak_memory_bytes = peak_memory_bytes();
     const auto phases = clock->take();
     for (size_t i = 0; i < kPhaseCount; ++i) {
       m.phase_seconds[phase_name(static_cast<Phase>(i))] = phases[i];
+    }
+    if (cp_) {
+      const parallel::CommTimes times = cp_->take_times();
+      m.comm = CommMetrics{times.exposed_s, times.overlapped_s};
     }
     return m;
   }
@@ -183,22 +264,33 @@ class Trainer::Impl {
     options.recompute = false;
     options.keep_probes = true;
     QueryAccuracy accuracy;
-    double recall = 0.0;
+    IndexerRecall recall;
     const int batches = std::max(1, spec_.data().eval_batches());
     for (int i = 0; i < batches; ++i) {
-      const Batch batch = data_->Get(Split::kEval, i);
-      const auto inputs = to_tensor(batch.inputs, batch.batch_size, batch.seq_len);
-      const auto targets = to_tensor(batch.targets, batch.batch_size, batch.seq_len);
-      const auto result = model_->forward(inputs, options);
+      const Batch whole = data_->Get(Split::kEval, i);
+      const Shard batch = shard(whole, options);
+      const auto result = model_->forward(batch.inputs, options);
       // Same layout by construction: a length mismatch is a bug, and value() throws on it.
-      const auto scored = ScoreQueries(predicted_tokens(result.logits), batch.targets).value();
+      const auto scored =
+          ScoreQueries(predicted_tokens(result.logits), to_vector(batch.targets)).value();
       accuracy.correct += scored.correct;
       accuracy.counted += scored.counted;
-      if (i == 0) recall = indexer_recall(result.probes, targets, model_->config(), kRecallRows);
+      if (i == 0) {
+        recall =
+            indexer_recall(result.probes, to_tensor(whole.targets, whole.batch_size, whole.seq_len),
+                           batch.positions, model_->config(), kRecallRows);
+      }
     }
+    const auto sums = sum_over_ranks({static_cast<double>(accuracy.correct),
+                                      static_cast<double>(accuracy.counted), recall.total,
+                                      static_cast<double>(recall.rows)});
+    accuracy.correct = static_cast<int64_t>(sums[0].item<double>());
+    accuracy.counted = static_cast<int64_t>(sums[1].item<double>());
+    recall.total = sums[2].item<double>();
+    recall.rows = static_cast<int64_t>(sums[3].item<double>());
     EvalMetrics e;
     e.accuracy = accuracy.value();
-    e.indexer_recall = recall;
+    e.indexer_recall = recall.value();
     return e;
   }
 
@@ -212,6 +304,7 @@ class Trainer::Impl {
   const TrainerOptions options_;
   EventSink& events_;
   const StagePlan plan_;
+  const std::shared_ptr<parallel::ContextParallelGroup> cp_;
   std::unique_ptr<DataSource> data_;
   DsaModel model_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;

@@ -12,6 +12,10 @@
 #include "hyscale/v1/job.pb.h"
 #include "worker/trainer/model.h"
 
+namespace hyscale::parallel {
+class ContextParallelGroup;
+}
+
 namespace hyscale::trainer {
 
 class EventSink;
@@ -21,6 +25,9 @@ struct TrainerOptions {
   std::optional<AttentionMode> attention;  // overrides every stage's attention mode
   std::optional<bool> recompute;           // overrides spec.recompute.enabled
   std::optional<bool> selection_replay;    // overrides spec.recompute.selection_replay
+  torch::Device device = torch::kCPU;      // where the model and its batches live
+  // This rank's context-parallel group (spec.parallelism); null: one process per sequence.
+  std::shared_ptr<parallel::ContextParallelGroup> context_parallel;
 };
 
 class Trainer {
