@@ -37,6 +37,7 @@ indexer target and loss, and gradients of all six inputs (else no timings, exit 
       --device cpu --sizes 256 --topk 32 --heads 4 --dqk 64 --dv 64 --heads-i 16 --dim-i 64
 """
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -376,6 +377,7 @@ def floor_ms(cfg, flops, nbytes):
 # ---- benchmarks ------------------------------------------------------------------------------
 
 def free(device):
+    gc.collect()  # an out-of-memory traceback's frames hold tensors in reference cycles
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
