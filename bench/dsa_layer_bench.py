@@ -147,11 +147,11 @@ def hyscale_step(cfg, L, grad_out, mark=lambda name: None):
         target = ops.selected_attention_mass(L["q"], L["key"], idx, lse, scale)
         loss = ops.indexer_kl(scores, target).mean()
         mark("fwd indexer loss")
-    # Recomputation: the selection is replayed, only its scores are recomputed.
+    # Recomputation: the selection is replayed, only its scores are recomputed; the target is a
+    # constant of the loss, kept from the forward like the indices (N * k fp32).
     score = ops.index_score_gather(L["q_i"], L["k_i"], L["w"], idx)
     mark("recompute selection")
     out, lse = ops.sparse_attn(L["q"], L["key"], L["value"], idx, scale)
-    target = ops.selected_attention_mass(L["q"], L["key"], idx, lse, scale)
     kl = ops.indexer_kl(score, target).mean()
     mark("recompute attention + loss")
     torch.autograd.backward([out, kl * cfg.kl_weight], [grad_out, None])
@@ -249,7 +249,8 @@ def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None):
         loss = torch_kl(scores, target).mean()
         mark("fwd indexer loss")
     # Recomputation re-runs the selection, then the layer with autograd, chunk by chunk (each
-    # chunk's graph is freed by its backward, so the baseline fits).
+    # chunk's graph is freed by its backward, so the baseline fits); the target is kept from the
+    # forward, as in the HyScale step.
     idx, _ = select()
     mark("recompute selection")
     key, value, k_i = (L[name].detach().requires_grad_(True) for name in ("key", "value", "k_i"))
@@ -261,10 +262,8 @@ def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None):
         w = L["w"][lo:hi].detach().requires_grad_(True)
         ii = idx[lo:hi]
         score = torch_index_scores(q_i, k_i, w, ii)
-        o, l = gather_attention(q, key, value, ii, scale)
-        with torch.no_grad():
-            t = torch_target(q, key, ii, l, scale)
-        kl = torch_kl(score, t).sum() / n
+        o, _ = gather_attention(q, key, value, ii, scale)
+        kl = torch_kl(score, target[lo:hi]).sum() / n
         torch.autograd.backward([o, kl * cfg.kl_weight], [grad_out[lo:hi], None])
         grads["q"][lo:hi], grads["q_i"][lo:hi], grads["w"][lo:hi] = q.grad, q_i.grad, w.grad
     mark("recompute + backward")
@@ -353,7 +352,7 @@ def causal_pairs(n, topk):
 
 def step_work(cfg, n, pairs):
     """Useful FLOPs and fewest bytes of one step as HyScale schedules it (selection once, attention
-    forward twice, attention backward, the mass twice, score replay and its backward); the same
+    forward twice, attention backward, the mass once, score replay and its backward); the same
     floor is applied to both stacks."""
     h, i = cfg.heads, cfg.heads_i * cfg.dim_i
     selection = 2.0 * i * n * (n + 1) / 2
@@ -361,7 +360,7 @@ def step_work(cfg, n, pairs):
     attn_bwd = 2.0 * pairs * h * (3 * cfg.dqk + 2 * cfg.dv)
     mass = 2.0 * pairs * h * cfg.dqk
     scores = 2.0 * pairs * i
-    flops = selection + 2 * attn_fwd + attn_bwd + 2 * mass + scores + 2 * scores
+    flops = selection + 2 * attn_fwd + attn_bwd + mass + scores + 2 * scores
     # bf16 q, key, value, grad_out, q_I, k_I read; out and every gradient written; fp32 w and its
     # gradient; int32 indices written once and read back.
     elems = n * (2 * h * cfg.dqk + 2 * cfg.dqk + 2 * cfg.dv + 2 * h * cfg.dv +
