@@ -471,10 +471,26 @@ absl::Status Coordinator::PublishRendezvous(JobEntry& entry, v1::JobEvent event)
   if (auto status = Commit(entry, std::move(updated), {std::move(event)}); !status.ok()) {
     return status;
   }
-  if (!published) return absl::OkStatus();
-  entry.rendezvous_deadline = absl::InfiniteFuture();
-  StartRanks(entry, 1, entry.job.placement_size());
+  if (published) published_.emplace_back(entry.job.id(), entry.job.restarts());
   return absl::OkStatus();
+}
+
+void Coordinator::FinishPublished(bool committed) {
+  for (const auto& [id, attempt] : published_) {
+    JobEntry& entry = jobs_.at(id);
+    // A later report of the same batch may have ended or restarted the attempt.
+    const v1::JobState state = entry.job.state();
+    if (entry.job.restarts() != attempt ||
+        (state != v1::JOB_STATE_SCHEDULED && state != v1::JOB_STATE_RUNNING)) {
+      continue;
+    }
+    if (committed) {
+      StartRanks(entry, 1, entry.job.placement_size());
+    } else {
+      entry.job.clear_rendezvous();
+    }
+  }
+  published_.clear();
 }
 
 void Coordinator::ExpireRendezvous() {
@@ -1101,16 +1117,19 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
   for (const auto& report : request.reports()) {
     if (auto status = HandleReport(found->second, report); !status.ok()) {
       // Not stored, so not applied: the agent keeps the batch and sends it again.
+      FinishPublished(false);
       Schedule();
       return absl::UnavailableError(
           absl::StrCat("store: ", status.message(), "; send the reports again"));
     }
   }
   if (auto status = batch.Commit(); !status.ok()) {
+    FinishPublished(false);
     Schedule();
     return absl::UnavailableError(
         absl::StrCat("store: ", status.message(), "; send the reports again"));
   }
+  FinishPublished(true);
   Schedule();
   return absl::OkStatus();
 }

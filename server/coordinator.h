@@ -196,8 +196,13 @@ class Coordinator {
   // rank 0 of a context-parallel job until it has published its address, the others after.
   static bool Sendable(const v1::Job& job, int rank);
   // Rank 0's `rendezvous` event (a TrainerEvent) for the current attempt: stores the address
-  // with `event` and sends the other ranks. A second one, or a bad address, only stores `event`.
+  // with `event`; the other ranks are sent by FinishPublished. A second one, or a bad address,
+  // only stores `event`.
   absl::Status PublishRendezvous(JobEntry& entry, v1::JobEvent event);
+  // After a ReportStatus batch: once it is committed, sends ranks 1.. of the jobs it published
+  // (a RunRank never carries an address the store could still lose); if it was not, forgets
+  // their addresses, so the reports sent again publish them again.
+  void FinishPublished(bool committed);
   // Fails the attempts of context-parallel jobs whose rank 0 did not publish in time.
   void ExpireRendezvous();
   // Sends StopRank to every placed rank of `job` (as it was before a transition) that has not
@@ -243,6 +248,8 @@ class Coordinator {
   std::map<int64_t, std::string> by_order_;        // submission order -> job id
   std::map<std::string, std::string> by_request_;  // request_id -> job id
   std::map<std::string, WorkerEntry> workers_;
+  // (job id, attempt) of the rendezvous addresses published in the batch being applied.
+  std::vector<std::pair<std::string, int>> published_;
   // Maintained on every state change, so gauges and slot views need not walk every job.
   std::map<v1::JobState, int> job_counts_;
   std::set<std::string> placed_;  // SCHEDULED and RUNNING jobs

@@ -671,6 +671,36 @@ TEST_F(CoordinatorTest, RestartClearsTheAddress) {
   EXPECT_TRUE(sent[0].run().resume());
 }
 
+// The address goes to the other ranks only once it is stored: a publication the store refuses
+// sends nothing, and the agent's second try publishes it.
+TEST_F(CoordinatorTest, AddressIsSentOnlyOnceStored) {
+  auto queue = Register("w1", 2);
+  const v1::Job job = Submit(2);
+  const v1::RankRef ref0 = Ref(job.id(), 0, 0);
+  ASSERT_EQ(Drain(queue).size(), 1u);
+  Started("w1", ref0);
+  v1::ReportStatusRequest request;
+  request.set_worker_id("w1");
+  *request.add_reports()->mutable_ref() = ref0;
+  request.mutable_reports(0)->set_event_json(
+      R"({"event":"rendezvous","time":1,"address":"w1.local:29400","world_size":2})");
+  // Another connection holds the write lock past the store's busy timeout.
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/hyscale.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  EXPECT_EQ(c_->ReportStatus(request).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Drain(queue).empty());
+  EXPECT_EQ(c_->GetJob(job.id())->rendezvous(), "");
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  ASSERT_TRUE(c_->ReportStatus(request).ok());
+  auto sent = Drain(queue);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].run().ref().rank(), 1);
+  EXPECT_EQ(sent[0].run().rendezvous(), "w1.local:29400");
+  EXPECT_EQ(c_->GetJob(job.id())->rendezvous(), "w1.local:29400");
+}
+
 TEST(TrainerEventsTest, RendezvousAddressNeedsHostAndRealPort) {
   const auto address = [](const std::string& value) {
     return RendezvousAddress(R"({"event":"rendezvous","address":")" + value + R"("})");
