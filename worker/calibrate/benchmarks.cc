@@ -49,9 +49,10 @@ struct IndexerInputs {
 // Random (untrained-indexer) inputs, as docs/performance.md's FlashTopK figures.
 IndexerInputs MakeIndexerInputs(const Shapes& s, const at::TensorOptions& options) {
   IndexerInputs in;
-  in.q = at::randn({s.seq_len, s.indexer_heads, s.indexer_dim}, options);
-  in.k = at::randn({s.seq_len, s.indexer_dim}, options);
-  in.w = at::randn({s.seq_len, s.indexer_heads}, options.dtype(at::kFloat)) /
+  const int64_t n = s.selection_seq_len;
+  in.q = at::randn({n, s.indexer_heads, s.indexer_dim}, options);
+  in.k = at::randn({n, s.indexer_dim}, options);
+  in.w = at::randn({n, s.indexer_heads}, options.dtype(at::kFloat)) /
          std::sqrt(static_cast<double>(s.indexer_heads * s.indexer_dim));
   return in;
 }
@@ -115,12 +116,12 @@ Measurement Benchmarks::FlashTopk() const {
   const IndexerInputs in = MakeIndexerInputs(shapes_, Options(dtype_));
   const double seconds = timer_.Median([&] { ops::flash_topk(in.q, in.k, in.w, shapes_.topk); });
   return {seconds, SelectionFlops(shapes_.indexer_heads, shapes_.indexer_dim,
-                                  CausalPairs(static_cast<double>(shapes_.seq_len)))};
+                                  CausalPairs(static_cast<double>(shapes_.selection_seq_len)))};
 }
 
 Measurement Benchmarks::TableTopk() const {
   const IndexerInputs in = MakeIndexerInputs(shapes_, Options(dtype_));
-  const int64_t n = shapes_.seq_len, topk = std::min(shapes_.topk, n);
+  const int64_t n = shapes_.selection_seq_len, topk = std::min(shapes_.topk, n);
   const at::Tensor keys_f = in.k.to(at::kFloat).t();  // [d_I, N]
   const at::Tensor positions = at::arange(n, Options(at::kLong));
   // One block's fp32 score table [rows, N], -inf where a key is not visible.

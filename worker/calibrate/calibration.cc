@@ -23,7 +23,8 @@ nlohmann::json ToJson(const Calibration& c) {
   doc["device_name"] = c.device_name;
   doc["source"] =
       absl::StrCat("hyscale-calibrate at ", c.commit.empty() ? "an unknown commit" : c.commit,
-                   " on ", c.device_name, ", N = ", s.seq_len, ", k = ", s.topk, ", ", c.date);
+                   " on ", c.device_name, ", N = ", s.seq_len, " (selection ", s.selection_seq_len,
+                   "), k = ", s.topk, ", ", c.date);
   if (!c.commit.empty()) doc["commit"] = c.commit;
   doc["date"] = c.date;
   doc["dense_tflops"] = c.dense.Rate() / kTera;

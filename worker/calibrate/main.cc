@@ -40,7 +40,7 @@ struct Flags {
   std::string out;
   bool quick = false;
   std::string device = "auto";
-  std::optional<int64_t> seq_len, topk;
+  std::optional<int64_t> seq_len, selection_seq_len, topk;
   std::optional<int> runs;
 };
 
@@ -53,6 +53,10 @@ int BadFlag(const std::string& message) {
 std::optional<std::string> CheckShapes(const Shapes& s, const c10::Device& device) {
   if (s.topk > s.seq_len) {
     return absl::StrCat("--topk: must be at most --seq-len (", s.seq_len, "), got ", s.topk);
+  }
+  if (s.topk > s.selection_seq_len) {
+    return absl::StrCat("--topk: must be at most --selection-seq-len (", s.selection_seq_len,
+                        "), got ", s.topk);
   }
 #ifdef HYSCALE_HAVE_CUDA
   if (device.is_cuda() && s.topk > cuda::kMaxTopk) {
@@ -79,6 +83,10 @@ int Run(const Flags& flags) {
   if (!device.ok()) return BadFlag(std::string(device.status().message()));
   Shapes shapes = DefaultShapes(device->is_cuda(), flags.quick);
   if (flags.seq_len) shapes.seq_len = *flags.seq_len;
+  // One length given: both benchmarks use it, unless the selection's is given too.
+  shapes.selection_seq_len = flags.selection_seq_len ? *flags.selection_seq_len
+                             : flags.seq_len         ? *flags.seq_len
+                                                     : shapes.selection_seq_len;
   if (flags.topk) shapes.topk = *flags.topk;
   if (flags.runs) shapes.runs = *flags.runs;
   shapes.gather_rows = std::min(shapes.gather_rows, shapes.seq_len);
@@ -91,10 +99,12 @@ int Run(const Flags& flags) {
   c.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   c.shapes = shapes;
   std::printf(
-      "hyscale-calibrate: %s, N = %ld, k = %ld, H = %ld, d_qk = %ld, d_v = %ld, H_I = %ld, "
+      "hyscale-calibrate: %s, N = %ld (selection %ld), k = %ld, H = %ld, d_qk = %ld, d_v = %ld, "
+      "H_I = %ld, "
       "d_I = %ld; median of %d runs after %d warm-up\n",
-      c.device_name.c_str(), shapes.seq_len, shapes.topk, shapes.heads, shapes.dim_qk, shapes.dim_v,
-      shapes.indexer_heads, shapes.indexer_dim, shapes.runs, shapes.warmup);
+      c.device_name.c_str(), shapes.seq_len, shapes.selection_seq_len, shapes.topk, shapes.heads,
+      shapes.dim_qk, shapes.dim_v, shapes.indexer_heads, shapes.indexer_dim, shapes.runs,
+      shapes.warmup);
   try {
     at::manual_seed(0);
     const Benchmarks bench(*device, shapes);
@@ -139,8 +149,10 @@ int Run(const Flags& flags) {
                                  " queries (full windows), blocks of ", shapes.gather_chunk,
                                  "; bwd = fwd+bwd by autograd minus fwd"));
   c.notes.push_back(
-      "flash_topk / table_topk: random (untrained-indexer) inputs; FLOPs "
-      "H_I d_I N(N+1) for both; rates grow with N (docs/performance.md section 5)");
+      absl::StrCat("flash_topk / table_topk: random (untrained-indexer) inputs at N = ",
+                   shapes.selection_seq_len,
+                   "; FLOPs H_I d_I N(N+1) for both; rates grow with N (docs/performance.md "
+                   "section 5)"));
   if (flags.quick) {
     c.notes.push_back("--quick: tiny shapes for tests; the rates do not represent training");
   }
@@ -163,7 +175,12 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", flags.quick, "Tiny shapes (for tests): seconds, not representative");
   app.add_option("--device", flags.device, "auto (CUDA when built with it and present), cpu, cuda")
       ->capture_default_str();
-  app.add_option("--seq-len", flags.seq_len, "N of selection and sparse attention")
+  app.add_option("--seq-len", flags.seq_len,
+                 "N of sparse attention and the gather baseline (and of selection, unless "
+                 "--selection-seq-len)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 22));
+  app.add_option("--selection-seq-len", flags.selection_seq_len,
+                 "N of FlashTopK and the score table")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 22));
   app.add_option("--topk", flags.topk, "k of selection and sparse attention")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));

@@ -1,5 +1,5 @@
 // The shapes hyscale-calibrate measures at: the DSA layer of DESIGN.md (H = 128, d_qk = 576,
-// d_v = 512, H_I = 64, d_I = 128, k = 2048) at a length that takes seconds, not minutes.
+// d_v = 512, H_I = 64, d_I = 128, k = 2048) at lengths that take seconds, not minutes.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +8,11 @@
 namespace hyscale::calibrate {
 
 struct Shapes {
-  int64_t seq_len = 0;  // N: selection and sparse attention over one causal sequence
-  int64_t topk = 0;     // k
+  int64_t seq_len = 0;  // N of sparse attention and the gather baseline (rates flat in N)
+  // N of FlashTopK and the score table: their rates grow with N (fixed costs amortise), and the
+  // planner uses them at long N, so they are measured longer where that is cheap.
+  int64_t selection_seq_len = 0;
+  int64_t topk = 0;  // k
   int64_t heads = 0, dim_qk = 0, dim_v = 0;
   int64_t indexer_heads = 0, indexer_dim = 0;
   int64_t dense_size = 0;        // square matmul n x n x n
