@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "worker/calibrate/benchmarks.h"
 #include "worker/calibrate/calibration.h"
@@ -66,6 +67,14 @@ std::optional<std::string> CheckShapes(const Shapes& s, const c10::Device& devic
   (void)device;
 #endif
   return std::nullopt;
+}
+
+constexpr int kAllGroups[] = {1, 2, 4, 8, 16};
+
+std::string MeasuredGroups(const Calibration& c) {
+  std::vector<int> groups;
+  for (const auto& m : c.sparse_attention) groups.push_back(m.group);
+  return absl::StrJoin(groups, ", ");
 }
 
 void Report(const char* figure, double value, const char* unit, double seconds) {
@@ -141,6 +150,10 @@ int Run(const Flags& flags) {
     c.notes.push_back(
         "sparse_attention: G = 1 only (the CPU reference op has no query groups); other G keep "
         "the built-in profile's figures");
+  } else if (c.sparse_attention.size() < std::size(kAllGroups)) {
+    c.notes.push_back(absl::StrCat("sparse_attention: only G = ", MeasuredGroups(c),
+                                   " (the kernels take G * k <= 32768); other G keep the "
+                                   "built-in profile's figures"));
   }
   c.notes.push_back(absl::StrCat(
       "sparse_attention: local (trained-like) selections as bench/sparse_attn_bench.py draws them; "
