@@ -251,7 +251,8 @@ def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None):
     # Recomputation re-runs the selection, then the layer with autograd, chunk by chunk (each
     # chunk's graph is freed by its backward, so the baseline fits); the target is kept from the
     # forward, as in the HyScale step.
-    idx, _ = select()
+    with torch.no_grad():  # selection is not differentiated; with grad on, autograd would keep
+        idx, _ = select()  # every chunk's score table
     mark("recompute selection")
     key, value, k_i = (L[name].detach().requires_grad_(True) for name in ("key", "value", "k_i"))
     grads = {name: torch.empty_like(L[name]) for name in ("q", "q_i", "w")}
@@ -435,7 +436,8 @@ def run_step(cfg, device, dtype, clock, stack, n, runs):
     except RuntimeError as e:
         if not is_oom(e):
             raise
-        return None, str(e).splitlines()[0][:120]
+        # The allocator's own account (allocated by PyTorch / reserved) says what held the memory.
+        return None, " ".join(str(e).split())[:400]
     finally:
         del L, grad_out
         free(device)
