@@ -2,7 +2,9 @@
 // and PyTorch 2.11's CUDA build), in one place.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <torch/optim/optimizer.h>
+#include <torch/version.h>
 
 #include <sstream>
 #include <string>
@@ -25,5 +27,41 @@ Key optimizer_state_key(const at::Tensor& param) {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }
 }
+
+// bf16 autocast on CUDA for the guard's lifetime, as torch.autocast("cuda", torch.bfloat16)
+// does: matmuls in bf16, reductions in fp32. Autocast state is per thread, so recomputation in
+// backward (autograd's device thread) opens its own guard. Leaving the outermost one drops the
+// cache of bf16 weight copies, which the optimizer step makes stale.
+class CudaBf16Autocast {
+ public:
+  explicit CudaBf16Autocast(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+#if TORCH_VERSION_MAJOR >= 2
+    was_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+#else
+    was_enabled_ = at::autocast::is_enabled();
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    at::autocast::set_enabled(true);
+#endif
+    at::autocast::increment_nesting();
+  }
+  ~CudaBf16Autocast() {
+    if (!enabled_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if TORCH_VERSION_MAJOR >= 2
+    at::autocast::set_autocast_enabled(at::kCUDA, was_enabled_);
+#else
+    at::autocast::set_enabled(was_enabled_);
+#endif
+  }
+  CudaBf16Autocast(const CudaBf16Autocast&) = delete;
+  CudaBf16Autocast& operator=(const CudaBf16Autocast&) = delete;
+
+ private:
+  bool enabled_;
+  bool was_enabled_ = false;
+};
 
 }  // namespace hyscale::compat

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#ifdef USE_C10D_GLOO
+#ifdef HYSCALE_HAVE_GLOO
 #include "worker/parallel/gloo_communicator.h"
 #endif
 #ifdef HYSCALE_HAVE_NCCL
@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> connect(const c10::intrusive_ptr<c
         "context parallelism on CUDA needs NCCL, and this build has none");
 #endif
   }
-#ifdef USE_C10D_GLOO
+#ifdef HYSCALE_HAVE_GLOO
   GlooOptions gloo;
   // Ranks meeting on loopback talk over it; otherwise each uses its hostname's address.
   const bool loopback = rdv.host == "127.0.0.1" || rdv.host == "localhost";

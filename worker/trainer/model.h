@@ -68,6 +68,7 @@ struct ForwardOptions {
   bool recompute = false;        // per-layer activation recomputation
   bool selection_replay = true;  // in recomputation, replay the forward's indices
   bool keep_probes = false;      // keep per-layer tensors for evaluation (indexer recall)
+  bool bf16_autocast = false;    // CUDA: matmuls in bf16 (recomputation re-enters it)
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
   std::shared_ptr<KeyExchange> key_exchange;  // context parallelism; null: the whole sequence
   // The indexer keys' own exchange (a separate CP group); null: they travel with key_exchange.

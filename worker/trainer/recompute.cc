@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include "kernels/torch/compat.h"
+
 namespace hyscale::trainer {
 namespace {
 
@@ -37,6 +39,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     const auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     PhaseClock& clock = *state->options.clock;
     torch::AutoGradMode grad_mode(true);
+    compat::CudaBf16Autocast autocast(state->options.bf16_autocast);
     const auto start = std::chrono::steady_clock::now();
     clock.set_recomputing(true);
     const auto replay = state->options.selection_replay ? state->indices : torch::Tensor();

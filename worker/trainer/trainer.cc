@@ -6,6 +6,11 @@
 
 #include <chrono>
 #include <cmath>
+#ifdef HYSCALE_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "kernels/torch/compat.h"
 
 #include "worker/parallel/context_parallel_group.h"
 #include "worker/trainer/checkpoint.h"
@@ -20,7 +25,17 @@ namespace {
 
 constexpr int64_t kRecallRows = 64;
 
-int64_t peak_memory_bytes() {
+// The device's peak: the CUDA caching allocator's (what tensors took), else the process's RSS.
+int64_t peak_memory_bytes(torch::Device device) {
+#ifdef HYSCALE_HAVE_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        device.has_index() ? device.index() : c10::DeviceIndex{0});
+    return stats.allocated_bytes[0].peak;  // [0]: the aggregate over pool types
+  }
+#else
+  (void)device;
+#endif
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
@@ -92,6 +107,9 @@ class Trainer::Impl {
   absl::Status Run() {
     try {
       return RunSteps();
+    } catch (const c10::Error& e) {
+      return absl::InternalError(
+          absl::StrCat("at step ", step_ + 1, ": ", e.what_without_backtrace()));
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("at step ", step_ + 1, ": ", e.what()));
     }
@@ -176,6 +194,7 @@ class Trainer::Impl {
     o.indexer_loss = true;
     o.recompute = options_.recompute.value_or(spec_.recompute().enabled());
     o.selection_replay = options_.selection_replay.value_or(spec_.recompute().selection_replay());
+    o.bf16_autocast = options_.device.is_cuda();
     return o;
   }
 
@@ -206,18 +225,22 @@ class Trainer::Impl {
       batch = shard(whole, options);
     }
     clear_gradients(*model_);
-    const auto result = model_->forward(batch.inputs, options);
-    // Each rank's loss is its tokens' share of the whole batch's mean: the ranks' gradients then
-    // add up to the gradient of the whole batch's loss.
-    const auto lm_loss =
-        torch::nn::functional::cross_entropy(
-            result.logits.view({-1, result.logits.size(-1)}), batch.targets.view(-1),
-            torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(
-                torch::kSum)) /
-        static_cast<double>(std::max<int64_t>(counted, 1));
-    const auto indexer_loss = result.indexer_loss / static_cast<double>(world_size());
-    const auto loss =
-        (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
+    torch::Tensor lm_loss, indexer_loss, loss;
+    {
+      compat::CudaBf16Autocast autocast(options.bf16_autocast);
+      const auto result = model_->forward(batch.inputs, options);
+      // Each rank's loss is its tokens' share of the whole batch's mean: the ranks' gradients
+      // then add up to the gradient of the whole batch's loss.
+      lm_loss = torch::nn::functional::cross_entropy(
+                    result.logits.view({-1, result.logits.size(-1)}).to(torch::kFloat),
+                    batch.targets.view(-1),
+                    torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(
+                        torch::kSum)) /
+                static_cast<double>(std::max<int64_t>(counted, 1));
+      indexer_loss = result.indexer_loss.to(torch::kFloat) / static_cast<double>(world_size());
+      loss =
+          (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
+    }
     loss.backward();
     if (cp_) {
       PhaseClock::Scope scope(*clock, Phase::kComm);
@@ -246,7 +269,7 @@ class Trainer::Impl {
     m.lr = lr;
     m.step_seconds = seconds;
     m.tokens_per_second = static_cast<double>(batch_tokens) / seconds;
-    m.peak_memory_bytes = peak_memory_bytes();
+    m.peak_memory_bytes = peak_memory_bytes(options_.device);
     const auto phases = clock->take();
     for (size_t i = 0; i < kPhaseCount; ++i) {
       m.phase_seconds[phase_name(static_cast<Phase>(i))] = phases[i];
@@ -269,6 +292,7 @@ class Trainer::Impl {
     for (int i = 0; i < batches; ++i) {
       const Batch whole = data_->Get(Split::kEval, i);
       const Shard batch = shard(whole, options);
+      compat::CudaBf16Autocast autocast(options.bf16_autocast);
       const auto result = model_->forward(batch.inputs, options);
       // Same layout by construction: a length mismatch is a bug, and value() throws on it.
       const auto scored =
