@@ -64,9 +64,7 @@ planner::PlanOptions PlannerOptions(const v1::Resources& resources,
                                     const planner::DeviceProfile& profile) {
   planner::PlanOptions options;
   options.gpus = RanksOf(resources);
-  options.profile = profile;
-  // worker/parallel exchanges the indexer keys with the attention keys (one group).
-  options.indexer_groups = {planner::IndexerGroup::kShared};
+  options.profile = profile;  // every indexer group: hyscale-train runs both
   return options;
 }
 
