@@ -45,14 +45,17 @@ struct GatheredKeys : torch::autograd::Function<GatheredKeys> {
                                const c10::intrusive_ptr<ContextParallelExchange::State>& state) {
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     ctx->saved_data["local_rows"] = local.size(1);
-    return gathered.index_select(0, state->global_order).transpose(0, 1);
+    return gathered.index_select(0, state->global_order.to(gathered.device())).transpose(0, 1);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto state = c10::static_intrusive_pointer_cast<ContextParallelExchange::State>(
         ctx->saved_data["state"].toCapsule());
     const int64_t rows = ctx->saved_data["local_rows"].toInt();
-    const auto in = grads[0].transpose(0, 1).index_select(0, state->rank_order).contiguous();
+    const auto in = grads[0]
+                        .transpose(0, 1)
+                        .index_select(0, state->rank_order.to(grads[0].device()))
+                        .contiguous();
     auto out = torch::empty({rows, in.size(1), in.size(2)}, in.options());
     const auto start = Clock::now();
     throw_if_error(state->comm->reduce_scatter(out, in));

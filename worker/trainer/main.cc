@@ -10,10 +10,15 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>
+
+#ifdef HYSCALE_HAVE_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "proto/job_spec.h"
 #include "worker/parallel/context_parallel_group.h"
@@ -88,13 +93,23 @@ int main(int argc, char** argv) {
     std::cerr << "hyscale-train: --device cuda: no CUDA device is visible to this process\n";
     return kExitBadInput;
   }
-  const torch::Device device =
-      device_name == "cuda" || (device_name == "auto" && cuda) ? torch::kCUDA : torch::kCPU;
   auto rendezvous = hyscale::parallel::RendezvousFromEnv();
   if (!rendezvous.ok()) {
     std::cerr << "hyscale-train: " << rendezvous.status().message() << "\n";
     return kExitBadInput;
   }
+  // A rank that sees several GPUs (a standalone run; the agent shows each rank only its own)
+  // takes the one its rank picks.
+  const int rank = *rendezvous ? (*rendezvous)->rank : 0;
+  const torch::Device device =
+      device_name == "cuda" || (device_name == "auto" && cuda)
+          ? torch::Device(torch::kCUDA,
+                          static_cast<c10::DeviceIndex>(
+                              rank % std::max<size_t>(1, torch::cuda::device_count())))
+          : torch::Device(torch::kCPU);
+#ifdef HYSCALE_HAVE_CUDA
+  if (device.is_cuda()) c10::cuda::set_device(device.index());  // NCCL's and the kernels' device
+#endif
   const int world = *rendezvous ? (*rendezvous)->world_size : 1;
   const int cp = std::max(1, spec->parallelism().context_parallel());
   if (cp != world) {
@@ -148,6 +163,15 @@ int main(int argc, char** argv) {
   events.JobFinished(status);
   if (!status.ok()) {
     std::cerr << "hyscale-train: " << status.message() << "\n";
+    if (options.context_parallel) {
+      // A failed collective may still run on the device or wait for a dead peer, and tearing
+      // the process group down waits for it (NCCL's does, for as long as the peer is gone).
+      // Leave without destructors, outputs flushed.
+      std::cout.flush();
+      std::cerr.flush();
+      if (events_file.is_open()) events_file.flush();
+      std::_Exit(kExitFailed);
+    }
     return kExitFailed;
   }
   return 0;
