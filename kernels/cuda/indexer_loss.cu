@@ -1,10 +1,11 @@
-// The indexer's training path on the GPU: index-score backward at the selected keys, the
-// main-attention mass at the selected keys, and the KL loss between them (indexer_loss_cuda.h).
+// The indexer's training path on the GPU: index-score backward at the selected keys and the KL
+// loss between the indexer's scores and its target (indexer_loss_cuda.h). The target itself (the
+// main-attention mass at the selected keys) runs on tensor cores through cuBLAS, in
+// kernels/torch/cuda.cc.
 //
-// The gather kernels never touch an [N, M] table: a block owns one query row and walks its
-// selected keys in tiles (indexer_loss_traits.cuh). They run on CUDA cores in fp32: the index
-// backward is a few GFLOP per thousand rows and the mass is the logits of the attention forward
-// again; both are simple here on purpose, the attention itself is where the tensor cores go.
+// The gather kernel never touches an [N, M] table: a block owns one query row and walks its
+// selected keys in tiles (indexer_loss_traits.cuh), on CUDA cores in fp32: the index backward is
+// a few GFLOP per thousand rows.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -170,96 +171,6 @@ __global__ void __launch_bounds__(Tr::kThreads)
   }
 }
 
-// ---- selected_attention_mass --------------------------------------------------------------------
-
-// One block per (query row, block of 32 heads). Per tile of 32 selected keys, lane i scores key i
-// against the warp's 4 heads, the warps' probabilities are summed in shared memory and added to
-// mass[t, slot] (zeroed first) with one atomic per slot and block.
-__global__ void __launch_bounds__(MassTraits::kThreads)
-    selected_mass_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const int32_t* indices,
-                         const float* lse, int64_t heads, int dim, int64_t topk, float scale,
-                         float* mass) {
-  using Tr = MassTraits;
-  extern __shared__ float4 smem4[];
-  const int stride = dim + Tr::kPad;
-  float* qs = reinterpret_cast<float*>(smem4);   // [kHeadsPerBlock][stride]
-  float* ks = qs + Tr::kHeadsPerBlock * stride;  // [kKeys][stride]
-  __shared__ int32_t tile_keys[Tr::kKeys];
-  __shared__ float partial[Tr::kWarps][Tr::kKeys];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x;
-  const int64_t head0 = static_cast<int64_t>(blockIdx.y) * Tr::kHeadsPerBlock;
-  const int64_t block_heads =
-      heads - head0 < Tr::kHeadsPerBlock ? heads - head0 : Tr::kHeadsPerBlock;
-
-  load_rows(qs, Tr::kHeadsPerBlock, dim, stride, [&](int h) -> const __nv_bfloat16* {
-    return h < block_heads ? q + (row * heads + head0 + h) * dim : nullptr;
-  });
-  float head_lse[Tr::kHeadsPerWarp];
-#pragma unroll
-  for (int r = 0; r < Tr::kHeadsPerWarp; ++r) {
-    const int h = warp + r * Tr::kWarps;
-    head_lse[r] = h < block_heads ? lse[row * heads + head0 + h] : kNegInf;
-  }
-
-  for (int64_t first = 0; first < topk; first += Tr::kKeys) {
-    __syncthreads();  // the previous tile is consumed (and the query loaded)
-    if (threadIdx.x < Tr::kKeys) {
-      const int64_t slot = first + threadIdx.x;
-      tile_keys[threadIdx.x] = slot < topk ? indices[row * topk + slot] : -1;
-    }
-    __syncthreads();
-    load_rows(ks, Tr::kKeys, dim, stride, [&](int i) -> const __nv_bfloat16* {
-      return tile_keys[i] >= 0 ? keys + static_cast<int64_t>(tile_keys[i]) * dim : nullptr;
-    });
-    __syncthreads();
-
-    float dots[Tr::kHeadsPerWarp];
-#pragma unroll
-    for (int r = 0; r < Tr::kHeadsPerWarp; ++r) dots[r] = 0.f;
-    const float* my_key = ks + lane * stride;
-#pragma unroll 4
-    for (int d = 0; d < dim; d += 4) {
-      const float4 kv = *reinterpret_cast<const float4*>(my_key + d);
-#pragma unroll
-      for (int r = 0; r < Tr::kHeadsPerWarp; ++r) {
-        const float4 qv =
-            *reinterpret_cast<const float4*>(qs + (warp + r * Tr::kWarps) * stride + d);
-        dots[r] = dot4(qv, kv, dots[r]);
-      }
-    }
-    float p = 0.f;
-#pragma unroll
-    for (int r = 0; r < Tr::kHeadsPerWarp; ++r) {
-      if (head_lse[r] != kNegInf) p += expf(scale * dots[r] - head_lse[r]);
-    }
-    partial[warp][lane] = p;
-    __syncthreads();
-    if (threadIdx.x < Tr::kKeys && tile_keys[threadIdx.x] >= 0) {
-      float total = 0.f;
-#pragma unroll
-      for (int v = 0; v < Tr::kWarps; ++v) total += partial[v][threadIdx.x];
-      atomicAdd(mass + row * topk + first + threadIdx.x, total);
-    }
-  }
-}
-
-// One warp per row: mass[row] /= sum(mass[row]) when the sum is positive.
-__global__ void __launch_bounds__(RowWarpTraits::kThreads)
-    normalize_rows_kernel(int64_t rows, int64_t topk, float* mass) {
-  const int64_t row =
-      static_cast<int64_t>(blockIdx.x) * RowWarpTraits::kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  float* m = mass + row * topk;
-  float total = 0.f;
-  for (int64_t i = lane; i < topk; i += 32) total += m[i];
-  total = warp_sum(total);
-  if (!(total > 0.f)) return;
-  const float inverse = 1.f / total;
-  for (int64_t i = lane; i < topk; i += 32) m[i] *= inverse;
-}
-
 // ---- indexer_kl ---------------------------------------------------------------------------------
 
 // Log-sum-exp of a row's valid scores, in every lane of the warp; -infinity when it has none.
@@ -353,40 +264,6 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
         topk, grad_scores, grad_q, grad_k, grad_w);
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
-}
-
-bool selected_attention_mass_dim_supported(int64_t dim_qk) {
-  return dim_qk > 0 && dim_qk % 4 == 0 && dim_qk <= kMaxMassDimQk;
-}
-
-void selected_attention_mass(const SparseAttnShape& shape, const void* q, const void* key,
-                             const int32_t* indices, const float* lse, float scale, float* mass,
-                             Stream stream) {
-  const char* op = "hyscale::selected_attention_mass (CUDA)";
-  if (!selected_attention_mass_dim_supported(shape.dim_qk)) {
-    throw std::invalid_argument(std::string(op) + ": d_qk must be a multiple of 4 in [4, " +
-                                std::to_string(kMaxMassDimQk) + "], got " +
-                                std::to_string(shape.dim_qk));
-  }
-  const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  const int64_t rows = shape.num_queries;
-  throw_on_error(cudaMemsetAsync(mass, 0, rows * shape.topk * sizeof(float), cuda_stream), op,
-                 "zeroing mass");
-  if (rows == 0) return;
-  const size_t smem = MassTraits::smem_floats(static_cast<int>(shape.dim_qk)) * sizeof(float);
-  throw_on_error(
-      cudaFuncSetAttribute(selected_mass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)),
-      op, "shared memory size");
-  const dim3 grid(static_cast<unsigned>(rows),
-                  static_cast<unsigned>(ceil_div(shape.heads, MassTraits::kHeadsPerBlock)));
-  selected_mass_kernel<<<grid, MassTraits::kThreads, smem, cuda_stream>>>(
-      static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(key), indices, lse,
-      shape.heads, static_cast<int>(shape.dim_qk), shape.topk, scale, mass);
-  throw_on_error(cudaGetLastError(), op, "mass kernel launch");
-  normalize_rows_kernel<<<row_warp_blocks(rows), RowWarpTraits::kThreads, 0, cuda_stream>>>(
-      rows, shape.topk, mass);
-  throw_on_error(cudaGetLastError(), op, "normalisation launch");
 }
 
 void indexer_kl_fwd(int64_t rows, int64_t topk, const float* score, const float* target,

@@ -1,6 +1,7 @@
 // CUDA kernels of the indexer's training path: the backward of the index scores at selected keys
-// (selection replay), the main-attention mass at the selected keys (the indexer's sparse-stage
-// target) and the KL loss between the two, forward and backward.
+// (selection replay) and the KL loss between the indexer's scores and its target, forward and
+// backward. The target (the main-attention mass at the selected keys) is computed in
+// kernels/torch/cuda.cc, on tensor cores through cuBLAS.
 //
 // Host API over raw device pointers, so this header needs neither libtorch nor CUDA headers; the
 // torch binding (kernels/torch/cuda.cc) checks shapes and calls it. All tensors are contiguous on
@@ -24,18 +25,6 @@ using Stream = void*;  // cudaStream_t
 void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
                           const int32_t* indices, int64_t topk, const float* grad_scores,
                           float* grad_q, float* grad_k, float* grad_w, Stream stream);
-
-// d_qk a multiple of 4, at most kMaxMassDimQk (the block keeps its heads' queries and a key tile
-// in shared memory, as fp32).
-inline constexpr int64_t kMaxMassDimQk = 768;
-bool selected_attention_mass_dim_supported(int64_t dim_qk);
-
-// q [N, H, d_qk] and key [M, d_qk] bf16, indices [N, topk] int32, lse [N, H] fp32 (from
-// sparse_attn). mass [N, topk] fp32: sum over heads of exp(scale * q[t, h] . key[s] - lse[t, h]),
-// L1-normalised per row, 0 in -1 slots. The head sum runs in fp32 atomics across blocks of heads.
-void selected_attention_mass(const SparseAttnShape& shape, const void* q, const void* key,
-                             const int32_t* indices, const float* lse, float scale, float* mass,
-                             Stream stream);
 
 // score, target [rows, topk] fp32 (score -infinity in unused slots). loss [rows] =
 // KL(target || softmax(score)) over the valid slots; grad_score [rows, topk] =

@@ -1,7 +1,7 @@
 // Tiling of the indexer-loss kernels (indexer_loss.cu), in one place.
 //
-// Both gather kernels run one block per query row (the mass kernel: per row and block of heads)
-// and walk the row's selected keys in tiles of 32, one key per lane: a tile's keys are gathered
+// The gather kernel runs one block per query row and walks the row's selected keys in tiles of 32,
+// one key per lane: a tile's keys are gathered
 // into shared memory as fp32 rows padded by 4 floats, so each lane reads its own key row 16 bytes
 // at a time without bank conflicts while the query rows are broadcast. Products run on CUDA cores
 // in fp32.
@@ -30,16 +30,7 @@ struct ScoreGradTraits : GatherTileTraits {
   static_assert(kHeads % kWarps == 0 && kDim % 32 == 0, "unsupported indexer shape");
 };
 
-// selected_attention_mass: one block per (query row, block of kHeadsPerBlock heads).
-struct MassTraits : GatherTileTraits {
-  static constexpr int kHeadsPerBlock = 32;
-  static constexpr int kHeadsPerWarp = kHeadsPerBlock / kWarps;
-  static constexpr int smem_floats(int dim_qk) {
-    return (kHeadsPerBlock + kKeys) * (dim_qk + kPad);
-  }
-};
-
-// indexer_kl and the mass normalisation: one warp per row.
+// indexer_kl: one warp per row.
 struct RowWarpTraits {
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / 32;
