@@ -106,6 +106,16 @@ void check_sizes(const char* op, const char* name, const at::Tensor& t, at::IntA
   TORCH_CHECK(t.sizes() == sizes, op, ": ", name, " must have shape ", sizes, ", got ", t.sizes());
 }
 
+void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target) {
+  TORCH_CHECK(score.dim() >= 1 && score.size(-1) > 0, op,
+              ": score must be [..., topk] with topk > 0, got shape ", score.sizes());
+  TORCH_CHECK(at::isFloatingType(score.scalar_type()), op, ": score must be floating, got ",
+              score.scalar_type());
+  check_sizes(op, "target", target, score.sizes());
+  TORCH_CHECK(target.device() == score.device(), op, ": target is on ", target.device(),
+              " but score is on ", score.device());
+}
+
 at::ScalarType cpu_compute_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }

@@ -41,6 +41,9 @@ SparseAttnArgs check_sparse_attn(const char* op, const at::Tensor& q, const at::
 // `t` must have exactly `sizes` (used for gradients and saved outputs).
 void check_sizes(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes);
 
+// The indexer KL's score and target [..., topk] (every leading dim a row), on one device.
+void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target);
+
 // CPU kernels compute in double for double inputs (gradient checks) and in float otherwise.
 at::ScalarType cpu_compute_dtype(const at::Tensor& t);
 

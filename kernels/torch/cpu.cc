@@ -201,15 +201,6 @@ at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
   return unbatch(mass.tensor(), a.batching);
 }
 
-// score and target [..., topk]: every leading dim is a row.
-void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target) {
-  TORCH_CHECK(score.dim() >= 1 && score.size(-1) > 0, op,
-              ": score must be [..., topk] with topk > 0, got shape ", score.sizes());
-  TORCH_CHECK(at::isFloatingType(score.scalar_type()), op, ": score must be floating, got ",
-              score.scalar_type());
-  check_sizes(op, "target", target, score.sizes());
-}
-
 at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
   const char* op = "hyscale::indexer_kl";
   check_kl_args(op, score, target);

@@ -299,18 +299,7 @@ at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
   return unbatch(mass, b);
 }
 
-// score and target [..., topk]: every leading dim is a row. Computed in fp32; the loss is fp32
-// (fp64 for fp64 scores, as on the CPU).
-void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target) {
-  TORCH_CHECK(score.dim() >= 1 && score.size(-1) > 0, op,
-              ": score must be [..., topk] with topk > 0, got shape ", score.sizes());
-  TORCH_CHECK(at::isFloatingType(score.scalar_type()), op, ": score must be floating, got ",
-              score.scalar_type());
-  check_sizes(op, "target", target, score.sizes());
-  TORCH_CHECK(target.device() == score.device(), op, ": target is on ", target.device(),
-              " but score is on ", score.device());
-}
-
+// The KL in fp32; the loss is fp32 (fp64 for fp64 scores, as on the CPU).
 at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
   const char* op = "hyscale::indexer_kl";
   check_kl_args(op, score, target);

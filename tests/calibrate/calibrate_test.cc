@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "server/planner/profile.h"
+#include "tests/client/tiny_spec.h"
 
 namespace hyscale::calibrate {
 namespace {
@@ -143,24 +144,7 @@ TEST_F(CalibrateTest, PlanUsesTheCalibration) {
   const std::string out = Path("cpu.json");
   ASSERT_EQ(Calibrate({"--quick", "--device", "cpu", "--out", out}).code, 0);
   const std::string spec = Path("job.yaml");
-  std::ofstream(spec) << R"(name: tiny
-model:
-  vocab_size: 160
-  d_model: 32
-  layers: 1
-  heads: 2
-  head_dim_qk: 16
-  rope_dim: 8
-  head_dim_v: 16
-  d_ff: 64
-  indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 16}
-data:
-  seq_len: 64
-  batch_size: 2
-  recall: {pairs: 4, queries: 4, key_vocab: 64, value_vocab: 64}
-stages:
-  - {name: sparse, steps: 20, lr: 1.0e-3, attention: SPARSE, trains: ALL}
-)";
+  std::ofstream(spec) << cli::testing::TinySparseSpec();
   const Result plan = RunCommand(HYSCALE_CLI_BIN, {"-o", "json", "plan", spec, "--gpus", "1",
                                                    "--gpu", "cpu", "--calibration", out});
   ASSERT_EQ(plan.code, 0) << plan.output;

@@ -11,28 +11,10 @@
 #include "proto/job_spec.h"
 #include "server/clock.h"
 #include "server/coordinator.h"
+#include "tests/client/tiny_spec.h"
 
 namespace hyscale::server {
 namespace {
-
-constexpr char kSpec[] = R"(name: tiny
-model:
-  vocab_size: 160
-  d_model: 32
-  layers: 1
-  heads: 2
-  head_dim_qk: 16
-  rope_dim: 8
-  head_dim_v: 16
-  d_ff: 64
-  indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 16}
-data:
-  seq_len: 64
-  batch_size: 2
-  recall: {pairs: 4, queries: 4, key_vocab: 64, value_vocab: 64}
-stages:
-  - {name: sparse, steps: 20, lr: 1.0e-3, attention: SPARSE, trains: ALL}
-)";
 
 class CoordinatorCalibrationTest : public ::testing::Test {
  protected:
@@ -60,7 +42,7 @@ class CoordinatorCalibrationTest : public ::testing::Test {
   // The planner's step estimate for the tiny sparse job on one rank of `kind`.
   static double Step(Coordinator& coordinator, v1::DeviceKind kind) {
     v1::PlanJobRequest request;
-    auto spec = ParseJobSpec(kSpec, SpecFormat::kYaml);
+    auto spec = ParseJobSpec(cli::testing::TinySparseSpec(), SpecFormat::kYaml);
     EXPECT_TRUE(spec.ok()) << spec.status();
     *request.mutable_spec() = *spec;
     request.mutable_resources()->set_ranks(1);

@@ -1,6 +1,8 @@
 // The small job spec the CLI tests submit (validated by the CLI; run by fake trainers).
 #pragma once
 
+#include <string>
+
 namespace hyscale::cli::testing {
 
 inline constexpr char kTinySpec[] = R"(name: tiny
@@ -23,5 +25,13 @@ stages:
   - {name: dense, steps: 20, lr: 1.0e-3, attention: DENSE, trains: ALL}
 checkpoint: {every_steps: 5}
 )";
+
+// The same job with its stage sparse: what planning a query group G needs.
+inline std::string TinySparseSpec() {
+  std::string spec = kTinySpec;
+  const std::string dense = "attention: DENSE";
+  spec.replace(spec.find(dense), dense.size(), "attention: SPARSE");
+  return spec;
+}
 
 }  // namespace hyscale::cli::testing

@@ -21,3 +21,14 @@ wait_for() {
     sleep 0.2
   done
 }
+
+# free_port: a loopback port nothing listens on now.
+free_port() {
+  local port
+  for ((port = 20000 + RANDOM % 30000; ; port++)); do
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+}

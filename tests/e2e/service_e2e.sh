@@ -38,16 +38,6 @@ tag=$scenario
 # shellcheck source=tests/e2e/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-free_port() {
-  local port
-  for ((port = 20000 + RANDOM % 30000; ; port++)); do
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
-      return
-    fi
-  done
-}
-
 echo "e2e-secret-$RANDOM$RANDOM" >"$work/token"
 grpc_port=$(free_port)
 metrics_port=$(free_port)
