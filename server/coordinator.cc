@@ -610,6 +610,18 @@ absl::Status Coordinator::ValidateSubmit(const v1::SubmitJobRequest& request) co
     problems.push_back(absl::StrCat("resources.ranks: must be in [1, ", kMaxRanks, "] (got ",
                                     resources.ranks(), ")"));
   }
+  // Every rank is one context-parallel process of the job (there is no data parallelism): a
+  // MANUAL job runs context_parallel ranks, and asking for another count above 1 is a mistake.
+  if (request.has_spec() && request.spec().parallelism().mode() != v1::AUTO) {
+    const int degree = std::max(1, request.spec().parallelism().context_parallel());
+    if (resources.ranks() > 1 && resources.ranks() != degree) {
+      problems.push_back(absl::StrCat(
+          "resources.ranks: must be ", degree,
+          " (spec.parallelism.context_parallel: each rank is one context-parallel process) or "
+          "left at 1 (got ",
+          resources.ranks(), ")"));
+    }
+  }
   if (!v1::DeviceKind_IsValid(resources.device_kind())) {
     problems.push_back(
         absl::StrCat("resources.device_kind: unknown kind (got ", resources.device_kind(), ")"));
@@ -648,7 +660,8 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   *job.mutable_spec() = request.spec();
   ApplyDefaults(job.mutable_spec());
   *job.mutable_resources() = request.resources();
-  job.mutable_resources()->set_ranks(RanksOf(request.resources()));
+  job.mutable_resources()->set_ranks(
+      std::max(RanksOf(request.resources()), job.spec().parallelism().context_parallel()));
   job.set_priority(request.priority());
   job.set_max_restarts(request.max_restarts());
   job.set_request_id(request.request_id());
@@ -657,6 +670,8 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
         !status.ok()) {
       return status;
     }
+    // The plan may use fewer of the offered devices than asked for; the job holds what it uses.
+    job.mutable_resources()->set_ranks(job.spec().parallelism().context_parallel());
   }
 
   std::lock_guard<std::mutex> lock(mu_);

@@ -1018,6 +1018,24 @@ TEST_F(CoordinatorTest, PlanIsSingleDeviceWithPlacement) {
             std::string::npos);
 }
 
+TEST_F(CoordinatorTest, ContextParallelJobsRunOneRankPerCpProcess) {
+  v1::SubmitJobRequest request = SubmitRequest();
+  auto* parallelism = request.mutable_spec()->mutable_parallelism();
+  parallelism->set_mode(v1::MANUAL);
+  parallelism->set_context_parallel(2);
+  parallelism->set_cp_layout("zigzag");
+  auto job = c_->SubmitJob(request);  // ranks left at 1: the spec's degree
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->resources().ranks(), 2);
+
+  request.mutable_resources()->set_ranks(4);
+  const auto mismatch = c_->SubmitJob(request);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(mismatch.status().message()).find("resources.ranks: must be 2"),
+            std::string::npos)
+      << mismatch.status();
+}
+
 TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
   v1::SubmitJobRequest request = SubmitRequest(4, 0, 0);
   v1::JobSpec& spec = *request.mutable_spec();
@@ -1038,6 +1056,7 @@ TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
     EXPECT_FALSE(planned.separate_indexer_group());
   }
   EXPECT_TRUE(hyscale::ValidateJobSpec(job->spec()).ok()) << hyscale::ValidateJobSpec(job->spec());
+  EXPECT_EQ(job->resources().ranks(), planned.context_parallel());  // what the plan uses
   const std::string text = metrics_.Render();
   EXPECT_NE(text.find("hyscale_job_predicted_step_seconds{job_id=\"" + job->id() + "\"} "),
             std::string::npos);

@@ -62,6 +62,12 @@ v1::SubmitJobRequest SubmitRequest(int ranks, int priority, int max_restarts) {
   *request.mutable_spec() = TinySpec();
   request.mutable_resources()->set_ranks(ranks);
   request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  if (ranks > 1) {  // a job's ranks are its context-parallel processes
+    auto* parallelism = request.mutable_spec()->mutable_parallelism();
+    parallelism->set_mode(v1::MANUAL);
+    parallelism->set_context_parallel(ranks);
+    parallelism->set_cp_layout("contiguous");
+  }
   request.set_priority(priority);
   request.set_max_restarts(max_restarts);
   return request;
