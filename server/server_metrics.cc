@@ -43,6 +43,11 @@ ServerMetrics::ServerMetrics(absl::Duration retention)
       step_phase_(registry_.AddHistogram("hyscale_job_step_phase_seconds",
                                          "Time per training step phase (rank 0).",
                                          {"job_id", "phase"}, StepBuckets())),
+      comm_seconds_(registry_.AddHistogram(
+          "hyscale_job_comm_seconds",
+          "Context-parallel communication per training step (rank 0): exposed (waited for) or "
+          "overlapped (hidden behind computation).",
+          {"job_id", "kind"}, StepBuckets())),
       step_seconds_(registry_.AddHistogram(
           "hyscale_job_step_seconds", "Training step time (rank 0).", {"job_id"}, StepBuckets())),
       tokens_per_second_(registry_.AddGauge("hyscale_job_tokens_per_second",
@@ -99,6 +104,12 @@ void ServerMetrics::Step(const std::string& job_id, const v1::StepProgress& step
   if (step.rank() != 0) return;  // one series per job, not per rank
   for (const auto& [phase, seconds] : step.phase_seconds()) {
     step_phase_->Observe({job_id, phase}, seconds);
+  }
+  if (step.has_comm_exposed_seconds()) {
+    comm_seconds_->Observe({job_id, "exposed"}, step.comm_exposed_seconds());
+  }
+  if (step.has_comm_overlapped_seconds()) {
+    comm_seconds_->Observe({job_id, "overlapped"}, step.comm_overlapped_seconds());
   }
   step_seconds_->Observe({job_id}, step.step_seconds());
   tokens_per_second_->Set({job_id}, step.tokens_per_second());

@@ -50,6 +50,7 @@ class ServerMetrics {
   Histogram* rpc_duration_;
   Gauge* workers_;
   Histogram* step_phase_;
+  Histogram* comm_seconds_;
   Histogram* step_seconds_;
   Gauge* tokens_per_second_;
   Gauge* loss_;

@@ -46,6 +46,12 @@ absl::StatusOr<v1::JobEvent> ParseTrainerEvent(int rank, const std::string& line
         if (seconds.is_number()) (*step->mutable_phase_seconds())[phase] = seconds.get<double>();
       }
     }
+    if (json.contains("comm_exposed_seconds")) {
+      step->set_comm_exposed_seconds(json["comm_exposed_seconds"].get<double>());
+    }
+    if (json.contains("comm_overlapped_seconds")) {
+      step->set_comm_overlapped_seconds(json["comm_overlapped_seconds"].get<double>());
+    }
     if (json.contains("accuracy") || json.contains("indexer_recall")) {
       step->set_evaluated(true);
       step->set_accuracy(json.value("accuracy", 0.0));

@@ -716,6 +716,18 @@ TEST(TrainerEventsTest, RendezvousAddressNeedsHostAndRealPort) {
   EXPECT_FALSE(RendezvousAddress("not json").ok());
 }
 
+TEST(TrainerEventsTest, StepCarriesContextParallelCommunication) {
+  const auto cp = ParseTrainerEvent(
+      0, R"({"event":"step","step":3,"comm_exposed_seconds":0.25,"comm_overlapped_seconds":0.5})");
+  ASSERT_TRUE(cp.ok()) << cp.status();
+  EXPECT_DOUBLE_EQ(cp->step().comm_exposed_seconds(), 0.25);
+  EXPECT_DOUBLE_EQ(cp->step().comm_overlapped_seconds(), 0.5);
+  const auto alone = ParseTrainerEvent(0, R"({"event":"step","step":3})");
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_FALSE(alone->step().has_comm_exposed_seconds());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","comm_exposed_seconds":"x"})").ok());
+}
+
 TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
   auto q1 = Register("w1", 1);
   const v1::Job job = Submit(1, 0, 1);

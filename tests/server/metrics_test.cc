@@ -81,6 +81,8 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
   step.set_indexer_recall(0.75);
   (*step.mutable_phase_seconds())["selection"] = 0.1;
   (*step.mutable_phase_seconds())["attention_fwd"] = 0.2;
+  step.set_comm_exposed_seconds(0.01);
+  step.set_comm_overlapped_seconds(0.03);
   metrics.Step("job-1", step);
   const std::string text = metrics.Render();
   for (const char* name :
@@ -91,6 +93,8 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
         "hyscale_workers{state=\"online\"} 1", "hyscale_workers{state=\"lost\"} 0",
         "hyscale_job_step_phase_seconds_bucket{job_id=\"job-1\",phase=\"selection\",le=\"0.1\"} 1",
         "hyscale_job_step_seconds_count{job_id=\"job-1\"} 1",
+        "hyscale_job_comm_seconds_count{job_id=\"job-1\",kind=\"exposed\"} 1",
+        "hyscale_job_comm_seconds_count{job_id=\"job-1\",kind=\"overlapped\"} 1",
         "hyscale_job_tokens_per_second{job_id=\"job-1\"} 1000",
         "hyscale_job_loss{job_id=\"job-1\"} 2", "hyscale_job_indexer_recall{job_id=\"job-1\"} 0.75",
         "hyscale_job_peak_memory_bytes{job_id=\"job-1\"} 1048576",
