@@ -107,7 +107,7 @@ TEST_F(TrainerProcessTest, PrepareWritesSpecAndCommand) {
   const std::string rank_dir = dir_.path() + "/work/job-1/2/rank1";
   EXPECT_EQ(command.args,
             (std::vector<std::string>{"--config", rank_dir + "/job.json", "--checkpoint-dir",
-                                      "/shared/ckpt/job-1", "--resume"}));
+                                      "/shared/ckpt/job-1", "--resume", "--device", "cuda"}));
   EXPECT_EQ(command.log_path, dir_.path() + "/work/job-1/2/rank1.log");
   const std::string json = ReadAll(rank_dir + "/job.json");
   EXPECT_NE(json.find("\"seq_len\": 64"), std::string::npos) << json;  // proto field names
@@ -136,7 +136,8 @@ TEST_F(TrainerProcessTest, PrepareKeepsTheSpecsCheckpointDir) {
   run.mutable_spec()->mutable_checkpoint()->set_dir("/data/mine");
   const TrainerCommand command = Prepare(run);
   EXPECT_EQ(command.args,
-            (std::vector<std::string>{"--config", dir_.path() + "/work/job-1/0/rank0/job.json"}));
+            (std::vector<std::string>{"--config", dir_.path() + "/work/job-1/0/rank0/job.json",
+                                      "--device", "cpu"}));
 }
 
 TEST_F(TrainerProcessTest, PrepareRejectsUnsafeJobId) {

@@ -112,6 +112,8 @@ absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSet
     command.args.insert(command.args.end(), {"--checkpoint-dir", checkpoint_dir});
   }
   if (run.resume()) command.args.push_back("--resume");
+  // The slot's kind, not what the trainer finds: a CPU slot on a machine with GPUs trains on CPU.
+  command.args.insert(command.args.end(), {"--device", setup.gpus ? "cuda" : "cpu"});
   command.env = {{"HYSCALE_JOB_ID", ref.job_id()},
                  {"HYSCALE_RANK", std::to_string(ref.rank())},
                  {"HYSCALE_WORLD_SIZE", std::to_string(std::max(1, run.world_size()))},

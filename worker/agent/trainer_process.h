@@ -33,7 +33,9 @@ struct TrainerCommand {
 struct RankSetup {
   std::string work_dir;
   std::string trainer_path;
-  bool gpus = false;  // the worker's device slots are GPUs: set CUDA_VISIBLE_DEVICES
+  // The worker's device slots are GPUs: the trainer runs with --device cuda and
+  // CUDA_VISIBLE_DEVICES set to its slot; else --device cpu.
+  bool gpus = false;
 };
 
 // Writes `run.spec` as <work_dir>/<job>/<attempt>/rank<N>/job.json (protobuf JSON with the
