@@ -41,7 +41,6 @@ class ContextParallelGroup {
 
   int rank() const { return keys_->rank(); }
   int world_size() const { return keys_->world_size(); }
-  Layout layout() const { return layout_; }
 
   // The exchanges for sequences of `seq_len` tokens: `indexer_keys` is null unless the indexer
   // has its own group. Made once per length.

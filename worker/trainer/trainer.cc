@@ -79,7 +79,6 @@ class Trainer::Impl {
         options_(options),
         events_(events),
         plan_(spec),
-        cp_(options.context_parallel),
         data_(std::move(data)),
         model_(seeded_model(spec, options.device)),
         optimizer_(make_adamw(*model_, spec.optimizer())),
@@ -150,18 +149,20 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
-  int rank() const { return cp_ ? cp_->rank() : 0; }
-  int world_size() const { return cp_ ? cp_->world_size() : 1; }
+  // This rank's context-parallel group; null when the process holds whole sequences.
+  parallel::ContextParallelGroup* cp() const { return options_.context_parallel.get(); }
+  int rank() const { return cp() ? cp()->rank() : 0; }
+  int world_size() const { return cp() ? cp()->world_size() : 1; }
 
   // This rank's part of a batch, with the exchanges of its length set in `options`.
   Shard shard(const Batch& batch, ForwardOptions& options) const {
     Shard s;
     s.inputs = to_tensor(batch.inputs, batch.batch_size, batch.seq_len);
     s.targets = to_tensor(batch.targets, batch.batch_size, batch.seq_len);
-    if (!cp_) {
+    if (!cp()) {
       s.positions = torch::arange(batch.seq_len, torch::kLong);
     } else {
-      auto exchanges = cp_->exchanges(batch.seq_len);
+      auto exchanges = cp()->exchanges(batch.seq_len);
       throw_if_error(exchanges.status());
       options.key_exchange = exchanges->keys;
       options.indexer_key_exchange = exchanges->indexer_keys;
@@ -177,9 +178,9 @@ class Trainer::Impl {
   // Sums `values` over the ranks (a no-op alone).
   torch::Tensor sum_over_ranks(std::vector<double> values) const {
     auto t = torch::tensor(values, torch::kDouble);
-    if (!cp_) return t;
+    if (!cp()) return t;
     t = t.to(options_.device);
-    throw_if_error(cp_->sum(t));
+    throw_if_error(cp()->sum(t));
     return t.to(torch::kCPU);
   }
 
@@ -242,9 +243,9 @@ class Trainer::Impl {
           (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
     }
     loss.backward();
-    if (cp_) {
+    if (cp()) {
       PhaseClock::Scope scope(*clock, Phase::kComm);
-      throw_if_error(cp_->sum_gradients(model_->parameters()));
+      throw_if_error(cp()->sum_gradients(model_->parameters()));
     }
     const double lr = plan_.learning_rate(step);
     {
@@ -274,8 +275,8 @@ class Trainer::Impl {
     for (size_t i = 0; i < kPhaseCount; ++i) {
       m.phase_seconds[phase_name(static_cast<Phase>(i))] = phases[i];
     }
-    if (cp_) {
-      const parallel::CommTimes times = cp_->take_times();
+    if (cp()) {
+      const parallel::CommTimes times = cp()->take_times();
       m.comm = CommMetrics{times.exposed_s, times.overlapped_s};
     }
     return m;
@@ -328,7 +329,6 @@ class Trainer::Impl {
   const TrainerOptions options_;
   EventSink& events_;
   const StagePlan plan_;
-  const std::shared_ptr<parallel::ContextParallelGroup> cp_;
   std::unique_ptr<DataSource> data_;
   DsaModel model_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
