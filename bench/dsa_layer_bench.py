@@ -135,12 +135,26 @@ def bf16_valued(x):
     return x.detach().to(torch.bfloat16).to(x.dtype)
 
 
+def by_piece(L, pieces, fn):
+    """fn(rows, q_offset) over each run of consecutive query positions, results concatenated.
+    `pieces`: (first row, rows, global position of that row) of the local queries; None: one
+    run from position 0 (the whole sequence). Context parallelism passes its layout's runs."""
+    pieces = pieces or [(0, L["q"].shape[0], 0)]
+    parts = [fn(slice(lo, lo + m), offset) for lo, m, offset in pieces]
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(p) for p in zip(*parts))
+    return torch.cat(parts)
+
+
 # ---- HyScale ---------------------------------------------------------------------------------
 
-def hyscale_step(cfg, L, grad_out, mark=lambda name: None):
+def hyscale_step(cfg, L, grad_out, mark=lambda name: None, pieces=None):
     ops, scale = torch.ops.hyscale, cfg.dqk ** -0.5
     with torch.no_grad():
-        idx, scores = ops.flash_topk(L["q_i"], L["k_i"], L["w"], cfg.topk)
+        idx, scores = by_piece(L, pieces, lambda r, off: ops.flash_topk(
+            L["q_i"][r], L["k_i"], L["w"][r], cfg.topk, off))
         mark("fwd selection")
         out, lse = ops.sparse_attn(L["q"], L["key"], L["value"], idx, scale)
         mark("fwd attention")
@@ -149,7 +163,8 @@ def hyscale_step(cfg, L, grad_out, mark=lambda name: None):
         mark("fwd indexer loss")
     # Recomputation: the selection is replayed, only its scores are recomputed; the target is a
     # constant of the loss, kept from the forward like the indices (N * k fp32).
-    score = ops.index_score_gather(L["q_i"], L["k_i"], L["w"], idx)
+    score = by_piece(L, pieces, lambda r, off: ops.index_score_gather(
+        L["q_i"][r], L["k_i"], L["w"][r], idx[r], off))
     mark("recompute selection")
     out, lse = ops.sparse_attn(L["q"], L["key"], L["value"], idx, scale)
     kl = ops.indexer_kl(score, target).mean()
@@ -161,9 +176,10 @@ def hyscale_step(cfg, L, grad_out, mark=lambda name: None):
 
 # ---- Megatron-style (DESIGN.md section 4) ----------------------------------------------------
 
-def naive_select(q_i, k_i, w, topk, chunk_bytes):
+def naive_select(q_i, k_i, w, topk, chunk_bytes, q_offset=0):
     """fp32 einsum into [rows, H_I, M], ReLU, weighted sum, causal mask, torch.topk; unused slots
-    (t + 1 < k) are -1. Returns (int32 indices, scores in the accumulation dtype)."""
+    (t + 1 < k) are -1; row r is at position q_offset + r. Returns (int32 indices, scores in the
+    accumulation dtype)."""
     n, heads, _ = q_i.shape
     m = k_i.shape[0]
     rows_per_chunk = max(1, chunk_bytes // (heads * m * 4))
@@ -177,7 +193,8 @@ def naive_select(q_i, k_i, w, topk, chunk_bytes):
         logits = torch.einsum("rhd,md->rhm", acc(q_i[row:row + rows]), kf).relu_()
         s = torch.einsum("rhm,rh->rm", logits, acc(w[row:row + rows]))
         del logits
-        causal = keys.unsqueeze(0) > torch.arange(row, row + rows, device=q_i.device).unsqueeze(1)
+        causal = keys.unsqueeze(0) > torch.arange(q_offset + row, q_offset + row + rows,
+                                                  device=q_i.device).unsqueeze(1)
         s.masked_fill_(causal, float("-inf"))
         top = torch.topk(s, k, dim=1)
         valid = top.values > float("-inf")
@@ -227,11 +244,12 @@ def torch_kl(score, target):
     return torch.where(valid & (t > 0), t * (torch.log(safe_t) - logp), torch.zeros_like(t)).sum(-1)
 
 
-def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None):
-    """`select` replaces the selection (the gate runs both stacks on one selection)."""
+def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None, pieces=None):
+    """`select` replaces the selection (the gate runs both stacks on one selection); `pieces` as
+    in by_piece."""
     scale, n, chunk = cfg.dqk ** -0.5, L["q"].shape[0], cfg.chunk
-    select = select or (lambda: naive_select(L["q_i"], L["k_i"], L["w"], cfg.topk,
-                                             cfg.naive_chunk_bytes))
+    select = select or (lambda: by_piece(L, pieces, lambda r, off: naive_select(
+        L["q_i"][r], L["k_i"], L["w"][r], cfg.topk, cfg.naive_chunk_bytes, off)))
     with torch.no_grad():
         idx, scores = select()
         mark("fwd selection")
