@@ -291,8 +291,8 @@ def run_cp(cfg, stack, layout, n, rank, world, device, dtype, clock, warmup, run
 
 JOB = """name: cp-layer-bench
 model: {{vocab_size: 256, d_model: 1024, layers: 1, heads: {heads}, head_dim_qk: {dqk},
-        rope_dim: 64, head_dim_v: {dv}, d_ff: 4096,
-        indexer: {{heads: {heads_i}, dim: {dim_i}, rope_dim: 32, topk: {topk}}}}}
+        rope_dim: {rope}, head_dim_v: {dv}, d_ff: 4096,
+        indexer: {{heads: {heads_i}, dim: {dim_i}, rope_dim: {rope_i}, topk: {topk}}}}}
 data: {{seq_len: {n}, batch_size: 1, text_file: {{path: /dev/null}}}}
 stages: [{{steps: 1, lr: 1.0e-4, attention: SPARSE}}]
 """
@@ -305,7 +305,8 @@ def predict(cfg, n, world, layout, stack):
         return None
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(JOB.format(n=n, heads=cfg.heads, dqk=cfg.dqk, dv=cfg.dv, heads_i=cfg.heads_i,
-                           dim_i=cfg.dim_i, topk=cfg.topk))
+                           dim_i=cfg.dim_i, topk=cfg.topk, rope=min(64, cfg.dqk // 2),
+                           rope_i=min(32, cfg.dim_i // 2)))
     cmd = [cfg.hyscale, "-o", "json", "plan", f.name, "--gpus", str(world), "--gpu", "h200",
            "--stack", stack, "--top", "0"]
     if cfg.calibration:
