@@ -112,6 +112,12 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
       ->check(CLI::NonNegativeNumber);
   plan_command->add_flag("--sources", plan.sources,
                          "List each profile figure and where it comes from (offline)");
+  plan_command
+      ->add_option("--stack", plan.stack,
+                   "Whose kernels (offline): hyscale, or megatron (score table + topk, gather "
+                   "attention, re-selection)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"hyscale", "megatron"}));
 
   UpArgs up;
   int64_t start_timeout_seconds = up.start_timeout.count();

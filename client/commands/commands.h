@@ -43,12 +43,14 @@ struct PlanArgs {
   int ranks = 1;
   std::string device = "any";
   // Offline planning (no coordinator) when gpus or gpu is set: the candidate table on `gpus`
-  // devices of profile `gpu` (default h200), figures replaced by `calibration` when given.
+  // devices of profile `gpu` (default h200), figures replaced by `calibration` when given, for
+  // `stack`'s kernels.
   int gpus = 0;
   std::string gpu;
   std::string calibration;
-  int top = 20;          // feasible rows shown (and as many rejected); 0: all
-  bool sources = false;  // also list each profile figure and where it comes from
+  int top = 20;                   // feasible rows shown (and as many rejected); 0: all
+  bool sources = false;           // also list each profile figure and where it comes from
+  std::string stack = "hyscale";  // whose kernels the offline candidates use (or "megatron")
 };
 // With gpus/gpu: the local planner's candidate table and why the winner won; otherwise the
 // coordinator's plan (PlanJob) with placement.

@@ -20,6 +20,7 @@ std::string Seconds(double s) {
 nlohmann::json ToJson(const planner::Prediction& p) {
   const planner::Candidate& c = p.candidate;
   nlohmann::json out = {
+      {"stack", planner::Name(c.stack)},
       {"context_parallel", c.cp},
       {"cp_layout", planner::Name(c.layout)},
       {"indexer_group", planner::Name(c.indexer)},
@@ -33,6 +34,7 @@ nlohmann::json ToJson(const planner::Prediction& p) {
       {"exposed_comm_seconds", p.exposed_comm_s},
       {"causal_imbalance", p.imbalance},
       {"seconds", p.seconds},
+      {"layer_seconds", p.layer},
       {"memory_bytes",
        {{"weights", p.memory.weights},
         {"activations", p.memory.activations},
@@ -73,6 +75,7 @@ int PlanOffline(const Context& context, const PlanArgs& args, const v1::JobSpec&
   auto profile = planner::BuiltinProfile(args.gpu.empty() ? "h200" : args.gpu);
   if (!profile.ok()) return Fail(context, "plan", profile.status());
   options.profile = *std::move(profile);
+  options.stack = args.stack == "megatron" ? planner::Stack::kMegatron : planner::Stack::kHyScale;
   if (!args.calibration.empty()) {
     if (auto status = planner::LoadCalibration(args.calibration, &options.profile); !status.ok()) {
       return Fail(context, "plan", status);

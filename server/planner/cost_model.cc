@@ -206,6 +206,17 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double allreduce =
       gpus > 1 ? 2 * RingSeconds(static_cast<double>(w.parameters) * ab, gpus, prof) : 0;
 
+  out.layer = {{"dense_fwd", dense_fwd},
+               {"selection", selection},
+               {"score_gather", score_gather},
+               {"attention_fwd", attn_fwd},
+               {"attention_bwd", attn_bwd},
+               {"recompute", recompute},
+               {"launches", launches},
+               {"gather", gather_s},
+               {"gather_exposed", exposed_gather(selection)},
+               {"recompute_gather_exposed", recompute_exposed},
+               {"reduce_scatter", reduce_scatter}};
   out.seconds["dense"] = per_layer * layer_dense + out.sequences * logits;
   out.seconds["selection"] = per_layer * layer_selection;
   out.seconds["attention"] = per_layer * layer_attention;

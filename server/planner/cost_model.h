@@ -78,6 +78,12 @@ struct Prediction {
   double imbalance = 1;                   // busiest rank's causal work / the mean
   std::map<std::string, double> seconds;  // per step: dense, selection, attention, recompute,
                                           // launches, exposed_comm
+  // One layer of one sequence, the terms the step is made of, for comparison with a layer
+  // benchmark: dense_fwd, selection (FlashTopK or table + topk), score_gather (index scores at
+  // the k kept entries, paid twice by the indexer loss and once by replay), attention_fwd,
+  // attention_bwd, recompute (its compute, dense included), launches, gather (the key side's
+  // all-gather, all of it), gather_exposed, recompute_gather_exposed, reduce_scatter (exposed).
+  std::map<std::string, double> layer;
   double compute_s = 0;
   double comm_s = 0;          // all communication, hidden or not
   double exposed_comm_s = 0;  // what the step waits for

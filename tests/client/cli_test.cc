@@ -313,6 +313,23 @@ TEST_F(CliTest, PlanOfflinePrintsTheCandidateTableAndWhy) {
   EXPECT_EQ(plan["candidates"][0]["context_parallel"], 8);
   EXPECT_GT(plan["candidates"][0]["step_seconds"].get<double>(), 0);
   EXPECT_EQ(plan["profile"], "h800");
+  EXPECT_EQ(plan["candidates"][0]["stack"], "hyscale");
+  const json& layer = plan["candidates"][0]["layer_seconds"];
+  for (const char* term : {"selection", "score_gather", "attention_fwd", "attention_bwd",
+                           "recompute", "gather_exposed", "reduce_scatter"}) {
+    EXPECT_GE(layer[term].get<double>(), 0) << term;
+  }
+  EXPECT_GT(layer["attention_bwd"].get<double>(), layer["attention_fwd"].get<double>());
+
+  const Result megatron =
+      RunRaw({"-o", "json", "plan", spec, "--gpus", "8", "--gpu", "h200", "--stack", "megatron"});
+  ASSERT_EQ(megatron.code, 0) << megatron.err;
+  for (const auto& candidate : json::parse(megatron.out)["candidates"]) {
+    EXPECT_EQ(candidate["stack"], "megatron");
+    EXPECT_EQ(candidate["query_group"], 1);
+    EXPECT_NE(candidate["recompute"], "replay");
+  }
+  EXPECT_EQ(RunRaw({"plan", spec, "--gpus", "8", "--stack", "fast"}).code, 2);
 }
 
 TEST_F(CliTest, PlanOfflineRejectsWhatDoesNotFit) {

@@ -183,6 +183,31 @@ TEST(PlannerTest, ExplainsWhyTheWinnerWon) {
   EXPECT_TRUE(layout_line);
 }
 
+TEST(PlannerTest, LayerTermsMakeUpTheStep) {
+  // One sequence per replica, so the per-step terms are the layer's times the layers.
+  const Workload work = Workload::Of(VeryLongSparse());
+  const DeviceProfile h200 = *BuiltinProfile("h200");
+  for (const Stack stack : {Stack::kHyScale, Stack::kMegatron}) {
+    Candidate c{8, CpLayout::kZigzag, IndexerGroup::kShared, 1, Recompute::kReplay, stack};
+    if (stack == Stack::kMegatron) c.recompute = Recompute::kReselect;
+    const Prediction p = Predict(work, c, h200, 8);
+    const auto& l = p.layer;
+    const double layers = static_cast<double>(work.layers);
+    EXPECT_DOUBLE_EQ(p.seconds.at("selection"),
+                     layers * (l.at("selection") + 2 * l.at("score_gather")));
+    EXPECT_DOUBLE_EQ(p.seconds.at("attention"),
+                     layers * (l.at("attention_fwd") + l.at("attention_bwd")));
+    EXPECT_DOUBLE_EQ(p.seconds.at("recompute"), layers * l.at("recompute"));
+    EXPECT_DOUBLE_EQ(p.seconds.at("launches"), layers * l.at("launches"));
+    EXPECT_NEAR(p.exposed_comm_s,
+                layers * (l.at("gather_exposed") + l.at("recompute_gather_exposed") +
+                          l.at("reduce_scatter")),
+                1e-12);
+    EXPECT_GT(l.at("gather"), l.at("gather_exposed"));  // the query projections hide some
+    EXPECT_GT(l.at("reduce_scatter"), 0);
+  }
+}
+
 TEST(PlannerTest, QueryGroupPaysOnlyWhenAttentionIsMemoryBound) {
   Workload work = Workload::Of(VeryLongSparse());
   const DeviceProfile h200 = *BuiltinProfile("h200");
