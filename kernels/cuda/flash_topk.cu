@@ -80,10 +80,12 @@ template <class Traits, ScoreMode kMode>
 __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksPerSm)
     score_rows_kernel(ScoreParams p) {
   constexpr int kQueries = SelectTraits::kQueriesPerBlock;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto* queries = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // kQueries x [H_I x d_I], stacked
+  constexpr int kQueryRows = kQueries * Traits::kHeads;  // the queries' head rows, stacked
+  // No static shared memory: the dynamic tiles start at the 1 KB-aligned window base.
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto* queries = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   auto* key_tiles = queries + kQueries * Traits::kQueryElems;
-  __shared__ int found[kQueries];  // candidates per query (may exceed the capacity)
+  int* found = reinterpret_cast<int*>(key_tiles + SelectTraits::kStages * Traits::kKeyTileElems);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Causal rows late in the sequence cost the most: start them first, so the tail is short.
@@ -112,20 +114,32 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
       load_lane_weights<Traits>(p.w + p.rows.row(slot) * Traits::kHeads, lane, weights[q]);
     const __nv_bfloat16* q_row =
         active ? p.q + p.rows.row(slot) * Traits::kHeads * Traits::kDim : nullptr;
-    load_rows_async<Traits>(queries + q * Traits::kQueryElems, Traits::kHeads, threadIdx.x,
-                            SelectTraits::kThreads,
-                            [&](int h) { return q_row ? q_row + h * Traits::kDim : nullptr; });
+    load_rows_async<Traits, kQueryRows>(
+        queries, q * Traits::kHeads, Traits::kHeads, threadIdx.x, SelectTraits::kThreads,
+        [&](int h) { return q_row ? q_row + h * Traits::kDim : nullptr; });
   }
   if (threadIdx.x < kQueries) found[threadIdx.x] = 0;
 
   const int64_t tiles = ceil_div(block_visible, Traits::kKeysPerTile);
   auto load_tile = [&](int64_t tile) {
     __nv_bfloat16* dst = key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems;
-    load_rows_async<Traits>(dst, Traits::kKeysPerTile, threadIdx.x, SelectTraits::kThreads,
-                            [&](int r) -> const __nv_bfloat16* {
-                              const int64_t key = tile * Traits::kKeysPerTile + r;
-                              return key < p.num_array_keys ? p.keys + key * Traits::kDim : nullptr;
-                            });
+    load_rows_async<Traits, Traits::kKeysPerTile>(
+        dst, 0, Traits::kKeysPerTile, threadIdx.x, SelectTraits::kThreads,
+        [&](int r) -> const __nv_bfloat16* {
+          const int64_t key = tile * Traits::kKeysPerTile + r;
+          return key < p.num_array_keys ? p.keys + key * Traits::kDim : nullptr;
+        });
+  };
+  // Tile t is scored in two wgmma halves (queries 0-1, then 2-3): the first half's epilogue runs
+  // while the tensor cores work on the second. (Carrying a half across iterations would hide the
+  // other epilogue too, but ptxas then serializes the wgmmas.)
+  constexpr int kHalf = kQueries / 2;
+  auto issue = [&](const __nv_bfloat16* key_tile, int first_query,
+                   float(&acc)[kHalf * Traits::kHeads / 2]) {
+    fence_accumulators(acc);
+    wgmma_fence();
+    issue_key_tile<Traits, kHalf, kQueryRows>(key_tile, queries, first_query * Traits::kHeads, acc);
+    wgmma_commit();
   };
   constexpr int kAhead = SelectTraits::kStages - 1;  // tiles in flight while one is scored
 #pragma unroll
@@ -166,16 +180,19 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
     if (tile + kAhead < tiles) load_tile(tile + kAhead);  // into the stage tile - 1 used
     cp_async_commit();
     const int64_t base = tile * Traits::kKeysPerTile;
-    float acc[kQueries * Traits::kHeads / 2];
-    wgmma_fence();
-    issue_key_tile<Traits, kQueries>(
-        key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems, queries, acc);
-    wgmma_commit();
+    const __nv_bfloat16* key_tile =
+        key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems;
+    float acc_lo[kHalf * Traits::kHeads / 2], acc_hi[kHalf * Traits::kHeads / 2];
+    issue(key_tile, 0, acc_lo);
+    issue(key_tile, kHalf, acc_hi);
+    wgmma_wait<1>();  // the first half is done
+    fence_accumulators(acc_lo);
+    emit(0, base, reduce_heads<Traits, 0>(acc_lo, weights[0]));
+    emit(1, base, reduce_heads<Traits, 1>(acc_lo, weights[1]));
     wgmma_wait<0>();
-    emit(0, base, reduce_heads<Traits, 0>(acc, weights[0]));
-    emit(1, base, reduce_heads<Traits, 1>(acc, weights[1]));
-    emit(2, base, reduce_heads<Traits, 2>(acc, weights[2]));
-    emit(3, base, reduce_heads<Traits, 3>(acc, weights[3]));
+    fence_accumulators(acc_hi);
+    emit(2, base, reduce_heads<Traits, 0>(acc_hi, weights[2]));
+    emit(3, base, reduce_heads<Traits, 1>(acc_hi, weights[3]));
   }
   static_assert(kQueries == 4, "the epilogue above names four queries");
   cp_async_wait<0>();
@@ -234,7 +251,7 @@ struct FinishParams {
 
 // Per row: exact top-k of its candidates, sorted by score descending then key ascending.
 __global__ void __launch_bounds__(SelectTraits::kSelectThreads) finish_rows_kernel(FinishParams p) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto* sorted = reinterpret_cast<unsigned long long*>(smem_raw);
   __shared__ RadixSelectShared shared;
   __shared__ int filled;
@@ -413,7 +430,8 @@ void launch_score(const ScoreParams& p, cudaStream_t stream) {
   if (p.rows.rows == 0) return;
   constexpr size_t kSmem = (SelectTraits::kQueriesPerBlock * Traits::kQueryElems +
                             SelectTraits::kStages * Traits::kKeyTileElems) *
-                           sizeof(__nv_bfloat16);
+                               sizeof(__nv_bfloat16) +
+                           SelectTraits::kQueriesPerBlock * sizeof(int);  // candidate counts
   auto kernel = score_rows_kernel<Traits, kMode>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
         "shared memory size");
@@ -541,15 +559,16 @@ template <class Traits>
 __global__ void __launch_bounds__(128)
     gather_scores_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                          const int32_t* indices, int64_t topk, int64_t num_keys, float* scores) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto* query = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   auto* key_tiles = query + Traits::kQueryElems;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
   const int32_t* row_indices = indices + row * topk;
 
-  load_rows_async<Traits>(query, Traits::kHeads, threadIdx.x, 128,
-                          [&](int h) { return q + (row * Traits::kHeads + h) * Traits::kDim; });
+  load_rows_async<Traits, Traits::kHeads>(query, 0, Traits::kHeads, threadIdx.x, 128, [&](int h) {
+    return q + (row * Traits::kHeads + h) * Traits::kDim;
+  });
   float weights[Traits::kHeadsPerLane];
   load_lane_weights<Traits>(w + row * Traits::kHeads, lane, weights);
 
@@ -559,11 +578,12 @@ __global__ void __launch_bounds__(128)
   };
   const int64_t tiles = ceil_div(topk, Traits::kKeysPerTile);
   auto load_tile = [&](int64_t tile) {
-    load_rows_async<Traits>(key_tiles + (tile % 2) * Traits::kKeyTileElems, Traits::kKeysPerTile,
-                            threadIdx.x, 128, [&](int r) -> const __nv_bfloat16* {
-                              const int64_t key = key_at(tile * Traits::kKeysPerTile + r);
-                              return key >= 0 ? keys + key * Traits::kDim : nullptr;
-                            });
+    load_rows_async<Traits, Traits::kKeysPerTile>(
+        key_tiles + (tile % 2) * Traits::kKeyTileElems, 0, Traits::kKeysPerTile, threadIdx.x, 128,
+        [&](int r) -> const __nv_bfloat16* {
+          const int64_t key = key_at(tile * Traits::kKeysPerTile + r);
+          return key >= 0 ? keys + key * Traits::kDim : nullptr;
+        });
   };
   load_tile(0);
   cp_async_commit();  // with the query
@@ -576,7 +596,8 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     float acc[Traits::kHeads / 2];
     wgmma_fence();
-    issue_key_tile<Traits, 1>(key_tiles + (tile % 2) * Traits::kKeyTileElems, query, acc);
+    issue_key_tile<Traits, 1, Traits::kHeads>(key_tiles + (tile % 2) * Traits::kKeyTileElems, query,
+                                              0, acc);
     wgmma_commit();
     wgmma_wait<0>();
     const float2 s = reduce_heads<Traits, 0>(acc, weights);

@@ -3,8 +3,8 @@
 // bit-identical scores.
 //
 // A warpgroup (4 warps) scores one query against a tile of 64 keys: D[64 keys x H_I heads] =
-// K_tile[64 x d] * Q^T[d x H_I], both operands in shared memory in the no-swizzle K-major
-// "core matrix" layout (8 rows x 16 bytes blocks), read by wgmma through matrix descriptors.
+// K_tile[64 x d] * Q^T[d x H_I], both operands in shared memory in wgmma's 128-byte-swizzled
+// K-major layout, read by wgmma through matrix descriptors.
 // Warp w's accumulators hold keys 16w + g and 16w + g + 8 (g = lane/4) for 2 heads of every n8
 // tile, so ReLU and the head weights are per-lane FMAs and two shuffles finish the head sum.
 #pragma once
@@ -41,35 +41,44 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Element offset of the 16-byte chunk `chunk` (dims 8*chunk .. 8*chunk+7) of row `row` in the
-// core-matrix layout: 8x8 blocks of 128 bytes, consecutive along d (LBO = 128 B), then along rows
-// (SBO = d/8 * 128 B).
-template <class Traits>
-__device__ __forceinline__ int core_offset(int row, int chunk) {
-  return (row / 8) * (Traits::kDim * 8) + chunk * 64 + (row % 8) * 8;
+// Tiles use wgmma's 128-byte swizzle, K-major: a tile of kRows rows is kDim/64 column blocks of
+// [kRows x 128 bytes] (64 dims each), and the 16-byte chunk c of row r sits at chunk position
+// c ^ (r % 8) of its 128-byte row. Without the swizzle, 8-row groups lie a multiple of 1 KB apart
+// and the tensor cores' reads of them fall into the same banks. Tiles and their column blocks
+// start 1 KB-aligned (the swizzle pattern follows address bits 4-9).
+template <class Traits, int kRows>
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  static_assert(kRows % 8 == 0, "tiles hold whole 8-row groups");
+  return (chunk / 8) * (kRows * 64) + row * 64 + ((chunk % 8) ^ (row % 8)) * 8;
 }
 
-// Copies `rows` rows of kDim bf16 (row r from row_pointer(r); null zero-fills) into a tile in
-// the core-matrix layout, `threads` threads cooperating starting at `thread`.
-template <class Traits, class RowPointer>
-__device__ __forceinline__ void load_rows_async(__nv_bfloat16* tile, int rows, int thread,
-                                                int threads, RowPointer row_pointer) {
+// Copies rows [first_row, first_row + rows) of a kRows-row tile (row first_row + r from
+// row_pointer(r); null zero-fills), `threads` threads cooperating starting at `thread`.
+template <class Traits, int kRows, class RowPointer>
+__device__ __forceinline__ void load_rows_async(__nv_bfloat16* tile, int first_row, int rows,
+                                                int thread, int threads, RowPointer row_pointer) {
   constexpr int kChunksPerRow = Traits::kDim / 8;
   for (int i = thread; i < rows * kChunksPerRow; i += threads) {
     const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
     const __nv_bfloat16* src = row_pointer(row);
-    cp_async_16(tile + core_offset<Traits>(row, chunk), src ? src + chunk * 8 : tile,
-                src != nullptr);
+    cp_async_16(tile + swizzled_offset<Traits, kRows>(first_row + row, chunk),
+                src ? src + chunk * 8 : tile, src != nullptr);
   }
 }
 
-// wgmma matrix descriptor of a core-matrix tile starting at `tile` (no swizzle).
-template <class Traits>
-__device__ __forceinline__ uint64_t matrix_descriptor(const __nv_bfloat16* tile) {
-  constexpr uint64_t kLeadingBytes = 128;                    // next core matrix along d
-  constexpr uint64_t kStrideBytes = Traits::kDim / 8 * 128;  // next 8 rows
-  return static_cast<uint64_t>((smem_address(tile) & 0x3ffff) >> 4) | ((kLeadingBytes >> 4) << 16) |
-         ((kStrideBytes >> 4) << 32);
+// wgmma matrix descriptor of k16 step `ks` of the rows from `first_row` (a multiple of 8) of a
+// kRows-row swizzled tile: 128B swizzle mode, 1 KB between 8-row groups; along d the start
+// address moves 32 bytes a step inside a 128-byte column block (the hardware applies the swizzle
+// to the final address), then to the next column block.
+template <class Traits, int kRows>
+__device__ __forceinline__ uint64_t matrix_descriptor(const __nv_bfloat16* tile, int first_row,
+                                                      int ks) {
+  const __nv_bfloat16* start = tile + (ks / 4) * (kRows * 64) + first_row * 64 + (ks % 4) * 16;
+  constexpr uint64_t kLeadingBytes = 16;  // unused by swizzled K-major layouts
+  constexpr uint64_t kStrideBytes = 1024;
+  constexpr uint64_t kSwizzle128B = uint64_t(1) << 62;
+  return static_cast<uint64_t>((smem_address(start) & 0x3ffff) >> 4) |
+         ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32) | kSwizzle128B;
 }
 
 // wgmma exists on sm_90a only. The sm_90 (no "a") build that CMake also makes, for tools that
@@ -89,6 +98,15 @@ __device__ __forceinline__ void wgmma_commit() {
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   HYSCALE_WGMMA("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pins accumulator registers at this point of the program: the compiler may not move reads or
+// writes of them across it, so reads of one wgmma group's accumulators stay after the wait that
+// retires it while another group runs (ptxas would otherwise serialize the wgmmas).
+template <int kCount>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
 // D (+)= A * B^T for m64 n{16,32,64} k16, bf16 in, fp32 accumulate, A and B K-major in shared
@@ -206,20 +224,19 @@ struct Wgmma<256> {
   }
 };
 
-// Issues (does not wait for) the products of a 64-key tile with kQueries queries stored one
-// after another (their head rows stack into N = kQueries * H_I). Accumulators: the n8 column
-// group j of query q is acc[4 * (q * kNTiles + j) ...]. Callers fence before (wgmma_fence) and
-// commit after (wgmma_commit).
-template <class Traits, int kQueries>
+// Issues (does not wait for) the products of a 64-key tile with kQueries queries: rows
+// first_row.. of a kQueryRows-row query tile, one query's H_I head rows after another (N =
+// kQueries * H_I). Accumulators: the n8 column group j of query q is acc[4 * (q * kNTiles + j)
+// ...]. Callers fence before (wgmma_fence) and commit after (wgmma_commit).
+template <class Traits, int kQueries, int kQueryRows>
 __device__ __forceinline__ void issue_key_tile(const __nv_bfloat16* key_tile,
-                                               const __nv_bfloat16* queries,
+                                               const __nv_bfloat16* queries, int first_row,
                                                float (&acc)[kQueries * Traits::kHeads / 2]) {
-  const uint64_t a = matrix_descriptor<Traits>(key_tile);
-  const uint64_t b = matrix_descriptor<Traits>(queries);
 #pragma unroll
   for (int ks = 0; ks < Traits::kKSteps; ++ks) {
-    // A k16 step spans two core matrices along d: 256 bytes further, 16 in descriptor units.
-    Wgmma<kQueries * Traits::kHeads>::run(acc, a + 16 * ks, b + 16 * ks, ks > 0);
+    Wgmma<kQueries * Traits::kHeads>::run(
+        acc, matrix_descriptor<Traits, Traits::kKeysPerTile>(key_tile, 0, ks),
+        matrix_descriptor<Traits, kQueryRows>(queries, first_row, ks), ks > 0);
   }
 }
 

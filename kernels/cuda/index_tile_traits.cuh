@@ -14,12 +14,13 @@ struct IndexTileTraits {
   static constexpr int kHeads = kHeads_;
   static constexpr int kDim = kDim_;
   static constexpr int kKeysPerTile = 64;                    // wgmma's M
-  static constexpr int kKeyTileElems = kKeysPerTile * kDim;  // core-matrix layout, no padding
+  static constexpr int kKeyTileElems = kKeysPerTile * kDim;  // swizzled layout, no padding
   static constexpr int kQueryElems = kHeads * kDim;
   static constexpr int kNTiles = kHeads / 8;         // n8 column groups of heads
   static constexpr int kKSteps = kDim / 16;          // k16 steps over d_I
   static constexpr int kHeadsPerLane = 2 * kNTiles;  // weights a lane holds
-  static_assert(kHeads % 16 == 0 && kHeads <= 64 && kDim % 16 == 0, "unsupported tile shape");
+  // d_I in whole 64-dim (128-byte) swizzle blocks.
+  static_assert(kHeads % 16 == 0 && kHeads <= 64 && kDim % 64 == 0, "unsupported tile shape");
 };
 
 // The selection kernels (flash_topk.cu): queries per block, warpgroups, pipeline depth.
