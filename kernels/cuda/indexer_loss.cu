@@ -6,6 +6,9 @@
 // The gather kernel never touches an [N, M] table: a block owns one query row and walks its
 // selected keys in tiles (indexer_loss_traits.cuh), on CUDA cores in fp32: the index backward is
 // a few GFLOP per thousand rows.
+//
+// grad_k sums over the rows that selected a key, with fp32 atomics or, in the deterministic mode,
+// with 64-bit fixed-point integer atomics (fixed_point_accumulate.cuh): the same bits every run.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -14,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/fixed_point_accumulate.cuh"
 #include "kernels/cuda/indexer_loss_cuda.h"
 #include "kernels/cuda/indexer_loss_traits.cuh"
 #include "kernels/cuda/launch_util.cuh"
@@ -57,16 +61,49 @@ __device__ void load_rows(float* dst, int rows, int dim, int stride, Source sour
 
 // ---- index_score_backward ---------------------------------------------------------------------
 
+// grad_k's fixed-point scale, from a bound no partial sum of grad_k[s] can exceed. grad_k[s] sums,
+// over the (query t, slot i) pairs that selected s, sum_j c[t, j, i] q[t, j] with
+// c[t, j, i] = g[t, i] w[t, j] (0 where the gate is closed), so any partial sum is at most
+//   sum_t G_t W_t max|q| <= N max_t (G_t W_t) max|q|,  G_t = sum_{valid i} |g[t, i]|,
+//                                                     W_t = sum_j |w[t, j]|
+// (even if a row repeated a key). max|q| and max_t G_t W_t are maxima: the same every run.
+struct GradKScaleOf {
+  int64_t num_queries;
+  const float* bounds;  // [2]: max|q|, max_t G_t W_t
+  __device__ double operator()() const {
+    return fixed_point_scale(double(num_queries) * bounds[0] * bounds[1]);
+  }
+};
+
+// max_t G_t W_t (see GradKScaleOf) into *out (zeroed by the caller), one warp per row.
+__global__ void __launch_bounds__(RowWarpTraits::kThreads)
+    row_grad_bound_kernel(int64_t rows, int64_t heads, int64_t topk, const float* w,
+                          const int32_t* indices, const float* grad_scores, float* out) {
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * RowWarpTraits::kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float g = 0.f, wsum = 0.f;
+  for (int64_t i = lane; i < topk; i += 32) {
+    if (indices[row * topk + i] >= 0) g += fabsf(grad_scores[row * topk + i]);
+  }
+  for (int64_t j = lane; j < heads; j += 32) wsum += fabsf(w[row * heads + j]);
+  const float bound = warp_sum(g) * warp_sum(wsum);
+  if (lane == 0) atomic_max_nonnegative(out, bound);
+}
+
 // One block per query row. Per tile of 32 selected keys: each lane scores its key against the
 // warp's heads (dots), the open ReLU gates become coefficients c[j, i] = g_i * w_j (0 when closed
 // or the slot is unused), then grad_q[j] += sum_i c[j, i] k_i stays in registers across tiles,
 // grad_w[j] += sum_i g_i * ReLU(dot) in a warp sum, and grad_k[s_i] += sum_j c[j, i] q_j goes to
-// global memory with atomics (keys are shared between rows).
-template <class Tr>
+// global memory with atomics (keys are shared between rows): fp32 into grad_k, or fixed point
+// into fixed_k (kFixed, deterministic).
+template <class Tr, bool kFixed>
 __global__ void __launch_bounds__(Tr::kThreads)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
-                                float* grad_q, float* grad_k, float* grad_w) {
+                                float* grad_q, float* grad_k, float* grad_w,
+                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of) {
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);  // [kHeads][kStride]
   float* ks = qs + Tr::kHeads * Tr::kStride;    // [kKeys][kStride]
@@ -75,6 +112,8 @@ __global__ void __launch_bounds__(Tr::kThreads)
   __shared__ float tile_grads[Tr::kKeys];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
+  double fixed_scale = 1;
+  if constexpr (kFixed) fixed_scale = fixed_scale_of();
 
   load_rows(qs, Tr::kHeads, Tr::kDim, Tr::kStride,
             [&](int h) { return q + (row * Tr::kHeads + h) * Tr::kDim; });
@@ -155,7 +194,12 @@ __global__ void __launch_bounds__(Tr::kThreads)
       }
 #pragma unroll
       for (int cc = 0; cc < Tr::kDimsPerLane; ++cc) {
-        atomicAdd(grad_k + static_cast<int64_t>(key) * Tr::kDim + lane + cc * 32, acc[cc]);
+        const int64_t at = static_cast<int64_t>(key) * Tr::kDim + lane + cc * 32;
+        if constexpr (kFixed) {
+          fixed_add(fixed_k + at, acc[cc], fixed_scale);
+        } else {
+          atomicAdd(grad_k + at, acc[cc]);
+        }
       }
     }
   }
@@ -242,28 +286,63 @@ unsigned row_warp_blocks(int64_t rows) {
   return static_cast<unsigned>(ceil_div(rows, RowWarpTraits::kRowsPerBlock));
 }
 
+// The deterministic mode's workspace: grad_k in fixed point, then the two bounds.
+size_t fixed_grad_k_bytes(const IndexerShape& shape) {
+  return static_cast<size_t>(shape.num_keys * shape.dim) * sizeof(unsigned long long);
+}
+
 }  // namespace
+
+size_t index_score_backward_workspace_bytes(const IndexerShape& shape, bool deterministic) {
+  return deterministic ? fixed_grad_k_bytes(shape) + 2 * sizeof(float) : 0;
+}
 
 void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
                           const int32_t* indices, int64_t topk, const float* grad_scores,
-                          float* grad_q, float* grad_k, float* grad_w, Stream stream) {
+                          bool deterministic, float* grad_q, float* grad_k, float* grad_w,
+                          void* workspace, Stream stream) {
   const char* op = "hyscale::index_score_backward (CUDA)";
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   throw_on_error(
       cudaMemsetAsync(grad_k, 0, shape.num_keys * shape.dim * sizeof(float), cuda_stream), op,
       "zeroing grad_k");
   if (shape.num_queries == 0) return;
+  const auto* q16 = static_cast<const __nv_bfloat16*>(q);
+  unsigned long long* fixed_k = nullptr;
+  GradKScaleOf scale_of{shape.num_queries, nullptr};
+  if (deterministic) {
+    fixed_k = static_cast<unsigned long long*>(workspace);
+    auto* bounds = reinterpret_cast<float*>(fixed_k + shape.num_keys * shape.dim);
+    scale_of.bounds = bounds;
+    throw_on_error(cudaMemsetAsync(fixed_k, 0, fixed_grad_k_bytes(shape), cuda_stream), op,
+                   "zeroing the fixed-point grad_k");
+    throw_on_error(cudaMemsetAsync(bounds, 0, 2 * sizeof(float), cuda_stream), op,
+                   "zeroing the bounds");
+    absmax_kernel<<<264, 256, 0, cuda_stream>>>(q16, shape.num_queries * shape.heads * shape.dim,
+                                                bounds);
+    throw_on_error(cudaGetLastError(), op, "absmax_kernel launch");
+    row_grad_bound_kernel<<<row_warp_blocks(shape.num_queries), RowWarpTraits::kThreads, 0,
+                            cuda_stream>>>(shape.num_queries, shape.heads, topk, w, indices,
+                                           grad_scores, bounds + 1);
+    throw_on_error(cudaGetLastError(), op, "row_grad_bound_kernel launch");
+  }
   dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
     using Tr = decltype(traits);
     constexpr size_t kSmem = Tr::kSmemFloats * sizeof(float);
-    auto kernel = index_score_backward_kernel<Tr>;
+    auto kernel = deterministic ? index_score_backward_kernel<Tr, true>
+                                : index_score_backward_kernel<Tr, false>;
     throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                    op, "shared memory size");
     kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, kSmem, cuda_stream>>>(
-        static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k), w, indices,
-        topk, grad_scores, grad_q, grad_k, grad_w);
+        q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores, grad_q, grad_k,
+        grad_w, fixed_k, scale_of);
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
+  if (deterministic) {
+    fixed_to_float_kernel<<<1024, 256, 0, cuda_stream>>>(fixed_k, shape.num_keys * shape.dim,
+                                                         scale_of, grad_k);
+    throw_on_error(cudaGetLastError(), op, "fixed_to_float_kernel launch");
+  }
 }
 
 void indexer_kl_fwd(int64_t rows, int64_t topk, const float* score, const float* target,

@@ -9,9 +9,11 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/fixed_point_accumulate.cuh"
 #include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sparse_attn_cuda.h"
 #include "kernels/cuda/sparse_attn_mma.cuh"
@@ -266,22 +268,27 @@ struct BwdArgs {
   const float* amax;  // [3]: max |q|, max |dO|, max |value| (fixed-point scales)
 };
 
-// Fixed-point scales 2^e with the bound B of any partial sum below 2^61:
+// Fixed-point scales (fixed_point_accumulate.cuh) from bounds no partial sum can exceed:
 //   |dvalue| <= N H max|dO|, |dkey| <= N H 2 d_v max|dO| max|v| max|q| scale.
 __device__ void fixed_scales(const Problem& p, int dim_v, const float* amax, double& key_scale,
                              double& value_scale) {
   const double rows = double(p.n) * p.heads;
-  const double bv = rows * amax[1];
-  const double bk = rows * 2.0 * dim_v * amax[1] * amax[2] * amax[0] * p.scale;
-  int e;
-  value_scale = bv > 0 ? (frexp(bv, &e), ldexp(1.0, 61 - e)) : 1.0;
-  key_scale = bk > 0 ? (frexp(bk, &e), ldexp(1.0, 61 - e)) : 1.0;
+  value_scale = fixed_point_scale(rows * amax[1]);
+  key_scale = fixed_point_scale(rows * 2.0 * dim_v * amax[1] * amax[2] * amax[0] * p.scale);
 }
 
-__device__ __forceinline__ void fixed_add(unsigned long long* dst, float x, double scale) {
-  const long long v = __double2ll_rn(double(x) * scale);
-  if (v != 0) atomicAdd(dst, static_cast<unsigned long long>(v));
-}
+// The dkey (key) or dvalue scale, for fixed_to_float_kernel.
+struct DkvScaleOf {
+  Problem p;
+  int dim_v;
+  const float* amax;
+  bool key;
+  __device__ double operator()() const {
+    double key_scale, value_scale;
+    fixed_scales(p, dim_v, amax, key_scale, value_scale);
+    return key ? key_scale : value_scale;
+  }
+};
 
 template <class Tr, int kMode, int D, int kCols4>
 __device__ void add_key_grads(const float (&acc)[kCols4][4], const KeyList& list, int slot0,
@@ -442,34 +449,6 @@ __global__ void row_dot_kernel(const bf16* a, const bf16* b, int64_t rows, int d
   }
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
   if (lane == 0) out[row] = sum;
-}
-
-// max |x| into *out (non-negative floats order like their bit patterns).
-__global__ void absmax_kernel(const bf16* x, int64_t n, float* out) {
-  float m = 0.f;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    m = fmaxf(m, fabsf(__bfloat162float(x[i])));
-  }
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-  if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<int*>(out), __float_as_int(m));
-}
-
-__global__ void fixed_to_float_kernel(Problem p, int dim_v, const float* amax, int64_t key_elems,
-                                      int64_t value_elems, const unsigned long long* fk,
-                                      const unsigned long long* fv, float* grad_key,
-                                      float* grad_value) {
-  double key_scale, value_scale;
-  fixed_scales(p, dim_v, amax, key_scale, value_scale);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < key_elems + value_elems;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    if (i < key_elems) {
-      grad_key[i] = float(double(static_cast<long long>(fk[i])) / key_scale);
-    } else {
-      const int64_t v = i - key_elems;
-      grad_value[v] = float(double(static_cast<long long>(fv[v])) / value_scale);
-    }
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -773,10 +752,12 @@ void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* ke
     launch(sparse_attn_bwd_kernel<Tr, kDq>);
     if (deterministic) {
       launch(sparse_attn_bwd_kernel<Tr, kDkvFixed>);
-      fixed_to_float_kernel<<<1024, 256, 0, stream>>>(p, int(shape.dim_v), amax, key_elems,
-                                                      value_elems, g.fixed_key, g.fixed_value,
-                                                      grad_key, grad_value);
-      check(cudaGetLastError(), "fixed_to_float_kernel");
+      for (const bool is_key : {true, false}) {
+        fixed_to_float_kernel<<<1024, 256, 0, stream>>>(
+            is_key ? g.fixed_key : g.fixed_value, is_key ? key_elems : value_elems,
+            DkvScaleOf{p, int(shape.dim_v), amax, is_key}, is_key ? grad_key : grad_value);
+        check(cudaGetLastError(), "fixed_to_float_kernel");
+      }
     } else {
       launch(sparse_attn_bwd_kernel<Tr, kDkvAtomic>);
     }

@@ -77,6 +77,19 @@ int64_t check_indices(const char* op, const at::Tensor& indices, const Batching&
   return topk;
 }
 
+IndexerBackwardArgs check_index_score_backward(const char* op, const at::Tensor& grad_scores,
+                                               const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& w, const at::Tensor& indices,
+                                               int64_t q_offset, int64_t tokens_per_key) {
+  IndexerBackwardArgs a;
+  a.indexer = check_indexer(op, q, k, w, q_offset, tokens_per_key);
+  a.topk = check_indices(op, indices, a.indexer.batching, a.indexer.shape.num_queries, q);
+  check_sizes(op, "grad_scores", grad_scores, indices.sizes());
+  TORCH_CHECK(grad_scores.device() == q.device(), op, ": grad_scores is on ", grad_scores.device(),
+              " but q is on ", q.device());
+  return a;
+}
+
 SparseAttnArgs check_sparse_attn(const char* op, const at::Tensor& q, const at::Tensor& key,
                                  const at::Tensor& value, const at::Tensor& indices) {
   SparseAttnArgs a;

@@ -30,6 +30,18 @@ struct SparseAttnArgs {
 IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& w, int64_t q_offset, int64_t tokens_per_key);
 
+struct IndexerBackwardArgs {
+  IndexerArgs indexer;
+  int64_t topk = 0;
+};
+
+// index_score_backward's arguments: those of check_indexer, indices as check_indices takes them,
+// grad_scores of the shape of indices on the device of q.
+IndexerBackwardArgs check_index_score_backward(const char* op, const at::Tensor& grad_scores,
+                                               const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& w, const at::Tensor& indices,
+                                               int64_t q_offset, int64_t tokens_per_key);
+
 // indices [B?, N, topk] int32 on the device of q; returns topk.
 int64_t check_indices(const char* op, const at::Tensor& indices, const Batching& batching,
                       int64_t num_queries, const at::Tensor& q);

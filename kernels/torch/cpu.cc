@@ -90,10 +90,10 @@ at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at
 std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
     const at::Tensor& grad_scores, const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
     const at::Tensor& indices, int64_t q_offset, int64_t tokens_per_key) {
-  const char* op = "hyscale::index_score_backward";
-  const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
-  const int64_t topk = check_indices(op, indices, a.batching, a.shape.num_queries, q);
-  check_sizes(op, "grad_scores", grad_scores, indices.sizes());
+  const IndexerBackwardArgs args = check_index_score_backward(
+      "hyscale::index_score_backward", grad_scores, q, k, w, indices, q_offset, tokens_per_key);
+  const IndexerArgs& a = args.indexer;
+  const int64_t topk = args.topk;
   const auto dtype = cpu_compute_dtype(q);
   const SeqView vq(q, a.batching, dtype), vk(k, a.batching, dtype), vw(w, a.batching, dtype);
   const SeqView vi(indices, a.batching, at::kInt), vg(grad_scores, a.batching, dtype);

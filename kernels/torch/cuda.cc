@@ -226,16 +226,17 @@ at::Tensor checked_indices(const char* op, const at::Tensor& indices, const Batc
 }
 
 // q, k, w in the kernels' dtypes, as the forward (index_score_gather, flash_topk) saw them;
-// gradients are returned in the inputs' dtypes.
+// gradients are returned in the inputs' dtypes. grad_k is deterministic (fixed point) when
+// torch.use_deterministic_algorithms(True) is in effect, else it sums with fp32 atomics.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
     const at::Tensor& grad_scores, const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
     const at::Tensor& indices, int64_t q_offset, int64_t tokens_per_key) {
   const char* op = "hyscale::index_score_backward";
-  const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
-  const int64_t topk = check_indices(op, indices, a.batching, a.shape.num_queries, q);
-  check_sizes(op, "grad_scores", grad_scores, indices.sizes());
-  TORCH_CHECK(grad_scores.device() == q.device(), op, ": grad_scores is on ", grad_scores.device(),
-              " but q is on ", q.device());
+  const IndexerBackwardArgs args =
+      check_index_score_backward(op, grad_scores, q, k, w, indices, q_offset, tokens_per_key);
+  const IndexerArgs& a = args.indexer;
+  const int64_t topk = args.topk;
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
   const c10::cuda::CUDAGuard guard(q.device());
   const IndexerInputs in = indexer_inputs(op, a, q, k, w);
   const auto idx = checked_indices(op, indices, a.batching, a.shape.num_keys);
@@ -244,11 +245,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
   auto grad_q = at::empty(in.q.sizes(), in.q.options().dtype(at::kFloat));
   auto grad_k = at::empty(in.k.sizes(), in.k.options().dtype(at::kFloat));
   auto grad_w = at::empty_like(in.w);
+  auto workspace = at::empty(
+      {static_cast<int64_t>(cuda::index_score_backward_workspace_bytes(a.shape, deterministic))},
+      q.options().dtype(at::kByte));
   for (int64_t i = 0; i < b.batch; ++i) {
-    cuda::index_score_backward(
-        a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(), in.w[i].data_ptr<float>(),
-        idx[i].data_ptr<int32_t>(), topk, g[i].data_ptr<float>(), grad_q[i].data_ptr<float>(),
-        grad_k[i].data_ptr<float>(), grad_w[i].data_ptr<float>(), current_stream());
+    cuda::index_score_backward(a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(),
+                               in.w[i].data_ptr<float>(), idx[i].data_ptr<int32_t>(), topk,
+                               g[i].data_ptr<float>(), deterministic, grad_q[i].data_ptr<float>(),
+                               grad_k[i].data_ptr<float>(), grad_w[i].data_ptr<float>(),
+                               workspace.data_ptr(), current_stream());
   }
   return {unbatch(grad_q, b).to(q.scalar_type()), unbatch(grad_k, b).to(k.scalar_type()),
           unbatch(grad_w, b).to(w.scalar_type())};

@@ -3,10 +3,13 @@
 // of any tile, topk not a multiple of 32, -1 slots, rows with t + 1 < topk (causal selections) and
 // rows without a valid slot; then the whole chain (q_I, k_I, w -> index_score_gather; q, key ->
 // sparse_attn -> selected_attention_mass; indexer_kl -> backward) on CUDA against the CPU ops.
-// Skips without a GPU.
+// The deterministic mode of index_score_backward: grad_k bit-identical across runs, and within
+// its documented tolerance of the float64 reference. Skips without a GPU.
+#include <ATen/Context.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -65,32 +68,149 @@ struct IndexerCase {
   int64_t n, m, heads, dim, topk;
 };
 
+std::string describe(const IndexerCase& c) {
+  return "N " + std::to_string(c.n) + " M " + std::to_string(c.m) + " H_I " +
+         std::to_string(c.heads) + " d_I " + std::to_string(c.dim) + " topk " +
+         std::to_string(c.topk);
+}
+
+// The index scores' gradients in float64 through torch's autograd.
+ops::IndexScoreGrads reference_index_score_backward(const torch::Tensor& grad,
+                                                    const torch::Tensor& q, const torch::Tensor& k,
+                                                    const torch::Tensor& w,
+                                                    const torch::Tensor& indices) {
+  auto qd = q.to(torch::kDouble).requires_grad_(true);
+  auto kd = k.to(torch::kDouble).requires_grad_(true);
+  auto wd = w.to(torch::kDouble).requires_grad_(true);
+  const auto idx = indices.to(torch::kLong);
+  const auto dots = torch::einsum("nhd,nkd->nhk", {qd, kd.index({idx.clamp_min(0)})});
+  const auto scores = (wd.unsqueeze(-1) * torch::relu(dots)).sum(1);
+  (scores * grad.to(torch::kDouble) * idx.ge(0)).sum().backward();
+  return {qd.grad(), kd.grad(), wd.grad()};
+}
+
+// Causal selections of a case, shifted so that rows see keys [0, q_offset + t] with
+// q_offset = M - N (with M > N the last rows see every key).
+torch::Tensor shifted_causal_indices(Random& rng, const IndexerCase& c) {
+  const auto indices = causal_indices(rng, c.n, c.topk, /*allow_empty_rows=*/true);
+  return torch::where(indices.ge(0), indices + static_cast<int32_t>(c.m - c.n), indices);
+}
+
+const IndexerCase kIndexerCases[] = {
+    {45, 45, 16, 64, 40}, {70, 70, 64, 128, 33}, {19, 300, 32, 128, 97}};
+
 TEST_F(IndexerLossCudaTest, IndexScoreBackwardMatchesFloat64Reference) {
-  const IndexerCase cases[] = {{45, 45, 16, 64, 40}, {70, 70, 64, 128, 33}, {19, 300, 32, 128, 97}};
-  for (const IndexerCase& c : cases) {
-    SCOPED_TRACE("N " + std::to_string(c.n) + " H_I " + std::to_string(c.heads) + " d_I " +
-                 std::to_string(c.dim) + " topk " + std::to_string(c.topk));
+  for (const IndexerCase& c : kIndexerCases) {
+    SCOPED_TRACE(describe(c));
     const auto q = eighths({c.n, c.heads, c.dim}), k = eighths({c.m, c.dim});
     const auto w = eighths({c.n, c.heads});
-    // Rows see keys [0, q_offset + t]: with M > N the last rows see every key.
-    const int64_t q_offset = c.m - c.n;
-    auto indices = causal_indices(rng_, c.n, c.topk, /*allow_empty_rows=*/true);
-    indices = torch::where(indices.ge(0), indices + static_cast<int32_t>(q_offset), indices);
+    const auto indices = shifted_causal_indices(rng_, c);
     const auto grad = eighths({c.n, c.topk});
-
-    auto qd = q.to(torch::kDouble).requires_grad_(true);
-    auto kd = k.to(torch::kDouble).requires_grad_(true);
-    auto wd = w.to(torch::kDouble).requires_grad_(true);
-    const auto idx = indices.to(torch::kLong);
-    const auto dots = torch::einsum("nhd,nkd->nhk", {qd, kd.index({idx.clamp_min(0)})});
-    const auto scores = (wd.unsqueeze(-1) * torch::relu(dots)).sum(1);
-    (scores * grad.to(torch::kDouble) * idx.ge(0)).sum().backward();
-
+    const auto want = reference_index_score_backward(grad, q, k, w, indices);
     const auto got = ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(),
-                                               indices.cuda(), q_offset);
-    expect_close(got.q, qd.grad(), 1e-6, "grad_q");
-    expect_close(got.k, kd.grad(), 1e-6, "grad_k");
-    expect_close(got.w, wd.grad(), 1e-6, "grad_w");
+                                               indices.cuda(), c.m - c.n);
+    expect_close(got.q, want.q, 1e-6, "grad_q");
+    expect_close(got.k, want.k, 1e-6, "grad_k");
+    expect_close(got.w, want.w, 1e-6, "grad_w");
+  }
+}
+
+// torch.use_deterministic_algorithms(True) for a scope; the previous setting is restored.
+class DeterministicAlgorithms {
+ public:
+  DeterministicAlgorithms()
+      : was_on_(at::globalContext().deterministicAlgorithms()),
+        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  ~DeterministicAlgorithms() {
+    at::globalContext().setDeterministicAlgorithms(was_on_, warn_only_);
+  }
+  DeterministicAlgorithms(const DeterministicAlgorithms&) = delete;
+  DeterministicAlgorithms& operator=(const DeterministicAlgorithms&) = delete;
+
+ private:
+  bool was_on_, warn_only_;
+};
+
+// Every row selects topk distinct keys of few (M), so each key collects hundreds of rows'
+// contributions; about 10 % of the slots are -1.
+torch::Tensor crowded_indices(int64_t n, int64_t m, int64_t topk) {
+  std::vector<torch::Tensor> rows;
+  for (int64_t t = 0; t < n; ++t)
+    rows.push_back(torch::randperm(m, torch::kInt).narrow(0, 0, topk));
+  const auto indices = torch::stack(rows);
+  return indices.masked_fill(torch::rand({n, topk}).lt(0.1), -1);
+}
+
+TEST_F(IndexerLossCudaTest, DeterministicIndexScoreBackwardIsBitIdenticalAcrossRuns) {
+  const IndexerCase cases[] = {{600, 96, 64, 128, 64}, {1000, 40, 16, 64, 33}};
+  for (const IndexerCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    // Values whose sums round in fp32, so the order of additions would show in the bits.
+    const auto q = bf16_values({c.n, c.heads, c.dim}).cuda(), k = bf16_values({c.m, c.dim}).cuda();
+    const auto w = torch::randn({c.n, c.heads}).cuda();
+    const auto indices = crowded_indices(c.n, c.m, c.topk).cuda();
+    const auto grad = torch::randn({c.n, c.topk}).cuda();
+    const auto atomic = ops::index_score_backward(grad, q, k, w, indices);
+    const DeterministicAlgorithms deterministic;
+    const auto first = ops::index_score_backward(grad, q, k, w, indices);
+    ASSERT_TRUE(first.k.ne(0).any().item<bool>()) << "grad_k is all zeros";
+    for (int run = 1; run < 4; ++run) {
+      const auto again = ops::index_score_backward(grad, q, k, w, indices);
+      EXPECT_TRUE(torch::equal(again.k, first.k)) << "grad_k differs, run " << run;
+      EXPECT_TRUE(torch::equal(again.q, first.q)) << "grad_q differs, run " << run;
+      EXPECT_TRUE(torch::equal(again.w, first.w)) << "grad_w differs, run " << run;
+    }
+    // The same sums as the atomic mode, in another order and rounding.
+    expect_close(first.k, atomic.k, 1e-5, "deterministic vs atomic grad_k");
+    expect_close(first.q, atomic.q, 1e-6, "deterministic vs atomic grad_q");
+    expect_close(first.w, atomic.w, 1e-6, "deterministic vs atomic grad_w");
+  }
+}
+
+// docs/sparse_attn.md: with B = N max|q| max_t (G_t W_t) the fixed-point unit is 2^-e with
+// 2^e = fixed_point_scale(B) (B 2^e < 2^61); grad_k[s] is within n_s 2^-(e+1) of the sum of its
+// n_s fp32 contributions, plus the rounding of that sum to fp32. Eighths keep every contribution
+// exact in fp32 (so that sum is the float64 reference) and the gates equal to the reference's;
+// the rows' gradients spread over 2^-20 .. 2^20, so the unit is coarser than the small rows'
+// contributions and the rounding to fixed point shows.
+TEST_F(IndexerLossCudaTest, DeterministicIndexScoreBackwardIsWithinItsBoundOfFloat64) {
+  for (const IndexerCase& c : kIndexerCases) {
+    SCOPED_TRACE(describe(c));
+    const auto q = eighths({c.n, c.heads, c.dim}), k = eighths({c.m, c.dim});
+    const auto w = eighths({c.n, c.heads});
+    const auto indices = shifted_causal_indices(rng_, c);
+    const auto grad = eighths({c.n, c.topk}) *
+                      torch::pow(2.0, torch::randint(-20, 21, {c.n, 1}).to(torch::kFloat));
+    const auto want = reference_index_score_backward(grad, q, k, w, indices);
+
+    const auto valid = indices.ge(0);
+    const double g_w = (grad.to(torch::kDouble).abs() * valid)
+                           .sum(1)
+                           .mul(w.to(torch::kDouble).abs().sum(1))
+                           .max()
+                           .item<double>();
+    const double bound = static_cast<double>(c.n) * q.abs().max().item<double>() * g_w;
+    int e = 0;
+    std::frexp(bound, &e);
+    // The unit 2^(e - 61), doubled: the device sums G_t W_t in fp32, which may round the bound
+    // across a power of two.
+    const double unit = std::ldexp(1.0, e - 60);
+    const auto count = torch::bincount(indices.masked_select(valid).to(torch::kLong), {}, c.m)
+                           .to(torch::kDouble)
+                           .unsqueeze(1);
+
+    const DeterministicAlgorithms deterministic;
+    const auto got = ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(),
+                                               indices.cuda(), c.m - c.n);
+    const auto err = (got.k.cpu().to(torch::kDouble) - want.k).abs();
+    const auto tol = count * unit / 2 + want.k.abs() * std::ldexp(1.0, -23);
+    EXPECT_TRUE(err.le(tol).all().item<bool>())
+        << "max error over tolerance " << (err / tol).max().item<double>() << " (unit 2^" << e - 60
+        << ")";
+    expect_close(got.q, want.q, 1e-6, "grad_q");
+    expect_close(got.w, want.w, 1e-6, "grad_w");
   }
 }
 
