@@ -8,6 +8,8 @@
 #             name a GPU of its own (its PCI bus id, which nvidia-smi lists) when it starts.
 #   timeout   a trainer that never publishes (a script): the attempt fails after
 #             --rendezvous-timeout-ms, with the reason saying so, and rank 1 never runs
+#   fake-gpus cp-train's GPU path with a fake nvidia-smi (two GPUs, which the worker detects) and
+#             a trainer script that names the GPU it was given
 # Usage: rendezvous_e2e.sh BUILD_DIR SCENARIO [TRAINER]
 #   TRAINER: the hyscale-train for cp-train (default BUILD_DIR/worker/trainer/hyscale-train)
 # cp-train elsewhere (scripts/gpu-service-check.sh sets these):
@@ -217,6 +219,37 @@ cp_train() {
     "job succeeded"
 }
 
+# The GPU path without GPUs: an nvidia-smi that lists two H200s (the worker detects them, the test
+# checks against them) and a trainer script that names the GPU CUDA_VISIBLE_DEVICES gives it.
+fake_gpus() {
+  mkdir -p "$work/bin"
+  cat >"$work/bin/nvidia-smi" <<'SH'
+#!/bin/sh
+case "$*" in
+  *name,memory.total*) printf 'NVIDIA H200, 143771\nNVIDIA H200, 143771\n' ;;
+  *timestamp*) exec sleep 1000 ;;
+  *pci.bus_id*) printf '00000000:18:00.0\n00000000:2A:00.0\n' ;;
+  *) exit 1 ;;
+esac
+SH
+  cat >"$work/bin/gpu-train.sh" <<'SH'
+#!/bin/bash
+[[ " $* " == *" --device cuda "* ]] || { echo "not run with --device cuda: $*" >&2; exit 2; }
+bus=(18 2A)
+echo "{\"event\":\"job_started\",\"time\":1,\"name\":\"fake\",\"total_steps\":1,\"device\":\"cuda:0 NVIDIA H200 pci 00000000:${bus[$CUDA_VISIBLE_DEVICES]}:00.0\"}"
+if [[ $HYSCALE_RANK == 0 ]]; then
+  echo '{"event":"rendezvous","time":1,"address":"127.0.0.1:4242","world_size":2}'
+fi
+echo '{"event":"step","time":1,"step":1,"total_steps":1,"loss":1.5,"tokens_per_second":1000}'
+echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+SH
+  chmod +x "$work/bin/nvidia-smi" "$work/bin/gpu-train.sh"
+  PATH="$work/bin:$PATH"
+  trainer=$work/bin/gpu-train.sh
+  cp_devices=auto
+  cp_train
+}
+
 timeout_scenario() {
   # Starts, never publishes, sleeps until it is stopped.
   cat >"$work/silent-train.sh" <<'EOF'
@@ -242,5 +275,6 @@ EOF
 case $scenario in
   cp-train) cp_train ;;
   timeout) timeout_scenario ;;
+  fake-gpus) fake_gpus ;;
   *) fail "unknown scenario $scenario" ;;
 esac

@@ -49,7 +49,7 @@ StepMetrics metrics_at(int64_t step) {
 // Runs the demo job through `sink`.
 void run_job(EventSink& sink, const absl::Status& outcome) {
   const v1::JobSpec spec = two_stage_spec();
-  sink.JobStarted(spec);
+  sink.JobStarted(spec, "cuda:0 NVIDIA H200 pci 00000000:1A:00.0");
   sink.StageStarted(0, spec.stages(0), 1);
   for (int64_t step = 1; step <= 5; ++step) {
     if (step == 4) {
@@ -88,6 +88,7 @@ TEST(EventSink, WritesOneJsonLinePerEvent) {
                                  "checkpoint_written", "warning", "job_finished"));
   EXPECT_EQ(events[0]["total_steps"], 5);
   EXPECT_EQ(events[0]["name"], "demo");
+  EXPECT_EQ(events[0]["device"], "cuda:0 NVIDIA H200 pci 00000000:1A:00.0");
   EXPECT_EQ(events[1]["attention"], "DENSE");
   EXPECT_EQ(events[1]["trains"], "INDEXER_ONLY");
   EXPECT_EQ(events[5]["stage"], 1);

@@ -61,14 +61,15 @@ void EventSink::Emit(const std::string& json_line, const std::string& readable) 
   *terminal_ << kClearLine << readable << '\n' << bar_ << std::flush;
 }
 
-void EventSink::JobStarted(const v1::JobSpec& spec) {
+void EventSink::JobStarted(const v1::JobSpec& spec, const std::string& device) {
   log_every_ = std::max(1, spec.log_every());
   int64_t total = 0;
   for (const auto& stage : spec.stages()) total += stage.steps();
   json j = event("job_started");
   j["name"] = spec.name();
   j["total_steps"] = total;
-  Emit(j.dump(), absl::StrCat("job ", spec.name(), ": ", total, " steps"));
+  j["device"] = device;
+  Emit(j.dump(), absl::StrCat("job ", spec.name(), ": ", total, " steps on ", device));
 }
 
 void EventSink::StageStarted(int index, const v1::StageSpec& stage, int64_t step) {

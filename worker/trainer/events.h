@@ -3,7 +3,8 @@
 // plus a readable line per event.
 //
 // Every JSON event has "event" and "time" (Unix seconds). Events and their other fields:
-//   job_started      name, total_steps
+//   job_started      name, total_steps, device (where this process trains: "cpu", or "cuda:0"
+//                    and the GPU's name and PCI bus id, which tell the ranks' GPUs apart)
 //   stage_started    stage, name, step, steps, attention, trains
 //   step             step, total_steps, stage, loss, lm_loss, indexer_loss, lr, step_seconds,
 //                    tokens_per_second, peak_memory_bytes, eta_seconds,
@@ -70,7 +71,7 @@ class EventSink {
   // terminal, in which case stderr gets the progress bar and readable lines instead.
   explicit EventSink(std::ostream* file);
 
-  void JobStarted(const v1::JobSpec& spec);
+  void JobStarted(const v1::JobSpec& spec, const std::string& device);
   void StageStarted(int index, const v1::StageSpec& stage, int64_t step);
   // Call every step: the bar follows every step, a step event is written on the first step seen,
   // every spec.log_every steps, after an evaluation and on the last step.

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #ifdef HYSCALE_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
@@ -29,6 +31,22 @@ namespace {
 
 constexpr int kExitFailed = 1;
 constexpr int kExitBadInput = 2;
+
+// The device for the start event. A rank sees only its own GPU (as cuda:0), so the GPU's name and
+// PCI bus id (as nvidia-smi shows it) tell which physical GPU each rank trained on.
+std::string DescribeDevice(const torch::Device& device) {
+#ifdef HYSCALE_HAVE_CUDA
+  if (device.is_cuda()) {
+    const cudaDeviceProp* props = at::cuda::getDeviceProperties(device.index());
+    char bus_id[32];
+    std::snprintf(bus_id, sizeof bus_id, "%08X:%02X:%02X.0",
+                  static_cast<unsigned>(props->pciDomainID), static_cast<unsigned>(props->pciBusID),
+                  static_cast<unsigned>(props->pciDeviceID));
+    return device.str() + " " + props->name + " pci " + bus_id;
+  }
+#endif
+  return device.str();
+}
 
 }  // namespace
 
@@ -140,7 +158,7 @@ int main(int argc, char** argv) {
   options.selection_replay = replay;
   options.device = device;
 
-  events.JobStarted(*spec);
+  events.JobStarted(*spec, DescribeDevice(device));
   auto group = join_group(spec->parallelism(), *rendezvous, device, events);
   if (!group.ok()) {
     std::cerr << "hyscale-train: joining the context-parallel group: " << group.status().message()
