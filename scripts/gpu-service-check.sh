@@ -42,6 +42,9 @@ if [[ ${HYSCALE_BUILD:-1} != 0 ]]; then
     { tail -n 30 "$out/build.log"; echo "gpu-service-check: build failed (see $out/build.log)"; exit 1; }
 fi
 if command -v nvidia-smi >/dev/null; then nvidia-smi -L | tee "$out/gpus.txt"; fi
+# The trainers inherit this through the worker: their small collectives need no NVLink multicast,
+# which on shared hosts can take the GPUs out of service.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 
 HYSCALE_E2E_DEVICES=${HYSCALE_DEVICES:-auto} HYSCALE_E2E_STEPS=${HYSCALE_STEPS:-100} \
   HYSCALE_E2E_TIMEOUT_S=${HYSCALE_TIMEOUT_S:-300} HYSCALE_E2E_OUT=$out \
