@@ -30,9 +30,10 @@ if [[ -z ${HYSCALE_DEPS_PREFIX:-} ]]; then
   if [[ -d $build/deps ]]; then export HYSCALE_DEPS_PREFIX=$build/deps; fi
 fi
 if [[ -n ${HYSCALE_DEPS_PREFIX:-} ]]; then
-  # The daemons load gRPC and the rest from there; the e2e script runs its jq.
+  # The daemons load gRPC and the rest from there; the e2e script runs its jq (first in PATH: a
+  # system jq would load the prefix's libjq of another version).
   export LD_LIBRARY_PATH="$HYSCALE_DEPS_PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export PATH="$PATH:$HYSCALE_DEPS_PREFIX/usr/bin"
+  export PATH="$HYSCALE_DEPS_PREFIX/usr/bin:$PATH"
 fi
 
 if [[ ${HYSCALE_BUILD:-1} != 0 ]]; then

@@ -88,14 +88,19 @@ slot_kind() {
     jq -r 'if .workers[0].devices[0].kind == "DEVICE_KIND_GPU" then "gpu" else "cpu" end'
 }
 
-# write_job FILE RANKS [STEPS]: a tiny DSA model on associative recall, split over RANKS
-# context-parallel ranks.
+# write_job FILE RANKS [STEPS [KIND]]: a tiny DSA model on associative recall, split over RANKS
+# context-parallel ranks. On GPUs (KIND gpu) the head shapes are ones the CUDA kernels take.
 write_job() {
+  local model="{vocab_size: 64, d_model: 32, layers: 1, heads: 2, head_dim_qk: 16, rope_dim: 8,
+        head_dim_v: 16, d_ff: 64, indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 8}}"
+  if [[ ${4:-cpu} == gpu ]]; then
+    model="{vocab_size: 64, d_model: 64, layers: 1, heads: 2, head_dim_qk: 64, rope_dim: 16,
+        head_dim_v: 64, d_ff: 128, indexer: {heads: 16, dim: 64, rope_dim: 16, topk: 8}}"
+  fi
   cat >"$1" <<EOF
 name: cp-rendezvous
 seed: 7
-model: {vocab_size: 64, d_model: 32, layers: 1, heads: 2, head_dim_qk: 16, rope_dim: 8,
-        head_dim_v: 16, d_ff: 64, indexer: {heads: 2, dim: 16, rope_dim: 8, topk: 8}}
+model: $model
 data: {seq_len: 64, batch_size: 2, recall: {pairs: 4, queries: 4, key_vocab: 16, value_vocab: 16}}
 stages:
   - {name: dense, steps: ${3:-10}, lr: 0.003, warmup_steps: 2, attention: DENSE}
@@ -182,7 +187,7 @@ cp_train() {
   ranks=$(slot_count)
   kind=$(slot_kind)
   ((ranks >= 2)) || fail "the worker has $ranks device slot(s); context parallelism needs 2"
-  write_job "$work/job.yaml" "$ranks" "${HYSCALE_E2E_STEPS:-10}"
+  write_job "$work/job.yaml" "$ranks" "${HYSCALE_E2E_STEPS:-10}" "$kind"
   if [[ $kind == gpu ]]; then sample_gpus; fi
   local job begin=$SECONDS
   job=$(submit "$ranks" "$kind")
