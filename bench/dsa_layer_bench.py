@@ -203,10 +203,19 @@ def naive_select(q_i, k_i, w, topk, chunk_bytes, q_offset=0):
     return indices, scores
 
 
+def gather_index(idx):
+    """Selected slots as gather indices: an unused slot (-1, rows t + 1 < k) takes the row's first
+    slot (always a visible key) instead of key 0; clamping every unused slot to key 0 made the
+    baseline's backward pile millions of duplicate index-adds onto one key (seconds per sequence,
+    paid by the rank holding the first tokens)."""
+    idx = idx.long()
+    return torch.where(idx >= 0, idx, idx[:, :1])
+
+
 def torch_index_scores(q_i, k_i, w, idx):
     """Scores at the selected keys, differentiable: gather k_I, fp32 einsum, ReLU, weighted sum."""
     valid = idx >= 0
-    kg = acc(k_i)[idx.long().clamp(min=0)]  # [c, k, d_I]
+    kg = acc(k_i)[gather_index(idx)]  # [c, k, d_I]
     dots = torch.einsum("chd,ckd->chk", acc(q_i), kg).relu()
     s = torch.einsum("chk,ch->ck", dots, acc(w))
     return s.masked_fill(~valid, float("-inf"))
@@ -215,7 +224,7 @@ def torch_index_scores(q_i, k_i, w, idx):
 def gather_attention(q, key, value, idx, scale):
     """Megatron's unfused path: gather K/V per query, bmm, fp32 softmax, bmm. Returns out, lse."""
     valid = idx >= 0
-    safe = idx.long().clamp(min=0)
+    safe = gather_index(idx)
     kg, vg = key[safe], value[safe]  # [c, k, d]
     logits = acc(torch.bmm(q, kg.transpose(1, 2))) * scale  # [c, H, k]
     logits = logits.masked_fill(~valid.unsqueeze(1), float("-inf"))
@@ -227,7 +236,7 @@ def gather_attention(q, key, value, idx, scale):
 def torch_target(q, key, idx, lse, scale):
     """Attention probabilities at the selected keys, summed over heads, L1-normalised."""
     valid = idx >= 0
-    kg = key[idx.long().clamp(min=0)]
+    kg = key[gather_index(idx)]
     logits = torch.bmm(q, kg.transpose(1, 2)).to(lse.dtype) * scale
     p = torch.exp(logits - lse.unsqueeze(-1)).masked_fill(~valid.unsqueeze(1), 0).sum(1)
     total = p.sum(-1, keepdim=True)

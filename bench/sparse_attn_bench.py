@@ -92,7 +92,7 @@ def gather_attn(q, key, value, idx, scale, chunk):
     for lo in range(0, q.shape[0], chunk):
         qi, ii = q[lo : lo + chunk], idx[lo : lo + chunk].long()
         valid = ii >= 0
-        safe = ii.clamp(min=0)
+        safe = torch.where(valid, ii, ii[:, :1])  # unused slots: the row's first key, not key 0
         kg, vg = key[safe], value[safe]  # [c, k, d]
         logits = torch.bmm(qi, kg.transpose(1, 2)).float() * scale  # [c, H, k]
         logits = logits.masked_fill(~valid.unsqueeze(1), float("-inf"))
