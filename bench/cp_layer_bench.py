@@ -321,7 +321,8 @@ def predict(cfg, n, world, layout, stack):
         if (c["context_parallel"], c["cp_layout"], c["indexer_group"], c["query_group"],
                 c["recompute"]) == (world, layout, "shared", 1, recompute):
             t = {k: v * 1e3 for k, v in c["layer_seconds"].items()}
-            step = (t["selection"] + 2 * t["score_gather"] + t["attention_fwd"] +
+            step = (t["selection"] + 2 * t["score_gather"] + t["indexer_loss_fwd"] +
+                    t["indexer_loss_bwd"] + t["attention_fwd"] +
                     t["attention_bwd"] + t["recompute"] - t["dense_fwd"] + t["launches"] +
                     t["gather_exposed"] + t["recompute_gather_exposed"] + t["reduce_scatter"])
             return dict(step_ms=step, terms_ms=t, rejected=c.get("rejected"))

@@ -168,6 +168,16 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     attn_bwd = std::max(kBackwardFlops * issued / (rate.bwd_tflops * kTera), 2 * loaded / hbm);
   }
 
+  // The indexer loss of a sparse stage: the target (attention mass at the k selected keys; the
+  // Megatron-style stack computes it like its gather attention) in forward, the index scores'
+  // backward in backward. Replay saves the target, so recomputation does not pay it again.
+  double loss_fwd = 0, loss_bwd = 0;
+  if (w.sparse) {
+    const double mass_rate = megatron ? prof.gather_fwd_tflops : prof.indexer_mass_tflops;
+    loss_fwd = 2 * H * dqk * k * n / (mass_rate * kTera);
+    loss_bwd = 4 * hi * di * k * n / (prof.index_score_bwd_tflops * kTera);
+  }
+
   // Kernel calls: one per run of consecutive positions, per kernel (selection and attention in
   // forward, in backward, and again when recomputing).
   const double calls = c.recompute == Recompute::kNone ? 4 : 6;
@@ -194,7 +204,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   }
 
   const double layer_dense = 3 * dense_fwd;
-  const double layer_selection = selection + 2 * score_gather;  // + indexer loss fwd/bwd
+  const double layer_selection = selection + 2 * score_gather;
   const double layer_attention = attn_fwd + attn_bwd;
   const double layer_exposed = exposed_gather(selection) + reduce_scatter + recompute_exposed;
   const double per_layer = w.layers * static_cast<double>(out.sequences);
@@ -202,13 +212,15 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double logits = 3 * 2 * d * w.vocab * n / dense_rate;
 
   // Weight gradients: all-reduced over every GPU of the job, behind the backward compute.
-  const double backward = per_layer * (2 * dense_fwd + attn_bwd + 2 * score_gather);
+  const double backward = per_layer * (2 * dense_fwd + attn_bwd + 2 * score_gather + loss_bwd);
   const double allreduce =
       gpus > 1 ? 2 * RingSeconds(static_cast<double>(w.parameters) * ab, gpus, prof) : 0;
 
   out.layer = {{"dense_fwd", dense_fwd},
                {"selection", selection},
                {"score_gather", score_gather},
+               {"indexer_loss_fwd", loss_fwd},
+               {"indexer_loss_bwd", loss_bwd},
                {"attention_fwd", attn_fwd},
                {"attention_bwd", attn_bwd},
                {"recompute", recompute},
@@ -220,6 +232,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   out.seconds["dense"] = per_layer * layer_dense + out.sequences * logits;
   out.seconds["selection"] = per_layer * layer_selection;
   out.seconds["attention"] = per_layer * layer_attention;
+  out.seconds["indexer_loss"] = per_layer * (loss_fwd + loss_bwd);
   out.seconds["recompute"] = per_layer * recompute;
   out.seconds["launches"] = per_layer * launches;
   out.compute_s = 0;

@@ -3,6 +3,8 @@
 //
 // Per layer and sequence, with N tokens over P context-parallel ranks (n = N/P local queries):
 //   dense      projections + SwiGLU: 2 x (weights touched per token) x n FLOPs, x3 with backward
+//   indexer    the sparse stage's indexer loss: its target (attention mass at the k selected
+//   loss       keys, 2 H d_qk k n FLOPs) forward, the index scores' backward (4 H_I d_I k n)
 //   selection  FlashTopK (or the score table + topk) over each local query's causal window:
 //              2 H_I d_I sum(t+1) FLOPs, the sum taken on the busiest rank of the layout, so a
 //              contiguous split pays ~2x (the last rank holds the longest windows)
@@ -76,11 +78,12 @@ struct Prediction {
   int data_parallel = 1;                  // replicas of the CP group
   int64_t sequences = 1;                  // per replica per step
   double imbalance = 1;                   // busiest rank's causal work / the mean
-  std::map<std::string, double> seconds;  // per step: dense, selection, attention, recompute,
-                                          // launches, exposed_comm
+  std::map<std::string, double> seconds;  // per step: dense, selection, indexer_loss,
+                                          // attention, recompute, launches, exposed_comm
   // One layer of one sequence, the terms the step is made of, for comparison with a layer
   // benchmark: dense_fwd, selection (FlashTopK or table + topk), score_gather (index scores at
-  // the k kept entries, paid twice by the indexer loss and once by replay), attention_fwd,
+  // the k kept entries, paid twice by the indexer loss and once by replay), indexer_loss_fwd
+  // (its target), indexer_loss_bwd (the index scores' backward), attention_fwd,
   // attention_bwd, recompute (its compute, dense included), launches, gather (the key side's
   // all-gather, all of it), gather_exposed, recompute_gather_exposed, reduce_scatter (exposed).
   std::map<std::string, double> layer;

@@ -47,6 +47,8 @@ DeviceProfile H200() {
   SetSparse(&p, 127, 72);
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
+  p.indexer_mass_tflops = 67.7;
+  p.index_score_bwd_tflops = 7.5;
   p.kernel_launch_s = 5e-6;
   p.topk_scratch_bytes = 1 * kGiB;
   p.devices_per_node = 8;
@@ -72,6 +74,12 @@ DeviceProfile H200() {
   p.sources["gather_bwd_tflops"] =
       "measured, rough: gather baseline bwd 16.4 TFLOP/s at 64K on H200 (9.3 at 32K; the "
       "faster one, which favours the baseline)";
+  p.sources["indexer_mass_tflops"] =
+      "measured: selected_attention_mass in the layer step, 585 ms for 128K queries on H200 "
+      "(bench/cp_layer_bench.py, docs/performance.md section 12)";
+  p.sources["index_score_bwd_tflops"] =
+      "measured: the layer step's backward less sparse_attn's, ~1.14 s for 128K queries on H200 "
+      "(docs/performance.md section 12)";
   p.sources["intra_node_gbps"] = "published: NVLink 4, 900 GB/s both directions";
   return p;
 }
@@ -85,8 +93,9 @@ DeviceProfile H800() {
   p.sources["dense_tflops"] = "assumption: the H200's measured 793 (same GH100 SMs and clocks)";
   p.sources["flash_topk_tflops"] = "assumption: the H200's measured 384 (compute-bound, same SMs)";
   p.sources["table_topk_tflops"] = "assumption: the H200's measured 257";
-  for (const char* key : {"sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
-                          "gather_fwd_tflops", "gather_bwd_tflops"}) {
+  for (const char* key :
+       {"sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
+        "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
@@ -107,10 +116,13 @@ DeviceProfile H20() {
   SetSparse(&p, 127 * kCompute, 72 * kCompute);
   p.gather_fwd_tflops = 72.6 * kCompute;
   p.gather_bwd_tflops = 16.4 * kCompute;
+  p.indexer_mass_tflops = 67.7 * kCompute;
+  p.index_score_bwd_tflops = 7.5 * kCompute;
   const std::string scaled = "assumption: the H200 figure x 148/989 (published dense bf16 peaks)";
   for (const char* key :
        {"dense_tflops", "flash_topk_tflops", "table_topk_tflops", "sparse_attention.fwd_tflops",
-        "sparse_attention.bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops"}) {
+        "sparse_attention.bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
+        "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = scaled;
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.0 TB/s";
@@ -129,6 +141,8 @@ DeviceProfile Cpu() {
   SetSparse(&p, 0.02, 0.01);
   p.gather_fwd_tflops = 0.02;
   p.gather_bwd_tflops = 0.01;
+  p.indexer_mass_tflops = 0.02;
+  p.index_score_bwd_tflops = 0.01;
   p.kernel_launch_s = 1e-6;
   p.devices_per_node = 1;
   p.intra_node_gbps = 2;
@@ -139,9 +153,9 @@ DeviceProfile Cpu() {
   p.sources["dense_tflops"] =
       "measured: OpenBLAS fp32 1024^3, 80 GFLOP/s (docs/performance.md section 3)";
   const std::string guess = "assumption: CPU reference kernels, not measured";
-  for (const char* key :
-       {"flash_topk_tflops", "table_topk_tflops", "sparse_attention.fwd_tflops",
-        "sparse_attention.bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops"}) {
+  for (const char* key : {"flash_topk_tflops", "table_topk_tflops", "sparse_attention.fwd_tflops",
+                          "sparse_attention.bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
+                          "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = guess;
   }
   p.sources["sparse_attention.dedup"] = "assumption: as on the GPUs";
@@ -187,6 +201,8 @@ absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profi
       {"table_topk_tflops", &profile->table_topk_tflops},
       {"gather_fwd_tflops", &profile->gather_fwd_tflops},
       {"gather_bwd_tflops", &profile->gather_bwd_tflops},
+      {"indexer_mass_tflops", &profile->indexer_mass_tflops},
+      {"index_score_bwd_tflops", &profile->index_score_bwd_tflops},
       {"kernel_launch_s", &profile->kernel_launch_s},
   };
   const auto positive = [](const nlohmann::json& v) {

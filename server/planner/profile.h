@@ -38,6 +38,11 @@ struct DeviceProfile {
   // Megatron-style attention: gather the selected keys, then matmul-softmax-matmul (useful FLOPs).
   double gather_fwd_tflops = 0;
   double gather_bwd_tflops = 0;
+  // The sparse stage's indexer loss: its target, the attention mass at the k selected keys
+  // (2 H d_qk k FLOPs a query), and the backward of the index scores into q_I and k_I
+  // (4 H_I d_I k FLOPs a query; CUDA cores, atomics on the shared keys).
+  double indexer_mass_tflops = 0;
+  double index_score_bwd_tflops = 0;
   double kernel_launch_s = 0;       // fixed cost of one kernel call (round-robin pays it per token)
   double topk_scratch_bytes = 0;    // FlashTopK scratch besides its O(n k) candidates
   int devices_per_node = 1;         // devices joined by the fast link
@@ -58,7 +63,8 @@ std::vector<std::string> BuiltinProfileNames();
 // the worker's device (JSON):
 //   {"device": "h200", "source": "bench/... at <commit>",
 //    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 384, "table_topk_tflops": 257,
-//    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "kernel_launch_s": 5e-6,
+//    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "indexer_mass_tflops": 68,
+//    "index_score_bwd_tflops": 7.5, "kernel_launch_s": 5e-6,
 //    "sparse_attention": [{"group": 4, "fwd_tflops": 500, "bwd_tflops": 200, "dedup": 3.4}]}
 // Every key is optional; an unknown key, a non-positive figure or a group outside kQueryGroups is
 // an error naming it. Each replaced figure's source becomes "calibrated: <source>". Descriptive

@@ -72,10 +72,10 @@ std::string Ratio(const Outcome& o) {
 void PrintRow(const std::string& where, const Outcome& o) {
   const auto terms = [](const Prediction& p) {
     if (!p.rejected.empty()) return absl::StrCat("does not fit: ", p.rejected);
-    return absl::StrFormat("sel %s / attn %s / dense %s / recomp %s / comm %s",
-                           Ms(p.seconds.at("selection")), Ms(p.seconds.at("attention")),
-                           Ms(p.seconds.at("dense")), Ms(p.seconds.at("recompute")),
-                           Ms(p.exposed_comm_s));
+    return absl::StrFormat("sel %s / loss %s / attn %s / dense %s / recomp %s / comm %s",
+                           Ms(p.seconds.at("selection")), Ms(p.seconds.at("indexer_loss")),
+                           Ms(p.seconds.at("attention")), Ms(p.seconds.at("dense")),
+                           Ms(p.seconds.at("recompute")), Ms(p.exposed_comm_s));
   };
   std::printf("| %s | %s | %s ms | %s | %s ms | %s | %s |\n", where.c_str(),
               o.hyscale.candidate.Describe().c_str(), Ms(o.hyscale.step_s).c_str(),

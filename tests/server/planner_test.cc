@@ -195,6 +195,10 @@ TEST(PlannerTest, LayerTermsMakeUpTheStep) {
     const double layers = static_cast<double>(work.layers);
     EXPECT_DOUBLE_EQ(p.seconds.at("selection"),
                      layers * (l.at("selection") + 2 * l.at("score_gather")));
+    EXPECT_DOUBLE_EQ(p.seconds.at("indexer_loss"),
+                     layers * (l.at("indexer_loss_fwd") + l.at("indexer_loss_bwd")));
+    EXPECT_GT(l.at("indexer_loss_fwd"), 0);
+    EXPECT_GT(l.at("indexer_loss_bwd"), 0);
     EXPECT_DOUBLE_EQ(p.seconds.at("attention"),
                      layers * (l.at("attention_fwd") + l.at("attention_bwd")));
     EXPECT_DOUBLE_EQ(p.seconds.at("recompute"), layers * l.at("recompute"));
@@ -269,7 +273,8 @@ TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
     for (const char* figure :
          {"dense_tflops", "hbm_gbps", "flash_topk_tflops", "table_topk_tflops",
           "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "sparse_attention.dedup",
-          "gather_fwd_tflops", "gather_bwd_tflops", "intra_node_gbps", "inter_node_gbps"}) {
+          "gather_fwd_tflops", "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops",
+          "intra_node_gbps", "inter_node_gbps"}) {
       EXPECT_EQ(profile.sources.count(figure), 1u) << name << " " << figure;
     }
   }
