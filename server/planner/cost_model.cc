@@ -174,8 +174,8 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   double loss_fwd = 0, loss_bwd = 0;
   if (w.sparse) {
     const double mass_rate = megatron ? prof.gather_fwd_tflops : prof.indexer_mass_tflops;
-    loss_fwd = 2 * H * dqk * k * n / (mass_rate * kTera);
-    loss_bwd = 4 * hi * di * k * n / (prof.index_score_bwd_tflops * kTera);
+    loss_fwd = IndexerMassFlops(H, dqk, k * n) / (mass_rate * kTera);
+    loss_bwd = IndexScoreBackwardFlops(hi, di, k * n) / (prof.index_score_bwd_tflops * kTera);
   }
 
   // Kernel calls: one per run of consecutive positions, per kernel (selection and attention in

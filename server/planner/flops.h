@@ -23,4 +23,17 @@ inline double AttentionFlops(double heads, double dim_qk, double dim_v, double p
   return 2 * heads * (dim_qk + dim_v) * pairs;
 }
 
+// The indexer loss's target, the attention mass at the selected keys: Q.K for every head at each
+// of `slots` (query, selected key) slots, k a query (no P.V: only the probabilities are kept).
+inline double IndexerMassFlops(double heads, double dim_qk, double slots) {
+  return 2 * heads * dim_qk * slots;
+}
+
+// The index scores' backward at `slots` selected entries: the grads of q_I and k_I, 2 H_I d_I each
+// per slot. The kernel also recomputes the scores (for the ReLU gates and grad_w); the measured
+// rate absorbs that.
+inline double IndexScoreBackwardFlops(double indexer_heads, double indexer_dim, double slots) {
+  return 4 * indexer_heads * indexer_dim * slots;
+}
+
 }  // namespace hyscale::server::planner

@@ -1,5 +1,6 @@
 #include "server/planner/planner.h"
 
+#include <absl/strings/str_cat.h>
 #include <gtest/gtest.h>
 
 namespace hyscale::server::planner {
@@ -265,6 +266,45 @@ TEST(PlannerTest, CalibrationReplacesProfileFigures) {
             std::string::npos);
   EXPECT_NE(error("[1]").find("not a JSON object"), std::string::npos);
   EXPECT_FALSE(BuiltinProfile("a100").ok());
+}
+
+// The indexer loss's rates, as hyscale-calibrate writes them: each replaces the profile's figure
+// and scales its term of the layer; a non-positive one is an error naming the key.
+TEST(PlannerTest, CalibrationReplacesTheIndexerLossRates) {
+  const DeviceProfile builtin = *BuiltinProfile("h200");
+  DeviceProfile profile = builtin;
+  ASSERT_TRUE(ApplyCalibration(R"({"source": "hyscale-calibrate at abc123",
+      "indexer_mass_tflops": 135.4, "index_score_bwd_tflops": 15})",
+                               &profile)
+                  .ok());
+  EXPECT_EQ(profile.indexer_mass_tflops, 135.4);
+  EXPECT_EQ(profile.index_score_bwd_tflops, 15);
+  for (const char* key : {"indexer_mass_tflops", "index_score_bwd_tflops"}) {
+    EXPECT_EQ(profile.sources.at(key), "calibrated: hyscale-calibrate at abc123") << key;
+  }
+  EXPECT_EQ(profile.flash_topk_tflops, builtin.flash_topk_tflops);  // untouched
+
+  // Twice the built-in rates: half the indexer loss's terms, and a faster step.
+  const Workload work = Workload::Of(LongSparse());
+  const Candidate c{8, CpLayout::kZigzag};
+  const Prediction calibrated = Predict(work, c, profile, 8), base = Predict(work, c, builtin, 8);
+  ASSERT_TRUE(calibrated.rejected.empty()) << calibrated.rejected;
+  EXPECT_GT(base.layer.at("indexer_loss_fwd"), 0);
+  EXPECT_DOUBLE_EQ(2 * calibrated.layer.at("indexer_loss_fwd"), base.layer.at("indexer_loss_fwd"));
+  EXPECT_DOUBLE_EQ(2 * calibrated.layer.at("indexer_loss_bwd"), base.layer.at("indexer_loss_bwd"));
+  EXPECT_LT(calibrated.step_s, base.step_s);
+
+  for (const std::string key : {"indexer_mass_tflops", "index_score_bwd_tflops"}) {
+    for (const std::string bad : {"0", "-7.5", "\"fast\"", "null"}) {
+      DeviceProfile untouched = builtin;
+      const absl::Status status =
+          ApplyCalibration(absl::StrCat("{\"", key, "\": ", bad, "}"), &untouched);
+      EXPECT_NE(status.message().find(absl::StrCat("calibration.", key, ": must be a number > 0")),
+                std::string::npos)
+          << key << " = " << bad << ": " << status;
+      EXPECT_EQ(untouched.sources.at(key), builtin.sources.at(key));
+    }
+  }
 }
 
 TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
