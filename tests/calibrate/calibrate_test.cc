@@ -69,9 +69,10 @@ class CalibrateTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-constexpr const char* kFigures[] = {"dense_tflops",      "hbm_gbps",          "flash_topk_tflops",
-                                    "table_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
-                                    "kernel_launch_s"};
+constexpr const char* kFigures[] = {
+    "dense_tflops",      "hbm_gbps",          "flash_topk_tflops",   "table_topk_tflops",
+    "gather_fwd_tflops", "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops",
+    "kernel_launch_s"};
 
 double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "dense_tflops") return p.dense_tflops;
@@ -80,6 +81,8 @@ double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "table_topk_tflops") return p.table_topk_tflops;
   if (name == "gather_fwd_tflops") return p.gather_fwd_tflops;
   if (name == "gather_bwd_tflops") return p.gather_bwd_tflops;
+  if (name == "indexer_mass_tflops") return p.indexer_mass_tflops;
+  if (name == "index_score_bwd_tflops") return p.index_score_bwd_tflops;
   return p.kernel_launch_s;
 }
 
@@ -99,6 +102,10 @@ TEST_F(CalibrateTest, QuickCpuRunWritesAFileThePlannerLoads) {
   const std::string notes = doc["notes"].dump();
   EXPECT_NE(notes.find("G = 1 only"), std::string::npos) << notes;
   EXPECT_NE(notes.find("collective figures"), std::string::npos) << notes;
+  // The indexer loss counts every one of the N k slots (--quick CPU: N 128, k 16, H 4, d_qk 32,
+  // H_I 4, d_I 16), as the cost model counts k a query.
+  EXPECT_EQ(doc["measurements"]["indexer_mass"]["flops"], 2.0 * 4 * 32 * 128 * 16);
+  EXPECT_EQ(doc["measurements"]["index_score_bwd"]["flops"], 4.0 * 4 * 16 * 128 * 16);
 
   auto profile = planner::BuiltinProfile("cpu");
   ASSERT_TRUE(profile.ok());

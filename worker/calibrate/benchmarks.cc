@@ -21,6 +21,8 @@ namespace {
 
 using server::planner::AttentionFlops;
 using server::planner::CausalPairs;
+using server::planner::IndexerMassFlops;
+using server::planner::IndexScoreBackwardFlops;
 using server::planner::kBackwardFlops;
 using server::planner::SelectionFlops;
 
@@ -46,10 +48,9 @@ struct IndexerInputs {
   at::Tensor q, k, w;
 };
 
-// Random (untrained-indexer) inputs, as docs/performance.md's FlashTopK figures.
-IndexerInputs MakeIndexerInputs(const Shapes& s, const at::TensorOptions& options) {
+// Random (untrained-indexer) inputs for n tokens, as docs/performance.md's FlashTopK figures.
+IndexerInputs MakeIndexerInputs(const Shapes& s, int64_t n, const at::TensorOptions& options) {
   IndexerInputs in;
-  const int64_t n = s.selection_seq_len;
   in.q = at::randn({n, s.indexer_heads, s.indexer_dim}, options);
   in.k = at::randn({n, s.indexer_dim}, options);
   in.w = at::randn({n, s.indexer_heads}, options.dtype(at::kFloat)) /
@@ -114,14 +115,14 @@ Measurement Benchmarks::Copy() const {
 }
 
 Measurement Benchmarks::FlashTopk() const {
-  const IndexerInputs in = MakeIndexerInputs(shapes_, Options(dtype_));
+  const IndexerInputs in = MakeIndexerInputs(shapes_, shapes_.selection_seq_len, Options(dtype_));
   const double seconds = timer_.Median([&] { ops::flash_topk(in.q, in.k, in.w, shapes_.topk); });
   return {seconds, SelectionFlops(shapes_.indexer_heads, shapes_.indexer_dim,
                                   CausalPairs(static_cast<double>(shapes_.selection_seq_len)))};
 }
 
 Measurement Benchmarks::TableTopk() const {
-  const IndexerInputs in = MakeIndexerInputs(shapes_, Options(dtype_));
+  const IndexerInputs in = MakeIndexerInputs(shapes_, shapes_.selection_seq_len, Options(dtype_));
   const int64_t n = shapes_.selection_seq_len, topk = std::min(shapes_.topk, n);
   const at::Tensor keys_f = in.k.to(at::kFloat).t();  // [d_I, N]
   const at::Tensor positions = at::arange(n, Options(at::kLong));
@@ -229,6 +230,25 @@ GatherMeasurement Benchmarks::Gather() const {
   const double both = timer_.Median(forward_backward);
   // The difference of two medians: floored so that noise cannot make it zero or negative.
   m.bwd = {std::max(both - m.fwd.seconds, 1e-3 * both), kBackwardFlops * flops};
+  return m;
+}
+
+IndexerLossMeasurement Benchmarks::IndexerLoss() const {
+  const int64_t n = shapes_.seq_len;
+  const IndexerInputs indexer = MakeIndexerInputs(shapes_, n, Options(dtype_));
+  const at::Tensor indices = ops::flash_topk(indexer.q, indexer.k, indexer.w, shapes_.topk).indices;
+  const AttentionInputs in = MakeAttentionInputs(shapes_, n, Options(dtype_));
+  const double scale = 1 / std::sqrt(static_cast<double>(shapes_.dim_qk));
+  const at::Tensor lse = ops::sparse_attn(in.q, in.key, in.value, indices, scale).lse;
+  const at::Tensor grad_scores = at::randn(indices.sizes(), Options(at::kFloat));
+  const double slots = static_cast<double>(indices.numel());
+  IndexerLossMeasurement m;
+  m.mass = {timer_.Median([&] { ops::selected_attention_mass(in.q, in.key, indices, lse, scale); }),
+            IndexerMassFlops(shapes_.heads, shapes_.dim_qk, slots)};
+  m.score_bwd = {timer_.Median([&] {
+                   ops::index_score_backward(grad_scores, indexer.q, indexer.k, indexer.w, indices);
+                 }),
+                 IndexScoreBackwardFlops(shapes_.indexer_heads, shapes_.indexer_dim, slots)};
   return m;
 }
 

@@ -29,6 +29,10 @@ struct GatherMeasurement {
   Measurement fwd, bwd;
 };
 
+struct IndexerLossMeasurement {
+  Measurement mass, score_bwd;
+};
+
 class Benchmarks {
  public:
   // Inputs are drawn on `device` in the model's dtype there: bf16 on a GPU, fp32 on the CPU.
@@ -52,6 +56,11 @@ class Benchmarks {
   // Gather the selected keys, matmul-softmax-matmul; backward by autograd (fwd+bwd minus fwd).
   // Useful FLOPs on the valid pairs, backward x kBackwardFlops.
   GatherMeasurement Gather() const;
+  // The indexer loss's two ops on flash_topk's causal selections of random indexer inputs at
+  // seq_len: hyscale::selected_attention_mass (lse from sparse attention on the same selections),
+  // 2 H d_qk FLOPs per slot; hyscale::index_score_backward, 4 H_I d_I per slot. Every one of the
+  // N k slots is counted, as the cost model counts k a query.
+  IndexerLossMeasurement IndexerLoss() const;
   // One near-empty op (a one-element add): the fixed cost of a kernel call.
   double KernelLaunch() const;
 

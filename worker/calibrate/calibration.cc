@@ -33,6 +33,8 @@ nlohmann::json ToJson(const Calibration& c) {
   doc["table_topk_tflops"] = c.table_topk.Rate() / kTera;
   doc["gather_fwd_tflops"] = c.gather.fwd.Rate() / kTera;
   doc["gather_bwd_tflops"] = c.gather.bwd.Rate() / kTera;
+  doc["indexer_mass_tflops"] = c.indexer_loss.mass.Rate() / kTera;
+  doc["index_score_bwd_tflops"] = c.indexer_loss.score_bwd.Rate() / kTera;
   doc["kernel_launch_s"] = c.kernel_launch_s;
   nlohmann::json sparse = nlohmann::json::array();
   nlohmann::json sparse_timings = nlohmann::json::array();
@@ -47,9 +49,14 @@ nlohmann::json ToJson(const Calibration& c) {
   doc["sparse_attention"] = sparse;
   doc["shapes"] = ToJson(s);
   doc["measurements"] = {
-      {"dense", Timing(c.dense, "flops")},           {"copy", Timing(c.copy, "bytes")},
-      {"flash_topk", Timing(c.flash_topk, "flops")}, {"table_topk", Timing(c.table_topk, "flops")},
-      {"gather_fwd", Timing(c.gather.fwd, "flops")}, {"gather_bwd", Timing(c.gather.bwd, "flops")},
+      {"dense", Timing(c.dense, "flops")},
+      {"copy", Timing(c.copy, "bytes")},
+      {"flash_topk", Timing(c.flash_topk, "flops")},
+      {"table_topk", Timing(c.table_topk, "flops")},
+      {"gather_fwd", Timing(c.gather.fwd, "flops")},
+      {"gather_bwd", Timing(c.gather.bwd, "flops")},
+      {"indexer_mass", Timing(c.indexer_loss.mass, "flops")},
+      {"index_score_bwd", Timing(c.indexer_loss.score_bwd, "flops")},
       {"sparse_attention", sparse_timings},
   };
   doc["notes"] = c.notes;

@@ -22,6 +22,7 @@ struct Calibration {
   Measurement dense, copy, flash_topk, table_topk;
   std::vector<SparseAttentionMeasurement> sparse_attention;
   GatherMeasurement gather;
+  IndexerLossMeasurement indexer_loss;
   double kernel_launch_s = 0;
   std::vector<std::string> notes;
 };

@@ -78,7 +78,7 @@ std::string MeasuredGroups(const Calibration& c) {
 }
 
 void Report(const char* figure, double value, const char* unit, double seconds) {
-  std::printf("%-20s %12.4g %-8s (median %.3f ms)\n", figure, value, unit, seconds * 1e3);
+  std::printf("%-22s %12.4g %-8s (median %.3f ms)\n", figure, value, unit, seconds * 1e3);
   std::fflush(stdout);
 }
 
@@ -135,6 +135,11 @@ int Run(const Flags& flags) {
     c.gather = bench.Gather();
     Report("gather_fwd_tflops", c.gather.fwd.Rate() / 1e12, "TFLOP/s", c.gather.fwd.seconds);
     Report("gather_bwd_tflops", c.gather.bwd.Rate() / 1e12, "TFLOP/s", c.gather.bwd.seconds);
+    c.indexer_loss = bench.IndexerLoss();
+    Report("indexer_mass_tflops", c.indexer_loss.mass.Rate() / 1e12, "TFLOP/s",
+           c.indexer_loss.mass.seconds);
+    Report("index_score_bwd_tflops", c.indexer_loss.score_bwd.Rate() / 1e12, "TFLOP/s",
+           c.indexer_loss.score_bwd.seconds);
     c.kernel_launch_s = bench.KernelLaunch();
     Report("kernel_launch_s", c.kernel_launch_s, "s", c.kernel_launch_s);
   } catch (const std::exception& e) {
@@ -161,6 +166,11 @@ int Run(const Flags& flags) {
   c.notes.push_back(absl::StrCat("gather: the last ", shapes.gather_rows,
                                  " queries (full windows), blocks of ", shapes.gather_chunk,
                                  "; bwd = fwd+bwd by autograd minus fwd"));
+  c.notes.push_back(absl::StrCat(
+      "indexer_mass / index_score_bwd: flash_topk's causal selections of random indexer inputs at "
+      "N = ",
+      shapes.seq_len, "; FLOPs per slot, all N k of them (as the cost model counts k a query): ",
+      "2 H d_qk for the mass, 4 H_I d_I for the backward"));
   c.notes.push_back(
       absl::StrCat("flash_topk / table_topk: random (untrained-indexer) inputs at N = ",
                    shapes.selection_seq_len,
@@ -189,8 +199,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", flags.device, "auto (CUDA when built with it and present), cpu, cuda")
       ->capture_default_str();
   app.add_option("--seq-len", flags.seq_len,
-                 "N of sparse attention and the gather baseline (and of selection, unless "
-                 "--selection-seq-len)")
+                 "N of sparse attention, the gather baseline and the indexer loss (and of "
+                 "selection, unless --selection-seq-len)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 22));
   app.add_option("--selection-seq-len", flags.selection_seq_len,
                  "N of FlashTopK and the score table")

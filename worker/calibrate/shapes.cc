@@ -13,7 +13,8 @@ Shapes DefaultShapes(bool cuda, bool quick) {
   s.indexer_dim = 128;
   if (cuda) {
     // About 40 s on an H200: sparse attention fwd + bwd dominate (~0.75 s per G per run);
-    // selection at 128K takes ~0.9 s per run (362 TFLOP/s there against 278 at 32K).
+    // selection at 128K takes ~0.9 s per run (362 TFLOP/s there against 278 at 32K); the indexer
+    // loss's two ops ~0.45 s per run at the built-in profile's rates.
     s.seq_len = quick ? 4096 : 32768;
     s.selection_seq_len = quick ? 4096 : 131072;
     s.topk = quick ? 512 : 2048;

@@ -8,7 +8,8 @@
 namespace hyscale::calibrate {
 
 struct Shapes {
-  int64_t seq_len = 0;  // N of sparse attention and the gather baseline (rates flat in N)
+  // N of sparse attention, the gather baseline and the indexer loss (rates flat in N: k a query).
+  int64_t seq_len = 0;
   // N of FlashTopK and the score table: their rates grow with N (fixed costs amortise), and the
   // planner uses them at long N, so they are measured longer where that is cheap.
   int64_t selection_seq_len = 0;
