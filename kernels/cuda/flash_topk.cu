@@ -629,10 +629,6 @@ void dispatch_shape(int64_t heads, int64_t dim, Fn&& fn) {
 
 }  // namespace
 
-bool indexer_shape_supported(int64_t heads, int64_t dim) {
-  return (heads == 16 || heads == 32 || heads == 64) && (dim == 64 || dim == 128);
-}
-
 size_t flash_topk_workspace_bytes(const IndexerShape& shape, int64_t topk) {
   return Workspace(make_plan(shape, topk), shape.dim, nullptr).bytes;
 }

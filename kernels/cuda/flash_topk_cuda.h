@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda_shapes.h"
 #include "kernels/shapes.h"
 
 namespace hyscale::cuda {
@@ -16,8 +17,6 @@ namespace hyscale::cuda {
 // Opaque stream handle (cudaStream_t) so that callers need no CUDA headers.
 using Stream = void*;
 
-// The head counts and dims the kernels are compiled for; others are rejected at the boundary.
-bool indexer_shape_supported(int64_t heads, int64_t dim);
 inline constexpr int64_t kMaxTopk = 4096;
 
 // Scratch memory flash_topk needs for `shape` and `topk` (O(rows_per_chunk * topk) bytes, never

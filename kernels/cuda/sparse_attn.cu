@@ -622,7 +622,7 @@ void dispatch_dims(int64_t dim_qk, int64_t dim_v, Fn&& fn) {
 
 void check_call(const SparseAttnShape& s, int64_t group) {
   s.validate();
-  if (!sparse_attn_dims_supported(s.dim_qk, s.dim_v)) {
+  if (!cuda_sparse_attn_dims_supported(s.dim_qk, s.dim_v)) {
     throw std::invalid_argument(
         "hyscale::sparse_attn (CUDA): (d_qk, d_v) must be one of (64, 64), (128, 128), "
         "(192, 128), (576, 512); got (" +
@@ -640,14 +640,6 @@ void check_call(const SparseAttnShape& s, int64_t group) {
 }
 
 }  // namespace
-
-bool sparse_attn_dims_supported(int64_t dim_qk, int64_t dim_v) {
-  bool ok = false;
-#define HYSCALE_SA_OK(DQ, DV) ok = ok || (dim_qk == DQ && dim_v == DV);
-  HYSCALE_SPARSE_ATTN_DIMS(HYSCALE_SA_OK)
-#undef HYSCALE_SA_OK
-  return ok;
-}
 
 bool sparse_attn_group_supported(int64_t group, int64_t topk) {
   const bool pow2 = group == 1 || group == 2 || group == 4 || group == 8 || group == 16;

@@ -11,14 +11,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda_shapes.h"
 #include "kernels/shapes.h"
 
 namespace hyscale::cuda {
 
 using Stream = void*;  // cudaStream_t
 
-// (d_qk, d_v) in {(64, 64), (128, 128), (192, 128), (576, 512)}; any H >= 1, N, M < 2^27.
-bool sparse_attn_dims_supported(int64_t dim_qk, int64_t dim_v);
+// (d_qk, d_v) as kernels/cuda_shapes.h lists them; any H >= 1, N, M < 2^27.
 // G in {1, 2, 4, 8, 16}, and for G > 1 the group's slots G * topk at most 32768 (the key union
 // is built by one block, in shared memory).
 bool sparse_attn_group_supported(int64_t group, int64_t topk);

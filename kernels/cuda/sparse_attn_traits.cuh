@@ -25,9 +25,6 @@ struct SparseAttnTraits {
   static_assert(kDimQk % 64 == 0 && kDimV % 64 == 0, "d_qk and d_v must be multiples of 64");
 };
 
-// The (d_qk, d_v) pairs the kernels are compiled for; sparse_attn.cu dispatches over this list.
-#define HYSCALE_SPARSE_ATTN_DIMS(X) X(64, 64) X(128, 128) X(192, 128) X(576, 512)
-
 inline constexpr int kMaxGroup = 16;
 // Building a group's key union sorts its G * topk slots in shared memory (one block per group).
 inline constexpr int kMaxGroupSlots = 32768;

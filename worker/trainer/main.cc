@@ -24,6 +24,7 @@
 
 #include "proto/job_spec.h"
 #include "worker/parallel/context_parallel_group.h"
+#include "worker/trainer/cuda_shapes.h"
 #include "worker/trainer/events.h"
 #include "worker/trainer/trainer.h"
 
@@ -128,6 +129,14 @@ int main(int argc, char** argv) {
 #ifdef HYSCALE_HAVE_CUDA
   if (device.is_cuda()) c10::cuda::set_device(device.index());  // NCCL's and the kernels' device
 #endif
+  if (device.is_cuda()) {
+    bool sparse = attention == "sparse";
+    for (const auto& stage : spec->stages()) sparse |= stage.attention() == hyscale::v1::SPARSE;
+    if (auto status = hyscale::trainer::CheckCudaShapes(*spec, sparse); !status.ok()) {
+      std::cerr << "hyscale-train: --device cuda: " << status.message() << "\n";
+      return kExitBadInput;
+    }
+  }
   const int world = *rendezvous ? (*rendezvous)->world_size : 1;
   const int cp = std::max(1, spec->parallelism().context_parallel());
   if (cp != world) {
