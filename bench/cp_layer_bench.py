@@ -541,15 +541,7 @@ def main():
     ap.add_argument("--single-max", type=int, default=131072,
                     help="largest N for the one-GPU reference step (262144 does not fit an "
                     "H200, docs/performance.md section 9); 0: none")
-    ap.add_argument("--heads", type=int, default=128)
-    ap.add_argument("--dqk", type=int, default=576)
-    ap.add_argument("--dv", type=int, default=512)
-    ap.add_argument("--heads-i", type=int, default=64)
-    ap.add_argument("--dim-i", type=int, default=128)
-    ap.add_argument("--topk", type=int, default=2048)
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], help="timing dtype (default: bf16 on "
-                    "cuda, fp32 on cpu)")
-    ap.add_argument("--kl-weight", type=float, default=0.01, help="lambda of the indexer loss")
+    dsa.add_layer_args(ap)
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before the runs")
     ap.add_argument("--runs", type=int, default=2, help="timed HyScale steps (median)")
     ap.add_argument("--long-n", type=int, default=524288,
@@ -558,9 +550,6 @@ def main():
     ap.add_argument("--long-runs", type=int, default=2)
     ap.add_argument("--megatron-runs", type=int, default=1,
                     help="timed Megatron-style steps (warm-up only before its first row)")
-    ap.add_argument("--chunk", type=int, default=256, help="query rows per gather chunk (baseline)")
-    ap.add_argument("--naive-chunk-gib", type=float, default=8.0,
-                    help="score-table chunk of the naive selection")
     ap.add_argument("--peak-tflops", type=float, default=790.0,
                     help="bf16 dense rate (the one-GPU step's floor, as dsa_layer_bench)")
     ap.add_argument("--peak-gbps", type=float, default=4000.0, help="device memory bandwidth")

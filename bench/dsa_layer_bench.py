@@ -535,11 +535,8 @@ def summary(cfg, report):
     return "\n".join(lines)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lib", required=True, help="path to libhyscale_ops.so")
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--sizes", default="32768,65536,131072")
+def add_layer_args(ap):
+    """The layer's shape, dtype and the baseline's chunking (shared with cp_layer_bench)."""
     ap.add_argument("--heads", type=int, default=128)
     ap.add_argument("--dqk", type=int, default=576)
     ap.add_argument("--dv", type=int, default=512)
@@ -549,12 +546,20 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "fp32"], help="timing dtype (default: bf16 on "
                     "cuda, fp32 on cpu)")
     ap.add_argument("--kl-weight", type=float, default=0.01, help="lambda of the indexer loss")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--baseline-runs", type=int, default=2,
-                    help="timed runs of the Megatron-style step (seconds each at 64K and up)")
     ap.add_argument("--chunk", type=int, default=256, help="query rows per gather chunk (baseline)")
     ap.add_argument("--naive-chunk-gib", type=float, default=8.0,
                     help="score-table chunk of the naive selection")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", required=True, help="path to libhyscale_ops.so")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--sizes", default="32768,65536,131072")
+    add_layer_args(ap)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--baseline-runs", type=int, default=2,
+                    help="timed runs of the Megatron-style step (seconds each at 64K and up)")
     ap.add_argument("--naive-max", type=int, default=131072,
                     help="largest N for the naive re-selection in a)")
     ap.add_argument("--megatron-max", type=int, default=131072,
