@@ -96,15 +96,23 @@ torch::Tensor shifted_causal_indices(Random& rng, const IndexerCase& c) {
   return torch::where(indices.ge(0), indices + static_cast<int32_t>(c.m - c.n), indices);
 }
 
+// Random inputs of a case, on the CPU: eighths (exact in fp32 sums) and shifted causal indices.
+struct IndexerInputs {
+  torch::Tensor q, k, w, indices;
+};
+
+IndexerInputs eighths_inputs(Random& rng, const IndexerCase& c) {
+  return {eighths({c.n, c.heads, c.dim}), eighths({c.m, c.dim}), eighths({c.n, c.heads}),
+          shifted_causal_indices(rng, c)};
+}
+
 const IndexerCase kIndexerCases[] = {
     {45, 45, 16, 64, 40}, {70, 70, 64, 128, 33}, {19, 300, 32, 128, 97}};
 
 TEST_F(IndexerLossCudaTest, IndexScoreBackwardMatchesFloat64Reference) {
   for (const IndexerCase& c : kIndexerCases) {
     SCOPED_TRACE(describe(c));
-    const auto q = eighths({c.n, c.heads, c.dim}), k = eighths({c.m, c.dim});
-    const auto w = eighths({c.n, c.heads});
-    const auto indices = shifted_causal_indices(rng_, c);
+    const auto [q, k, w, indices] = eighths_inputs(rng_, c);
     const auto grad = eighths({c.n, c.topk});
     const auto want = reference_index_score_backward(grad, q, k, w, indices);
     const auto got = ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(),
@@ -178,9 +186,7 @@ TEST_F(IndexerLossCudaTest, DeterministicIndexScoreBackwardIsBitIdenticalAcrossR
 TEST_F(IndexerLossCudaTest, DeterministicIndexScoreBackwardIsWithinItsBoundOfFloat64) {
   for (const IndexerCase& c : kIndexerCases) {
     SCOPED_TRACE(describe(c));
-    const auto q = eighths({c.n, c.heads, c.dim}), k = eighths({c.m, c.dim});
-    const auto w = eighths({c.n, c.heads});
-    const auto indices = shifted_causal_indices(rng_, c);
+    const auto [q, k, w, indices] = eighths_inputs(rng_, c);
     const auto grad = eighths({c.n, c.topk}) *
                       torch::pow(2.0, torch::randint(-20, 21, {c.n, 1}).to(torch::kFloat));
     const auto want = reference_index_score_backward(grad, q, k, w, indices);
