@@ -50,6 +50,7 @@ void PrintJob(const Context& context, const v1::Job& job) {
       table.AddRow({"indexer recall", absl::StrFormat("%.3f", progress.indexer_recall())});
     }
   }
+  if (!job.rendezvous().empty()) table.AddRow({"rendezvous", job.rendezvous()});
   for (const auto& placement : job.placement()) {
     table.AddRow({absl::StrCat("rank ", placement.rank()),
                   absl::StrCat(placement.worker_id(), " device ", placement.device_index(),

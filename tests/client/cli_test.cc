@@ -180,6 +180,14 @@ TEST_F(CliTest, GetShowsJobOrNotFound) {
   EXPECT_NE(missing.err.find("job nope not found"), std::string::npos) << missing.err;
 }
 
+TEST_F(CliTest, GetShowsAContextParallelJobsRendezvous) {
+  const std::string id = Submit();
+  server_.jobs().SetRendezvous(id, "10.0.0.7:29500");
+  const Result table = Run({"get", id});
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("rendezvous  10.0.0.7:29500"), std::string::npos) << table.out;
+}
+
 TEST_F(CliTest, CancelReportsStateAndConflicts) {
   const std::string id = Submit();
   const Result result = Run({"-o", "json", "cancel", id, "--reason", "not needed"});

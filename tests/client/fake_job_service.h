@@ -143,6 +143,10 @@ class FakeJobService final : public v1::JobService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     Find(job_id)->set_state(state);
   }
+  void SetRendezvous(const std::string& job_id, const std::string& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Find(job_id)->set_rendezvous(address);
+  }
   std::vector<v1::SubmitJobRequest> submissions() {
     std::lock_guard<std::mutex> lock(mu_);
     return submissions_;
