@@ -264,7 +264,10 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   } else if (w.sparse) {
     scratch = prof.topk_scratch_bytes + 2 * n * k * 4;
   }
-  mem.workspace = scratch + 2 * seqs * n * w.vocab * 4;
+  // While a layer runs backward, the gradients of its queries and of its attention output live
+  // beside what it saved (n H (d_qk + d_v) elements; the layer benchmark's peak showed them).
+  const double layer_backward = seqs * n * H * (dqk + dv) * ab;
+  mem.workspace = scratch + layer_backward + 2 * seqs * n * w.vocab * 4;
   const double sum = mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace;
   mem.total = sum * 1.1;
   if (out.rejected.empty() && mem.total > prof.memory_bytes) {

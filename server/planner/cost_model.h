@@ -69,7 +69,7 @@ struct MemoryBreakdown {
   double activations = 0;  // saved for backward (and one layer's during recomputation)
   double indices = 0;      // saved top-k indices
   double gathered = 0;     // all-gathered key side (two layers in flight) and its gradients
-  double workspace = 0;    // selection and attention scratch, logits
+  double workspace = 0;    // selection and attention scratch, one layer's backward, logits
   double total = 0;        // the sum + 10% allocator slack
 };
 

@@ -140,6 +140,36 @@ TEST(PlannerTest, RejectsPlansOverDeviceMemory) {
   }
 }
 
+// The DeepSeek-V3.2 layer of bench/cp_layer_bench.py, one sequence of `tokens`.
+v1::JobSpec DeepSeekLayer(int64_t tokens) {
+  v1::JobSpec spec = LongSparse();
+  auto* m = spec.mutable_model();
+  m->set_vocab_size(256);
+  m->set_layers(1);
+  m->set_heads(128);
+  m->set_head_dim_qk(576);
+  m->set_head_dim_v(512);
+  m->mutable_indexer()->set_heads(64);
+  m->mutable_indexer()->set_dim(128);
+  m->mutable_indexer()->set_topk(2048);
+  spec.mutable_data()->set_seq_len(tokens);
+  return spec;
+}
+
+// Per GPU, the layer benchmark peaked at 41.3 GiB for 128K tokens over 2 H200s (64K queries per
+// GPU), 84.4 GiB for 512K over 4, and 512K did not fit on 2 (docs/performance.md section 12).
+TEST(PlannerTest, MemoryCoversTheMeasuredLayerPeaks) {
+  const auto memory = [](int64_t tokens, int gpus) {
+    const PlanResult plan = PlanJob(DeepSeekLayer(tokens), On("h200", gpus));
+    return Find(plan, gpus, CpLayout::kZigzag, 1, Recompute::kReplay);
+  };
+  constexpr double kGiB = 1 << 30;
+  EXPECT_GT(memory(1 << 17, 2).memory.total, 41.3 * kGiB);
+  EXPECT_LT(memory(1 << 17, 2).memory.total, 1.3 * 41.3 * kGiB);
+  EXPECT_GT(memory(1 << 19, 4).memory.total, 84.4 * kGiB);
+  EXPECT_NE(memory(1 << 19, 2).rejected.find("memory"), std::string::npos);
+}
+
 TEST(PlannerTest, CausalImbalanceOrdersTheLayouts) {
   const PlanResult plan = PlanJob(VeryLongSparse(), On("h200", 8));
   const Prediction& contiguous = Find(plan, 8, CpLayout::kContiguous);
