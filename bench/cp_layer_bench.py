@@ -307,8 +307,10 @@ def predict(cfg, n, world, layout, stack):
         f.write(JOB.format(n=n, heads=cfg.heads, dqk=cfg.dqk, dv=cfg.dv, heads_i=cfg.heads_i,
                            dim_i=cfg.dim_i, topk=cfg.topk, rope=min(64, cfg.dqk // 2),
                            rope_i=min(32, cfg.dim_i // 2)))
+    # This benchmark's Megatron-style stack selects like Megatron-naive (whole rows).
+    planner_stack = "megatron-naive" if stack == "megatron" else stack
     cmd = [cfg.hyscale, "-o", "json", "plan", f.name, "--gpus", str(world), "--gpu", "h200",
-           "--stack", stack, "--top", "0"]
+           "--stack", planner_stack, "--top", "0"]
     if cfg.calibration:
         cmd += ["--calibration", cfg.calibration]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -114,10 +114,11 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
                          "List each profile figure and where it comes from (offline)");
   plan_command
       ->add_option("--stack", plan.stack,
-                   "Whose kernels (offline): hyscale, or megatron (score table + topk, gather "
-                   "attention, re-selection)")
+                   "Whose kernels (offline): hyscale, megatron (score table + topk, gather "
+                   "attention, re-selection), or megatron-naive (the same with fp32 einsum "
+                   "selection over whole rows)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"hyscale", "megatron"}));
+      ->check(CLI::IsMember({"hyscale", "megatron", "megatron-naive"}));
 
   UpArgs up;
   int64_t start_timeout_seconds = up.start_timeout.count();

@@ -50,7 +50,7 @@ struct PlanArgs {
   std::string calibration;
   int top = 20;                   // feasible rows shown (and as many rejected); 0: all
   bool sources = false;           // also list each profile figure and where it comes from
-  std::string stack = "hyscale";  // whose kernels the offline candidates use (or "megatron")
+  std::string stack = "hyscale";  // whose kernels offline: "hyscale", "megatron", "megatron-naive"
 };
 // With gpus/gpu: the local planner's candidate table and why the winner won; otherwise the
 // coordinator's plan (PlanJob) with placement.

@@ -75,7 +75,9 @@ int PlanOffline(const Context& context, const PlanArgs& args, const v1::JobSpec&
   auto profile = planner::BuiltinProfile(args.gpu.empty() ? "h200" : args.gpu);
   if (!profile.ok()) return Fail(context, "plan", profile.status());
   options.profile = *std::move(profile);
-  options.stack = args.stack == "megatron" ? planner::Stack::kMegatron : planner::Stack::kHyScale;
+  options.stack = args.stack == "megatron"         ? planner::Stack::kMegatron
+                  : args.stack == "megatron-naive" ? planner::Stack::kMegatronNaive
+                                                   : planner::Stack::kHyScale;
   if (!args.calibration.empty()) {
     if (auto status = planner::LoadCalibration(args.calibration, &options.profile); !status.ok()) {
       return Fail(context, "plan", status);

@@ -86,12 +86,20 @@ const char* Name(Recompute recompute) {
 }
 
 const char* Name(Stack stack) {
-  return stack == Stack::kHyScale ? "hyscale" : "megatron";
+  switch (stack) {
+    case Stack::kHyScale:
+      return "hyscale";
+    case Stack::kMegatron:
+      return "megatron";
+    case Stack::kMegatronNaive:
+      return "megatron-naive";
+  }
+  return "?";
 }
 
 std::string Candidate::Describe() const {
-  return absl::StrCat(stack == Stack::kMegatron ? "megatron " : "", "cp ", cp, " ", Name(layout),
-                      " ", Name(indexer), " G=", group, " ", Name(recompute));
+  return absl::StrCat(stack == Stack::kHyScale ? "" : absl::StrCat(Name(stack), " "), "cp ", cp,
+                      " ", Name(layout), " ", Name(indexer), " G=", group, " ", Name(recompute));
 }
 
 Workload Workload::Of(const v1::JobSpec& spec) {
@@ -123,7 +131,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double N = static_cast<double>(w.seq_len);
   const double n = N / p;
   const double ab = prof.activation_bytes;
-  const bool megatron = c.stack == Stack::kMegatron;
+  const bool megatron = c.stack != Stack::kHyScale;
   const int split = c.layout == CpLayout::kZigzag ? 2 * p : p;
   if (w.seq_len % split != 0) {
     out.rejected =
@@ -143,8 +151,11 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double causal = BusiestCausalWork(c.layout, N, p);
   out.imbalance = causal / (N * (N + 1) / 2 / p);
   const double k = std::min<double>(w.topk, N);
-  const double topk_rate = (megatron ? prof.table_topk_tflops : prof.flash_topk_tflops) * kTera;
-  const double selection = SelectionFlops(hi, di, causal) / topk_rate;
+  double selection = SelectionFlops(hi, di, causal) /
+                     ((megatron ? prof.table_topk_tflops : prof.flash_topk_tflops) * kTera);
+  if (c.stack == Stack::kMegatronNaive && w.sparse) {  // whole rows: no causal skip, no imbalance
+    selection = SelectionFlops(hi, di, n * N) / (prof.naive_topk_tflops * kTera);
+  }
   // Index scores at the k selected entries: replay's recomputation and the indexer loss backward.
   const double score_gather = 2 * hi * di * k * n / (prof.flash_topk_tflops * kTera);
 

@@ -31,13 +31,16 @@ enum class CpLayout { kContiguous, kZigzag, kRoundRobin };
 enum class IndexerGroup { kShared, kSeparate };
 enum class Recompute { kNone, kReplay, kReselect };
 // Whose kernels: HyScale's, or the Megatron-style stack (score table + topk selection, gather
-// attention, re-selection when recomputing) that the scale simulation compares against.
-enum class Stack { kHyScale, kMegatron };
+// attention, re-selection when recomputing) that the scale simulation compares against, or the
+// same stack with Megatron-naive selection (fp32 einsum table over whole row chunks + topk,
+// DESIGN.md section 4 baseline a: every local query scores every key, masked ones included), as
+// the layer benchmarks run it.
+enum class Stack { kHyScale, kMegatron, kMegatronNaive };
 
 const char* Name(CpLayout layout);  // "contiguous", "zigzag", "round-robin" (worker/parallel's)
 const char* Name(IndexerGroup group);
 const char* Name(Recompute recompute);  // "none", "replay", "reselect"
-const char* Name(Stack stack);
+const char* Name(Stack stack);          // "hyscale", "megatron", "megatron-naive"
 
 struct Candidate {
   int cp = 1;

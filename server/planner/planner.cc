@@ -62,7 +62,7 @@ MemoryEstimate EstimateMemory(const v1::JobSpec& spec) {
 }
 
 std::vector<Candidate> EnumerateCandidates(const Workload& work, const PlanOptions& options) {
-  const bool megatron = options.stack == Stack::kMegatron;
+  const bool megatron = options.stack != Stack::kHyScale;
   const auto allowed = [](const auto& list, auto value) {
     return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
   };

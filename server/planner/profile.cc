@@ -44,6 +44,7 @@ DeviceProfile H200() {
   p.hbm_gbps = 4000;
   p.flash_topk_tflops = 384;
   p.table_topk_tflops = 257;
+  p.naive_topk_tflops = 27.5;
   SetSparse(&p, 127, 72);
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
@@ -65,6 +66,9 @@ DeviceProfile H200() {
   p.sources["table_topk_tflops"] =
       "measured: score table + torch.topk at N = 256K on H200, 2189 ms (docs/performance.md "
       "section 5)";
+  p.sources["naive_topk_tflops"] =
+      "measured: Megatron-naive selection at N = 64K on H200, 2559 ms for N^2 scored pairs "
+      "(docs/performance.md section 5; 5.11 s for 64K queries x 128K keys under CP, section 12)";
   p.sources["sparse_attention.fwd_tflops"] =
       "measured: hyscale sparse_attn fwd 127 TFLOP/s executed at every G, H = 128, on H200 "
       "(docs/sparse_attn.md; FlashMLA publishes 640 on H800)";
@@ -93,6 +97,7 @@ DeviceProfile H800() {
   p.sources["dense_tflops"] = "assumption: the H200's measured 793 (same GH100 SMs and clocks)";
   p.sources["flash_topk_tflops"] = "assumption: the H200's measured 384 (compute-bound, same SMs)";
   p.sources["table_topk_tflops"] = "assumption: the H200's measured 257";
+  p.sources["naive_topk_tflops"] = "assumption: the H200's measured 27.5";
   for (const char* key :
        {"sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
         "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
@@ -113,6 +118,7 @@ DeviceProfile H20() {
   p.hbm_gbps = 3300;
   p.flash_topk_tflops = 384 * kCompute;
   p.table_topk_tflops = 257 * kCompute;
+  p.naive_topk_tflops = 27.5 * kCompute;
   SetSparse(&p, 127 * kCompute, 72 * kCompute);
   p.gather_fwd_tflops = 72.6 * kCompute;
   p.gather_bwd_tflops = 16.4 * kCompute;
@@ -120,9 +126,9 @@ DeviceProfile H20() {
   p.index_score_bwd_tflops = 7.5 * kCompute;
   const std::string scaled = "assumption: the H200 figure x 148/989 (published dense bf16 peaks)";
   for (const char* key :
-       {"dense_tflops", "flash_topk_tflops", "table_topk_tflops", "sparse_attention.fwd_tflops",
-        "sparse_attention.bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
-        "indexer_mass_tflops", "index_score_bwd_tflops"}) {
+       {"dense_tflops", "flash_topk_tflops", "table_topk_tflops", "naive_topk_tflops",
+        "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
+        "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = scaled;
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.0 TB/s";
@@ -138,6 +144,7 @@ DeviceProfile Cpu() {
   p.hbm_gbps = 20;
   p.flash_topk_tflops = 0.02;
   p.table_topk_tflops = 0.01;
+  p.naive_topk_tflops = 0.01;
   SetSparse(&p, 0.02, 0.01);
   p.gather_fwd_tflops = 0.02;
   p.gather_bwd_tflops = 0.01;
@@ -153,9 +160,10 @@ DeviceProfile Cpu() {
   p.sources["dense_tflops"] =
       "measured: OpenBLAS fp32 1024^3, 80 GFLOP/s (docs/performance.md section 3)";
   const std::string guess = "assumption: CPU reference kernels, not measured";
-  for (const char* key : {"flash_topk_tflops", "table_topk_tflops", "sparse_attention.fwd_tflops",
-                          "sparse_attention.bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
-                          "indexer_mass_tflops", "index_score_bwd_tflops"}) {
+  for (const char* key :
+       {"flash_topk_tflops", "table_topk_tflops", "naive_topk_tflops",
+        "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
+        "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = guess;
   }
   p.sources["sparse_attention.dedup"] = "assumption: as on the GPUs";
@@ -199,6 +207,7 @@ absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profi
       {"hbm_gbps", &profile->hbm_gbps},
       {"flash_topk_tflops", &profile->flash_topk_tflops},
       {"table_topk_tflops", &profile->table_topk_tflops},
+      {"naive_topk_tflops", &profile->naive_topk_tflops},
       {"gather_fwd_tflops", &profile->gather_fwd_tflops},
       {"gather_bwd_tflops", &profile->gather_bwd_tflops},
       {"indexer_mass_tflops", &profile->indexer_mass_tflops},

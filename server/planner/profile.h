@@ -34,6 +34,9 @@ struct DeviceProfile {
   double flash_topk_tflops = 0;
   // The Megatron-style selection: fused scoring into an fp32 table, then torch.topk.
   double table_topk_tflops = 0;
+  // Megatron-naive selection: fp32 einsum table over whole rows, then torch.topk (FLOPs counted
+  // over every (query, key) pair it scores, masked ones included).
+  double naive_topk_tflops = 0;
   std::map<int, SparseAttentionRate> sparse_attention;  // by G
   // Megatron-style attention: gather the selected keys, then matmul-softmax-matmul (useful FLOPs).
   double gather_fwd_tflops = 0;
@@ -63,6 +66,7 @@ std::vector<std::string> BuiltinProfileNames();
 // the worker's device (JSON):
 //   {"device": "h200", "source": "bench/... at <commit>",
 //    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 384, "table_topk_tflops": 257,
+//    "naive_topk_tflops": 27.5,
 //    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "indexer_mass_tflops": 68,
 //    "index_score_bwd_tflops": 7.5, "kernel_launch_s": 5e-6,
 //    "sparse_attention": [{"group": 4, "fwd_tflops": 500, "bwd_tflops": 200, "dedup": 3.4}]}

@@ -337,6 +337,10 @@ TEST_F(CliTest, PlanOfflinePrintsTheCandidateTableAndWhy) {
     EXPECT_EQ(candidate["query_group"], 1);
     EXPECT_NE(candidate["recompute"], "replay");
   }
+  const Result naive = RunRaw(
+      {"-o", "json", "plan", spec, "--gpus", "8", "--gpu", "h200", "--stack", "megatron-naive"});
+  ASSERT_EQ(naive.code, 0) << naive.err;
+  EXPECT_EQ(json::parse(naive.out)["candidates"][0]["stack"], "megatron-naive");
   EXPECT_EQ(RunRaw({"plan", spec, "--gpus", "8", "--stack", "fast"}).code, 2);
 }
 
