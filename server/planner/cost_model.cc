@@ -151,11 +151,12 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double causal = BusiestCausalWork(c.layout, N, p);
   out.imbalance = causal / (N * (N + 1) / 2 / p);
   const double k = std::min<double>(w.topk, N);
-  double selection = SelectionFlops(hi, di, causal) /
-                     ((megatron ? prof.table_topk_tflops : prof.flash_topk_tflops) * kTera);
-  if (c.stack == Stack::kMegatronNaive && w.sparse) {  // whole rows: no causal skip, no imbalance
-    selection = SelectionFlops(hi, di, n * N) / (prof.naive_topk_tflops * kTera);
-  }
+  // Megatron-naive scores whole rows: every local query against every key, on every layout.
+  const double selection =
+      c.stack == Stack::kMegatronNaive
+          ? SelectionFlops(hi, di, n * N) / (prof.naive_topk_tflops * kTera)
+          : SelectionFlops(hi, di, causal) /
+                ((megatron ? prof.table_topk_tflops : prof.flash_topk_tflops) * kTera);
   // Index scores at the k selected entries: replay's recomputation and the indexer loss backward.
   const double score_gather = 2 * hi * di * k * n / (prof.flash_topk_tflops * kTera);
 
