@@ -25,9 +25,9 @@ struct IndexTileTraits {
 
 // The selection kernels (flash_topk.cu): queries per block, warpgroups, pipeline depth.
 struct SelectTraits {
-  // One warpgroup a block scores four queries at once (wgmma N = 4 * H_I = 256 at H_I = 64: the
-  // key tile is read from shared memory once for all four); two blocks per SM, so one block's
-  // epilogue overlaps the other's products.
+  // One warpgroup a block scores four queries against each key tile, in two wgmma chains of two
+  // (N = 2 * H_I = 128 at H_I = 64): the first chain's epilogue overlaps the second's products;
+  // two blocks per SM, so one block's epilogue also overlaps the other's products.
   static constexpr int kQueriesPerBlock = 4;
   static constexpr int kBlocksPerSm = 2;
   static constexpr int kStages = 3;
