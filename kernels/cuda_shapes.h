@@ -23,4 +23,9 @@ inline bool cuda_sparse_attn_dims_supported(int64_t dim_qk, int64_t dim_v) {
   return ok;
 }
 
+// The same lists in words, for the errors of every place that checks them.
+inline constexpr const char* kCudaIndexerShapes = "H_I in {16, 32, 64} and d_I in {64, 128}";
+inline constexpr const char* kCudaSparseAttnDims =
+    "(d_qk, d_v) in {(64, 64), (128, 128), (192, 128), (576, 512)}";
+
 }  // namespace hyscale

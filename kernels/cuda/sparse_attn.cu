@@ -623,10 +623,9 @@ void dispatch_dims(int64_t dim_qk, int64_t dim_v, Fn&& fn) {
 void check_call(const SparseAttnShape& s, int64_t group) {
   s.validate();
   if (!cuda_sparse_attn_dims_supported(s.dim_qk, s.dim_v)) {
-    throw std::invalid_argument(
-        "hyscale::sparse_attn (CUDA): (d_qk, d_v) must be one of (64, 64), (128, 128), "
-        "(192, 128), (576, 512); got (" +
-        std::to_string(s.dim_qk) + ", " + std::to_string(s.dim_v) + ")");
+    throw std::invalid_argument(std::string("hyscale::sparse_attn (CUDA): the kernels take ") +
+                                kCudaSparseAttnDims + "; got (" + std::to_string(s.dim_qk) + ", " +
+                                std::to_string(s.dim_v) + ")");
   }
   if (!sparse_attn_group_supported(group, s.topk)) {
     throw std::invalid_argument(

@@ -26,8 +26,8 @@ struct IndexerInputs {
 IndexerInputs indexer_inputs(const char* op, const IndexerArgs& a, const at::Tensor& q,
                              const at::Tensor& k, const at::Tensor& w) {
   TORCH_CHECK(cuda_indexer_shape_supported(a.shape.heads, a.shape.dim), op,
-              ": the CUDA kernels take H_I in {16, 32, 64} and d_I in {64, 128}, got H_I = ",
-              a.shape.heads, ", d_I = ", a.shape.dim);
+              ": the CUDA kernels take ", kCudaIndexerShapes, ", got H_I = ", a.shape.heads,
+              ", d_I = ", a.shape.dim);
   auto batched = [&](const at::Tensor& t) { return a.batching.batched ? t : t.unsqueeze(0); };
   return {batched(q).to(at::kBFloat16).contiguous(), batched(k).to(at::kBFloat16).contiguous(),
           batched(w).to(at::kFloat).contiguous()};
@@ -114,10 +114,8 @@ AttnInputs attn_inputs(const char* op, const at::Tensor& q, const at::Tensor& ke
   AttnInputs in;
   in.a = check_sparse_attn(op, q, key, value, indices);
   const auto& s = in.a.shape;
-  TORCH_CHECK(cuda_sparse_attn_dims_supported(s.dim_qk, s.dim_v), op,
-              ": the CUDA kernels take (d_qk, d_v) in {(64, 64), (128, 128), (192, 128), "
-              "(576, 512)}, got (",
-              s.dim_qk, ", ", s.dim_v, ")");
+  TORCH_CHECK(cuda_sparse_attn_dims_supported(s.dim_qk, s.dim_v), op, ": the CUDA kernels take ",
+              kCudaSparseAttnDims, ", got (", s.dim_qk, ", ", s.dim_v, ")");
   TORCH_CHECK(cuda::sparse_attn_group_supported(group, s.topk), op,
               ": group must be 1, 2, 4, 8 or 16 with group * topk <= 32768, got group = ", group,
               ", topk = ", s.topk);
