@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
       load_lane_weights<Traits>(p.w + p.rows.row(slot) * Traits::kHeads, lane, weights[q]);
     const __nv_bfloat16* q_row =
         active ? p.q + p.rows.row(slot) * Traits::kHeads * Traits::kDim : nullptr;
-    load_rows_async<Traits, kQueryRows>(
+    load_rows_async<Traits::kDim, kQueryRows>(
         queries, q * Traits::kHeads, Traits::kHeads, threadIdx.x, SelectTraits::kThreads,
         [&](int h) { return q_row ? q_row + h * Traits::kDim : nullptr; });
   }
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
   const int64_t tiles = ceil_div(block_visible, Traits::kKeysPerTile);
   auto load_tile = [&](int64_t tile) {
     __nv_bfloat16* dst = key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems;
-    load_rows_async<Traits, Traits::kKeysPerTile>(
+    load_rows_async<Traits::kDim, Traits::kKeysPerTile>(
         dst, 0, Traits::kKeysPerTile, threadIdx.x, SelectTraits::kThreads,
         [&](int r) -> const __nv_bfloat16* {
           const int64_t key = tile * Traits::kKeysPerTile + r;
@@ -566,9 +566,9 @@ __global__ void __launch_bounds__(128)
   const int64_t row = blockIdx.x;
   const int32_t* row_indices = indices + row * topk;
 
-  load_rows_async<Traits, Traits::kHeads>(query, 0, Traits::kHeads, threadIdx.x, 128, [&](int h) {
-    return q + (row * Traits::kHeads + h) * Traits::kDim;
-  });
+  load_rows_async<Traits::kDim, Traits::kHeads>(
+      query, 0, Traits::kHeads, threadIdx.x, 128,
+      [&](int h) { return q + (row * Traits::kHeads + h) * Traits::kDim; });
   float weights[Traits::kHeadsPerLane];
   load_lane_weights<Traits>(w + row * Traits::kHeads, lane, weights);
 
@@ -578,7 +578,7 @@ __global__ void __launch_bounds__(128)
   };
   const int64_t tiles = ceil_div(topk, Traits::kKeysPerTile);
   auto load_tile = [&](int64_t tile) {
-    load_rows_async<Traits, Traits::kKeysPerTile>(
+    load_rows_async<Traits::kDim, Traits::kKeysPerTile>(
         key_tiles + (tile % 2) * Traits::kKeyTileElems, 0, Traits::kKeysPerTile, threadIdx.x, 128,
         [&](int r) -> const __nv_bfloat16* {
           const int64_t key = key_at(tile * Traits::kKeysPerTile + r);

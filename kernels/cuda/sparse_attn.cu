@@ -91,6 +91,21 @@ __device__ void gather_keys(bf16* tile, const bf16* src, const KeyList& list, in
   }
 }
 
+// Starts the key and value rows of kKeys slots from slot0 on their way into L2 (threads below
+// kKeys the keys, the next kKeys the values), so the gather of those slots later finds them there.
+template <int DQ, int DV, int kKeys>
+__device__ void prefetch_slots(const Problem& p, const KeyList& list, int slot0, int tid) {
+  const int r = tid % kKeys;
+  if (tid >= 2 * kKeys || slot0 + r >= list.count) return;
+  const int key = list.key(slot0 + r);
+  if (key < 0) return;
+  if (tid < kKeys) {
+    prefetch_l2(p.key + int64_t(key) * DQ, DQ * 2);
+  } else {
+    prefetch_l2(p.value + int64_t(key) * DV, DV * 2);
+  }
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
@@ -98,6 +113,18 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffff, x, 1);
   return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// Two adjacent output columns of a row (nothing for rows outside the problem, -1).
+__device__ __forceinline__ void store_pair(bf16* out, int64_t row, int dim, int col, float x,
+                                           float y) {
+  if (row >= 0) *reinterpret_cast<uint32_t*>(out + row * dim + col) = pack_bf16(x, y);
+}
+
+// lse (natural log) of a row from its running maximum (log2 units) and sum.
+__device__ __forceinline__ void write_lse(float* lse, int64_t row, float max_log2, float total) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  if (row >= 0) lse[row] = total > 0.f ? (max_log2 + log2f(total)) * kLn2 : -INFINITY;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -140,7 +167,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
   for (int i = 0; i < kVTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
+  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
+    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
     cp_async_wait<1>();
     __syncthreads();
     float s[4][4];
@@ -230,19 +259,188 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
 #pragma unroll
   for (int nt = 0; nt < kVTiles; ++nt) {
     const int col = cw * (DV / 2) + nt * 8 + 2 * (lane & 3);
-    if (row_a >= 0) {
-      *reinterpret_cast<uint32_t*>(o_.out + row_a * DV + col) =
-          pack_bf16(o[nt][0] * inv_a, o[nt][1] * inv_a);
-    }
-    if (row_b >= 0) {
-      *reinterpret_cast<uint32_t*>(o_.out + row_b * DV + col) =
-          pack_bf16(o[nt][2] * inv_b, o[nt][3] * inv_b);
-    }
+    store_pair(o_.out, row_a, DV, col, o[nt][0] * inv_a, o[nt][1] * inv_a);
+    store_pair(o_.out, row_b, DV, col, o[nt][2] * inv_b, o[nt][3] * inv_b);
   }
   if (cw == 0 && (lane & 3) == 0) {
-    const float ln2 = 0.6931471805599453f;
-    if (row_a >= 0) o_.lse[row_a] = tot_a > 0.f ? (m_a + log2f(tot_a)) * ln2 : -INFINITY;
-    if (row_b >= 0) o_.lse[row_b] = tot_b > 0.f ? (m_b + log2f(tot_b)) * ln2 : -INFINITY;
+    write_lse(o_.lse, row_a, m_a, tot_a);
+    write_lse(o_.lse, row_b, m_b, tot_b);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward on wgmma (SparseAttnWgmmaTraits): one block per (query, 64 heads), two warpgroups.
+// Per 64-key tile j: S = Q K^T with warpgroup w taking keys 32w.. (m64n32, both operands in shared
+// memory); the row maxima of both halves meet in shared memory; P (bf16) goes to shared memory;
+// warpgroup w adds P V (m64 x d_v/2, V read MN-major) into its value columns. K(j+1) streams in
+// during the softmax and P V of tile j, V(j+1) during S of tile j+1, as in the mma.sync kernel.
+
+// Gathers the rows of 64 slots from slot0 into a swizzled tile (zeros for unused slots): each
+// thread serves one row, so it reads one index per tile.
+template <int kDim, int kThreads>
+__device__ void gather_rows_wgmma(bf16* tile, const bf16* src, const KeyList& list, int slot0,
+                                  int tid) {
+  constexpr int kThreadsPerRow = kThreads / 64;
+  const int row = tid / kThreadsPerRow;
+  const int key = list.key(slot0 + row);
+  const bf16* from = key >= 0 ? src + int64_t(key) * kDim : nullptr;
+  for (int chunk = tid % kThreadsPerRow; chunk < kDim / 8; chunk += kThreadsPerRow) {
+    cp_async_16(tile + swizzled_offset<64>(row, chunk), from ? from + chunk * 8 : tile,
+                from != nullptr);
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    sparse_attn_fwd_wgmma_kernel(Problem p, FwdOut o_) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, T = Tr::kThreads;
+  constexpr int kSKeys = Tr::kKeysPerWarpgroup, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
+  // No static shared memory: the tiles start at the 1 KB-aligned dynamic window.
+  extern __shared__ __align__(1024) unsigned char tiles_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(tiles_raw);
+  bf16* sk = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes);
+  bf16* sv = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes);
+  bf16* sp = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes + Tr::kVBytes);
+  auto* row_max = reinterpret_cast<float(*)[64]>(tiles_raw + Tr::kQBytes + Tr::kKBytes +
+                                                 Tr::kVBytes + Tr::kPBytes);
+  auto* row_sum = row_max + 2;
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const KeyList list = key_list(p, grp);
+  load_rows_async<DQ, 64>(sq, 0, 64, tid, T, [&](int r) -> const bf16* {
+    const int64_t row = tile_row(p, grp, h0, r);
+    return row >= 0 ? p.q + row * DQ : nullptr;
+  });
+  gather_rows_wgmma<DQ, T>(sk, p.key, list, 0, tid);
+  cp_async_commit();
+  gather_rows_wgmma<DV, T>(sv, p.value, list, 0, tid);
+  cp_async_commit();
+
+  // This thread's accumulator rows (both warpgroups hold all 64 rows).
+  const int ra = warp * 16 + lane / 4, rb = ra + 8;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+  float o[kChunks][kPvN / 2];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int i = 0; i < kPvN / 2; ++i) o[c][i] = 0.f;
+  }
+
+  const int tiles = static_cast<int>(ceil_div(list.count, BK));
+  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
+  for (int j = 0; j < tiles; ++j) {
+    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
+    cp_async_wait<1>();  // Q and K(j) have landed (V(j) may still be in flight)
+    fence_async_shared();
+    __syncthreads();
+    float s[kSKeys / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < DQ / 16; ++ks) {
+      Wgmma<kSKeys>::run(s, matrix_descriptor<64>(sq, 0, ks),
+                         matrix_descriptor<64>(sk, wg * kSKeys, ks), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+    __syncthreads();  // both warpgroups are done with K(j)
+    if (j + 1 < tiles) gather_rows_wgmma<DQ, T>(sk, p.key, list, (j + 1) * BK, tid);
+    cp_async_commit();
+
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kSKeys / 2; ++i) {
+      const int slot = j * BK + wg * kSKeys + 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+      s[i] = list.sees(slot, 0) ? s[i] * p.scale_log2 : -INFINITY;
+      if (i % 4 < 2) {
+        mx_a = fmaxf(mx_a, s[i]);
+      } else {
+        mx_b = fmaxf(mx_b, s[i]);
+      }
+    }
+    mx_a = quad_max(mx_a);
+    mx_b = quad_max(mx_b);
+    if (lane % 4 == 0) {
+      row_max[wg][ra] = mx_a;
+      row_max[wg][rb] = mx_b;
+    }
+    __syncthreads();
+    const float new_a = fmaxf(m_a, fmaxf(row_max[0][ra], row_max[1][ra]));
+    const float new_b = fmaxf(m_b, fmaxf(row_max[0][rb], row_max[1][rb]));
+    const float alpha_a = new_a == -INFINITY ? 1.f : exp2f(m_a - new_a);
+    const float alpha_b = new_b == -INFINITY ? 1.f : exp2f(m_b - new_b);
+    const float base_a = new_a == -INFINITY ? 0.f : new_a;
+    const float base_b = new_b == -INFINITY ? 0.f : new_b;
+    m_a = new_a;
+    m_b = new_b;
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int i = 0; i < kSKeys / 2; i += 4) {
+      const float p0 = exp2f(s[i] - base_a), p1 = exp2f(s[i + 1] - base_a);
+      const float p2 = exp2f(s[i + 2] - base_b), p3 = exp2f(s[i + 3] - base_b);
+      sum_a += p0 + p1;
+      sum_b += p2 + p3;
+      const int col = wg * kSKeys + 8 * (i / 4) + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(sp + swizzled_offset<64>(ra, col / 8) + col % 8) =
+          pack_bf16(p0, p1);
+      *reinterpret_cast<uint32_t*>(sp + swizzled_offset<64>(rb, col / 8) + col % 8) =
+          pack_bf16(p2, p3);
+    }
+    l_a = l_a * alpha_a + sum_a;
+    l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int i = 0; i < kPvN / 2; ++i) o[c][i] *= i % 4 < 2 ? alpha_a : alpha_b;
+    }
+    cp_async_wait<1>();    // V(j) has landed (K(j+1) may still be in flight)
+    fence_async_shared();  // for V(j) and the P stores, both read by wgmma
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        Wgmma<kPvN, 1>::run(o[c], matrix_descriptor<64>(sp, 0, ks),
+                            mn_major_descriptor<64>(sv, wg * (DV / 2) + c * kPvN, ks * 16), 1);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+    __syncthreads();  // both warpgroups are done with V(j) and P
+    if (j + 1 < tiles) gather_rows_wgmma<DV, T>(sv, p.value, list, (j + 1) * BK, tid);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  // Each warpgroup summed P over its own keys: the row sums meet in shared memory.
+  l_a = quad_sum(l_a);
+  l_b = quad_sum(l_b);
+  if (lane % 4 == 0) {
+    row_sum[wg][ra] = l_a;
+    row_sum[wg][rb] = l_b;
+  }
+  __syncthreads();
+  const float tot_a = row_sum[0][ra] + row_sum[1][ra], tot_b = row_sum[0][rb] + row_sum[1][rb];
+  const float inv_a = tot_a > 0.f ? 1.f / tot_a : 0.f, inv_b = tot_b > 0.f ? 1.f / tot_b : 0.f;
+  const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int i = 0; i < kPvN / 2; i += 4) {
+      const int col = wg * (DV / 2) + c * kPvN + 8 * (i / 4) + 2 * (lane % 4);
+      store_pair(o_.out, row_a, DV, col, o[c][i] * inv_a, o[c][i + 1] * inv_a);
+      store_pair(o_.out, row_b, DV, col, o[c][i + 2] * inv_b, o[c][i + 3] * inv_b);
+    }
+  }
+  if (wg == 0 && lane % 4 == 0) {
+    write_lse(o_.lse, row_a, m_a, tot_a);
+    write_lse(o_.lse, row_b, m_b, tot_b);
   }
 }
 
@@ -372,7 +570,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
   if constexpr (kMode == kDkvFixed) fixed_scales(p, DV, g.amax, key_scale, value_scale);
 
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
+  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
+    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
     gather_keys<DQ, BK, T>(sk, p.key, list, j * BK, tid);
     gather_keys<DV, BK, T>(sv, p.value, list, j * BK, tid);
     cp_async_commit();
@@ -428,12 +628,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
       const int col = cw * (DQ / 2) + nt * 8 + 2 * (lane & 3);
-      if (row_a >= 0) {
-        *reinterpret_cast<uint32_t*>(g.grad_q + row_a * DQ + col) = pack_bf16(dq[nt][0], dq[nt][1]);
-      }
-      if (row_b >= 0) {
-        *reinterpret_cast<uint32_t*>(g.grad_q + row_b * DQ + col) = pack_bf16(dq[nt][2], dq[nt][3]);
-      }
+      store_pair(g.grad_q, row_a, DQ, col, dq[nt][0], dq[nt][1]);
+      store_pair(g.grad_q, row_b, DQ, col, dq[nt][2], dq[nt][3]);
     }
   }
 }
@@ -666,14 +862,27 @@ void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* ke
   UnionPlan plan;
   build_plan(shape, indices, group, workspace, plan, stream);
   const Problem p = make_problem(shape, q, key, value, indices, scale, group, plan);
+  const FwdOut result{static_cast<bf16*>(out), lse};
   dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
     using Tr = decltype(traits);
+    using Wg = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>;
+    if constexpr (Wg::kSupported) {
+      // Whole 64-head tiles of one query: the wgmma kernel.
+      if (group == 1 && shape.heads % 64 == 0) {
+        check(cudaFuncSetAttribute(sparse_attn_fwd_wgmma_kernel<Wg>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, Wg::kSmemBytes),
+              "forward smem");
+        sparse_attn_fwd_wgmma_kernel<Wg>
+            <<<grid_of(shape, p), Wg::kThreads, Wg::kSmemBytes, stream>>>(p, result);
+        check(cudaGetLastError(), "sparse_attn_fwd_wgmma_kernel");
+        return;
+      }
+    }
     const size_t smem = size_t(Tr::kFwdSmemElems) * sizeof(bf16);
     check(cudaFuncSetAttribute(sparse_attn_fwd_kernel<Tr>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "forward smem");
-    sparse_attn_fwd_kernel<Tr><<<grid_of(shape, p), Tr::kThreads, smem, stream>>>(
-        p, FwdOut{static_cast<bf16*>(out), lse});
+    sparse_attn_fwd_kernel<Tr><<<grid_of(shape, p), Tr::kThreads, smem, stream>>>(p, result);
     check(cudaGetLastError(), "sparse_attn_fwd_kernel");
   });
 }

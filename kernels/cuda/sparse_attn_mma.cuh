@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/index_score_warpgroup.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace hyscale::cuda::attn {
 

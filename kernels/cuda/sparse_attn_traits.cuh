@@ -25,6 +25,31 @@ struct SparseAttnTraits {
   static_assert(kDimQk % 64 == 0 && kDimV % 64 == 0, "d_qk and d_v must be multiples of 64");
 };
 
+// The wgmma forward (sm_90a), for tiles of one query's 64 heads (G = 1, H a multiple of 64):
+// two warpgroups; per 64-key tile, warpgroup w computes S for keys 32w .. 32w + 31 against all 64
+// rows, the row maxima meet in shared memory, P (bf16) goes to shared memory, and warpgroup w adds
+// P V into its half of the value columns. Q, K, V and P tiles lie in wgmma's 128-byte-swizzled
+// layout (wgmma.cuh); V is read MN-major straight from its [keys x d_v] tile.
+template <int kDimQk_, int kDimV_>
+struct SparseAttnWgmmaTraits {
+  static constexpr int kDimQk = kDimQk_;
+  static constexpr int kDimV = kDimV_;
+  static constexpr int kRows = 64;
+  static constexpr int kKeys = 64;
+  static constexpr int kThreads = 256;
+  static constexpr int kKeysPerWarpgroup = kKeys / 2;
+  static constexpr int kColumnsPerWarpgroup = kDimV / 2;
+  static constexpr int kPvN = kColumnsPerWarpgroup < 128 ? kColumnsPerWarpgroup : 128;  // wgmma N
+  static constexpr int kPvChunks = kColumnsPerWarpgroup / kPvN;
+  static constexpr bool kSupported = kDimQk % 64 == 0 && kDimV % 128 == 0;
+  // Shared memory in bytes: Q, K, V, P tiles (each a multiple of 1 KB), then two [2][64] floats.
+  static constexpr int kQBytes = kRows * kDimQk * 2;
+  static constexpr int kKBytes = kKeys * kDimQk * 2;
+  static constexpr int kVBytes = kKeys * kDimV * 2;
+  static constexpr int kPBytes = kRows * kKeys * 2;
+  static constexpr int kSmemBytes = kQBytes + kKBytes + kVBytes + kPBytes + 2 * 2 * kRows * 4;
+};
+
 inline constexpr int kMaxGroup = 16;
 // Building a group's key union sorts its G * topk slots in shared memory (one block per group).
 inline constexpr int kMaxGroupSlots = 32768;

@@ -135,6 +135,7 @@ const Case kCases[] = {
     {37, 300, 5, 64, 64, 24, 0.125},        // tiny head count: groups fill the tile
     {53, 700, 3, 128, 128, 40, 0.09},       // N not a tile multiple, topk not a multiple of 32/64
     {29, 500, 16, 192, 128, 72, 0.07},      // d_qk != d_v
+    {45, 900, 64, 192, 128, 100, 0.07},     // whole 64-head tiles at G = 1: the wgmma forward
     {6, 2500, 128, 576, 512, 256, 0.0417},  // DeepSeek-V3.2 absorbed shape, small N
 };
 

@@ -1,0 +1,205 @@
+// Hopper building blocks shared by the wgmma kernels (sm_90a): cp.async copies into
+// 128-byte-swizzled tiles, wgmma matrix descriptors (K-major and MN-major) and the
+// wgmma.mma_async wrappers with their fences.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace hyscale::cuda {
+
+__device__ __forceinline__ uint32_t smem_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// 16-byte global -> shared copy that bypasses registers; `valid` false writes zeros instead.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
+               "l"(global), "r"(src_bytes));
+}
+// Starts moving `bytes` (a multiple of 16) at a 16-byte-aligned global address into L2, with no
+// destination and nothing to wait for: gathers whose rows are known early hide the trip to HBM.
+__device__ __forceinline__ void prefetch_l2(const void* global, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Shared memory written through the generic proxy (cp.async, stores) becomes visible to wgmma
+// (the async proxy) only after this fence in each writing thread, then a barrier.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Tiles use wgmma's 128-byte swizzle, K-major: a tile of kRows rows is kDim/64 column blocks of
+// [kRows x 128 bytes] (64 dims each), and the 16-byte chunk c of row r sits at chunk position
+// c ^ (r % 8) of its 128-byte row. Without the swizzle, 8-row groups lie a multiple of 1 KB apart
+// and the tensor cores' reads of them fall into the same banks. Tiles and their column blocks
+// start 1 KB-aligned (the swizzle pattern follows address bits 4-9).
+template <int kRows>
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  static_assert(kRows % 8 == 0, "tiles hold whole 8-row groups");
+  return (chunk / 8) * (kRows * 64) + row * 64 + ((chunk % 8) ^ (row % 8)) * 8;
+}
+
+// Copies rows [first_row, first_row + rows) of a kRows-row tile (row first_row + r from
+// row_pointer(r); null zero-fills), `threads` threads cooperating starting at `thread`.
+template <int kDim, int kRows, class RowPointer>
+__device__ __forceinline__ void load_rows_async(__nv_bfloat16* tile, int first_row, int rows,
+                                                int thread, int threads, RowPointer row_pointer) {
+  constexpr int kChunksPerRow = kDim / 8;
+  for (int i = thread; i < rows * kChunksPerRow; i += threads) {
+    const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+    const __nv_bfloat16* src = row_pointer(row);
+    cp_async_16(tile + swizzled_offset<kRows>(first_row + row, chunk), src ? src + chunk * 8 : tile,
+                src != nullptr);
+  }
+}
+
+// wgmma matrix descriptor of k16 step `ks` of the rows from `first_row` (a multiple of 8) of a
+// kRows-row swizzled tile: 128B swizzle mode, 1 KB between 8-row groups; along d the start
+// address moves 32 bytes a step inside a 128-byte column block (the hardware applies the swizzle
+// to the final address), then to the next column block.
+template <int kRows>
+__device__ __forceinline__ uint64_t matrix_descriptor(const __nv_bfloat16* tile, int first_row,
+                                                      int ks) {
+  const __nv_bfloat16* start = tile + (ks / 4) * (kRows * 64) + first_row * 64 + (ks % 4) * 16;
+  constexpr uint64_t kLeadingBytes = 16;  // unused by swizzled K-major layouts
+  constexpr uint64_t kStrideBytes = 1024;
+  constexpr uint64_t kSwizzle128B = uint64_t(1) << 62;
+  return static_cast<uint64_t>((smem_address(start) & 0x3ffff) >> 4) |
+         ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32) | kSwizzle128B;
+}
+
+// The same tile read as an MN-major operand (wgmma's transposed B): the product's N runs along
+// the tile's columns (d, from column first_col, a multiple of 64) and its K along the rows (from
+// first_row, a multiple of 8). Canonical 128-byte-swizzled MN-major layout: 64 contiguous N
+// elements per row, 8-row groups 1 KB apart (SBO) and column blocks kRows * 128 bytes apart
+// (LBO), which is exactly how the K-major tile above lies in memory.
+template <int kRows>
+__device__ __forceinline__ uint64_t mn_major_descriptor(const __nv_bfloat16* tile, int first_col,
+                                                        int first_row) {
+  const __nv_bfloat16* start = tile + (first_col / 64) * (kRows * 64) + first_row * 64;
+  constexpr uint64_t kLeadingBytes = kRows * 128;  // next 64 columns
+  constexpr uint64_t kStrideBytes = 1024;          // next 8 rows
+  constexpr uint64_t kSwizzle128B = uint64_t(1) << 62;
+  return static_cast<uint64_t>((smem_address(start) & 0x3ffff) >> 4) |
+         ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32) | kSwizzle128B;
+}
+
+// wgmma exists on sm_90a only. The sm_90 (no "a") build that CMake also makes, for tools that
+// want it, compiles these to a trap; a Hopper GPU runs the sm_90a code.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HYSCALE_WGMMA(...) asm volatile(__VA_ARGS__)
+#else
+#define HYSCALE_WGMMA(...) __trap()
+#endif
+
+__device__ __forceinline__ void wgmma_fence() {
+  HYSCALE_WGMMA("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  HYSCALE_WGMMA("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  HYSCALE_WGMMA("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pins accumulator registers at this point of the program: the compiler may not move reads or
+// writes of them across it, so reads of one wgmma group's accumulators stay after the wait that
+// retires it while another group runs (ptxas would otherwise serialize the wgmmas).
+template <int kCount>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// D (+)= A * B^T for m64 n{16,32,64,128} k16, bf16 in, fp32 accumulate, both operands in shared
+// memory; A K-major, B K-major (kTransposeB = 0) or MN-major (1: B's rows are K, e.g. the values
+// of an attention P V product read from a [keys x d] tile). `accumulate` false overwrites D.
+// Accumulators: row 16 * warp + lane / 4 (+ 8 for the odd pair), column 8 * j + 2 * (lane % 4)
+// (+ 1) in acc[4 * j ...], as mma.sync's C fragments per n8 tile.
+template <int kN, int kTransposeB = 0>
+struct Wgmma;
+
+// Specializations per N (generated: one output operand per accumulator register).
+template <int kTransposeB>
+struct Wgmma<16, kTransposeB> {
+  static __device__ __forceinline__ void run(float (&d)[8], uint64_t a, uint64_t b, int acc) {
+    HYSCALE_WGMMA(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, %11;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));
+  }
+};
+
+template <int kTransposeB>
+struct Wgmma<32, kTransposeB> {
+  static __device__ __forceinline__ void run(float (&d)[16], uint64_t a, uint64_t b, int acc) {
+    HYSCALE_WGMMA(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+        "1, 0, %19;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));
+  }
+};
+
+template <int kTransposeB>
+struct Wgmma<64, kTransposeB> {
+  static __device__ __forceinline__ void run(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+    HYSCALE_WGMMA(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        " %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
+        "1, 0, %35;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));
+  }
+};
+
+template <int kTransposeB>
+struct Wgmma<128, kTransposeB> {
+  static __device__ __forceinline__ void run(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+    HYSCALE_WGMMA(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        " %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+        " %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+        " %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, "
+        "1, 0, %67;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+          "+f"(d[63])
+        : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));
+  }
+};
+
+}  // namespace hyscale::cuda
