@@ -13,7 +13,9 @@ most keys, as with a trained indexer). For each N, kind and G:
   det         the deterministic backward (fixed-point accumulation), G = 1
   gather      baseline: torch gathers K/V per query chunk, bf16 bmm, fp32 softmax, bmm; bwd by
               autograd, chunk by chunk (fwd+bwd minus fwd)
-Peak memory is the allocator's peak above the inputs during the call. The HyScale output is
+--value-in-key runs the absorbed-MLA layout, value = key[:, :d_v] (the latent is both), which the
+wgmma forward gathers once per key row. Peak memory is the allocator's peak above the inputs during
+the call. The HyScale output is
 checked against the baseline on every run (max abs difference).
 
   python3 bench/sparse_attn_bench.py --lib build-pytorch/kernels/torch/libhyscale_ops.so
@@ -122,13 +124,16 @@ def main():
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--value-in-key", action="store_true",
+                    help="absorbed MLA: value = key[:, :d_v] (a view), for both stacks")
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.ops.load_library(a.lib)
     fwd_op, bwd_op = torch.ops.hyscale.sparse_attn_grouped, torch.ops.hyscale.sparse_attn_backward_grouped
     scale = DQK ** -0.5
     rows, results = [], []
-    print(f"# {torch.cuda.get_device_name()}  H={H} d_qk={DQK} d_v={DV} k={a.topk}  "
+    values = "value = key[:, :d_v]" if a.value_in_key else "separate value"
+    print(f"# {torch.cuda.get_device_name()}  H={H} d_qk={DQK} d_v={DV} k={a.topk} {values}  "
           f"medians of {a.runs} runs, CUDA events; floor = useful FLOPs at {a.peak_tflops} TFLOP/s")
     hdr = (f"{'N':>7} {'kind':>6} {'G':>2} {'dedup':>5} | {'fwd ms':>8} {'TF/s':>6} {'floor':>5} "
            f"{'GiB':>5} | {'bwd ms':>8} {'TF/s':>6} {'floor':>5} {'GiB':>5} | {'max|d|':>7}")
@@ -137,7 +142,8 @@ def main():
         g = torch.Generator(device="cuda").manual_seed(n)
         q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
         key = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
-        value = torch.randn(n, DV, device="cuda", generator=g).bfloat16()
+        value = (key[:, :DV] if a.value_in_key
+                 else torch.randn(n, DV, device="cuda", generator=g).bfloat16())
         grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
         for kind in a.kinds.split(","):
             idx = make_indices(n, a.topk, kind, seed=n + 1)
@@ -152,7 +158,8 @@ def main():
                              max(1, a.runs - 1))
                 m_b = peak_extra(lambda: gather_fwd_bwd(q, key, value, idx, scale, grad_out, a.chunk))
                 t_b = max(t_fb - t_f, 1e-3)
-                base = dict(n=n, kind=kind, impl="gather", fwd_ms=t_f, bwd_ms=t_b,
+                base = dict(n=n, kind=kind, impl="gather", value_in_key=a.value_in_key,
+                            fwd_ms=t_f, bwd_ms=t_b,
                             fwd_tflops=f_fwd / t_f / 1e9, bwd_tflops=f_bwd / t_b / 1e9,
                             fwd_gib=m_f, bwd_gib=m_b)
                 results.append(base)
@@ -176,7 +183,8 @@ def main():
                 t_b = timed(bwd, a.runs)
                 m_b = peak_extra(bwd)
                 dd = dedup_factor(idx, group)
-                r = dict(n=n, kind=kind, impl="hyscale", group=group, dedup=dd, fwd_ms=t_f,
+                r = dict(n=n, kind=kind, impl="hyscale", value_in_key=a.value_in_key, group=group,
+                         dedup=dd, fwd_ms=t_f,
                          bwd_ms=t_b, fwd_tflops=f_fwd / t_f / 1e9, bwd_tflops=f_bwd / t_b / 1e9,
                          fwd_floor=f_fwd / a.peak_tflops / 1e9 / t_f,
                          bwd_floor=f_bwd / a.peak_tflops / 1e9 / t_b, fwd_gib=m_f, bwd_gib=m_b,

@@ -96,7 +96,8 @@ __device__ void gather_keys(bf16* tile, const bf16* src, const KeyList& list, in
 template <int DQ, int DV, int kKeys>
 __device__ void prefetch_slots(const Problem& p, const KeyList& list, int slot0, int tid) {
   const int r = tid % kKeys;
-  if (tid >= 2 * kKeys || slot0 + r >= list.count) return;
+  const bool values_apart = p.value != p.key;  // else the key rows hold them
+  if (tid >= (values_apart ? 2 : 1) * kKeys || slot0 + r >= list.count) return;
   const int key = list.key(slot0 + r);
   if (key < 0) return;
   if (tid < kKeys) {
@@ -290,32 +291,44 @@ __device__ void gather_rows_wgmma(bf16* tile, const bf16* src, const KeyList& li
   }
 }
 
-template <class Tr>
+// kValueInKey: value rows are the first d_v columns of the key rows (absorbed MLA: the latent is
+// both), so a tile is gathered once and serves S and P V; K tiles are then double-buffered (the
+// next tile's gather overlaps the whole of this one). Otherwise K(j+1) streams in during the
+// softmax and P V of tile j, V(j+1) during S of tile j+1, as in the mma.sync kernel.
+template <class Tr, bool kValueInKey>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     sparse_attn_fwd_wgmma_kernel(Problem p, FwdOut o_) {
   constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, T = Tr::kThreads;
   constexpr int kSKeys = Tr::kKeysPerWarpgroup, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
+  // The second K/V buffer: the next K tile (kValueInKey) or the V tile.
+  constexpr int kSecondBytes = kValueInKey ? Tr::kKBytes : Tr::kVBytes;
+  static_assert(!kValueInKey || DV <= DQ, "values inside keys need d_v <= d_qk");
   // No static shared memory: the tiles start at the 1 KB-aligned dynamic window.
   extern __shared__ __align__(1024) unsigned char tiles_raw[];
   bf16* sq = reinterpret_cast<bf16*>(tiles_raw);
   bf16* sk = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes);
-  bf16* sv = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes);
-  bf16* sp = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes + Tr::kVBytes);
+  bf16* second = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes);
+  bf16* sp = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes + kSecondBytes);
   auto* row_max = reinterpret_cast<float(*)[64]>(tiles_raw + Tr::kQBytes + Tr::kKBytes +
-                                                 Tr::kVBytes + Tr::kPBytes);
+                                                 kSecondBytes + Tr::kPBytes);
   auto* row_sum = row_max + 2;
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int grp = blockIdx.x, h0 = blockIdx.y * 64;
   const KeyList list = key_list(p, grp);
+  // The K tile of tile j, and the tile its values are read from.
+  auto key_tile = [&](int j) { return kValueInKey && j % 2 == 1 ? second : sk; };
+  auto value_tile = [&](int j) { return kValueInKey ? key_tile(j) : second; };
   load_rows_async<DQ, 64>(sq, 0, 64, tid, T, [&](int r) -> const bf16* {
     const int64_t row = tile_row(p, grp, h0, r);
     return row >= 0 ? p.q + row * DQ : nullptr;
   });
   gather_rows_wgmma<DQ, T>(sk, p.key, list, 0, tid);
   cp_async_commit();
-  gather_rows_wgmma<DV, T>(sv, p.value, list, 0, tid);
-  cp_async_commit();
+  if constexpr (!kValueInKey) {
+    gather_rows_wgmma<DV, T>(second, p.value, list, 0, tid);
+    cp_async_commit();
+  }
 
   // This thread's accumulator rows (both warpgroups hold all 64 rows).
   const int ra = warp * 16 + lane / 4, rb = ra + 8;
@@ -331,22 +344,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
     prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
-    cp_async_wait<1>();  // Q and K(j) have landed (V(j) may still be in flight)
+    // Q and K(j) have landed (without kValueInKey V(j) may still be in flight).
+    cp_async_wait<kValueInKey ? 0 : 1>();
     fence_async_shared();
+    // kValueInKey: also, tile j - 1 is done everywhere, so its K buffer takes K(j + 1) and P is
+    // free again (its only barrier between P V and the next P stores is this one).
     __syncthreads();
+    if constexpr (kValueInKey) {
+      if (j + 1 < tiles) gather_rows_wgmma<DQ, T>(key_tile(j + 1), p.key, list, (j + 1) * BK, tid);
+      cp_async_commit();
+    }
     float s[kSKeys / 2];
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < DQ / 16; ++ks) {
       Wgmma<kSKeys>::run(s, matrix_descriptor<64>(sq, 0, ks),
-                         matrix_descriptor<64>(sk, wg * kSKeys, ks), ks > 0);
+                         matrix_descriptor<64>(key_tile(j), wg * kSKeys, ks), ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(s);
-    __syncthreads();  // both warpgroups are done with K(j)
-    if (j + 1 < tiles) gather_rows_wgmma<DQ, T>(sk, p.key, list, (j + 1) * BK, tid);
-    cp_async_commit();
+    if constexpr (!kValueInKey) {
+      __syncthreads();  // both warpgroups are done with K(j)
+      if (j + 1 < tiles) gather_rows_wgmma<DQ, T>(sk, p.key, list, (j + 1) * BK, tid);
+      cp_async_commit();
+    }
 
     float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
@@ -394,8 +416,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kPvN / 2; ++i) o[c][i] *= i % 4 < 2 ? alpha_a : alpha_b;
     }
-    cp_async_wait<1>();    // V(j) has landed (K(j+1) may still be in flight)
-    fence_async_shared();  // for V(j) and the P stores, both read by wgmma
+    if constexpr (!kValueInKey) cp_async_wait<1>();  // V(j) has landed (K(j+1) may not have)
+    fence_async_shared();                            // the P stores (and V(j)) are read by wgmma
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
@@ -404,17 +426,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int ks = 0; ks < BK / 16; ++ks) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        Wgmma<kPvN, 1>::run(o[c], matrix_descriptor<64>(sp, 0, ks),
-                            mn_major_descriptor<64>(sv, wg * (DV / 2) + c * kPvN, ks * 16), 1);
+        Wgmma<kPvN, 1>::run(
+            o[c], matrix_descriptor<64>(sp, 0, ks),
+            mn_major_descriptor<64>(value_tile(j), wg * (DV / 2) + c * kPvN, ks * 16), 1);
       }
     }
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
-    __syncthreads();  // both warpgroups are done with V(j) and P
-    if (j + 1 < tiles) gather_rows_wgmma<DV, T>(sv, p.value, list, (j + 1) * BK, tid);
-    cp_async_commit();
+    if constexpr (!kValueInKey) {
+      __syncthreads();  // both warpgroups are done with V(j) and P
+      if (j + 1 < tiles) gather_rows_wgmma<DV, T>(second, p.value, list, (j + 1) * BK, tid);
+      cp_async_commit();
+    }
   }
   cp_async_wait<0>();
 
@@ -834,6 +859,17 @@ void check_call(const SparseAttnShape& s, int64_t group) {
   }
 }
 
+// Whether the forward runs on the wgmma kernel: whole 64-head tiles of one query.
+bool wgmma_forward(const SparseAttnShape& s, int64_t group) {
+  if (!cuda_sparse_attn_dims_supported(s.dim_qk, s.dim_v)) return false;
+  bool supported = false;
+  dispatch_dims(s.dim_qk, s.dim_v, [&](auto traits) {
+    using Tr = decltype(traits);
+    supported = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>::kSupported;
+  });
+  return supported && group == 1 && s.heads % 64 == 0;
+}
+
 }  // namespace
 
 bool sparse_attn_group_supported(int64_t group, int64_t topk) {
@@ -853,10 +889,20 @@ size_t sparse_attn_fwd_workspace_bytes(const SparseAttnShape& shape, int64_t gro
   return plan_bytes(shape, group);
 }
 
+bool sparse_attn_fwd_reads_values_from_keys(const SparseAttnShape& shape, int64_t group) {
+  return wgmma_forward(shape, group) && shape.dim_v <= shape.dim_qk;
+}
+
 void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* key,
                      const void* value, const int32_t* indices, float scale, int64_t group,
                      void* out, float* lse, void* workspace, Stream stream_) {
   check_call(shape, group);
+  const bool value_in_key = value == key;
+  if (value_in_key && !sparse_attn_fwd_reads_values_from_keys(shape, group)) {
+    throw std::invalid_argument(
+        "hyscale::sparse_attn (CUDA): value == key (values as the first d_v columns of the key "
+        "rows) needs G = 1, H a multiple of 64, d_v <= d_qk and d_v a multiple of 128");
+  }
   if (shape.num_queries == 0 || shape.heads == 0) return;
   auto stream = static_cast<cudaStream_t>(stream_);
   UnionPlan plan;
@@ -867,14 +913,19 @@ void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* ke
     using Tr = decltype(traits);
     using Wg = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>;
     if constexpr (Wg::kSupported) {
-      // Whole 64-head tiles of one query: the wgmma kernel.
-      if (group == 1 && shape.heads % 64 == 0) {
-        check(cudaFuncSetAttribute(sparse_attn_fwd_wgmma_kernel<Wg>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, Wg::kSmemBytes),
-              "forward smem");
-        sparse_attn_fwd_wgmma_kernel<Wg>
-            <<<grid_of(shape, p), Wg::kThreads, Wg::kSmemBytes, stream>>>(p, result);
-        check(cudaGetLastError(), "sparse_attn_fwd_wgmma_kernel");
+      if (wgmma_forward(shape, group)) {
+        auto launch = [&](auto kernel, bool value_in_key) {
+          const int smem = Wg::smem_bytes(value_in_key);
+          check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                "forward smem");
+          kernel<<<grid_of(shape, p), Wg::kThreads, smem, stream>>>(p, result);
+          check(cudaGetLastError(), "sparse_attn_fwd_wgmma_kernel");
+        };
+        if (value_in_key) {
+          launch(sparse_attn_fwd_wgmma_kernel<Wg, true>, true);
+        } else {
+          launch(sparse_attn_fwd_wgmma_kernel<Wg, false>, false);
+        }
         return;
       }
     }

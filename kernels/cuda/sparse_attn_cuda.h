@@ -28,9 +28,14 @@ int64_t sparse_attn_default_group(int64_t heads, int64_t topk);
 
 size_t sparse_attn_fwd_workspace_bytes(const SparseAttnShape& shape, int64_t group);
 // out [N, H, d_v] bf16, lse [N, H] fp32 (natural log; -infinity for rows without valid slots).
+// value == key means the absorbed-MLA layout: each value row is the first d_v columns of its key
+// row ([M, d_qk] storage), gathered once for both products. Only where the next function says so.
 void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* key,
                      const void* value, const int32_t* indices, float scale, int64_t group,
                      void* out, float* lse, void* workspace, Stream stream);
+// Whether sparse_attn_fwd takes value == key for this shape and G (the wgmma forward: G = 1, H a
+// multiple of 64, d_v <= d_qk).
+bool sparse_attn_fwd_reads_values_from_keys(const SparseAttnShape& shape, int64_t group);
 
 size_t sparse_attn_bwd_workspace_bytes(const SparseAttnShape& shape, int64_t group,
                                        bool deterministic);

@@ -47,7 +47,10 @@ struct SparseAttnWgmmaTraits {
   static constexpr int kKBytes = kKeys * kDimQk * 2;
   static constexpr int kVBytes = kKeys * kDimV * 2;
   static constexpr int kPBytes = kRows * kKeys * 2;
-  static constexpr int kSmemBytes = kQBytes + kKBytes + kVBytes + kPBytes + 2 * 2 * kRows * 4;
+  // With values inside the keys (absorbed MLA) the V buffer holds the next K tile instead.
+  static constexpr int smem_bytes(bool value_in_key) {
+    return kQBytes + kKBytes + (value_in_key ? kKBytes : kVBytes) + kPBytes + 2 * 2 * kRows * 4;
+  }
 };
 
 inline constexpr int kMaxGroup = 16;

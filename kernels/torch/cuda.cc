@@ -109,8 +109,25 @@ struct AttnInputs {
   at::Tensor q, key, value, indices;  // with a leading batch dim, contiguous, bf16 / int32
 };
 
+// Whether `value` is a view of the first d_v columns of bf16 `key` (absorbed MLA: the latent is
+// both key and value).
+bool value_inside_key(const at::Tensor& key, const at::Tensor& value) {
+  if (key.scalar_type() != at::kBFloat16 || value.scalar_type() != at::kBFloat16 ||
+      !key.is_contiguous() || value.data_ptr() != key.data_ptr() || value.dim() != key.dim() ||
+      value.stride(-1) != 1) {
+    return false;
+  }
+  for (int64_t d = 0; d + 1 < key.dim(); ++d) {
+    if (value.size(d) != key.size(d) || value.stride(d) != key.stride(d)) return false;
+  }
+  return true;
+}
+
+// reads_values_from_keys: the caller's kernel takes value == key for a value inside the key rows
+// (the forward), which then skips its copy and its separate gather.
 AttnInputs attn_inputs(const char* op, const at::Tensor& q, const at::Tensor& key,
-                       const at::Tensor& value, const at::Tensor& indices, int64_t group) {
+                       const at::Tensor& value, const at::Tensor& indices, int64_t group,
+                       bool reads_values_from_keys) {
   AttnInputs in;
   in.a = check_sparse_attn(op, q, key, value, indices);
   const auto& s = in.a.shape;
@@ -122,7 +139,10 @@ AttnInputs attn_inputs(const char* op, const at::Tensor& q, const at::Tensor& ke
   auto batched = [&](const at::Tensor& t) { return in.a.batching.batched ? t : t.unsqueeze(0); };
   in.q = batched(q).to(at::kBFloat16).contiguous();
   in.key = batched(key).to(at::kBFloat16).contiguous();
-  in.value = batched(value).to(at::kBFloat16).contiguous();
+  in.value = reads_values_from_keys && value_inside_key(key, value) &&
+                     cuda::sparse_attn_fwd_reads_values_from_keys(s, group)
+                 ? in.key
+                 : batched(value).to(at::kBFloat16).contiguous();
   in.indices = batched(indices).contiguous();
   if (in.indices.numel() > 0) {
     const auto [lowest, highest] = at::aminmax(in.indices);
@@ -138,7 +158,8 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn_grouped(const at::Tensor& q, cons
                                                        int64_t group) {
   const char* op = "hyscale::sparse_attn";
   const c10::cuda::CUDAGuard guard(q.device());
-  const AttnInputs in = attn_inputs(op, q, key, value, indices, group);
+  const AttnInputs in =
+      attn_inputs(op, q, key, value, indices, group, /*reads_values_from_keys=*/true);
   const auto& s = in.a.shape;
   const int64_t batch = in.a.batching.batch;
   auto out = at::empty({batch, s.num_queries, s.heads, s.dim_v}, in.q.options());
@@ -161,7 +182,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward_grouped(
     int64_t group, bool deterministic) {
   const char* op = "hyscale::sparse_attn_backward";
   const c10::cuda::CUDAGuard guard(q.device());
-  const AttnInputs in = attn_inputs(op, q, key, value, indices, group);
+  const AttnInputs in =
+      attn_inputs(op, q, key, value, indices, group, /*reads_values_from_keys=*/false);
   const auto& s = in.a.shape;
   const int64_t batch = in.a.batching.batch;
   check_sizes(op, "grad_out", grad_out, out.sizes());

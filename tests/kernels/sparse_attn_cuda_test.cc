@@ -224,6 +224,32 @@ TEST_F(SparseAttnCudaTest, TorchOpAutogradOnCudaMatchesTheCpuOp) {
   for (int i = 0; i < 5; ++i) expect_close(gpu[i], cpu[i], i == 1 ? 1e-5 : 2e-2, names[i]);
 }
 
+// Absorbed MLA: the value is a view of each key row's first d_v columns. The forward then gathers
+// each row once (value == key in the kernel); results equal those for a separate copy of the
+// values, and the gradient reaches the key through the view.
+TEST_F(SparseAttnCudaTest, ValuesInsideKeysMatchSeparateValues) {
+  const Case c{37, 1500, 128, 576, 512, 200, 0.0417};
+  Inputs in = make_inputs(rng_, c, /*allow_empty_rows=*/true);
+  in.value = in.key.narrow(1, 0, c.dv).contiguous();
+  const auto weights = torch::randn({c.n, c.heads, c.dv}).to(torch::kBFloat16).to(torch::kFloat);
+  const auto q = in.q.to(torch::kCUDA, torch::kBFloat16);
+  auto run = [&](bool inside) {
+    auto key = in.key.to(torch::kCUDA, torch::kBFloat16).requires_grad_(true);
+    auto value = inside ? key.narrow(1, 0, c.dv)
+                        : key.detach().narrow(1, 0, c.dv).contiguous().requires_grad_(true);
+    const auto attn = ops::sparse_attn(q, key, value, in.indices.cuda(), c.scale);
+    (attn.out.to(torch::kFloat) * weights.cuda()).sum().backward();
+    auto grad_key = key.grad().to(torch::kFloat).cpu();
+    if (!inside) grad_key.narrow(1, 0, c.dv).add_(value.grad().to(torch::kFloat).cpu());
+    return std::vector<torch::Tensor>{attn.out.to(torch::kFloat).cpu(), attn.lse.cpu(), grad_key};
+  };
+  const auto inside = run(true), apart = run(false);
+  EXPECT_TRUE(torch::equal(inside[0], apart[0])) << "out differs";
+  EXPECT_TRUE(torch::equal(inside[1], apart[1])) << "lse differs";
+  expect_close(inside[2], apart[2], 1e-2, "grad_key");  // fp32 atomics: any order
+  expect_close(inside[0], reference(in, c.scale, {}).out, 1e-2, "out vs float64");
+}
+
 TEST_F(SparseAttnCudaTest, RejectsUnsupportedShapesAndGroups) {
   const auto q = torch::randn({4, 2, 96}, torch::kCUDA), key = torch::randn({8, 96}, torch::kCUDA);
   const auto idx = torch::zeros({4, 2}, torch::TensorOptions(torch::kCUDA).dtype(torch::kInt));
