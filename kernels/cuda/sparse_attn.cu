@@ -276,19 +276,29 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
 // warpgroup w adds P V (m64 x d_v/2, V read MN-major) into its value columns. K(j+1) streams in
 // during the softmax and P V of tile j, V(j+1) during S of tile j+1, as in the mma.sync kernel.
 
-// Gathers the rows of 64 slots from slot0 into a swizzled tile (zeros for unused slots): each
-// thread serves one row, so it reads one index per tile.
-template <int kDim, int kThreads>
+// Gathers the rows of kRows slots from slot0 into a swizzled kRows-row tile (zeros for unused
+// slots): each thread serves one row, so it reads one index per tile.
+template <int kDim, int kRows, int kThreads>
 __device__ void gather_rows_wgmma(bf16* tile, const bf16* src, const KeyList& list, int slot0,
                                   int tid) {
-  constexpr int kThreadsPerRow = kThreads / 64;
+  constexpr int kThreadsPerRow = kThreads / kRows;
   const int row = tid / kThreadsPerRow;
   const int key = list.key(slot0 + row);
   const bf16* from = key >= 0 ? src + int64_t(key) * kDim : nullptr;
   for (int chunk = tid % kThreadsPerRow; chunk < kDim / 8; chunk += kThreadsPerRow) {
-    cp_async_16(tile + swizzled_offset<64>(row, chunk), from ? from + chunk * 8 : tile,
+    cp_async_16(tile + swizzled_offset<kRows>(row, chunk), from ? from + chunk * 8 : tile,
                 from != nullptr);
   }
+}
+
+// The 64 rows of a block's tile (query grp, heads h0..) into a swizzled tile (zeros outside).
+template <int kDim, int kThreads>
+__device__ void load_block_rows(bf16* tile, const bf16* src, const Problem& p, int grp, int h0,
+                                int tid) {
+  load_rows_async<kDim, 64>(tile, 0, 64, tid, kThreads, [&](int r) -> const bf16* {
+    const int64_t row = tile_row(p, grp, h0, r);
+    return row >= 0 ? src + row * kDim : nullptr;
+  });
 }
 
 // kValueInKey: value rows are the first d_v columns of the key rows (absorbed MLA: the latent is
@@ -319,14 +329,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // The K tile of tile j, and the tile its values are read from.
   auto key_tile = [&](int j) { return kValueInKey && j % 2 == 1 ? second : sk; };
   auto value_tile = [&](int j) { return kValueInKey ? key_tile(j) : second; };
-  load_rows_async<DQ, 64>(sq, 0, 64, tid, T, [&](int r) -> const bf16* {
-    const int64_t row = tile_row(p, grp, h0, r);
-    return row >= 0 ? p.q + row * DQ : nullptr;
-  });
-  gather_rows_wgmma<DQ, T>(sk, p.key, list, 0, tid);
+  load_block_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
+  gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, 0, tid);
   cp_async_commit();
   if constexpr (!kValueInKey) {
-    gather_rows_wgmma<DV, T>(second, p.value, list, 0, tid);
+    gather_rows_wgmma<DV, BK, T>(second, p.value, list, 0, tid);
     cp_async_commit();
   }
 
@@ -351,7 +358,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // free again (its only barrier between P V and the next P stores is this one).
     __syncthreads();
     if constexpr (kValueInKey) {
-      if (j + 1 < tiles) gather_rows_wgmma<DQ, T>(key_tile(j + 1), p.key, list, (j + 1) * BK, tid);
+      if (j + 1 < tiles)
+        gather_rows_wgmma<DQ, BK, T>(key_tile(j + 1), p.key, list, (j + 1) * BK, tid);
       cp_async_commit();
     }
     float s[kSKeys / 2];
@@ -366,7 +374,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_accumulators(s);
     if constexpr (!kValueInKey) {
       __syncthreads();  // both warpgroups are done with K(j)
-      if (j + 1 < tiles) gather_rows_wgmma<DQ, T>(sk, p.key, list, (j + 1) * BK, tid);
+      if (j + 1 < tiles) gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, (j + 1) * BK, tid);
       cp_async_commit();
     }
 
@@ -437,7 +445,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
     if constexpr (!kValueInKey) {
       __syncthreads();  // both warpgroups are done with V(j) and P
-      if (j + 1 < tiles) gather_rows_wgmma<DV, T>(second, p.value, list, (j + 1) * BK, tid);
+      if (j + 1 < tiles) gather_rows_wgmma<DV, BK, T>(second, p.value, list, (j + 1) * BK, tid);
       cp_async_commit();
     }
   }
@@ -659,6 +667,155 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
   }
 }
 
+// The backward's dq on wgmma (SparseAttnWgmmaTraits), for the blocks the wgmma forward takes:
+// per 32-key tile, warpgroup 0 computes S = Q K^T and P while warpgroup 1 computes dP = dO V^T;
+// P crosses in shared memory and warpgroup 1 forms dS = scale P (dP - D) into a bf16 tile; then
+// both add dS K (K read MN-major) into their blocks of dq's columns, kept in registers.
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    sparse_attn_bwd_dq_wgmma_kernel(Problem p, BwdArgs g) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kBwdKeys, T = Tr::kThreads;
+  constexpr int kPairs = Tr::kDqPairs;
+  extern __shared__ __align__(1024) unsigned char dq_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(dq_raw);
+  bf16* sdo = sq + 64 * DQ;
+  bf16* sk = sdo + 64 * DV;
+  bf16* sv = sk + BK * DQ;
+  bf16* sds = sv + BK * DV;                                     // [64 rows x 64] (keys 0..31 used)
+  float* p_exchange = reinterpret_cast<float*>(sds + 64 * 64);  // [BK / 2][128]
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const KeyList list = key_list(p, grp);
+  load_block_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
+  load_block_rows<DV, T>(sdo, g.grad_out, p, grp, h0, tid);
+  gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, 0, tid);
+  gather_rows_wgmma<DV, BK, T>(sv, p.value, list, 0, tid);
+  cp_async_commit();
+
+  const int ra = warp * 16 + lane / 4, rb = ra + 8;
+  const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
+  // lse in log2 units; +infinity (p = 0) for rows outside the problem or without valid slots.
+  auto lse2 = [&](int64_t row) {
+    const float l = row >= 0 ? g.lse[row] : -INFINITY;
+    return l == -INFINITY ? INFINITY : l * kLog2e;
+  };
+  const float lse_a = lse2(row_a), lse_b = lse2(row_b);
+  const float d_a = row_a >= 0 ? g.delta[row_a] : 0.f, d_b = row_b >= 0 ? g.delta[row_b] : 0.f;
+
+  // This warpgroup's 64-wide column blocks of dq: n128 pairs, then one n64 single if odd.
+  const int first_block = wg == 0 ? 0 : Tr::kDqFirstBlocks;
+  const int blocks = wg == 0 ? Tr::kDqFirstBlocks : Tr::kDqBlocks - Tr::kDqFirstBlocks;
+  const int pairs = blocks / 2;
+  const bool single = blocks % 2 == 1;
+  float dq_pair[kPairs > 0 ? kPairs : 1][64];
+  float dq_single[32];
+#pragma unroll
+  for (int c = 0; c < (kPairs > 0 ? kPairs : 1); ++c) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) dq_pair[c][i] = 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq_single[i] = 0.f;
+
+  const int tiles = static_cast<int>(ceil_div(list.count, BK));
+  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
+  for (int j = 0; j < tiles; ++j) {
+    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
+    cp_async_wait<0>();  // K(j) and V(j) (and, first, Q and dO) have landed
+    fence_async_shared();
+    __syncthreads();
+    // S (warpgroup 0) or dP (warpgroup 1) for the tile's 32 keys.
+    float acc[BK / 2];
+    wgmma_fence();
+    if (wg == 0) {
+#pragma unroll
+      for (int ks = 0; ks < DQ / 16; ++ks) {
+        Wgmma<BK>::run(acc, matrix_descriptor<64>(sq, 0, ks), matrix_descriptor<BK>(sk, 0, ks),
+                       ks > 0);
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < DV / 16; ++ks) {
+        Wgmma<BK>::run(acc, matrix_descriptor<64>(sdo, 0, ks), matrix_descriptor<BK>(sv, 0, ks),
+                       ks > 0);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (wg == 0) {
+#pragma unroll
+      for (int i = 0; i < BK / 2; ++i) {
+        const int slot = j * BK + 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+        const float lse = i % 4 < 2 ? lse_a : lse_b;
+        p_exchange[i * 128 + tid] = list.sees(slot, 0) ? exp2f(acc[i] * p.scale_log2 - lse) : 0.f;
+      }
+    }
+    __syncthreads();  // P is in shared memory; V(j) is no longer read
+    if (j + 1 < tiles) gather_rows_wgmma<DV, BK, T>(sv, p.value, list, (j + 1) * BK, tid);
+    if (wg == 1) {
+#pragma unroll
+      for (int i = 0; i < BK / 2; i += 4) {
+        const int t = tid - 128, col = 8 * (i / 4) + 2 * (lane % 4);
+        float ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          ds[e] = p_exchange[(i + e) * 128 + t] * (acc[i + e] - (e < 2 ? d_a : d_b)) * p.scale;
+        }
+        *reinterpret_cast<uint32_t*>(sds + swizzled_offset<64>(ra, col / 8) + col % 8) =
+            pack_bf16(ds[0], ds[1]);
+        *reinterpret_cast<uint32_t*>(sds + swizzled_offset<64>(rb, col / 8) + col % 8) =
+            pack_bf16(ds[2], ds[3]);
+      }
+      fence_async_shared();  // dS is read by wgmma
+    }
+    __syncthreads();
+    // dq (+)= dS K over this warpgroup's column blocks.
+#pragma unroll
+    for (int c = 0; c < (kPairs > 0 ? kPairs : 1); ++c) fence_accumulators(dq_pair[c]);
+    fence_accumulators(dq_single);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      const uint64_t a = matrix_descriptor<64>(sds, 0, ks);
+#pragma unroll
+      for (int c = 0; c < kPairs; ++c) {
+        if (c < pairs) {
+          Wgmma<128, 1>::run(dq_pair[c], a,
+                             mn_major_descriptor<BK>(sk, (first_block + 2 * c) * 64, ks * 16), 1);
+        }
+      }
+      if (single) {
+        Wgmma<64, 1>::run(dq_single, a,
+                          mn_major_descriptor<BK>(sk, (first_block + 2 * pairs) * 64, ks * 16), 1);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int c = 0; c < (kPairs > 0 ? kPairs : 1); ++c) fence_accumulators(dq_pair[c]);
+    fence_accumulators(dq_single);
+    __syncthreads();  // K(j) and dS are no longer read
+    if (j + 1 < tiles) gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, (j + 1) * BK, tid);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  auto store = [&](const float* acc, int n, int col0) {
+    for (int i = 0; i < n / 2; i += 4) {
+      const int col = col0 + 8 * (i / 4) + 2 * (lane % 4);
+      store_pair(g.grad_q, row_a, DQ, col, acc[i], acc[i + 1]);
+      store_pair(g.grad_q, row_b, DQ, col, acc[i + 2], acc[i + 3]);
+    }
+  };
+#pragma unroll
+  for (int c = 0; c < kPairs; ++c) {
+    if (c < pairs) store(dq_pair[c], 128, (first_block + 2 * c) * 64);
+  }
+  if (single) store(dq_single, 64, (first_block + 2 * pairs) * 64);
+}
+
 // D[row] = sum_c dO[row, c] * O[row, c] (fp32), one warp per row.
 __global__ void row_dot_kernel(const bf16* a, const bf16* b, int64_t rows, int dim, float* out) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -859,8 +1016,9 @@ void check_call(const SparseAttnShape& s, int64_t group) {
   }
 }
 
-// Whether the forward runs on the wgmma kernel: whole 64-head tiles of one query.
-bool wgmma_forward(const SparseAttnShape& s, int64_t group) {
+// Whether the forward and the backward's dq run on the wgmma kernels: whole 64-head tiles of one
+// query.
+bool wgmma_tiles(const SparseAttnShape& s, int64_t group) {
   if (!cuda_sparse_attn_dims_supported(s.dim_qk, s.dim_v)) return false;
   bool supported = false;
   dispatch_dims(s.dim_qk, s.dim_v, [&](auto traits) {
@@ -890,7 +1048,7 @@ size_t sparse_attn_fwd_workspace_bytes(const SparseAttnShape& shape, int64_t gro
 }
 
 bool sparse_attn_fwd_reads_values_from_keys(const SparseAttnShape& shape, int64_t group) {
-  return wgmma_forward(shape, group) && shape.dim_v <= shape.dim_qk;
+  return wgmma_tiles(shape, group) && shape.dim_v <= shape.dim_qk;
 }
 
 void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* key,
@@ -913,7 +1071,7 @@ void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* ke
     using Tr = decltype(traits);
     using Wg = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>;
     if constexpr (Wg::kSupported) {
-      if (wgmma_forward(shape, group)) {
+      if (wgmma_tiles(shape, group)) {
         auto launch = [&](auto kernel, bool value_in_key) {
           const int smem = Wg::smem_bytes(value_in_key);
           check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -1000,7 +1158,20 @@ void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* ke
       kernel<<<grid_of(shape, p), Tr::kThreads, smem, stream>>>(p, g);
       check(cudaGetLastError(), "sparse_attn_bwd_kernel");
     };
-    launch(sparse_attn_bwd_kernel<Tr, kDq>);
+    using Wg = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>;
+    bool dq_done = false;
+    if constexpr (Wg::kSupported) {
+      if (wgmma_tiles(shape, group)) {
+        check(cudaFuncSetAttribute(sparse_attn_bwd_dq_wgmma_kernel<Wg>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, Wg::kBwdSmemBytes),
+              "backward smem");
+        sparse_attn_bwd_dq_wgmma_kernel<Wg>
+            <<<grid_of(shape, p), Wg::kThreads, Wg::kBwdSmemBytes, stream>>>(p, g);
+        check(cudaGetLastError(), "sparse_attn_bwd_dq_wgmma_kernel");
+        dq_done = true;
+      }
+    }
+    if (!dq_done) launch(sparse_attn_bwd_kernel<Tr, kDq>);
     if (deterministic) {
       launch(sparse_attn_bwd_kernel<Tr, kDkvFixed>);
       for (const bool is_key : {true, false}) {
