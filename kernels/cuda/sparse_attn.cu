@@ -544,8 +544,9 @@ __device__ void add_key_grads(const float (&acc)[kCols4][4], const KeyList& list
 
 // One warp's share of a key tile's gradient, added into the shared keys: rows (keys)
 // 16 kg .. 16 kg + 15, columns cg * D/4 .., of A^T B with A the [64 rows x 32 keys] tile
-// (P for dvalue, dS for dkey) and B the [64 rows x D] tile (dO, Q).
-template <class Tr, int kMode, int D>
+// (P for dvalue, dS for dkey) and B the [64 rows x D] tile (dO, Q; in wgmma's layout when
+// kWgmmaB).
+template <class Tr, int kMode, int D, bool kWgmmaB = false>
 __device__ void key_grad_tile(const bf16* a_tile, const bf16* b_tile, const KeyList& list,
                               int slot0, int kg, int cg, int lane, float* dst,
                               unsigned long long* fx, double fx_scale) {
@@ -558,7 +559,11 @@ __device__ void key_grad_tile(const bf16* a_tile, const bf16* b_tile, const KeyL
 #pragma unroll
     for (int nt = 0; nt < kN; nt += 2) {
       uint32_t b[4];
-      load_b_kn<D>(b, b_tile, kk, cg * (D / 4) + nt * 8, lane);
+      if constexpr (kWgmmaB) {
+        load_b_kn_wgmma_tile<64>(b, b_tile, kk, cg * (D / 4) + nt * 8, lane);
+      } else {
+        load_b_kn<D>(b, b_tile, kk, cg * (D / 4) + nt * 8, lane);
+      }
       mma_bf16(acc[nt], a, b[0], b[1]);
       mma_bf16(acc[nt + 1], a, b[2], b[3]);
     }
@@ -667,41 +672,130 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
   }
 }
 
-// The backward's dq on wgmma (SparseAttnWgmmaTraits), for the blocks the wgmma forward takes:
-// per 32-key tile, warpgroup 0 computes S = Q K^T and P while warpgroup 1 computes dP = dO V^T;
-// P crosses in shared memory and warpgroup 1 forms dS = scale P (dP - D) into a bf16 tile; then
-// both add dS K (K read MN-major) into their blocks of dq's columns, kept in registers.
+// ---------------------------------------------------------------------------------------------
+// Backward on wgmma (SparseAttnWgmmaTraits), for the blocks the wgmma forward takes. Both kernels
+// share the front half of a 32-key tile: warpgroup 0 computes S = Q K^T and P while warpgroup 1
+// computes dP = dO V^T; P crosses in shared memory (fp32) and warpgroup 1 forms
+// dS = scale P (dP - D). Q and dO stay in shared memory for the whole block.
+
+// The shared memory of a backward block, tiles in wgmma's layout: Q, dO, the K and V tiles,
+// then the kernel's own P / dS tiles and the P exchange.
+template <class Tr>
+struct BwdTiles {
+  bf16 *q, *grad_out, *key, *value;
+  float* p_exchange;  // [BK / 2][128]
+  bf16* zeros;        // 4 KB
+  unsigned char* rest;
+  __device__ explicit BwdTiles(unsigned char* base) {
+    q = reinterpret_cast<bf16*>(base);
+    grad_out = q + 64 * Tr::kDimQk;
+    key = grad_out + 64 * Tr::kDimV;
+    value = key + Tr::kBwdKeys * Tr::kDimQk;
+    p_exchange = reinterpret_cast<float*>(value + Tr::kBwdKeys * Tr::kDimV);
+    zeros = reinterpret_cast<bf16*>(p_exchange + Tr::kBwdKeys / 2 * 128);
+    rest = reinterpret_cast<unsigned char*>(zeros + 2048);
+  }
+};
+
+// What a thread knows of its two accumulator rows (ra, ra + 8 of the block's 64).
+struct BwdRows {
+  int ra, rb;
+  int64_t row_a, row_b;
+  float lse_a, lse_b;  // log2 units; +infinity (P = 0) outside the problem or for empty rows
+  float d_a, d_b;
+};
+
+__device__ BwdRows bwd_rows(const Problem& p, const BwdArgs& g, int grp, int h0, int ra) {
+  BwdRows r{};
+  r.ra = ra;
+  r.rb = ra + 8;
+  r.row_a = tile_row(p, grp, h0, r.ra);
+  r.row_b = tile_row(p, grp, h0, r.rb);
+  auto lse2 = [&](int64_t row) {
+    const float l = row >= 0 ? g.lse[row] : -INFINITY;
+    return l == -INFINITY ? INFINITY : l * kLog2e;
+  };
+  r.lse_a = lse2(r.row_a);
+  r.lse_b = lse2(r.row_b);
+  r.d_a = r.row_a >= 0 ? g.delta[r.row_a] : 0.f;
+  r.d_b = r.row_b >= 0 ? g.delta[r.row_b] : 0.f;
+  return r;
+}
+
+// Starts the block's loads: Q and dO rows, and the first K and V tiles (one commit group).
+template <class Tr>
+__device__ void start_bwd_block(const Problem& p, const BwdArgs& g, const BwdTiles<Tr>& t,
+                                const KeyList& list, int grp, int h0, int tid) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kBwdKeys, T = Tr::kThreads;
+  load_block_rows<DQ, T>(t.q, p.q, p, grp, h0, tid);
+  load_block_rows<DV, T>(t.grad_out, g.grad_out, p, grp, h0, tid);
+  gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, 0, tid);
+  gather_rows_wgmma<DV, BK, T>(t.value, p.value, list, 0, tid);
+  cp_async_commit();
+  static_assert(T * 16 == 4096, "one 16-byte store per thread clears the zero tile");
+  reinterpret_cast<uint4*>(t.zeros)[tid] = make_uint4(0, 0, 0, 0);
+}
+
+// The front half of tile j (K(j), V(j) landed and visible): on return warpgroup 1 holds P and dS
+// at its accumulator positions (n8 tile i / 4, row ra for i % 4 < 2, else rb). Has one block
+// barrier, after which K(j) and V(j) are no longer read by it.
+template <class Tr>
+__device__ void tile_p_and_ds(const Problem& p, const KeyList& list, int j, const BwdTiles<Tr>& t,
+                              const BwdRows& r, int wg, int tid, int lane,
+                              float (&prob)[Tr::kBwdKeys / 2], float (&ds)[Tr::kBwdKeys / 2]) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kBwdKeys;
+  // One instruction stream for both warpgroups (wgmma under divergent branches is serialized):
+  // the shorter product runs its surplus k-steps against the zero tile.
+  constexpr int kSteps = (DQ > DV ? DQ : DV) / 16;
+  const bf16* a_tile = wg == 0 ? t.q : t.grad_out;
+  const bf16* b_tile = wg == 0 ? t.key : t.value;
+  const int steps = wg == 0 ? DQ / 16 : DV / 16;
+  float acc[BK / 2];
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    const bool real = ks < steps;
+    const uint64_t b =
+        real ? matrix_descriptor<BK>(b_tile, 0, ks) : matrix_descriptor<BK>(t.zeros, 0, 0);
+    Wgmma<BK>::run(acc, matrix_descriptor<64>(a_tile, 0, real ? ks : 0), b, ks > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+  if (wg == 0) {
+#pragma unroll
+    for (int i = 0; i < BK / 2; ++i) {
+      const int slot = j * BK + 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+      const float lse = i % 4 < 2 ? r.lse_a : r.lse_b;
+      t.p_exchange[i * 128 + tid] = list.sees(slot, 0) ? exp2f(acc[i] * p.scale_log2 - lse) : 0.f;
+    }
+  }
+  __syncthreads();
+  if (wg == 1) {
+#pragma unroll
+    for (int i = 0; i < BK / 2; ++i) {
+      prob[i] = t.p_exchange[i * 128 + tid - 128];
+      ds[i] = prob[i] * (acc[i] - (i % 4 < 2 ? r.d_a : r.d_b)) * p.scale;
+    }
+  }
+}
+
+// dq: after the front half, both warpgroups add dS K (K read MN-major) into their blocks of dq's
+// columns, kept in registers.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     sparse_attn_bwd_dq_wgmma_kernel(Problem p, BwdArgs g) {
   constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kBwdKeys, T = Tr::kThreads;
   constexpr int kPairs = Tr::kDqPairs;
   extern __shared__ __align__(1024) unsigned char dq_raw[];
-  bf16* sq = reinterpret_cast<bf16*>(dq_raw);
-  bf16* sdo = sq + 64 * DQ;
-  bf16* sk = sdo + 64 * DV;
-  bf16* sv = sk + BK * DQ;
-  bf16* sds = sv + BK * DV;                                     // [64 rows x 64] (keys 0..31 used)
-  float* p_exchange = reinterpret_cast<float*>(sds + 64 * 64);  // [BK / 2][128]
+  const BwdTiles<Tr> t(dq_raw);
+  bf16* sds = reinterpret_cast<bf16*>(t.rest);  // [64 rows x 64] (keys 0..31 used)
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int grp = blockIdx.x, h0 = blockIdx.y * 64;
   const KeyList list = key_list(p, grp);
-  load_block_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
-  load_block_rows<DV, T>(sdo, g.grad_out, p, grp, h0, tid);
-  gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, 0, tid);
-  gather_rows_wgmma<DV, BK, T>(sv, p.value, list, 0, tid);
-  cp_async_commit();
-
-  const int ra = warp * 16 + lane / 4, rb = ra + 8;
-  const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
-  // lse in log2 units; +infinity (p = 0) for rows outside the problem or without valid slots.
-  auto lse2 = [&](int64_t row) {
-    const float l = row >= 0 ? g.lse[row] : -INFINITY;
-    return l == -INFINITY ? INFINITY : l * kLog2e;
-  };
-  const float lse_a = lse2(row_a), lse_b = lse2(row_b);
-  const float d_a = row_a >= 0 ? g.delta[row_a] : 0.f, d_b = row_b >= 0 ? g.delta[row_b] : 0.f;
+  start_bwd_block<Tr>(p, g, t, list, grp, h0, tid);
+  const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
 
   // This warpgroup's 64-wide column blocks of dq: n128 pairs, then one n64 single if odd.
   const int first_block = wg == 0 ? 0 : Tr::kDqFirstBlocks;
@@ -725,48 +819,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cp_async_wait<0>();  // K(j) and V(j) (and, first, Q and dO) have landed
     fence_async_shared();
     __syncthreads();
-    // S (warpgroup 0) or dP (warpgroup 1) for the tile's 32 keys.
-    float acc[BK / 2];
-    wgmma_fence();
-    if (wg == 0) {
-#pragma unroll
-      for (int ks = 0; ks < DQ / 16; ++ks) {
-        Wgmma<BK>::run(acc, matrix_descriptor<64>(sq, 0, ks), matrix_descriptor<BK>(sk, 0, ks),
-                       ks > 0);
-      }
-    } else {
-#pragma unroll
-      for (int ks = 0; ks < DV / 16; ++ks) {
-        Wgmma<BK>::run(acc, matrix_descriptor<64>(sdo, 0, ks), matrix_descriptor<BK>(sv, 0, ks),
-                       ks > 0);
-      }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    if (wg == 0) {
-#pragma unroll
-      for (int i = 0; i < BK / 2; ++i) {
-        const int slot = j * BK + 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-        const float lse = i % 4 < 2 ? lse_a : lse_b;
-        p_exchange[i * 128 + tid] = list.sees(slot, 0) ? exp2f(acc[i] * p.scale_log2 - lse) : 0.f;
-      }
-    }
-    __syncthreads();  // P is in shared memory; V(j) is no longer read
-    if (j + 1 < tiles) gather_rows_wgmma<DV, BK, T>(sv, p.value, list, (j + 1) * BK, tid);
+    float prob[BK / 2], ds[BK / 2];
+    tile_p_and_ds<Tr>(p, list, j, t, r, wg, tid, lane, prob, ds);
+    if (j + 1 < tiles) gather_rows_wgmma<DV, BK, T>(t.value, p.value, list, (j + 1) * BK, tid);
     if (wg == 1) {
 #pragma unroll
       for (int i = 0; i < BK / 2; i += 4) {
-        const int t = tid - 128, col = 8 * (i / 4) + 2 * (lane % 4);
-        float ds[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          ds[e] = p_exchange[(i + e) * 128 + t] * (acc[i + e] - (e < 2 ? d_a : d_b)) * p.scale;
-        }
-        *reinterpret_cast<uint32_t*>(sds + swizzled_offset<64>(ra, col / 8) + col % 8) =
-            pack_bf16(ds[0], ds[1]);
-        *reinterpret_cast<uint32_t*>(sds + swizzled_offset<64>(rb, col / 8) + col % 8) =
-            pack_bf16(ds[2], ds[3]);
+        const int col = 8 * (i / 4) + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(sds + swizzled_offset<64>(r.ra, col / 8) + col % 8) =
+            pack_bf16(ds[i], ds[i + 1]);
+        *reinterpret_cast<uint32_t*>(sds + swizzled_offset<64>(r.rb, col / 8) + col % 8) =
+            pack_bf16(ds[i + 2], ds[i + 3]);
       }
       fence_async_shared();  // dS is read by wgmma
     }
@@ -777,18 +840,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_accumulators(dq_single);
     wgmma_fence();
 #pragma unroll
+    // Both warpgroups issue kPairs pairs and (if either has one) a single; those a warpgroup
+    // lacks read the zero tile (as 16-row column blocks) and are never stored.
+    const uint64_t zero = mn_major_descriptor<16>(t.zeros, 0, 0);
+#pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
       const uint64_t a = matrix_descriptor<64>(sds, 0, ks);
 #pragma unroll
       for (int c = 0; c < kPairs; ++c) {
-        if (c < pairs) {
-          Wgmma<128, 1>::run(dq_pair[c], a,
-                             mn_major_descriptor<BK>(sk, (first_block + 2 * c) * 64, ks * 16), 1);
-        }
+        Wgmma<128, 1>::run(
+            dq_pair[c], a,
+            c < pairs ? mn_major_descriptor<BK>(t.key, (first_block + 2 * c) * 64, ks * 16) : zero,
+            1);
       }
-      if (single) {
-        Wgmma<64, 1>::run(dq_single, a,
-                          mn_major_descriptor<BK>(sk, (first_block + 2 * pairs) * 64, ks * 16), 1);
+      if constexpr (Tr::kDqSingle) {
+        Wgmma<64, 1>::run(
+            dq_single, a,
+            single ? mn_major_descriptor<BK>(t.key, (first_block + 2 * pairs) * 64, ks * 16) : zero,
+            1);
       }
     }
     wgmma_commit();
@@ -797,7 +866,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int c = 0; c < (kPairs > 0 ? kPairs : 1); ++c) fence_accumulators(dq_pair[c]);
     fence_accumulators(dq_single);
     __syncthreads();  // K(j) and dS are no longer read
-    if (j + 1 < tiles) gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, (j + 1) * BK, tid);
+    if (j + 1 < tiles) gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, (j + 1) * BK, tid);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -805,8 +874,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto store = [&](const float* acc, int n, int col0) {
     for (int i = 0; i < n / 2; i += 4) {
       const int col = col0 + 8 * (i / 4) + 2 * (lane % 4);
-      store_pair(g.grad_q, row_a, DQ, col, acc[i], acc[i + 1]);
-      store_pair(g.grad_q, row_b, DQ, col, acc[i + 2], acc[i + 3]);
+      store_pair(g.grad_q, r.row_a, DQ, col, acc[i], acc[i + 1]);
+      store_pair(g.grad_q, r.row_b, DQ, col, acc[i + 2], acc[i + 3]);
     }
   };
 #pragma unroll
@@ -814,6 +883,63 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (c < pairs) store(dq_pair[c], 128, (first_block + 2 * c) * 64);
   }
   if (single) store(dq_single, 64, (first_block + 2 * pairs) * 64);
+}
+
+// dkey and dvalue: after the front half, warpgroup 1 writes P and dS (bf16) to shared memory and
+// the next K and V tiles start loading (these products read neither); then all eight warps form
+// the tile's P^T dO and dS^T Q on mma.sync (as the mma.sync kernel does) and add them into the
+// shared keys: fp32 atomics (kDkvAtomic) or 64-bit fixed point (kDkvFixed).
+template <class Tr, int kMode>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    sparse_attn_bwd_dkv_wgmma_kernel(Problem p, BwdArgs g) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kBwdKeys, T = Tr::kThreads;
+  using MmaTr = SparseAttnTraits<DQ, DV>;
+  static_assert(MmaTr::kBwdKeys == BK, "the mma.sync products take the same key tiles");
+  extern __shared__ __align__(1024) unsigned char dkv_raw[];
+  const BwdTiles<Tr> t(dkv_raw);
+  bf16* sp = reinterpret_cast<bf16*>(t.rest);  // [64 rows x 32 keys], the mma.sync layout
+  bf16* sds = sp + 64 * BK;
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const KeyList list = key_list(p, grp);
+  start_bwd_block<Tr>(p, g, t, list, grp, h0, tid);
+  const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
+  double key_scale = 1, value_scale = 1;
+  if constexpr (kMode == kDkvFixed) fixed_scales(p, DV, g.amax, key_scale, value_scale);
+  const int kg = (tid / 32) & 1, cg = tid / 64;  // the mma.sync warps' key half, column quarter
+
+  const int tiles = static_cast<int>(ceil_div(list.count, BK));
+  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
+  for (int j = 0; j < tiles; ++j) {
+    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
+    cp_async_wait<0>();  // K(j) and V(j) (and, first, Q and dO) have landed
+    fence_async_shared();
+    __syncthreads();  // and the previous tile's P and dS are no longer read
+    float prob[BK / 2], ds[BK / 2];
+    tile_p_and_ds<Tr>(p, list, j, t, r, wg, tid, lane, prob, ds);
+    if (j + 1 < tiles) {
+      gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, (j + 1) * BK, tid);
+      gather_rows_wgmma<DV, BK, T>(t.value, p.value, list, (j + 1) * BK, tid);
+    }
+    cp_async_commit();
+    if (wg == 1) {
+#pragma unroll
+      for (int i = 0; i < BK / 2; i += 4) {
+        const int col = 8 * (i / 4) + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(sp + swz<BK>(r.ra, col)) = pack_bf16(prob[i], prob[i + 1]);
+        *reinterpret_cast<uint32_t*>(sp + swz<BK>(r.rb, col)) = pack_bf16(prob[i + 2], prob[i + 3]);
+        *reinterpret_cast<uint32_t*>(sds + swz<BK>(r.ra, col)) = pack_bf16(ds[i], ds[i + 1]);
+        *reinterpret_cast<uint32_t*>(sds + swz<BK>(r.rb, col)) = pack_bf16(ds[i + 2], ds[i + 3]);
+      }
+    }
+    __syncthreads();
+    key_grad_tile<MmaTr, kMode, DV, true>(sp, t.grad_out, list, j * BK, kg, cg, lane, g.grad_value,
+                                          g.fixed_value, value_scale);
+    key_grad_tile<MmaTr, kMode, DQ, true>(sds, t.q, list, j * BK, kg, cg, lane, g.grad_key,
+                                          g.fixed_key, key_scale);
+  }
+  cp_async_wait<0>();
 }
 
 // D[row] = sum_c dO[row, c] * O[row, c] (fp32), one warp per row.
@@ -1016,8 +1142,7 @@ void check_call(const SparseAttnShape& s, int64_t group) {
   }
 }
 
-// Whether the forward and the backward's dq run on the wgmma kernels: whole 64-head tiles of one
-// query.
+// Whether the forward and the backward run on the wgmma kernels: whole 64-head tiles of one query.
 bool wgmma_tiles(const SparseAttnShape& s, int64_t group) {
   if (!cuda_sparse_attn_dims_supported(s.dim_qk, s.dim_v)) return false;
   bool supported = false;
@@ -1151,37 +1276,43 @@ void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* ke
   const Problem p = make_problem(shape, q, key, value, indices, scale, group, plan);
   dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
     using Tr = decltype(traits);
-    const size_t smem = size_t(Tr::kBwdSmemElems) * sizeof(bf16);
-    auto launch = [&](auto kernel) {
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+    using Wg = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>;
+    static_assert(Wg::kThreads == Tr::kThreads, "one launch shape for both kernel families");
+    auto launch = [&](auto kernel, int smem) {
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
             "backward smem");
       kernel<<<grid_of(shape, p), Tr::kThreads, smem, stream>>>(p, g);
-      check(cudaGetLastError(), "sparse_attn_bwd_kernel");
+      check(cudaGetLastError(), "sparse_attn backward kernel");
     };
-    using Wg = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>;
-    bool dq_done = false;
+    // wgmma kernels for whole 64-head tiles of one query, the mma.sync ones otherwise.
+    bool launched = false;
     if constexpr (Wg::kSupported) {
       if (wgmma_tiles(shape, group)) {
-        check(cudaFuncSetAttribute(sparse_attn_bwd_dq_wgmma_kernel<Wg>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, Wg::kBwdSmemBytes),
-              "backward smem");
-        sparse_attn_bwd_dq_wgmma_kernel<Wg>
-            <<<grid_of(shape, p), Wg::kThreads, Wg::kBwdSmemBytes, stream>>>(p, g);
-        check(cudaGetLastError(), "sparse_attn_bwd_dq_wgmma_kernel");
-        dq_done = true;
+        launch(sparse_attn_bwd_dq_wgmma_kernel<Wg>, Wg::kBwdSmemBytes);
+        if (deterministic) {
+          launch(sparse_attn_bwd_dkv_wgmma_kernel<Wg, kDkvFixed>, Wg::kBwdSmemBytes);
+        } else {
+          launch(sparse_attn_bwd_dkv_wgmma_kernel<Wg, kDkvAtomic>, Wg::kBwdSmemBytes);
+        }
+        launched = true;
       }
     }
-    if (!dq_done) launch(sparse_attn_bwd_kernel<Tr, kDq>);
+    if (!launched) {
+      const int smem = int(Tr::kBwdSmemElems * sizeof(bf16));
+      launch(sparse_attn_bwd_kernel<Tr, kDq>, smem);
+      if (deterministic) {
+        launch(sparse_attn_bwd_kernel<Tr, kDkvFixed>, smem);
+      } else {
+        launch(sparse_attn_bwd_kernel<Tr, kDkvAtomic>, smem);
+      }
+    }
     if (deterministic) {
-      launch(sparse_attn_bwd_kernel<Tr, kDkvFixed>);
       for (const bool is_key : {true, false}) {
         fixed_to_float_kernel<<<1024, 256, 0, stream>>>(
             is_key ? g.fixed_key : g.fixed_value, is_key ? key_elems : value_elems,
             DkvScaleOf{p, int(shape.dim_v), amax, is_key}, is_key ? grad_key : grad_value);
         check(cudaGetLastError(), "fixed_to_float_kernel");
       }
-    } else {
-      launch(sparse_attn_bwd_kernel<Tr, kDkvAtomic>);
     }
   });
 }

@@ -73,6 +73,14 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16*
             tile + swz<kCols>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), n0 + ((lane >> 4) << 3)));
 }
 
+// The same from a tile in wgmma's 128-byte-swizzled layout (wgmma.cuh) of kRows rows.
+template <int kRows>
+__device__ __forceinline__ void load_b_kn_wgmma_tile(uint32_t (&b)[4], const __nv_bfloat16* tile,
+                                                     int k0, int n0, int lane) {
+  const int row = k0 + (lane & 7) + (((lane >> 3) & 1) << 3), col = n0 + ((lane >> 4) << 3);
+  ldsm_x4_t(b, tile + swizzled_offset<kRows>(row, col / 8));
+}
+
 // acc[nt] += A[row0 .. row0+16, 0 .. kK) x B[0 .. kK, n0 + 8 nt .. + 8) for nt < kTiles, with A a
 // row-major [.][kK] tile (probabilities or dS) and B a row-major [kK][kBCols] tile (values or
 // keys): the P V product of the forward and the dS K product of dq.

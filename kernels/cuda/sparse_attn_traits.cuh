@@ -47,17 +47,21 @@ struct SparseAttnWgmmaTraits {
   static constexpr int kKBytes = kKeys * kDimQk * 2;
   static constexpr int kVBytes = kKeys * kDimV * 2;
   static constexpr int kPBytes = kRows * kKeys * 2;
-  // The backward's dq kernel: 32-key tiles; warpgroup 0 computes S, warpgroup 1 dP, and P
-  // crosses in shared memory (fp32, one float per accumulator register); then dq += dS K with
-  // the d_qk columns' 64-wide blocks split between the warpgroups (the first takes the odd one),
-  // in n128 pairs of blocks and one n64 single.
+  // The backward kernels: 32-key tiles; warpgroup 0 computes S, warpgroup 1 dP, and P crosses
+  // in shared memory (fp32, one float per accumulator register). The dq kernel then adds dS K
+  // with the d_qk columns' 64-wide blocks split between the warpgroups (the first takes the odd
+  // one), in n128 pairs of blocks and one n64 single.
   static constexpr int kBwdKeys = 32;
   static constexpr int kDqBlocks = kDimQk / 64;
   static constexpr int kDqFirstBlocks = (kDqBlocks + 1) / 2;  // warpgroup 0; the rest to 1
   static constexpr int kDqPairs = kDqFirstBlocks / 2;         // n128 accumulators at most
+  static constexpr bool kDqSingle = kDqFirstBlocks % 2 == 1 || (kDqBlocks / 2) % 2 == 1;
+  // Q, dO, the K and V tiles, the P exchange, a 4 KB zero tile (the operand of the products a
+  // warpgroup issues only to keep both warpgroups on one instruction stream), then 8 KB of the
+  // kernel's own P / dS tiles.
   static constexpr int kBwdSmemBytes = kRows * (kDimQk + kDimV) * 2 +
-                                       kBwdKeys * (kDimQk + kDimV) * 2 + kRows * 64 * 2 +
-                                       kBwdKeys / 2 * 128 * 4;
+                                       kBwdKeys * (kDimQk + kDimV) * 2 + kBwdKeys / 2 * 128 * 4 +
+                                       4096 + kRows * 64 * 2;
   // With values inside the keys (absorbed MLA) the V buffer holds the next K tile instead.
   static constexpr int smem_bytes(bool value_in_key) {
     return kQBytes + kKBytes + (value_in_key ? kKBytes : kVBytes) + kPBytes + 2 * 2 * kRows * 4;
