@@ -9,7 +9,8 @@
 #   HYSCALE_SA_BENCH_GROUPS  query-group sizes G it runs (default 1, 4, 16)
 #   HYSCALE_DSA_BENCH_SIZES  N values for the DSA layer benchmark (default 32K, 64K, 128K)
 #   HYSCALE_DSA_BENCH_MAX_N  bound of its longest-trainable-N search (default 1M)
-#   HYSCALE_SANITIZE=1     also run the small GPU tests under compute-sanitizer memcheck
+#   HYSCALE_SANITIZE=1     also run the small GPU tests (FlashTopK, sparse attention) under
+#                          compute-sanitizer memcheck
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${HYSCALE_BUILD_DIR:-$root/build-pytorch}
@@ -26,6 +27,11 @@ if [[ ${HYSCALE_SANITIZE:-0} == 1 ]]; then
     "$build/tests/kernels/flash_topk_cuda_test" --gtest_filter='*Gather*:*Ties*:*Rejects*' \
     >"$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; tail -30 "$out/memcheck.log"; }
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.log" | tail -3
+  # The sparse attention kernels: every forward, and the wgmma backward (values inside the keys).
+  compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$build/tests/kernels/sparse_attn_cuda_test" --gtest_filter='*Forward*:*ValuesInsideKeys*' \
+    >"$out/memcheck_sparse_attn.log" 2>&1 && echo "memcheck (sparse attention): clean" ||
+    { echo "memcheck (sparse attention): FAILED"; tail -30 "$out/memcheck_sparse_attn.log"; }
 fi
 
 python3 "$root/bench/flash_topk_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \

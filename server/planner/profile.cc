@@ -17,10 +17,13 @@ constexpr double kGiB = 1024.0 * 1024 * 1024;
 // selections at 32K (docs/sparse_attn.md); random selections share far less (1.12 .. 2.44).
 constexpr double kDedup[] = {1.0, 1.62, 2.37, 3.19, 4.15};
 
-void SetSparse(DeviceProfile* p, double fwd, double bwd) {
+// Rates at G = 1 (on Hopper the wgmma kernels, which take H a multiple of 64, as the GPU profiles
+// assume) and at G > 1.
+void SetSparse(DeviceProfile* p, double fwd_g1, double bwd_g1, double fwd, double bwd) {
   for (size_t i = 0; i < std::size(kQueryGroups); ++i) {
     p->sparse_attention[kQueryGroups[i]] = {fwd, bwd, kDedup[i]};
   }
+  p->sparse_attention[1] = {fwd_g1, bwd_g1, 1.0};
 }
 
 // Figures shared by the Hopper profiles (H200, H800 and H20 use the same kernels).
@@ -45,7 +48,7 @@ DeviceProfile H200() {
   p.flash_topk_tflops = 384;
   p.table_topk_tflops = 257;
   p.naive_topk_tflops = 27.5;
-  SetSparse(&p, 127, 72);
+  SetSparse(&p, 210, 85, 127, 72);
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
@@ -70,10 +73,13 @@ DeviceProfile H200() {
       "measured: Megatron-naive selection at N = 64K on H200, 2559 ms for N^2 scored pairs "
       "(docs/performance.md section 5; 5.11 s for 64K queries x 128K keys under CP, section 12)";
   p.sources["sparse_attention.fwd_tflops"] =
-      "measured: hyscale sparse_attn fwd 127 TFLOP/s executed at every G, H = 128, on H200 "
-      "(docs/sparse_attn.md; FlashMLA publishes 640 on H800)";
+      "measured: hyscale sparse_attn fwd at H = 128 on H200, 210 TFLOP/s at G = 1 (wgmma kernel, "
+      "separate values; 250 with values inside the keys) and 127 executed at G > 1 "
+      "(docs/performance.md section 7; FlashMLA publishes 640 on H800)";
   p.sources["sparse_attention.bwd_tflops"] =
-      "measured: hyscale sparse_attn bwd (atomic) 72 TFLOP/s at 64K on H200";
+      "measured: hyscale sparse_attn bwd (atomic) at H = 128 on H200, 85 TFLOP/s at G = 1 and "
+      "128K, "
+      "72 at G > 1 and 64K (docs/performance.md section 7)";
   p.sources["gather_fwd_tflops"] = "measured: gather baseline fwd 72.6 TFLOP/s at 32K on H200";
   p.sources["gather_bwd_tflops"] =
       "measured, rough: gather baseline bwd 16.4 TFLOP/s at 64K on H200 (9.3 at 32K; the "
@@ -119,7 +125,7 @@ DeviceProfile H20() {
   p.flash_topk_tflops = 384 * kCompute;
   p.table_topk_tflops = 257 * kCompute;
   p.naive_topk_tflops = 27.5 * kCompute;
-  SetSparse(&p, 127 * kCompute, 72 * kCompute);
+  SetSparse(&p, 210 * kCompute, 85 * kCompute, 127 * kCompute, 72 * kCompute);
   p.gather_fwd_tflops = 72.6 * kCompute;
   p.gather_bwd_tflops = 16.4 * kCompute;
   p.indexer_mass_tflops = 67.7 * kCompute;
@@ -145,7 +151,7 @@ DeviceProfile Cpu() {
   p.flash_topk_tflops = 0.02;
   p.table_topk_tflops = 0.01;
   p.naive_topk_tflops = 0.01;
-  SetSparse(&p, 0.02, 0.01);
+  SetSparse(&p, 0.02, 0.01, 0.02, 0.01);
   p.gather_fwd_tflops = 0.02;
   p.gather_bwd_tflops = 0.01;
   p.indexer_mass_tflops = 0.02;
