@@ -116,6 +116,59 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
+// The forward kernels split a tile's columns (keys) between two halves of the block: a thread's
+// two rows (ra, rb) get their per-tile maxima and final sums from both halves through
+// `halves[2][64]` in shared memory. Both helpers below hold a block barrier.
+
+// Publishes this half's quad-reduced values of the thread's two rows, then waits for the other.
+__device__ __forceinline__ void publish_rows(float (*halves)[64], int half, int ra, int rb, float a,
+                                             float b, int lane) {
+  if (lane % 4 == 0) {
+    halves[half][ra] = a;
+    halves[half][rb] = b;
+  }
+  __syncthreads();
+}
+
+// One online-softmax step: this tile's row maxima (mx_a, mx_b over this thread's columns) of
+// both halves raise the running maxima m_a, m_b; gives the factors that rescale the old sums and
+// accumulators, and the bases this tile's scores are taken against (0 while a row has seen
+// nothing, so its probabilities stay exactly 0).
+struct SoftmaxStep {
+  float alpha_a, alpha_b, base_a, base_b;
+};
+__device__ __forceinline__ SoftmaxStep online_softmax_step(float (*halves)[64], int half, int ra,
+                                                           int rb, int lane, float mx_a, float mx_b,
+                                                           float& m_a, float& m_b) {
+  publish_rows(halves, half, ra, rb, quad_max(mx_a), quad_max(mx_b), lane);
+  const float new_a = fmaxf(m_a, fmaxf(halves[0][ra], halves[1][ra]));
+  const float new_b = fmaxf(m_b, fmaxf(halves[0][rb], halves[1][rb]));
+  SoftmaxStep step;
+  step.alpha_a = new_a == -INFINITY ? 1.f : exp2f(m_a - new_a);
+  step.alpha_b = new_b == -INFINITY ? 1.f : exp2f(m_b - new_b);
+  step.base_a = new_a == -INFINITY ? 0.f : new_a;
+  step.base_b = new_b == -INFINITY ? 0.f : new_b;
+  m_a = new_a;
+  m_b = new_b;
+  return step;
+}
+
+// The final row sums (l over this thread's columns) of both halves: totals and their inverses
+// (0 for rows that saw nothing).
+struct RowTotals {
+  float tot_a, tot_b, inv_a, inv_b;
+};
+__device__ __forceinline__ RowTotals row_totals(float (*halves)[64], int half, int ra, int rb,
+                                                int lane, float l_a, float l_b) {
+  publish_rows(halves, half, ra, rb, quad_sum(l_a), quad_sum(l_b), lane);
+  RowTotals t;
+  t.tot_a = halves[0][ra] + halves[1][ra];
+  t.tot_b = halves[0][rb] + halves[1][rb];
+  t.inv_a = t.tot_a > 0.f ? 1.f / t.tot_a : 0.f;
+  t.inv_b = t.tot_b > 0.f ? 1.f / t.tot_b : 0.f;
+  return t;
+}
+
 // Two adjacent output columns of a row (nothing for rows outside the problem, -1).
 __device__ __forceinline__ void store_pair(bf16* out, int64_t row, int dim, int col, float x,
                                            float y) {
@@ -203,21 +256,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
       mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
       mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
     }
-    mx_a = quad_max(mx_a);
-    mx_b = quad_max(mx_b);
-    if ((lane & 3) == 0) {
-      red[cw][ra] = mx_a;
-      red[cw][rb] = mx_b;
-    }
-    __syncthreads();
-    const float new_a = fmaxf(m_a, fmaxf(red[0][ra], red[1][ra]));
-    const float new_b = fmaxf(m_b, fmaxf(red[0][rb], red[1][rb]));
-    const float alpha_a = new_a == -INFINITY ? 1.f : exp2f(m_a - new_a);
-    const float alpha_b = new_b == -INFINITY ? 1.f : exp2f(m_b - new_b);
-    const float base_a = new_a == -INFINITY ? 0.f : new_a;
-    const float base_b = new_b == -INFINITY ? 0.f : new_b;
-    m_a = new_a;
-    m_b = new_b;
+    const auto [alpha_a, alpha_b, base_a, base_b] =
+        online_softmax_step(red, cw, ra, rb, lane, mx_a, mx_b, m_a, m_b);
     float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -247,15 +287,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
   }
   cp_async_wait<0>();
 
-  l_a = quad_sum(l_a);
-  l_b = quad_sum(l_b);
-  if ((lane & 3) == 0) {
-    red[cw][ra] = l_a;
-    red[cw][rb] = l_b;
-  }
-  __syncthreads();
-  const float tot_a = red[0][ra] + red[1][ra], tot_b = red[0][rb] + red[1][rb];
-  const float inv_a = tot_a > 0.f ? 1.f / tot_a : 0.f, inv_b = tot_b > 0.f ? 1.f / tot_b : 0.f;
+  const auto [tot_a, tot_b, inv_a, inv_b] = row_totals(red, cw, ra, rb, lane, l_a, l_b);
   const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
 #pragma unroll
   for (int nt = 0; nt < kVTiles; ++nt) {
@@ -389,21 +421,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         mx_b = fmaxf(mx_b, s[i]);
       }
     }
-    mx_a = quad_max(mx_a);
-    mx_b = quad_max(mx_b);
-    if (lane % 4 == 0) {
-      row_max[wg][ra] = mx_a;
-      row_max[wg][rb] = mx_b;
-    }
-    __syncthreads();
-    const float new_a = fmaxf(m_a, fmaxf(row_max[0][ra], row_max[1][ra]));
-    const float new_b = fmaxf(m_b, fmaxf(row_max[0][rb], row_max[1][rb]));
-    const float alpha_a = new_a == -INFINITY ? 1.f : exp2f(m_a - new_a);
-    const float alpha_b = new_b == -INFINITY ? 1.f : exp2f(m_b - new_b);
-    const float base_a = new_a == -INFINITY ? 0.f : new_a;
-    const float base_b = new_b == -INFINITY ? 0.f : new_b;
-    m_a = new_a;
-    m_b = new_b;
+    const auto [alpha_a, alpha_b, base_a, base_b] =
+        online_softmax_step(row_max, wg, ra, rb, lane, mx_a, mx_b, m_a, m_b);
     float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
     for (int i = 0; i < kSKeys / 2; i += 4) {
@@ -452,15 +471,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cp_async_wait<0>();
 
   // Each warpgroup summed P over its own keys: the row sums meet in shared memory.
-  l_a = quad_sum(l_a);
-  l_b = quad_sum(l_b);
-  if (lane % 4 == 0) {
-    row_sum[wg][ra] = l_a;
-    row_sum[wg][rb] = l_b;
-  }
-  __syncthreads();
-  const float tot_a = row_sum[0][ra] + row_sum[1][ra], tot_b = row_sum[0][rb] + row_sum[1][rb];
-  const float inv_a = tot_a > 0.f ? 1.f / tot_a : 0.f, inv_b = tot_b > 0.f ? 1.f / tot_b : 0.f;
+  const auto [tot_a, tot_b, inv_a, inv_b] = row_totals(row_sum, wg, ra, rb, lane, l_a, l_b);
   const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -839,7 +850,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int c = 0; c < (kPairs > 0 ? kPairs : 1); ++c) fence_accumulators(dq_pair[c]);
     fence_accumulators(dq_single);
     wgmma_fence();
-#pragma unroll
     // Both warpgroups issue kPairs pairs and (if either has one) a single; those a warpgroup
     // lacks read the zero tile (as 16-row column blocks) and are never stored.
     const uint64_t zero = mn_major_descriptor<16>(t.zeros, 0, 0);
