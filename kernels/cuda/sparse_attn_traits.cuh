@@ -25,11 +25,11 @@ struct SparseAttnTraits {
   static_assert(kDimQk % 64 == 0 && kDimV % 64 == 0, "d_qk and d_v must be multiples of 64");
 };
 
-// The wgmma forward (sm_90a), for tiles of one query's 64 heads (G = 1, H a multiple of 64):
-// two warpgroups; per 64-key tile, warpgroup w computes S for keys 32w .. 32w + 31 against all 64
-// rows, the row maxima meet in shared memory, P (bf16) goes to shared memory, and warpgroup w adds
-// P V into its half of the value columns. Q, K, V and P tiles lie in wgmma's 128-byte-swizzled
-// layout (wgmma.cuh); V is read MN-major straight from its [keys x d_v] tile.
+// The wgmma kernels (sm_90a), for tiles of one query's 64 heads (G = 1, H a multiple of 64), two
+// warpgroups a block. Forward: per 64-key tile, warpgroup w computes S for keys 32w .. 32w + 31
+// against all 64 rows, the row maxima meet in shared memory, P (bf16) goes to shared memory, and
+// warpgroup w adds P V into its half of the value columns. Tiles lie in wgmma's
+// 128-byte-swizzled layout (wgmma.cuh); V is read MN-major straight from its [keys x d_v] tile.
 template <int kDimQk_, int kDimV_>
 struct SparseAttnWgmmaTraits {
   static constexpr int kDimQk = kDimQk_;
