@@ -129,6 +129,18 @@ void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& ta
               " but score is on ", score.device());
 }
 
+bool value_inside_key(const at::Tensor& key, const at::Tensor& value) {
+  if (key.scalar_type() != at::kBFloat16 || value.scalar_type() != at::kBFloat16 ||
+      !key.is_contiguous() || value.data_ptr() != key.data_ptr() || value.dim() != key.dim() ||
+      value.stride(-1) != 1) {
+    return false;
+  }
+  for (int64_t d = 0; d + 1 < key.dim(); ++d) {
+    if (value.size(d) != key.size(d) || value.stride(d) != key.stride(d)) return false;
+  }
+  return true;
+}
+
 at::ScalarType cpu_compute_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }

@@ -56,6 +56,10 @@ void check_sizes(const char* op, const char* name, const at::Tensor& t, at::IntA
 // The indexer KL's score and target [..., topk] (every leading dim a row), on one device.
 void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target);
 
+// Whether `value` is a view of the first d_v columns of contiguous bf16 `key` (absorbed MLA: the
+// latent is both key and value), which the CUDA forward reads from the key rows.
+bool value_inside_key(const at::Tensor& key, const at::Tensor& value);
+
 // CPU kernels compute in double for double inputs (gradient checks) and in float otherwise.
 at::ScalarType cpu_compute_dtype(const at::Tensor& t);
 

@@ -109,20 +109,6 @@ struct AttnInputs {
   at::Tensor q, key, value, indices;  // with a leading batch dim, contiguous, bf16 / int32
 };
 
-// Whether `value` is a view of the first d_v columns of bf16 `key` (absorbed MLA: the latent is
-// both key and value).
-bool value_inside_key(const at::Tensor& key, const at::Tensor& value) {
-  if (key.scalar_type() != at::kBFloat16 || value.scalar_type() != at::kBFloat16 ||
-      !key.is_contiguous() || value.data_ptr() != key.data_ptr() || value.dim() != key.dim() ||
-      value.stride(-1) != 1) {
-    return false;
-  }
-  for (int64_t d = 0; d + 1 < key.dim(); ++d) {
-    if (value.size(d) != key.size(d) || value.stride(d) != key.stride(d)) return false;
-  }
-  return true;
-}
-
 // reads_values_from_keys: the caller's kernel takes value == key for a value inside the key rows
 // (the forward), which then skips its copy and its separate gather.
 AttnInputs attn_inputs(const char* op, const at::Tensor& q, const at::Tensor& key,

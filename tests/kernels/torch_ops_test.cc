@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 
+#include "kernels/torch/checks.h"
 #include "kernels/torch/ops.h"
 
 namespace hyscale {
@@ -147,6 +148,22 @@ TEST_F(TorchOpsTest, SelectedAttentionMassIsTheHeadSummedProbabilityAtTheSelecti
     }
     EXPECT_NEAR(total, 1.0, 1e-12);
   }
+}
+
+// The absorbed-MLA layout the CUDA forward reads values from: only a view of the first d_v
+// columns of contiguous bf16 keys, with the keys' rows and batch.
+TEST_F(TorchOpsTest, ValueInsideKeyRecognisesOnlyKeyPrefixViews) {
+  const auto key = torch::randn({2, 10, 576}).to(torch::kBFloat16);
+  EXPECT_TRUE(torch_ops::value_inside_key(key, key.narrow(-1, 0, 512)));
+  EXPECT_TRUE(torch_ops::value_inside_key(key[1], key[1].narrow(-1, 0, 512)));
+  EXPECT_FALSE(torch_ops::value_inside_key(key, key.narrow(-1, 0, 512).contiguous()));
+  EXPECT_FALSE(torch_ops::value_inside_key(key, key.narrow(-1, 64, 512)));
+  EXPECT_FALSE(torch_ops::value_inside_key(key, key.narrow(1, 0, 9).narrow(-1, 0, 512)));
+  EXPECT_FALSE(torch_ops::value_inside_key(key[0], key[1].narrow(-1, 0, 512)));
+  const auto fp32 = key.to(torch::kFloat);
+  EXPECT_FALSE(torch_ops::value_inside_key(fp32, fp32.narrow(-1, 0, 512)));
+  const auto strided = torch::randn({10, 1152}).to(torch::kBFloat16).narrow(1, 0, 576);
+  EXPECT_FALSE(torch_ops::value_inside_key(strided, strided.narrow(1, 0, 512)));
 }
 
 TEST_F(TorchOpsTest, BadArgumentsNameTheOpAndTheArgument) {
