@@ -305,8 +305,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
 // Forward on wgmma (SparseAttnWgmmaTraits): one block per (query, 64 heads), two warpgroups.
 // Per 64-key tile j: S = Q K^T with warpgroup w taking keys 32w.. (m64n32, both operands in shared
 // memory); the row maxima of both halves meet in shared memory; P (bf16) goes to shared memory;
-// warpgroup w adds P V (m64 x d_v/2, V read MN-major) into its value columns. K(j+1) streams in
-// during the softmax and P V of tile j, V(j+1) during S of tile j+1, as in the mma.sync kernel.
+// warpgroup w adds P V (m64 x d_v/2, V read MN-major) into its value columns.
 
 // Gathers the rows of kRows slots from slot0 into a swizzled kRows-row tile (zeros for unused
 // slots): each thread serves one row, so it reads one index per tile.
@@ -519,6 +518,31 @@ __device__ void fixed_scales(const Problem& p, int dim_v, const float* amax, dou
   key_scale = fixed_point_scale(rows * 2.0 * dim_v * amax[1] * amax[2] * amax[0] * p.scale);
 }
 
+// What a thread knows of its two accumulator rows (ra, ra + 8 of the block's 64).
+struct BwdRows {
+  int ra, rb;
+  int64_t row_a, row_b;
+  float lse_a, lse_b;  // log2 units; +infinity (P = 0) outside the problem or for empty rows
+  float d_a, d_b;
+};
+
+__device__ BwdRows bwd_rows(const Problem& p, const BwdArgs& g, int grp, int h0, int ra) {
+  BwdRows r{};
+  r.ra = ra;
+  r.rb = ra + 8;
+  r.row_a = tile_row(p, grp, h0, r.ra);
+  r.row_b = tile_row(p, grp, h0, r.rb);
+  auto lse2 = [&](int64_t row) {
+    const float l = row >= 0 ? g.lse[row] : -INFINITY;
+    return l == -INFINITY ? INFINITY : l * kLog2e;
+  };
+  r.lse_a = lse2(r.row_a);
+  r.lse_b = lse2(r.row_b);
+  r.d_a = r.row_a >= 0 ? g.delta[r.row_a] : 0.f;
+  r.d_b = r.row_b >= 0 ? g.delta[r.row_b] : 0.f;
+  return r;
+}
+
 // The dkey (key) or dvalue scale, for fixed_to_float_kernel.
 struct DkvScaleOf {
   Problem p;
@@ -600,16 +624,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
   load_tile_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
   load_tile_rows<DV, T>(sdo, g.grad_out, p, grp, h0, tid);
 
-  const int ra = rw * 16 + (lane >> 2), rb = ra + 8;
+  const auto [ra, rb, row_a, row_b, lse_a, lse_b, d_a, d_b] =
+      bwd_rows(p, g, grp, h0, rw * 16 + (lane >> 2));
   const int ga = ra / p.hb, gb = rb / p.hb;
-  const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
-  // lse in log2 units; +infinity (p = 0) for rows outside the problem or without valid slots.
-  auto lse2 = [&](int64_t row) {
-    const float l = row >= 0 ? g.lse[row] : -INFINITY;
-    return l == -INFINITY ? INFINITY : l * kLog2e;
-  };
-  const float lse_a = lse2(row_a), lse_b = lse2(row_b);
-  const float d_a = row_a >= 0 ? g.delta[row_a] : 0.f, d_b = row_b >= 0 ? g.delta[row_b] : 0.f;
 
   constexpr int kQTiles = kMode == kDq ? DQ / 2 / 8 : 1;
   float dq[kQTiles][4];
@@ -707,31 +724,6 @@ struct BwdTiles {
     rest = reinterpret_cast<unsigned char*>(zeros + 2048);
   }
 };
-
-// What a thread knows of its two accumulator rows (ra, ra + 8 of the block's 64).
-struct BwdRows {
-  int ra, rb;
-  int64_t row_a, row_b;
-  float lse_a, lse_b;  // log2 units; +infinity (P = 0) outside the problem or for empty rows
-  float d_a, d_b;
-};
-
-__device__ BwdRows bwd_rows(const Problem& p, const BwdArgs& g, int grp, int h0, int ra) {
-  BwdRows r{};
-  r.ra = ra;
-  r.rb = ra + 8;
-  r.row_a = tile_row(p, grp, h0, r.ra);
-  r.row_b = tile_row(p, grp, h0, r.rb);
-  auto lse2 = [&](int64_t row) {
-    const float l = row >= 0 ? g.lse[row] : -INFINITY;
-    return l == -INFINITY ? INFINITY : l * kLog2e;
-  };
-  r.lse_a = lse2(r.row_a);
-  r.lse_b = lse2(r.row_b);
-  r.d_a = r.row_a >= 0 ? g.delta[r.row_a] : 0.f;
-  r.d_b = r.row_b >= 0 ? g.delta[r.row_b] : 0.f;
-  return r;
-}
 
 // Starts the block's loads: Q and dO rows, and the first K and V tiles (one commit group).
 template <class Tr>
