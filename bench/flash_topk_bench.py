@@ -4,6 +4,8 @@
 For each N (H_I = 64, d_I = 128, k = 2048 unless told otherwise) and each score distribution
 (random = an untrained indexer, trained = a few strongly matching keys per query plus recency):
   hyscale  hyscale::flash_topk (sampled threshold, candidates, exact finish; no score table)
+  fp8      the same with fp8=True: q and k quantized to e4m3 rows (per-row scales), scored on the
+           fp8 tensor cores; exact top-k of the fp8 scores
   table    baseline (b): hyscale::index_score_table writes 8192-row fp32 blocks, then torch.topk
   scoring  the table baseline's scoring alone (no top-k): where its time goes
   naive    baseline (a), Megatron-style: fp32 einsum into [rows, H_I, N], ReLU, weighted sum,
@@ -21,6 +23,9 @@ import statistics
 import torch
 
 TABLE_BLOCK_ROWS = 8192
+# Relative error of fp8 tensor-core sums against their term magnitude that the exactness check
+# allows (tests/kernels/flash_topk_cuda_test.cc measures the actual one).
+FP8_ROUNDING = 1e-3
 
 
 def make_inputs(n, heads, dim, kind, seed):
@@ -69,8 +74,17 @@ def peak_extra_bytes(fn):
     return peak
 
 
-def hyscale_topk(q, k, w, topk):
-    return torch.ops.hyscale.flash_topk(q, k, w, topk)
+def hyscale_topk(q, k, w, topk, fp8=False):
+    return torch.ops.hyscale.flash_topk(q, k, w, topk, fp8=fp8)
+
+
+def fp8_problem(q, k, w):
+    """What the fp8 path scores, in float64: e4m3 values (decoded by torch's own e4m3 type), the
+    query rows' scales in the weights, and the keys' scales."""
+    q_bits, q_scales = torch.ops.hyscale.quantize_e4m3(q)
+    k_bits, k_scales = torch.ops.hyscale.quantize_e4m3(k)
+    decode = lambda bits: bits.view(torch.float8_e4m3fn).double()
+    return decode(q_bits), decode(k_bits), (w * q_scales).double(), k_scales.double()
 
 
 def table_topk(q, k, w, topk):
@@ -112,13 +126,20 @@ def naive_topk(q, k, w, topk, chunk_bytes=8 << 30):
     return indices
 
 
-def check_exact(q, k, w, indices, topk, rows):
-    """DESIGN.md section 3 on the given rows, against float64 scores of the bf16 inputs."""
+def check_exact(q, k, w, indices, topk, rows, key_scales=None, rounding=0.0):
+    """DESIGN.md section 3 on the given rows, against float64 scores of the inputs (bf16, or the
+    fp8 problem with key_scales); `rounding` > 0 widens eps by that relative error at the row's
+    largest term magnitude (fp8 tensor cores accumulate coarser than eps)."""
     kd = k.double()
     for row in rows:
         visible = row + 1
-        dots = torch.einsum("hd,md->hm", q[row].double(), kd[:visible]).clamp_min(0)
-        ref = (w[row].double().unsqueeze(1) * dots).sum(0)
+        qr, wr = q[row].double(), w[row].double().unsqueeze(1)
+        dots = torch.einsum("hd,md->hm", qr, kd[:visible]).clamp_min(0)
+        ref = (wr * dots).sum(0)
+        magnitude = (wr.abs() * torch.einsum("hd,md->hm", qr.abs(), kd[:visible].abs())).sum(0)
+        if key_scales is not None:
+            ref = ref * key_scales[:visible]
+            magnitude = magnitude * key_scales[:visible]
         selected = min(topk, visible)
         got = indices[row].long()
         assert bool((got[selected:] == -1).all()), f"row {row}: unused slots not -1"
@@ -126,7 +147,7 @@ def check_exact(q, k, w, indices, topk, rows):
         assert bool(((got >= 0) & (got < visible)).all()), f"row {row}: invalid or non-causal key"
         assert got.unique().numel() == selected, f"row {row}: duplicate keys"
         tau = torch.topk(ref, selected).values[-1].item()
-        eps = 1e-4 * abs(tau)
+        eps = 1e-4 * abs(tau) + 2 * rounding * magnitude.max().item()
         assert bool((ref[got] >= tau - eps).all()), f"row {row}: selected a key below tau"
         chosen = torch.zeros(visible, dtype=torch.bool, device="cuda")
         chosen[got] = True
@@ -162,7 +183,8 @@ def main():
         floor_ms = flops / (args.peak_tflops * 1e12) * 1e3
         for kind in args.kinds.split(","):
             q, k, w = make_inputs(n, args.heads, args.dim, kind, seed=n)
-            methods = {"hyscale": lambda: hyscale_topk(q, k, w, args.topk)}
+            methods = {"hyscale": lambda: hyscale_topk(q, k, w, args.topk),
+                       "fp8": lambda: hyscale_topk(q, k, w, args.topk, fp8=True)}
             if n <= args.table_max:
                 methods["table"] = lambda: table_topk(q, k, w, args.topk)
                 # Where the table baseline's time goes: its scoring alone (no top-k).
@@ -176,7 +198,10 @@ def main():
             sampled = torch.randint(0, n, (args.check_rows,), generator=g).tolist()
             rows = sorted(r for r in set(sampled) | {0, args.topk - 1, args.topk, n - 1} if r < n)
             check_exact(q, k, w, indices, args.topk, rows)
-            del indices
+            indices, _ = hyscale_topk(q, k, w, args.topk, fp8=True)
+            q8, k8, w8, k_scales = fp8_problem(q, k, w)
+            check_exact(q8, k8, w8, indices, args.topk, rows, k_scales, rounding=FP8_ROUNDING)
+            del indices, q8, k8, w8, k_scales
 
             base_ms = None
             for name, fn in methods.items():
@@ -192,6 +217,11 @@ def main():
                 print(f"{n:>7} {kind:>7} {name:>7} {median_ms:>10.2f} "
                       f"{median_ms / base_ms:>9.2f}x {row['tflops']:>8.1f} "
                       f"{row['fraction_of_floor']:>6.2f} {peak / 2**30:>14.2f}", flush=True)
+            by_method = {r["method"]: r["median_ms"] for r in results
+                         if r["n"] == n and r["inputs"] == kind}
+            if "table" in by_method:
+                print(f"{n:>7} {kind:>7} table / fp8 = {by_method['table'] / by_method['fp8']:.2f}x,"
+                      f" table / hyscale = {by_method['table'] / by_method['hyscale']:.2f}x")
             del q, k, w
             torch.cuda.empty_cache()
         print(f"{n:>7} bf16 floor at {args.peak_tflops:.0f} TFLOP/s: {floor_ms:.1f} ms")

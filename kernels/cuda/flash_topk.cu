@@ -41,9 +41,10 @@ struct RowSet {
 };
 
 struct ScoreParams {
-  const __nv_bfloat16* q;     // [N, H, D]
-  const __nv_bfloat16* keys;  // [num_array_keys, D]: all keys, or every key_stride-th (sample)
-  const float* w;             // [N, H]
+  const void* q;            // [N, H, D] bf16 or e4m3 (the kernel's Traits::Element)
+  const void* keys;         // [num_array_keys, D]: all keys, or every key_stride-th (sample)
+  const float* w;           // [N, H]; fp8: times the query rows' scales
+  const float* key_scales;  // fp8: [num_keys], indexed by key (not array key)
   RowSet rows;
   int64_t q_offset;
   int64_t tokens_per_key;
@@ -73,9 +74,16 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 
 enum class ScoreMode { kCandidates, kTable };
 
+// Rows of q or keys in the 2-byte units of the tile helpers (index_tile_traits.cuh).
+template <class Traits>
+__device__ __forceinline__ const __nv_bfloat16* row_units(const void* rows, int64_t row) {
+  return static_cast<const __nv_bfloat16*>(rows) + row * Traits::kRowUnits;
+}
+
 // One warpgroup a block scores kQueriesPerBlock query rows against each key tile (cp.async,
 // kStages deep) with one wgmma chain for all of them. Causal: the block walks the keys its latest
-// row sees; the other rows' scores past their own row are dropped.
+// row sees; the other rows' scores past their own row are dropped. fp8: the products are e4m3 and
+// each score is multiplied by its key's scale after the head sum (kernels/fp8.h).
 template <class Traits, ScoreMode kMode>
 __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksPerSm)
     score_rows_kernel(ScoreParams p) {
@@ -112,22 +120,21 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
     for (int j = 0; j < Traits::kHeadsPerLane; ++j) weights[q][j] = 0.f;
     if (active)
       load_lane_weights<Traits>(p.w + p.rows.row(slot) * Traits::kHeads, lane, weights[q]);
-    const __nv_bfloat16* q_row =
-        active ? p.q + p.rows.row(slot) * Traits::kHeads * Traits::kDim : nullptr;
-    load_rows_async<Traits::kDim, kQueryRows>(
+    const int64_t first_head_row = p.rows.row(slot) * Traits::kHeads;
+    load_rows_async<Traits::kRowUnits, kQueryRows>(
         queries, q * Traits::kHeads, Traits::kHeads, threadIdx.x, SelectTraits::kThreads,
-        [&](int h) { return q_row ? q_row + h * Traits::kDim : nullptr; });
+        [&](int h) { return active ? row_units<Traits>(p.q, first_head_row + h) : nullptr; });
   }
   if (threadIdx.x < kQueries) found[threadIdx.x] = 0;
 
   const int64_t tiles = ceil_div(block_visible, Traits::kKeysPerTile);
   auto load_tile = [&](int64_t tile) {
     __nv_bfloat16* dst = key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems;
-    load_rows_async<Traits::kDim, Traits::kKeysPerTile>(
+    load_rows_async<Traits::kRowUnits, Traits::kKeysPerTile>(
         dst, 0, Traits::kKeysPerTile, threadIdx.x, SelectTraits::kThreads,
         [&](int r) -> const __nv_bfloat16* {
           const int64_t key = tile * Traits::kKeysPerTile + r;
-          return key < p.num_array_keys ? p.keys + key * Traits::kDim : nullptr;
+          return key < p.num_array_keys ? row_units<Traits>(p.keys, key) : nullptr;
         });
   };
   // Tile t is scored in two wgmma halves (queries 0-1, then 2-3): the first half's epilogue runs
@@ -150,9 +157,10 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
 
   const int tile_key = emitted_key(warp, lane);
   // One finished tile of query q: keep (or write) the score of this lane's key.
-  auto emit = [&](int q, int64_t base, float2 scores) {
+  auto emit = [&](int q, int64_t base, float2 scores, float key_scale) {
     const int slot = first_slot + q;
-    const float score = lane % 4 == 0 ? scores.x : scores.y;
+    float score = lane % 4 == 0 ? scores.x : scores.y;
+    if constexpr (Traits::kFp8) score *= key_scale;
     const int64_t key = base + tile_key;
     const bool valid = tile_key >= 0 && key < visible[q];
     if constexpr (kMode == ScoreMode::kCandidates) {
@@ -180,6 +188,12 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
     if (tile + kAhead < tiles) load_tile(tile + kAhead);  // into the stage tile - 1 used
     cp_async_commit();
     const int64_t base = tile * Traits::kKeysPerTile;
+    // fp8: this lane's key's scale, loaded while the tensor cores work.
+    float key_scale = 1.f;
+    if constexpr (Traits::kFp8) {
+      const int64_t key = base + tile_key;
+      if (tile_key >= 0 && key < p.num_array_keys) key_scale = p.key_scales[key * p.key_stride];
+    }
     const __nv_bfloat16* key_tile =
         key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems;
     float acc_lo[kHalf * Traits::kHeads / 2], acc_hi[kHalf * Traits::kHeads / 2];
@@ -187,12 +201,12 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
     issue(key_tile, kHalf, acc_hi);
     wgmma_wait<1>();  // the first half is done
     fence_accumulators(acc_lo);
-    emit(0, base, reduce_heads<Traits, 0>(acc_lo, weights[0]));
-    emit(1, base, reduce_heads<Traits, 1>(acc_lo, weights[1]));
+    emit(0, base, reduce_heads<Traits, 0>(acc_lo, weights[0]), key_scale);
+    emit(1, base, reduce_heads<Traits, 1>(acc_lo, weights[1]), key_scale);
     wgmma_wait<0>();
     fence_accumulators(acc_hi);
-    emit(2, base, reduce_heads<Traits, 0>(acc_hi, weights[2]));
-    emit(3, base, reduce_heads<Traits, 1>(acc_hi, weights[3]));
+    emit(2, base, reduce_heads<Traits, 0>(acc_hi, weights[2]), key_scale);
+    emit(3, base, reduce_heads<Traits, 1>(acc_hi, weights[3]), key_scale);
   }
   static_assert(kQueries == 4, "the epilogue above names four queries");
   cp_async_wait<0>();
@@ -451,22 +465,22 @@ void launch_finish(const FinishParams& p, cudaStream_t stream) {
 }
 
 template <class Traits>
-FlashTopkStats flash_topk_impl(const IndexerShape& shape, const void* q, const void* k,
-                               const float* w, int64_t topk, int32_t* indices, float* scores,
-                               void* workspace, cudaStream_t stream) {
+FlashTopkStats flash_topk_impl(const IndexerShape& shape, const IndexerOperands& in, int64_t topk,
+                               int32_t* indices, float* scores, void* workspace,
+                               cudaStream_t stream) {
   const Plan plan = make_plan(shape, topk);
   Workspace ws(plan, shape.dim, static_cast<unsigned char*>(workspace));
-  const auto* keys = static_cast<const __nv_bfloat16*>(k);
   if (plan.sample) {
-    const int64_t chunks = shape.dim * 2 / 16;
-    gather_key_sample_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(k), chunks,
+    const int64_t chunks = shape.dim * sizeof(typename Traits::Element) / 16;
+    gather_key_sample_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(in.k), chunks,
                                                        plan.stride, plan.sample_keys,
                                                        reinterpret_cast<uint4*>(ws.sample_keys));
     check(cudaGetLastError(), "sample gather launch");
   }
   ScoreParams base{};
-  base.q = static_cast<const __nv_bfloat16*>(q);
-  base.w = w;
+  base.q = in.q;
+  base.w = in.w;
+  base.key_scales = in.key_scales;
   base.q_offset = shape.q_offset;
   base.tokens_per_key = shape.visibility.tokens_per_key;
   base.num_keys = shape.num_keys;
@@ -501,7 +515,7 @@ FlashTopkStats flash_topk_impl(const IndexerShape& shape, const void* q, const v
       check(cudaGetLastError(), "threshold kernel launch");
     }
     ScoreParams main = base;
-    main.keys = keys;
+    main.keys = in.k;
     main.rows = rows;
     main.key_stride = 1;
     main.num_array_keys = shape.num_keys;
@@ -566,9 +580,9 @@ __global__ void __launch_bounds__(128)
   const int64_t row = blockIdx.x;
   const int32_t* row_indices = indices + row * topk;
 
-  load_rows_async<Traits::kDim, Traits::kHeads>(
+  load_rows_async<Traits::kRowUnits, Traits::kHeads>(
       query, 0, Traits::kHeads, threadIdx.x, 128,
-      [&](int h) { return q + (row * Traits::kHeads + h) * Traits::kDim; });
+      [&](int h) { return row_units<Traits>(q, row * Traits::kHeads + h); });
   float weights[Traits::kHeadsPerLane];
   load_lane_weights<Traits>(w + row * Traits::kHeads, lane, weights);
 
@@ -578,11 +592,11 @@ __global__ void __launch_bounds__(128)
   };
   const int64_t tiles = ceil_div(topk, Traits::kKeysPerTile);
   auto load_tile = [&](int64_t tile) {
-    load_rows_async<Traits::kDim, Traits::kKeysPerTile>(
+    load_rows_async<Traits::kRowUnits, Traits::kKeysPerTile>(
         key_tiles + (tile % 2) * Traits::kKeyTileElems, 0, Traits::kKeysPerTile, threadIdx.x, 128,
         [&](int r) -> const __nv_bfloat16* {
           const int64_t key = key_at(tile * Traits::kKeysPerTile + r);
-          return key >= 0 ? keys + key * Traits::kDim : nullptr;
+          return key >= 0 ? row_units<Traits>(keys, key) : nullptr;
         });
   };
   load_tile(0);
@@ -611,12 +625,12 @@ __global__ void __launch_bounds__(128)
 
 // ---- Dispatch over the compiled (heads, dim) -------------------------------------------------
 
-template <class Fn>
+template <class Element = __nv_bfloat16, class Fn>
 void dispatch_shape(int64_t heads, int64_t dim, Fn&& fn) {
   auto with_dim = [&](auto heads_constant) {
     constexpr int kHeads = decltype(heads_constant)::value;
-    if (dim == 128) return fn(IndexTileTraits<kHeads, 128>{});
-    if (dim == 64) return fn(IndexTileTraits<kHeads, 64>{});
+    if (dim == 128) return fn(IndexTileTraits<kHeads, 128, Element>{});
+    if (dim == 64) return fn(IndexTileTraits<kHeads, 64, Element>{});
     throw std::invalid_argument("hyscale CUDA indexer: d_I must be 64 or 128, got " +
                                 std::to_string(dim));
   };
@@ -633,19 +647,23 @@ size_t flash_topk_workspace_bytes(const IndexerShape& shape, int64_t topk) {
   return Workspace(make_plan(shape, topk), shape.dim, nullptr).bytes;
 }
 
-FlashTopkStats flash_topk(const IndexerShape& shape, const void* q, const void* k, const float* w,
-                          int64_t topk, int32_t* indices, float* scores, void* workspace,
-                          Stream stream) {
+FlashTopkStats flash_topk(const IndexerShape& shape, const IndexerOperands& in, int64_t topk,
+                          int32_t* indices, float* scores, void* workspace, Stream stream) {
   if (topk < 1 || topk > kMaxTopk) {
     throw std::invalid_argument("hyscale::flash_topk (CUDA): topk must be in [1, " +
                                 std::to_string(kMaxTopk) + "], got " + std::to_string(topk));
   }
   if (shape.num_queries == 0) return {};
   FlashTopkStats stats;
-  dispatch_shape(shape.heads, shape.dim, [&](auto traits) {
-    stats = flash_topk_impl<decltype(traits)>(shape, q, k, w, topk, indices, scores, workspace,
+  auto run = [&](auto traits) {
+    stats = flash_topk_impl<decltype(traits)>(shape, in, topk, indices, scores, workspace,
                                               static_cast<cudaStream_t>(stream));
-  });
+  };
+  if (in.fp8()) {
+    dispatch_shape<__nv_fp8_e4m3>(shape.heads, shape.dim, run);
+  } else {
+    dispatch_shape(shape.heads, shape.dim, run);
+  }
   return stats;
 }
 

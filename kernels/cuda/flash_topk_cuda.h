@@ -1,9 +1,10 @@
-// CUDA FlashTopK and index_score_gather (sm_90a; tensor cores through mma.sync).
+// CUDA FlashTopK and index_score_gather (sm_90a; tensor cores through wgmma).
 //
 // Host API over raw device pointers, so this header needs neither libtorch nor CUDA headers; the
 // torch binding (kernels/torch/cuda.cc) checks shapes and calls it. Inputs: q [N, H_I, d_I] and
-// k [M, d_I] bf16, w [N, H_I] fp32, all contiguous on one device. Outputs follow the contract of
-// kernels/flash_topk.h. docs/flash_topk.md explains the algorithm and why it is exact.
+// k [M, d_I] bf16, w [N, H_I] fp32, all contiguous on one device; or, for fp8 scoring, q and k as
+// e4m3 rows with their scales (kernels/fp8.h). Outputs follow the contract of kernels/flash_topk.h.
+// docs/flash_topk.md explains the algorithm and why it is exact.
 #pragma once
 
 #include <cstddef>
@@ -27,12 +28,26 @@ struct FlashTopkStats {
   int64_t fallback_rows = 0;  // rows whose sampled threshold missed and were selected exactly again
 };
 
+// x [rows, dim] (bf16, or fp32 when !x_is_bf16) -> values [rows, dim] e4m3 and scales [rows], as
+// kernels/fp8.h defines them.
+void quantize_rows_e4m3(const void* x, bool x_is_bf16, int64_t rows, int64_t dim, uint8_t* values,
+                        float* scales, Stream stream);
+
+// The operands of one selection. bf16: q, k bf16, key_scales null. fp8: q, k e4m3 from
+// quantize_rows_e4m3, w already multiplied by the query rows' scales, key_scales [M] the keys'.
+struct IndexerOperands {
+  const void* q;
+  const void* k;
+  const float* w;
+  const float* key_scales = nullptr;
+  bool fp8() const { return key_scales != nullptr; }
+};
+
 // indices [N, topk] int32 and scores [N, topk] fp32 (scores may be null). `workspace` holds
 // flash_topk_workspace_bytes(shape, topk) bytes. Synchronises the stream once per chunk (to learn
 // whether any row needs the exact fallback).
-FlashTopkStats flash_topk(const IndexerShape& shape, const void* q, const void* k, const float* w,
-                          int64_t topk, int32_t* indices, float* scores, void* workspace,
-                          Stream stream);
+FlashTopkStats flash_topk(const IndexerShape& shape, const IndexerOperands& in, int64_t topk,
+                          int32_t* indices, float* scores, void* workspace, Stream stream);
 
 // scores [N, topk] at the given indices (-1 -> -infinity), bit-identical to flash_topk's scores for
 // the same inputs: both use one scoring routine.

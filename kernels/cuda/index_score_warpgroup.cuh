@@ -18,7 +18,8 @@
 
 namespace hyscale::cuda {
 
-// Issues (does not wait for) the products of a 64-key tile with kQueries queries: rows
+// Issues (does not wait for) the products of a 64-key tile with kQueries queries (bf16 or fp8, as
+// Traits says): rows
 // first_row.. of a kQueryRows-row query tile, one query's H_I head rows after another (N =
 // kQueries * H_I). Accumulators: the n8 column group j of query q is acc[4 * (q * kNTiles + j)
 // ...]. Callers fence before (wgmma_fence) and commit after (wgmma_commit).
@@ -28,7 +29,7 @@ __device__ __forceinline__ void issue_key_tile(const __nv_bfloat16* key_tile,
                                                float (&acc)[kQueries * Traits::kHeads / 2]) {
 #pragma unroll
   for (int ks = 0; ks < Traits::kKSteps; ++ks) {
-    Wgmma<kQueries * Traits::kHeads>::run(
+    Wgmma<kQueries * Traits::kHeads, 0, typename Traits::Element>::run(
         acc, matrix_descriptor<Traits::kKeysPerTile>(key_tile, 0, ks),
         matrix_descriptor<kQueryRows>(queries, first_row, ks), ks > 0);
   }

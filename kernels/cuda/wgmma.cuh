@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -122,84 +123,85 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-// D (+)= A * B^T for m64 n{16,32,64,128} k16, bf16 in, fp32 accumulate, both operands in shared
-// memory; A K-major, B K-major (kTransposeB = 0) or MN-major (1: B's rows are K, e.g. the values
-// of an attention P V product read from a [keys x d] tile). `accumulate` false overwrites D.
+// D (+)= A * B^T for m64 n{16,32,64,128}, fp32 accumulate, both operands in shared memory:
+// bf16 (k16; A K-major, B K-major with kTransposeB = 0 or MN-major with 1, where B's rows are K,
+// e.g. the values of an attention P V product read from a [keys x d] tile) or fp8 e4m3 (k32;
+// both K-major, the only layout wgmma takes for 8-bit types). A k-step covers 32 bytes of K in
+// both, so the descriptors above serve both. `accumulate` false overwrites D.
 // Accumulators: row 16 * warp + lane / 4 (+ 8 for the odd pair), column 8 * j + 2 * (lane % 4)
 // (+ 1) in acc[4 * j ...], as mma.sync's C fragments per n8 tile.
-template <int kN, int kTransposeB = 0>
+template <int kN, int kTransposeB = 0, class Element = __nv_bfloat16>
 struct Wgmma;
 
-// Specializations per N (generated: one output operand per accumulator register).
-template <int kTransposeB>
-struct Wgmma<16, kTransposeB> {
-  static __device__ __forceinline__ void run(float (&d)[8], uint64_t a, uint64_t b, int acc) {
-    HYSCALE_WGMMA(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, %11;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7])
-        : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));
-  }
-};
+// The accumulator operands per N: the registers in the instruction text and the outputs.
+#define HYSCALE_WGMMA_N16_REGS "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define HYSCALE_WGMMA_N16_OUTS \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define HYSCALE_WGMMA_N32_REGS \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define HYSCALE_WGMMA_N32_OUTS                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15])
+#define HYSCALE_WGMMA_N64_REGS                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define HYSCALE_WGMMA_N64_OUTS                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define HYSCALE_WGMMA_N128_REGS                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define HYSCALE_WGMMA_N128_OUTS                                                                   \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),  \
+      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),  \
+      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
+      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-template <int kTransposeB>
-struct Wgmma<32, kTransposeB> {
-  static __device__ __forceinline__ void run(float (&d)[16], uint64_t a, uint64_t b, int acc) {
-    HYSCALE_WGMMA(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
-        "1, 0, %19;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15])
-        : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));
-  }
-};
+// The bf16 and fp8 specializations of one N; A, B, FLAG and TRANS name the operands after the
+// accumulators.
+#define HYSCALE_DEFINE_WGMMA(N, A, B, FLAG, TRANS)                                                 \
+  template <int kTransposeB>                                                                       \
+  struct Wgmma<N, kTransposeB, __nv_bfloat16> {                                                    \
+    static __device__ __forceinline__ void run(float (&d)[N / 2], uint64_t a, uint64_t b,          \
+                                               int acc) {                                          \
+      HYSCALE_WGMMA("{\n.reg .pred p;\nsetp.ne.b32 p, " FLAG                                       \
+                    ", 0;\n"                                                                       \
+                    "wgmma.mma_async.sync.aligned.m64n" #N                                         \
+                    "k16.f32.bf16.bf16 " HYSCALE_WGMMA_N##N##_REGS ", " A ", " B                   \
+                                                                   ", p, 1, 1, 0, " TRANS ";\n}\n" \
+                    : HYSCALE_WGMMA_N##N##_OUTS                                                    \
+                    : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));                                 \
+    }                                                                                              \
+  };                                                                                               \
+  template <>                                                                                      \
+  struct Wgmma<N, 0, __nv_fp8_e4m3> {                                                              \
+    static __device__ __forceinline__ void run(float (&d)[N / 2], uint64_t a, uint64_t b,          \
+                                               int acc) {                                          \
+      HYSCALE_WGMMA("{\n.reg .pred p;\nsetp.ne.b32 p, " FLAG                                       \
+                    ", 0;\n"                                                                       \
+                    "wgmma.mma_async.sync.aligned.m64n" #N                                         \
+                    "k32.f32.e4m3.e4m3 " HYSCALE_WGMMA_N##N##_REGS ", " A ", " B ", p, 1, 1;\n}\n" \
+                    : HYSCALE_WGMMA_N##N##_OUTS                                                    \
+                    : "l"(a), "l"(b), "r"(acc));                                                   \
+    }                                                                                              \
+  };
 
-template <int kTransposeB>
-struct Wgmma<64, kTransposeB> {
-  static __device__ __forceinline__ void run(float (&d)[32], uint64_t a, uint64_t b, int acc) {
-    HYSCALE_WGMMA(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-        " %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
-        "1, 0, %35;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));
-  }
-};
+HYSCALE_DEFINE_WGMMA(16, "%8", "%9", "%10", "%11")
+HYSCALE_DEFINE_WGMMA(32, "%16", "%17", "%18", "%19")
+HYSCALE_DEFINE_WGMMA(64, "%32", "%33", "%34", "%35")
+HYSCALE_DEFINE_WGMMA(128, "%64", "%65", "%66", "%67")
 
-template <int kTransposeB>
-struct Wgmma<128, kTransposeB> {
-  static __device__ __forceinline__ void run(float (&d)[64], uint64_t a, uint64_t b, int acc) {
-    HYSCALE_WGMMA(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-        " %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
-        " %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
-        " %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, "
-        "1, 0, %67;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-          "+f"(d[63])
-        : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));
-  }
-};
+#undef HYSCALE_DEFINE_WGMMA
 
 }  // namespace hyscale::cuda

@@ -40,16 +40,17 @@ void save_index_score_inputs(AutogradContext* ctx, const at::Tensor& q, const at
 struct FlashTopk : torch::autograd::Function<FlashTopk> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& w, int64_t topk, int64_t q_offset,
-                               int64_t tokens_per_key) {
+                               int64_t tokens_per_key, bool fp8) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto sel = ops::flash_topk(q, k, w, topk, q_offset, tokens_per_key);
+    auto sel = ops::flash_topk(q, k, w, topk, q_offset, tokens_per_key, fp8);
     save_index_score_inputs(ctx, q, k, w, sel.indices, q_offset, tokens_per_key);
     ctx->mark_non_differentiable({sel.indices});
     return {sel.indices, sel.scores};
   }
+  // With fp8 scoring, the bf16 scores' gradient (straight-through).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto g = index_score_grads(ctx, grads[1]);
-    return {g[0], g[1], g[2], Variable(), Variable(), Variable()};
+    return {g[0], g[1], g[2], Variable(), Variable(), Variable(), Variable()};
   }
 };
 
@@ -103,8 +104,8 @@ struct IndexerKl : torch::autograd::Function<IndexerKl> {
 
 std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Tensor& k,
                                               const at::Tensor& w, int64_t topk, int64_t q_offset,
-                                              int64_t tokens_per_key) {
-  auto r = FlashTopk::apply(q, k, w, topk, q_offset, tokens_per_key);
+                                              int64_t tokens_per_key, bool fp8) {
+  auto r = FlashTopk::apply(q, k, w, topk, q_offset, tokens_per_key, fp8);
   return {r[0], r[1]};
 }
 

@@ -119,6 +119,13 @@ void check_sizes(const char* op, const char* name, const at::Tensor& t, at::IntA
   TORCH_CHECK(t.sizes() == sizes, op, ": ", name, " must have shape ", sizes, ", got ", t.sizes());
 }
 
+void check_e4m3_input(const char* op, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0, op,
+              ": x must be [..., d] with d > 0 (rows along the last dim), got shape ", x.sizes());
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": x must be floating, got ",
+              x.scalar_type());
+}
+
 void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target) {
   TORCH_CHECK(score.dim() >= 1 && score.size(-1) > 0, op,
               ": score must be [..., topk] with topk > 0, got shape ", score.sizes());

@@ -53,6 +53,9 @@ SparseAttnArgs check_sparse_attn(const char* op, const at::Tensor& q, const at::
 // `t` must have exactly `sizes` (used for gradients and saved outputs).
 void check_sizes(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes);
 
+// quantize_e4m3's x: floating, [..., d] with d > 0.
+void check_e4m3_input(const char* op, const at::Tensor& x);
+
 // The indexer KL's score and target [..., topk] (every leading dim a row), on one device.
 void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& target);
 

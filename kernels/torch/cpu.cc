@@ -4,9 +4,11 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <array>
 #include <tuple>
 
 #include "kernels/flash_topk.h"
+#include "kernels/fp8.h"
 #include "kernels/index_score.h"
 #include "kernels/indexer_kl.h"
 #include "kernels/sparse_attn.h"
@@ -45,14 +47,50 @@ CpuContext cpu_context() {
   return CpuContext{at::get_num_threads()};
 }
 
+std::tuple<at::Tensor, at::Tensor> quantize_e4m3(const at::Tensor& x) {
+  const char* op = "hyscale::quantize_e4m3";
+  check_e4m3_input(op, x);
+  const auto values_in = x.to(at::kFloat).contiguous();
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  auto values = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  auto scales = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kFloat));
+  quantize_rows_e4m3(values_in.data_ptr<float>(), rows, dim, values.data_ptr<uint8_t>(),
+                     scales.data_ptr<float>());
+  return {values, scales};
+}
+
+// e4m3 bits -> their values (unscaled), as fp32.
+at::Tensor e4m3_values(const at::Tensor& bits) {
+  std::array<float, 256> table;
+  for (int i = 0; i < 256; ++i) table[i] = e4m3_to_float(static_cast<uint8_t>(i));
+  const auto lookup = at::from_blob(table.data(), {256}, at::kFloat);
+  return lookup.index_select(0, bits.flatten().to(at::kLong)).reshape(bits.sizes());
+}
+
+// The indexer inputs flash_topk scores: as given, or their fp8 quantization dequantized, with
+// the query rows' scales in the weights (I = sum_h (w q_scale) ReLU(q8 . (k8 k_scale))).
+struct ScoredInputs {
+  at::Tensor q, k, w;
+};
+ScoredInputs scored_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,
+                           bool fp8) {
+  if (!fp8) return {q, k, w};
+  const auto [q_bits, q_scales] = quantize_e4m3(q);
+  const auto [k_bits, k_scales] = quantize_e4m3(k);
+  return {e4m3_values(q_bits), e4m3_values(k_bits) * k_scales.unsqueeze(-1),
+          w.to(at::kFloat) * q_scales};
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Tensor& k,
                                               const at::Tensor& w, int64_t topk, int64_t q_offset,
-                                              int64_t tokens_per_key) {
+                                              int64_t tokens_per_key, bool fp8) {
   const char* op = "hyscale::flash_topk";
   const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
   TORCH_CHECK(topk > 0, op, ": topk must be > 0, got ", topk);
   const auto dtype = cpu_compute_dtype(q);
-  const SeqView vq(q, a.batching, dtype), vk(k, a.batching, dtype), vw(w, a.batching, dtype);
+  const ScoredInputs in = scored_inputs(q, k, w, fp8);
+  const SeqView vq(in.q, a.batching, dtype), vk(in.k, a.batching, dtype),
+      vw(in.w, a.batching, dtype);
   const auto sizes = batched_sizes(a.batching, {a.shape.num_queries, topk});
   const SeqView indices(at::empty(sizes, q.options().dtype(at::kInt)), {a.batching.batch, true},
                         at::kInt);
@@ -239,6 +277,7 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 TORCH_LIBRARY_IMPL(hyscale, CPU, m) {
   using namespace hyscale::torch_ops;
   m.impl("flash_topk", &flash_topk);
+  m.impl("quantize_e4m3", &quantize_e4m3);
   m.impl("index_score_gather", &index_score_gather);
   m.impl("index_score_backward", &index_score_backward);
   m.impl("sparse_attn", &sparse_attn);

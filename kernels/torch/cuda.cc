@@ -41,15 +41,42 @@ cuda::Stream current_stream() {
   return at::cuda::getCurrentCUDAStream().stream();
 }
 
+// Rows of x (bf16 or fp32 read as they are; other dtypes as fp32) as e4m3 bits and scales.
+std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const auto in = (bf16 ? x : x.to(at::kFloat)).contiguous();
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  auto values = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  auto scales = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kFloat));
+  cuda::quantize_rows_e4m3(in.data_ptr(), bf16, rows, dim, values.data_ptr<uint8_t>(),
+                           scales.data_ptr<float>(), current_stream());
+  return {values, scales};
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_e4m3(const at::Tensor& x) {
+  check_e4m3_input("hyscale::quantize_e4m3", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  return quantize_rows(x);
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Tensor& k,
                                               const at::Tensor& w, int64_t topk, int64_t q_offset,
-                                              int64_t tokens_per_key) {
+                                              int64_t tokens_per_key, bool fp8) {
   const char* op = "hyscale::flash_topk";
   const IndexerArgs a = check_indexer(op, q, k, w, q_offset, tokens_per_key);
   TORCH_CHECK(topk >= 1 && topk <= cuda::kMaxTopk, op, ": topk must be in [1, ", cuda::kMaxTopk,
               "] on CUDA, got ", topk);
   const c10::cuda::CUDAGuard guard(q.device());
-  const IndexerInputs in = indexer_inputs(op, a, q, k, w);
+  IndexerInputs in = indexer_inputs(op, a, q, k, w);
+  at::Tensor key_scales;
+  if (fp8) {
+    // The scales leave the tensor-core products: the queries' go into the weights, the keys'
+    // multiply each score after the head sum (kernels/fp8.h).
+    at::Tensor q_scales;
+    std::tie(in.q, q_scales) = quantize_rows(in.q);
+    std::tie(in.k, key_scales) = quantize_rows(in.k);
+    in.w = in.w * q_scales;
+  }
   const int64_t n = a.shape.num_queries;
   auto indices = at::empty({a.batching.batch, n, topk}, q.options().dtype(at::kInt));
   auto scores = at::empty({a.batching.batch, n, topk}, q.options().dtype(at::kFloat));
@@ -57,9 +84,11 @@ std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Ten
       at::empty({static_cast<int64_t>(cuda::flash_topk_workspace_bytes(a.shape, topk))},
                 q.options().dtype(at::kByte));
   for (int64_t b = 0; b < a.batching.batch; ++b) {
-    cuda::flash_topk(a.shape, in.q[b].data_ptr(), in.k[b].data_ptr(), in.w[b].data_ptr<float>(),
-                     topk, indices[b].data_ptr<int32_t>(), scores[b].data_ptr<float>(),
-                     workspace.data_ptr(), current_stream());
+    const cuda::IndexerOperands operands{in.q[b].data_ptr(), in.k[b].data_ptr(),
+                                         in.w[b].data_ptr<float>(),
+                                         fp8 ? key_scales[b].data_ptr<float>() : nullptr};
+    cuda::flash_topk(a.shape, operands, topk, indices[b].data_ptr<int32_t>(),
+                     scores[b].data_ptr<float>(), workspace.data_ptr(), current_stream());
   }
   return {unbatch(indices, a.batching), unbatch(scores, a.batching)};
 }
@@ -346,6 +375,7 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   using namespace hyscale::torch_ops;
   m.impl("flash_topk", &flash_topk);
+  m.impl("quantize_e4m3", &quantize_e4m3);
   m.impl("index_score_gather", &index_score_gather);
   m.impl("index_score_table", &index_score_table);
   m.impl("sparse_attn", &sparse_attn);

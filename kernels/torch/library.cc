@@ -5,8 +5,11 @@
 
 TORCH_LIBRARY(hyscale, m) {
   m.def(
-      "flash_topk(Tensor q, Tensor k, Tensor w, int topk, int q_offset=0, int tokens_per_key=1)"
-      " -> (Tensor indices, Tensor scores)");
+      "flash_topk(Tensor q, Tensor k, Tensor w, int topk, int q_offset=0, int tokens_per_key=1,"
+      " bool fp8=False) -> (Tensor indices, Tensor scores)");
+  // Rows (the last dim) of x to fp8 e4m3 bits (uint8) and one fp32 scale a row, as kernels/fp8.h
+  // defines them: the inputs of flash_topk's fp8 scoring.
+  m.def("quantize_e4m3(Tensor x) -> (Tensor values, Tensor scales)");
   m.def(
       "index_score_gather(Tensor q, Tensor k, Tensor w, Tensor indices, int q_offset=0,"
       " int tokens_per_key=1) -> Tensor");

@@ -15,12 +15,19 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 }  // namespace
 
 Selection flash_topk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, int64_t topk,
-                     int64_t q_offset, int64_t tokens_per_key) {
-  static const auto handle =
-      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            int64_t, int64_t, int64_t)>("hyscale::flash_topk");
-  auto [indices, scores] = handle.call(q, k, w, topk, q_offset, tokens_per_key);
+                     int64_t q_offset, int64_t tokens_per_key, bool fp8) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, bool)>(
+      "hyscale::flash_topk");
+  auto [indices, scores] = handle.call(q, k, w, topk, q_offset, tokens_per_key, fp8);
   return {indices, scores};
+}
+
+Fp8Rows quantize_e4m3(const at::Tensor& x) {
+  static const auto handle =
+      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)>("hyscale::quantize_e4m3");
+  auto [values, scales] = handle.call(x);
+  return {values, scales};
 }
 
 at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,

@@ -14,9 +14,19 @@ struct Selection {
   at::Tensor scores;   // [.., N, topk] differentiable w.r.t. q, k, w; -inf in unused slots
 };
 
-// Exact top-k of the lightning-indexer scores, without an N x M score table.
+// Exact top-k of the lightning-indexer scores, without an N x M score table. With `fp8`, q and k
+// are first quantized to e4m3 rows (quantize_e4m3) and the selection is the exact top-k of the
+// fp8 scores (kernels/fp8.h); the returned scores are those fp8 scores, and their gradient is the
+// bf16 scores' (straight-through).
 Selection flash_topk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, int64_t topk,
-                     int64_t q_offset = 0, int64_t tokens_per_key = 1);
+                     int64_t q_offset = 0, int64_t tokens_per_key = 1, bool fp8 = false);
+
+struct Fp8Rows {
+  at::Tensor values;  // [..., d] uint8 e4m3 bits
+  at::Tensor scales;  // [...] fp32
+};
+// Rows (the last dim) of x quantized to fp8 e4m3 with one scale a row (kernels/fp8.h).
+Fp8Rows quantize_e4m3(const at::Tensor& x);
 
 // Index scores recomputed only at `indices` (selection replay); differentiable w.r.t. q, k, w.
 at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w,

@@ -1,13 +1,18 @@
 // The CUDA flash_topk and index_score_gather against float64 references on fresh random inputs
 // (DESIGN.md section 3): shapes that are not tile multiples, rows with t + 1 < k, q_offset > 0,
 // compressed keys, strided threshold sampling, ties (integer inputs, exact everywhere, which also
-// drive rows into the exact fallback) and all-negative weights. Skips without a GPU.
+// drive rows into the exact fallback) and all-negative weights; the fp8 path against the float64
+// scores of its quantized inputs. Skips without a GPU.
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "kernels/torch/ops.h"
+#include "tests/kernels/e4m3_decode.h"
 #include "tests/kernels/gpu_kernel_test.h"
 #include "tests/kernels/reference.h"
 #include "tests/kernels/topk_check.h"
@@ -17,6 +22,9 @@ namespace {
 
 // fp32 accumulation of bf16 products, in another order than the reference.
 constexpr double kGpuRelTol = 2e-5;
+// fp8 products are exact, but Hopper's fp8 tensor cores add them with fewer mantissa bits than
+// fp32 (DeepSeek-V3 reports about 14); the observed error is printed by the fp8 test.
+constexpr double kFp8RelTol = 1e-3;
 
 class FlashTopkCudaTest : public GpuKernelTest {};
 
@@ -36,6 +44,29 @@ std::vector<double> to_vector(const torch::Tensor& t) {
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
+// g.table and g.magnitude of q [N, H, d], k [M, d], w [N, H] (float64), every key's score times
+// key_scales [M] when given (the fp8 path's factored scales).
+void fill_reference(GpuProblem& g, const torch::Tensor& q, const torch::Tensor& k,
+                    const torch::Tensor& w, const torch::Tensor& key_scales = {}) {
+  const int64_t n = g.shape.num_queries;
+  std::vector<torch::Tensor> scores, magnitudes;
+  for (int64_t row = 0; row < n; row += 256) {
+    const auto rows = q.slice(0, row, std::min(n, row + 256));
+    const auto dots = torch::einsum("nhd,md->nhm", {rows, k});
+    const auto abs_dots = torch::einsum("nhd,md->nhm", {rows.abs(), k.abs()});
+    const auto wr = w.slice(0, row, std::min(n, row + 256)).unsqueeze(-1);
+    auto score = (wr * dots.clamp_min(0)).sum(1), magnitude = (wr.abs() * abs_dots).sum(1);
+    if (key_scales.defined()) {
+      score = score * key_scales;
+      magnitude = magnitude * key_scales;
+    }
+    scores.push_back(score);
+    magnitudes.push_back(magnitude);
+  }
+  g.table = to_vector(torch::cat(scores));
+  g.magnitude = to_vector(torch::cat(magnitudes));
+}
+
 GpuProblem make_problem(Random& rng, const IndexerShape& shape, IndexerInputs inputs) {
   const IndexerProblem p = random_indexer_problem(rng, shape, inputs);
   const int64_t n = shape.num_queries, m = shape.num_keys, h = shape.heads, d = shape.dim;
@@ -45,45 +76,63 @@ GpuProblem make_problem(Random& rng, const IndexerShape& shape, IndexerInputs in
                on_gpu(p.w, {n, h}, torch::kFloat),
                {},
                {}};
-  const auto q = g.q.to(torch::kDouble), k = g.k.to(torch::kDouble), w = g.w.to(torch::kDouble);
-  std::vector<torch::Tensor> scores, magnitudes;
-  for (int64_t row = 0; row < n; row += 256) {
-    const auto rows = q.slice(0, row, std::min(n, row + 256));
-    const auto dots = torch::einsum("nhd,md->nhm", {rows, k});
-    const auto abs_dots = torch::einsum("nhd,md->nhm", {rows.abs(), k.abs()});
-    const auto wr = w.slice(0, row, std::min(n, row + 256)).unsqueeze(-1);
-    scores.push_back((wr * dots.clamp_min(0)).sum(1));
-    magnitudes.push_back((wr.abs() * abs_dots).sum(1));
-  }
-  g.table = to_vector(torch::cat(scores));
-  g.magnitude = to_vector(torch::cat(magnitudes));
+  fill_reference(g, g.q.to(torch::kDouble), g.k.to(torch::kDouble), g.w.to(torch::kDouble));
   return g;
 }
 
-Selection<float> run_flash_topk(const GpuProblem& g, int64_t topk) {
-  const auto sel =
-      ops::flash_topk(g.q, g.k, g.w, topk, g.shape.q_offset, g.shape.visibility.tokens_per_key);
+// The same inputs as the fp8 path scores them: the reference of the quantized problem, from the
+// CPU's quantization (the GPU's equals it bit for bit: QuantizationMatchesTheCpuBitForBit).
+GpuProblem fp8_problem(const GpuProblem& g) {
+  GpuProblem f = g;
+  const auto q = ops::quantize_e4m3(g.q.cpu()), k = ops::quantize_e4m3(g.k.cpu());
+  fill_reference(f, decode_e4m3(q.values), decode_e4m3(k.values),
+                 (g.w.cpu() * q.scales).to(torch::kDouble), k.scales.to(torch::kDouble));
+  return f;
+}
+
+Selection<float> run_flash_topk(const GpuProblem& g, int64_t topk, bool fp8 = false) {
+  const auto sel = ops::flash_topk(g.q, g.k, g.w, topk, g.shape.q_offset,
+                                   g.shape.visibility.tokens_per_key, fp8);
   const auto idx = sel.indices.cpu().contiguous(), sc = sel.scores.cpu().contiguous();
   return {std::vector<int32_t>(idx.data_ptr<int32_t>(), idx.data_ptr<int32_t>() + idx.numel()),
           std::vector<float>(sc.data_ptr<float>(), sc.data_ptr<float>() + sc.numel())};
 }
 
-void check(const GpuProblem& g, int64_t topk, bool exact_scores) {
-  SCOPED_TRACE(describe(g.shape) + " topk=" + std::to_string(topk));
-  const Selection<float> got = run_flash_topk(g, topk);
+// The largest |score - reference| / magnitude over the selected entries.
+double largest_score_error(const GpuProblem& g, int64_t topk, const Selection<float>& got) {
+  double largest = 0;
+  for (size_t j = 0; j < got.indices.size(); ++j) {
+    if (got.indices[j] < 0) continue;
+    const int64_t entry = static_cast<int64_t>(j) / topk * g.shape.num_keys + got.indices[j];
+    if (g.magnitude[entry] > 0) {
+      largest = std::max(largest, std::abs(got.scores[j] - g.table[entry]) / g.magnitude[entry]);
+    }
+  }
+  return largest;
+}
+
+// `g` holds the reference of what is scored: for fp8, fp8_problem's.
+void check(const GpuProblem& g, int64_t topk, bool exact_scores, bool fp8 = false) {
+  SCOPED_TRACE(describe(g.shape) + " topk=" + std::to_string(topk) + (fp8 ? " fp8" : ""));
+  const Selection<float> got = run_flash_topk(g, topk, fp8);
   const int64_t m = g.shape.num_keys;
   expect_exact_topk_rows<float>(
-      g.shape.num_queries, topk, got, exact_scores, kGpuRelTol,
+      g.shape.num_queries, topk, got, exact_scores, fp8 ? kFp8RelTol : kGpuRelTol,
       [&](int64_t row) {
         const double* begin = g.table.data() + row * m;
         return std::vector<double>(begin, begin + g.shape.visible_keys(row));
       },
-      [&](int64_t row, int64_t key) { return g.magnitude[row * m + key]; });
+      [&](int64_t row, int64_t key) { return g.magnitude[row * m + key]; }, fp8);
 
   // Deterministic: the same bits on a second run.
-  const Selection<float> again = run_flash_topk(g, topk);
+  const Selection<float> again = run_flash_topk(g, topk, fp8);
   EXPECT_EQ(got.indices, again.indices) << "second run selected differently";
   EXPECT_TRUE(bit_identical(got.scores, again.scores)) << "second run scored differently";
+  if (fp8) {
+    std::cout << describe(g.shape) << " topk=" << topk << ": fp8 scores' largest error / magnitude "
+              << largest_score_error(g, topk, got) << "\n";
+    return;  // replay scores in bf16 (index_score_gather has no fp8 path)
+  }
 
   // Selection replay recomputes exactly the scores the keys were selected with.
   const auto indices =
@@ -142,6 +191,48 @@ TEST_F(FlashTopkCudaTest, TiesKeepTheLowestKeysExactly) {
     SCOPED_TRACE(describe(c.inputs));
     check(make_problem(rng_, shape_of(c), c.inputs), c.topk, true);
     if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(FlashTopkCudaTest, Fp8SelectionIsExactForTheQuantizedScores) {
+  const Case cases[] = {
+      // rows keys  H    d    k     q_off  m  inputs
+      {1000, 1000, 64, 128, 64, 0, 1, IndexerInputs::kGaussian},
+      {777, 780, 32, 64, 100, 0, 1, IndexerInputs::kGaussianNegativeWeights},
+      {300, 300, 16, 128, 512, 0, 1, IndexerInputs::kGaussian},
+      {509, 3509, 64, 64, 256, 3000, 1, IndexerInputs::kGaussian},
+      {2003, 503, 16, 64, 32, 0, 4, IndexerInputs::kGaussian},
+      {6001, 6001, 16, 64, 64, 0, 1, IndexerInputs::kGaussian},
+      {4100, 4100, 64, 128, 2048, 0, 1, IndexerInputs::kGaussian},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c.inputs));
+    check(fp8_problem(make_problem(rng_, shape_of(c), c.inputs)), c.topk, false, true);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The GPU's hardware conversion against the CPU's software one (kernels/fp8.h), from bf16 and
+// fp32, over rows whose scales span many orders of magnitude, with zero rows and rows whose other
+// values fall to subnormals or zero next to one large value.
+TEST_F(FlashTopkCudaTest, QuantizationMatchesTheCpuBitForBit) {
+  const int64_t rows = 4096, dim = 128;
+  auto x = torch::randn({rows, dim}, torch::kDouble) *
+           torch::exp(torch::randn({rows, 1}, torch::kDouble) * 6);
+  x.slice(0, 0, 16).zero_();
+  x.slice(0, 16, 64).select(1, 5).mul_(1e6);
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat}) {
+    const auto input = x.to(dtype);
+    const auto gpu = ops::quantize_e4m3(input.cuda()), cpu = ops::quantize_e4m3(input);
+    EXPECT_TRUE(torch::equal(gpu.values.cpu(), cpu.values)) << dtype;
+    EXPECT_TRUE(torch::equal(gpu.scales.cpu(), cpu.scales)) << dtype;
+    const auto mismatches = gpu.values.cpu().ne(cpu.values).nonzero();
+    if (mismatches.size(0) > 0) {
+      const auto at = mismatches[0];
+      FAIL() << "first difference at " << at << ": input " << input.index({at[0], at[1]}) << " gpu "
+             << gpu.values.cpu().index({at[0], at[1]}) << " cpu "
+             << cpu.values.index({at[0], at[1]});
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "kernels/torch/checks.h"
 #include "kernels/torch/ops.h"
+#include "tests/kernels/e4m3_decode.h"
 
 namespace hyscale {
 namespace {
@@ -74,6 +75,46 @@ TEST_F(TorchOpsTest, IndexScoresGradientMatchesFiniteDifferences) {
         return (s.masked_fill(valid.logical_not(), 0) * weights).sum();
       },
       {q, k, w});
+}
+
+// fp8 scoring selects exactly what bf16-path scoring selects on the dequantized inputs, with the
+// query rows' scales in the weights; its gradient is the unquantized scores' (straight-through).
+TEST_F(TorchOpsTest, Fp8SelectionIsTheSelectionOfTheDequantizedInputs) {
+  const int64_t n = 40, heads = 4, dim = 16, topk = 6;
+  const auto q = torch::randn({n, heads, dim}), k = torch::randn({n, dim}) * 3,
+             w = torch::randn({n, heads});
+  const auto qq = ops::quantize_e4m3(q), kq = ops::quantize_e4m3(k);
+  ASSERT_EQ(qq.values.scalar_type(), torch::kByte);
+  ASSERT_EQ(qq.scales.sizes(), (std::vector<int64_t>{n, heads}));
+  const auto fp8 = ops::flash_topk(q, k, w, topk, 0, 1, true);
+  const auto again = ops::flash_topk(q, k, w, topk, 0, 1, true);
+  EXPECT_TRUE(torch::equal(fp8.indices, again.indices));
+  // Every selected score is a score of the quantized problem: recompute it from the codes.
+  const auto q8 = test::decode_e4m3(qq.values), k8 = test::decode_e4m3(kq.values);
+  const auto dots = torch::einsum("nhd,md->nhm", {q8, k8}).clamp_min(0);
+  const auto table = ((w * qq.scales).to(torch::kDouble).unsqueeze(-1) * dots).sum(1) *
+                     kq.scales.to(torch::kDouble).unsqueeze(0);
+  const auto causal = torch::ones({n, n}, torch::kBool).tril();
+  const auto expected = torch::topk(table.masked_fill(causal.logical_not(), -INFINITY), topk);
+  // Compared as the reference scores of the chosen keys, so that ties may go either way.
+  for (int64_t row = topk; row < n; ++row) {  // rows with at least topk visible keys
+    const auto chosen = table[row].index_select(0, fp8.indices[row].to(torch::kLong));
+    const auto got = std::get<0>(chosen.sort(0, /*descending=*/true));
+    EXPECT_TRUE(torch::allclose(got, std::get<0>(expected)[row], 1e-5, 1e-6)) << "row " << row;
+  }
+  EXPECT_TRUE(torch::allclose(fp8.scores.slice(0, topk).to(torch::kDouble),
+                              std::get<0>(expected).slice(0, topk), 1e-5, 1e-5));
+  // Straight-through: the gradient of the fp8 scores is that of the bf16 formula.
+  const auto qd = q.to(torch::kDouble).requires_grad_(true);
+  ops::flash_topk(qd, k.to(torch::kDouble), w.to(torch::kDouble), topk, 0, 1, true)
+      .scores.masked_fill(fp8.indices.lt(0), 0)
+      .sum()
+      .backward();
+  const auto reference =
+      ops::index_score_gather(qd, k.to(torch::kDouble), w.to(torch::kDouble), fp8.indices);
+  const auto grad =
+      torch::autograd::grad({reference.masked_fill(fp8.indices.lt(0), 0).sum()}, {qd})[0];
+  EXPECT_TRUE(torch::allclose(qd.grad(), grad));
 }
 
 TEST_F(TorchOpsTest, SparseAttentionGradientMatchesFiniteDifferences) {
@@ -188,6 +229,16 @@ TEST_F(TorchOpsTest, BadArgumentsNameTheOpAndTheArgument) {
       "hyscale::flash_topk: w must be");
   expect_error([&] { ops::flash_topk(q, k, w, 0); }, "topk must be > 0");
   expect_error([&] { ops::flash_topk(q, k, w, 2, -1); }, "q_offset must be >= 0");
+  expect_error(
+      [&] {
+        ops::quantize_e4m3(torch::zeros({4, 0}));
+      },
+      "hyscale::quantize_e4m3: x must be [..., d] with d > 0");
+  expect_error(
+      [&] {
+        ops::quantize_e4m3(torch::zeros({4, 2}, torch::kInt));
+      },
+      "hyscale::quantize_e4m3: x must be floating");
   expect_error(
       [&] {
         ops::index_score_gather(q, k, w, torch::zeros({4, 2}, torch::kLong));
