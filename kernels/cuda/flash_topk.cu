@@ -80,6 +80,51 @@ __device__ __forceinline__ const __nv_bfloat16* row_units(const void* rows, int6
   return static_cast<const __nv_bfloat16*>(rows) + row * Traits::kRowUnits;
 }
 
+// Streams consecutive tiles of a key array into shared-memory stages with cp.async. A thread
+// always copies the same 16-byte chunk column of the same rows of a tile, so its swizzled shared
+// offsets and its global addresses move by constants, and only the end of the array needs a check
+// (the generic row loader recomputed row, chunk and swizzle for each copy: more issue slots than
+// the scoring epilogue, as the SASS showed).
+template <class Traits, int kThreads>
+class KeyTileStream {
+ public:
+  __device__ KeyTileStream(const void* keys, int64_t num_keys, __nv_bfloat16* stages, int thread)
+      : keys_(static_cast<const char*>(keys)), num_keys_(num_keys), first_row_(thread / kChunks) {
+    const int chunk = thread % kChunks;
+    src_ = keys_ + first_row_ * kRowBytes + chunk * 16;
+    dst_ = stages + swizzled_offset<Traits::kKeysPerTile>(first_row_, chunk);
+  }
+
+  // Tile `tile` into stage buffer `stage`; rows past the array are zero-filled.
+  __device__ __forceinline__ void load(int64_t tile, int stage) const {
+    const int64_t first_key = tile * Traits::kKeysPerTile + first_row_;
+    const char* src = src_ + tile * (Traits::kKeysPerTile * kRowBytes);
+    __nv_bfloat16* dst = dst_ + stage * Traits::kKeyTileElems;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const bool valid = first_key + pass * kRowsPerPass < num_keys_;
+      cp_async_16(dst + pass * kRowsPerPass * 64,
+                  valid ? src + pass * kRowsPerPass * kRowBytes : keys_, valid);
+    }
+  }
+
+ private:
+  static constexpr int kRowBytes = Traits::kRowUnits * 2;
+  static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks a row
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  static constexpr int kPasses = Traits::kKeysPerTile / kRowsPerPass;
+  // Rows a thread copies differ by multiples of 8: the same swizzle phase (wgmma.cuh).
+  static_assert(kThreads % kChunks == 0 && kRowsPerPass % 8 == 0 &&
+                    Traits::kKeysPerTile % kRowsPerPass == 0,
+                "a thread's rows must share their swizzle phase");
+
+  const char* keys_;
+  int64_t num_keys_;
+  int first_row_;
+  const char* src_;
+  __nv_bfloat16* dst_;
+};
+
 // One warpgroup a block scores kQueriesPerBlock query rows against each key tile (cp.async,
 // kStages deep) with one wgmma chain for all of them. Causal: the block walks the keys its latest
 // row sees; the other rows' scores past their own row are dropped. fp8: the products are e4m3 and
@@ -128,15 +173,8 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
   if (threadIdx.x < kQueries) found[threadIdx.x] = 0;
 
   const int64_t tiles = ceil_div(block_visible, Traits::kKeysPerTile);
-  auto load_tile = [&](int64_t tile) {
-    __nv_bfloat16* dst = key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems;
-    load_rows_async<Traits::kRowUnits, Traits::kKeysPerTile>(
-        dst, 0, Traits::kKeysPerTile, threadIdx.x, SelectTraits::kThreads,
-        [&](int r) -> const __nv_bfloat16* {
-          const int64_t key = tile * Traits::kKeysPerTile + r;
-          return key < p.num_array_keys ? row_units<Traits>(p.keys, key) : nullptr;
-        });
-  };
+  const KeyTileStream<Traits, SelectTraits::kThreads> key_stream(p.keys, p.num_array_keys,
+                                                                 key_tiles, threadIdx.x);
   // Tile t is scored in two wgmma halves (queries 0-1, then 2-3): the first half's epilogue runs
   // while the tensor cores work on the second. (Carrying a half across iterations would hide the
   // other epilogue too, but ptxas then serializes the wgmmas.)
@@ -151,7 +189,7 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
   constexpr int kAhead = SelectTraits::kStages - 1;  // tiles in flight while one is scored
 #pragma unroll
   for (int tile = 0; tile < kAhead; ++tile) {
-    if (tile < tiles) load_tile(tile);
+    if (tile < tiles) key_stream.load(tile, tile);
     cp_async_commit();  // the queries travel in the first group
   }
 
@@ -181,11 +219,14 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
     }
   };
 
+  int stage = 0;  // tile % kStages
   for (int64_t tile = 0; tile < tiles; ++tile) {
     cp_async_wait<kAhead - 1>();  // this tile has landed (one commit group per tile)
     fence_async_shared();         // cp.async wrote it; wgmma reads it
     __syncthreads();              // for every thread; and the products of tile - 1 are done
-    if (tile + kAhead < tiles) load_tile(tile + kAhead);  // into the stage tile - 1 used
+    // Into the stage tile - 1 used.
+    const int load_stage = stage == 0 ? SelectTraits::kStages - 1 : stage - 1;
+    if (tile + kAhead < tiles) key_stream.load(tile + kAhead, load_stage);
     cp_async_commit();
     const int64_t base = tile * Traits::kKeysPerTile;
     // fp8: this lane's key's scale, loaded while the tensor cores work.
@@ -194,8 +235,8 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
       const int64_t key = base + tile_key;
       if (tile_key >= 0 && key < p.num_array_keys) key_scale = p.key_scales[key * p.key_stride];
     }
-    const __nv_bfloat16* key_tile =
-        key_tiles + (tile % SelectTraits::kStages) * Traits::kKeyTileElems;
+    const __nv_bfloat16* key_tile = key_tiles + stage * Traits::kKeyTileElems;
+    stage = stage + 1 == SelectTraits::kStages ? 0 : stage + 1;
     float acc_lo[kHalf * Traits::kHeads / 2], acc_hi[kHalf * Traits::kHeads / 2];
     issue(key_tile, 0, acc_lo);
     issue(key_tile, kHalf, acc_hi);

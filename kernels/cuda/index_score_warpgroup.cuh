@@ -27,11 +27,13 @@ template <class Traits, int kQueries, int kQueryRows>
 __device__ __forceinline__ void issue_key_tile(const __nv_bfloat16* key_tile,
                                                const __nv_bfloat16* queries, int first_row,
                                                float (&acc)[kQueries * Traits::kHeads / 2]) {
+  const uint64_t keys = matrix_descriptor<Traits::kKeysPerTile>(key_tile, 0, 0);
+  const uint64_t query_rows = matrix_descriptor<kQueryRows>(queries, first_row, 0);
 #pragma unroll
   for (int ks = 0; ks < Traits::kKSteps; ++ks) {
     Wgmma<kQueries * Traits::kHeads, 0, typename Traits::Element>::run(
-        acc, matrix_descriptor<Traits::kKeysPerTile>(key_tile, 0, ks),
-        matrix_descriptor<kQueryRows>(queries, first_row, ks), ks > 0);
+        acc, advance_descriptor<Traits::kKeysPerTile>(keys, ks),
+        advance_descriptor<kQueryRows>(query_rows, ks), ks > 0);
   }
 }
 

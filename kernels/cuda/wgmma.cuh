@@ -79,6 +79,14 @@ __device__ __forceinline__ uint64_t matrix_descriptor(const __nv_bfloat16* tile,
          ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32) | kSwizzle128B;
 }
 
+// matrix_descriptor(tile, first_row, ks) from matrix_descriptor(tile, first_row, 0): the start
+// address field (bytes / 16) moves by the step's offset. Shared addresses fit the 14-bit field,
+// so no carry leaves it; this saves recomputing the whole descriptor for every k-step.
+template <int kRows>
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t first_step, int ks) {
+  return first_step + (((ks / 4) * kRows * 128 + (ks % 4) * 32) >> 4);
+}
+
 // The same tile read as an MN-major operand (wgmma's transposed B): the product's N runs along
 // the tile's columns (d, from column first_col, a multiple of 64) and its K along the rows (from
 // first_row, a multiple of 8). Canonical 128-byte-swizzled MN-major layout: 64 contiguous N
