@@ -24,7 +24,7 @@ grep -q "100% tests passed" "$out/tests.log" || { echo "gpu-check: tests failed 
 "$build/tests/kernels/flash_topk_cuda_test" 2>&1 | tail -3
 if [[ ${HYSCALE_SANITIZE:-0} == 1 ]]; then
   compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$build/tests/kernels/flash_topk_cuda_test" --gtest_filter='*Gather*:*Ties*:*Rejects*' \
+    "$build/tests/kernels/flash_topk_cuda_test" --gtest_filter='*Gather*:*Ties*:*Rejects*:*Fp8*:*Quantization*' \
     >"$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; tail -30 "$out/memcheck.log"; }
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.log" | tail -3
   # The sparse attention kernels: every forward, and the wgmma backward (values inside the keys).

@@ -259,6 +259,9 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
   }
 }
 
+static_assert(SelectTraits::kSelectThreads == kRadixSelectThreads,
+              "the selecting kernels run block_radix_select");
+
 // Per row: the threshold that about `target` of its visible keys reach, from its sample scores.
 // Rows that see at most `keep_all` keys keep everything (-infinity).
 __global__ void __launch_bounds__(SelectTraits::kSelectThreads)
@@ -357,7 +360,11 @@ __global__ void __launch_bounds__(SelectTraits::kSelectThreads) finish_rows_kern
     __syncthreads();
     for (int i = want + threadIdx.x; i < p.sort_size; i += blockDim.x) sorted[i] = ~0ull;
     __syncthreads();
-    block_bitonic_sort(sorted, p.sort_size);
+    if (p.sort_size == 2048) {  // the DSA k
+      block_bitonic_sort_registers<2048 / kRadixSelectThreads>(sorted);
+    } else {
+      block_bitonic_sort(sorted, p.sort_size);
+    }
   }
   int32_t* out_indices = p.indices + row * p.topk;
   float* out_scores = p.scores ? p.scores + row * p.topk : nullptr;
