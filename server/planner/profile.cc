@@ -45,8 +45,8 @@ DeviceProfile H200() {
   p.memory_bytes = 141e9 * 0.95;
   p.dense_tflops = 793;
   p.hbm_gbps = 4000;
-  p.flash_topk_tflops = 384;
-  p.table_topk_tflops = 257;
+  p.flash_topk_tflops = 512;
+  p.table_topk_tflops = 304;
   p.naive_topk_tflops = 27.5;
   SetSparse(&p, 210, 85, 127, 72);
   p.gather_fwd_tflops = 72.6;
@@ -65,9 +65,11 @@ DeviceProfile H200() {
   p.sources["dense_tflops"] = "measured: bf16 matmul 8192^3 on one H200 (DESIGN.md)";
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.8 TB/s";
   p.sources["flash_topk_tflops"] =
-      "measured: hyscale::flash_topk at N = 256K on H200, 1467 ms (docs/performance.md section 5)";
+      "measured: hyscale::flash_topk (bf16 scoring) at N = 256K on H200, 1099 ms "
+      "(docs/performance.md section 5; 810 ms with fp8 scoring, which the planner does not "
+      "assume)";
   p.sources["table_topk_tflops"] =
-      "measured: score table + torch.topk at N = 256K on H200, 2189 ms (docs/performance.md "
+      "measured: score table + torch.topk at N = 256K on H200, 1850 ms (docs/performance.md "
       "section 5)";
   p.sources["naive_topk_tflops"] =
       "measured: Megatron-naive selection at N = 64K on H200, 2559 ms for N^2 scored pairs "
@@ -101,8 +103,8 @@ DeviceProfile H800() {
   p.hbm_gbps = 2780;
   p.intra_node_gbps = 200;
   p.sources["dense_tflops"] = "assumption: the H200's measured 793 (same GH100 SMs and clocks)";
-  p.sources["flash_topk_tflops"] = "assumption: the H200's measured 384 (compute-bound, same SMs)";
-  p.sources["table_topk_tflops"] = "assumption: the H200's measured 257";
+  p.sources["flash_topk_tflops"] = "assumption: the H200's measured 512 (compute-bound, same SMs)";
+  p.sources["table_topk_tflops"] = "assumption: the H200's measured 304";
   p.sources["naive_topk_tflops"] = "assumption: the H200's measured 27.5";
   for (const char* key :
        {"sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
@@ -122,8 +124,8 @@ DeviceProfile H20() {
   p.memory_bytes = 96e9 * 0.95;
   p.dense_tflops = 793 * kCompute;
   p.hbm_gbps = 3300;
-  p.flash_topk_tflops = 384 * kCompute;
-  p.table_topk_tflops = 257 * kCompute;
+  p.flash_topk_tflops = 512 * kCompute;
+  p.table_topk_tflops = 304 * kCompute;
   p.naive_topk_tflops = 27.5 * kCompute;
   SetSparse(&p, 210 * kCompute, 85 * kCompute, 127 * kCompute, 72 * kCompute);
   p.gather_fwd_tflops = 72.6 * kCompute;

@@ -65,7 +65,7 @@ std::vector<std::string> BuiltinProfileNames();
 // Replaces figures of `profile` with those in a calibration file written by a micro-benchmark on
 // the worker's device (JSON):
 //   {"device": "h200", "source": "bench/... at <commit>",
-//    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 384, "table_topk_tflops": 257,
+//    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 512, "table_topk_tflops": 304,
 //    "naive_topk_tflops": 27.5,
 //    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "indexer_mass_tflops": 68,
 //    "index_score_bwd_tflops": 7.5, "kernel_launch_s": 5e-6,

@@ -284,11 +284,11 @@ TEST(PlannerTest, NoPlanFitsSaysWhy) {
 
 TEST(PlannerTest, CalibrationReplacesProfileFigures) {
   DeviceProfile profile = *BuiltinProfile("h200");
-  ASSERT_TRUE(ApplyCalibration(R"({"source": "bench at abc123", "flash_topk_tflops": 500,
+  ASSERT_TRUE(ApplyCalibration(R"({"source": "bench at abc123", "flash_topk_tflops": 700,
       "sparse_attention": [{"group": 4, "fwd_tflops": 300, "dedup": 3}]})",
                                &profile)
                   .ok());
-  EXPECT_EQ(profile.flash_topk_tflops, 500);
+  EXPECT_EQ(profile.flash_topk_tflops, 700);
   EXPECT_EQ(profile.sparse_attention.at(4).fwd_tflops, 300);
   EXPECT_EQ(profile.sparse_attention.at(4).dedup, 3);
   EXPECT_EQ(profile.sparse_attention.at(4).bwd_tflops, 72);  // untouched
