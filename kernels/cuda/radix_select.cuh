@@ -81,23 +81,28 @@ __device__ RadixSelection block_radix_select(int n, int r, KeyOf key_of, RadixSe
   return {prefix, greater, equal};
 }
 
+// One step (merge size, stride) of the bitonic network over n keys in shared memory. The block's
+// `threads` threads walk its n / 2 compare-exchange pairs directly (rather than all n entries with
+// half of them idle: the sort was most of the finishing kernel's time); no barrier.
+__device__ __forceinline__ void bitonic_step_shared(unsigned long long* keys, int n, int size,
+                                                    int stride, int threads) {
+  for (int pair = threadIdx.x; pair < n / 2; pair += threads) {
+    // The pair's lower entry has a zero at the stride bit, its partner a one.
+    const int i = ((pair & ~(stride - 1)) << 1) | (pair & (stride - 1));
+    const bool ascending = (i & size) == 0;
+    const unsigned long long a = keys[i], b = keys[i + stride];
+    if ((a > b) == ascending) {
+      keys[i] = b;
+      keys[i + stride] = a;
+    }
+  }
+}
+
 // Sorts `n` (a power of two) 64-bit keys in shared memory ascending; the whole block takes part.
-// Each step walks the n / 2 compare-exchange pairs directly (rather than all n entries with half
-// of the threads idle): the sort was most of the finishing kernel's time.
 __device__ __forceinline__ void block_bitonic_sort(unsigned long long* keys, int n) {
-  const int pairs = n / 2;
   for (int size = 2; size <= n; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int pair = threadIdx.x; pair < pairs; pair += blockDim.x) {
-        // The pair's lower entry has a zero at the stride bit, its partner a one.
-        const int i = ((pair & ~(stride - 1)) << 1) | (pair & (stride - 1));
-        const bool ascending = (i & size) == 0;
-        const unsigned long long a = keys[i], b = keys[i + stride];
-        if ((a > b) == ascending) {
-          keys[i] = b;
-          keys[i + stride] = a;
-        }
-      }
+      bitonic_step_shared(keys, n, size, stride, blockDim.x);
       __syncthreads();
     }
   }
@@ -121,15 +126,7 @@ __device__ __forceinline__ void block_bitonic_sort_registers(unsigned long long*
       for (int j = 0; j < kPerThread; ++j) keys[first + j] = v[j];
       __syncthreads();
       for (; stride >= kWarpSpan; stride >>= 1) {
-        for (int pair = threadIdx.x; pair < kN / 2; pair += kRadixSelectThreads) {
-          const int i = ((pair & ~(stride - 1)) << 1) | (pair & (stride - 1));
-          const bool ascending = (i & size) == 0;
-          const unsigned long long a = keys[i], b = keys[i + stride];
-          if ((a > b) == ascending) {
-            keys[i] = b;
-            keys[i + stride] = a;
-          }
-        }
+        bitonic_step_shared(keys, kN, size, stride, kRadixSelectThreads);
         __syncthreads();
       }
 #pragma unroll

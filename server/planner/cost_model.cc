@@ -118,6 +118,7 @@ Workload Workload::Of(const v1::JobSpec& spec) {
   w.topk = std::max(1, m.indexer().topk());
   w.vocab = std::max(1, m.vocab_size());
   w.parameters = ParameterCount(m);
+  w.fp8_selection = m.indexer().fp8_scores();
   for (const auto& stage : spec.stages()) w.sparse |= stage.attention() == v1::SPARSE;
   return w;
 }
@@ -151,14 +152,20 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double causal = BusiestCausalWork(c.layout, N, p);
   out.imbalance = causal / (N * (N + 1) / 2 / p);
   const double k = std::min<double>(w.topk, N);
-  // Megatron-naive scores whole rows: every local query against every key, on every layout.
+  // Index scores at the k selected entries: replay's recomputation and the indexer loss backward.
+  const double score_gather = 2 * hi * di * k * n / (prof.flash_topk_tflops * kTera);
+  // Megatron-naive scores whole rows: every local query against every key, on every layout. fp8
+  // selection (HyScale only: the baselines score in bf16 or fp32) rescores the selected keys
+  // unquantized for the indexer loss, one score gather more.
+  const bool fp8 = w.fp8_selection && !megatron;
   const double selection =
       c.stack == Stack::kMegatronNaive
           ? SelectionFlops(hi, di, n * N) / (prof.naive_topk_tflops * kTera)
           : SelectionFlops(hi, di, causal) /
-                ((megatron ? prof.table_topk_tflops : prof.flash_topk_tflops) * kTera);
-  // Index scores at the k selected entries: replay's recomputation and the indexer loss backward.
-  const double score_gather = 2 * hi * di * k * n / (prof.flash_topk_tflops * kTera);
+                    ((megatron ? prof.table_topk_tflops
+                               : (fp8 ? prof.flash_topk_fp8_tflops : prof.flash_topk_tflops)) *
+                     kTera) +
+                (fp8 ? score_gather : 0);
 
   // Attention forward and backward.
   double attn_fwd = 0, attn_bwd = 0;

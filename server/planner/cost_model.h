@@ -63,6 +63,7 @@ struct Workload {
   int64_t vocab = 1;
   int64_t parameters = 0;
   bool sparse = false;  // some stage attends sparsely: plan for it (the costly stage at length)
+  bool fp8_selection = false;  // model.indexer.fp8_scores
 
   static Workload Of(const v1::JobSpec& spec);
 };

@@ -46,6 +46,7 @@ DeviceProfile H200() {
   p.dense_tflops = 793;
   p.hbm_gbps = 4000;
   p.flash_topk_tflops = 512;
+  p.flash_topk_fp8_tflops = 695;
   p.table_topk_tflops = 304;
   p.naive_topk_tflops = 27.5;
   SetSparse(&p, 210, 85, 127, 72);
@@ -66,8 +67,10 @@ DeviceProfile H200() {
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.8 TB/s";
   p.sources["flash_topk_tflops"] =
       "measured: hyscale::flash_topk (bf16 scoring) at N = 256K on H200, 1099 ms "
-      "(docs/performance.md section 5; 810 ms with fp8 scoring, which the planner does not "
-      "assume)";
+      "(docs/performance.md section 5)";
+  p.sources["flash_topk_fp8_tflops"] =
+      "measured: hyscale::flash_topk with fp8 scoring at N = 256K on H200, 810 ms "
+      "(docs/performance.md section 5)";
   p.sources["table_topk_tflops"] =
       "measured: score table + torch.topk at N = 256K on H200, 1850 ms (docs/performance.md "
       "section 5)";
@@ -104,6 +107,7 @@ DeviceProfile H800() {
   p.intra_node_gbps = 200;
   p.sources["dense_tflops"] = "assumption: the H200's measured 793 (same GH100 SMs and clocks)";
   p.sources["flash_topk_tflops"] = "assumption: the H200's measured 512 (compute-bound, same SMs)";
+  p.sources["flash_topk_fp8_tflops"] = "assumption: the H200's measured 695";
   p.sources["table_topk_tflops"] = "assumption: the H200's measured 304";
   p.sources["naive_topk_tflops"] = "assumption: the H200's measured 27.5";
   for (const char* key :
@@ -125,6 +129,7 @@ DeviceProfile H20() {
   p.dense_tflops = 793 * kCompute;
   p.hbm_gbps = 3300;
   p.flash_topk_tflops = 512 * kCompute;
+  p.flash_topk_fp8_tflops = 695 * kCompute;  // fp8 peaks keep the bf16 ratio (296 / 1979)
   p.table_topk_tflops = 304 * kCompute;
   p.naive_topk_tflops = 27.5 * kCompute;
   SetSparse(&p, 210 * kCompute, 85 * kCompute, 127 * kCompute, 72 * kCompute);
@@ -133,10 +138,10 @@ DeviceProfile H20() {
   p.indexer_mass_tflops = 67.7 * kCompute;
   p.index_score_bwd_tflops = 7.5 * kCompute;
   const std::string scaled = "assumption: the H200 figure x 148/989 (published dense bf16 peaks)";
-  for (const char* key :
-       {"dense_tflops", "flash_topk_tflops", "table_topk_tflops", "naive_topk_tflops",
-        "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
-        "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
+  for (const char* key : {"dense_tflops", "flash_topk_tflops", "flash_topk_fp8_tflops",
+                          "table_topk_tflops", "naive_topk_tflops", "sparse_attention.fwd_tflops",
+                          "sparse_attention.bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
+                          "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = scaled;
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.0 TB/s";
@@ -151,6 +156,7 @@ DeviceProfile Cpu() {
   p.dense_tflops = 0.08;
   p.hbm_gbps = 20;
   p.flash_topk_tflops = 0.02;
+  p.flash_topk_fp8_tflops = 0.02;  // the CPU quantizes, then scores as without fp8
   p.table_topk_tflops = 0.01;
   p.naive_topk_tflops = 0.01;
   SetSparse(&p, 0.02, 0.01, 0.02, 0.01);
@@ -169,7 +175,7 @@ DeviceProfile Cpu() {
       "measured: OpenBLAS fp32 1024^3, 80 GFLOP/s (docs/performance.md section 3)";
   const std::string guess = "assumption: CPU reference kernels, not measured";
   for (const char* key :
-       {"flash_topk_tflops", "table_topk_tflops", "naive_topk_tflops",
+       {"flash_topk_tflops", "flash_topk_fp8_tflops", "table_topk_tflops", "naive_topk_tflops",
         "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
         "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = guess;
@@ -214,6 +220,7 @@ absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profi
       {"dense_tflops", &profile->dense_tflops},
       {"hbm_gbps", &profile->hbm_gbps},
       {"flash_topk_tflops", &profile->flash_topk_tflops},
+      {"flash_topk_fp8_tflops", &profile->flash_topk_fp8_tflops},
       {"table_topk_tflops", &profile->table_topk_tflops},
       {"naive_topk_tflops", &profile->naive_topk_tflops},
       {"gather_fwd_tflops", &profile->gather_fwd_tflops},

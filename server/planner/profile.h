@@ -32,6 +32,8 @@ struct DeviceProfile {
   double hbm_gbps = 0;      // device memory bandwidth, GB/s
   // FlashTopK (scoring + exact top-k; FLOPs counted as H_I * d_I * N(N+1) for a causal N).
   double flash_topk_tflops = 0;
+  // The same with fp8 scoring (model.indexer.fp8_scores), FLOPs counted alike.
+  double flash_topk_fp8_tflops = 0;
   // The Megatron-style selection: fused scoring into an fp32 table, then torch.topk.
   double table_topk_tflops = 0;
   // Megatron-naive selection: fp32 einsum table over whole rows, then torch.topk (FLOPs counted

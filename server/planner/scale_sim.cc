@@ -113,6 +113,13 @@ int Main(int argc, char** argv) {
     for (int gpus : {32, 512})
       PrintRow(absl::StrFormat("%d %s", gpus, profile.name), Run(spec, profile, gpus));
   }
+  // HyScale selecting on fp8 index scores (model.indexer.fp8_scores); the baseline unchanged.
+  v1::JobSpec fp8 = spec;
+  fp8.mutable_model()->mutable_indexer()->set_fp8_scores(true);
+  for (int gpus : {32, 512}) {
+    PrintRow(absl::StrFormat("%d %s, fp8 selection", gpus, profiles.front().name),
+             Run(fp8, profiles.front(), gpus));
+  }
 
   // Sensitivity: each figure halved and doubled, on 32 H200 (measured) and 512 H20 (published).
   using Knob = std::function<void(DeviceProfile&, double)>;

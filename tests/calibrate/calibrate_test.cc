@@ -70,14 +70,15 @@ class CalibrateTest : public ::testing::Test {
 };
 
 constexpr const char* kFigures[] = {
-    "dense_tflops",      "hbm_gbps",          "flash_topk_tflops",   "table_topk_tflops",
-    "gather_fwd_tflops", "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops",
-    "kernel_launch_s"};
+    "dense_tflops",           "hbm_gbps",          "flash_topk_tflops", "flash_topk_fp8_tflops",
+    "table_topk_tflops",      "gather_fwd_tflops", "gather_bwd_tflops", "indexer_mass_tflops",
+    "index_score_bwd_tflops", "kernel_launch_s"};
 
 double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "dense_tflops") return p.dense_tflops;
   if (name == "hbm_gbps") return p.hbm_gbps;
   if (name == "flash_topk_tflops") return p.flash_topk_tflops;
+  if (name == "flash_topk_fp8_tflops") return p.flash_topk_fp8_tflops;
   if (name == "table_topk_tflops") return p.table_topk_tflops;
   if (name == "gather_fwd_tflops") return p.gather_fwd_tflops;
   if (name == "gather_bwd_tflops") return p.gather_bwd_tflops;

@@ -30,7 +30,7 @@ model:
   rope_dim: 16
   head_dim_v: 32
   d_ff: 128
-  indexer: {heads: 4, dim: 32, rope_dim: 16, topk: 64}
+  indexer: {heads: 4, dim: 32, rope_dim: 16, topk: 64, fp8_scores: true}
 data:
   seq_len: 256
   batch_size: 8
@@ -59,7 +59,7 @@ constexpr char kRecallJson[] = R"({
   "name": "recall-demo", "seed": 7,
   "model": {"vocab_size": 256, "d_model": 64, "layers": 2, "heads": 4, "head_dim_qk": 32,
             "rope_dim": 16, "head_dim_v": 32, "d_ff": 128,
-            "indexer": {"heads": 4, "dim": 32, "rope_dim": 16, "topk": 64}},
+            "indexer": {"heads": 4, "dim": 32, "rope_dim": 16, "topk": 64, "fp8_scores": true}},
   "data": {"seq_len": 256, "batch_size": 8,
            "recall": {"pairs": 16, "queries": 8, "key_vocab": 64, "value_vocab": 64}},
   "stages": [
@@ -118,6 +118,7 @@ TEST(ParseJobSpec, JsonAndYamlReadAlike) {
   EXPECT_EQ(yaml.stages(1).attention(), v1::SPARSE);
   EXPECT_FLOAT_EQ(yaml.stages(0).lr(), 1e-3f);
   EXPECT_TRUE(yaml.recompute().selection_replay());
+  EXPECT_TRUE(yaml.model().indexer().fp8_scores());
   EXPECT_TRUE(ValidateJobSpec(yaml).ok()) << ValidateJobSpec(yaml);
 }
 

@@ -356,13 +356,30 @@ TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
   for (const auto& name : BuiltinProfileNames()) {
     const DeviceProfile profile = *BuiltinProfile(name);
     for (const char* figure :
-         {"dense_tflops", "hbm_gbps", "flash_topk_tflops", "table_topk_tflops",
-          "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "sparse_attention.dedup",
-          "naive_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops", "indexer_mass_tflops",
-          "index_score_bwd_tflops", "intra_node_gbps", "inter_node_gbps"}) {
+         {"dense_tflops", "hbm_gbps", "flash_topk_tflops", "flash_topk_fp8_tflops",
+          "table_topk_tflops", "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
+          "sparse_attention.dedup", "naive_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
+          "indexer_mass_tflops", "index_score_bwd_tflops", "intra_node_gbps", "inter_node_gbps"}) {
       EXPECT_EQ(profile.sources.count(figure), 1u) << name << " " << figure;
     }
   }
+}
+
+// fp8 scoring (model.indexer.fp8_scores) makes HyScale's selection faster, by the profile's two
+// FlashTopK rates less the rescoring of the selected keys; the baselines' selection is unchanged.
+TEST(PlannerTest, Fp8SelectionIsFasterForHyScaleOnly) {
+  v1::JobSpec spec = LongSparse();
+  const DeviceProfile h200 = *BuiltinProfile("h200");
+  Candidate c{8, CpLayout::kZigzag};
+  const auto selection = [&](bool fp8, Stack stack) {
+    spec.mutable_model()->mutable_indexer()->set_fp8_scores(fp8);
+    c.stack = stack;
+    return Predict(Workload::Of(spec), c, h200, 8).seconds.at("selection");
+  };
+  const double bf16 = selection(false, Stack::kHyScale), fp8 = selection(true, Stack::kHyScale);
+  EXPECT_LT(fp8, bf16);
+  EXPECT_GT(fp8, bf16 * h200.flash_topk_tflops / h200.flash_topk_fp8_tflops);  // the rescoring
+  EXPECT_EQ(selection(true, Stack::kMegatron), selection(false, Stack::kMegatron));
 }
 
 TEST(PlannerTest, CandidateOfReadsTheSpec) {

@@ -95,6 +95,25 @@ TEST(ModelTest, ReplayNeverSelectsDuringRecomputation) {
   EXPECT_EQ(reselect.stats.replays, 0);
 }
 
+// fp8 index scores select; the loss rescores the selected keys in full precision, so replay,
+// re-selection and no recomputation give the same gradients; and fp8 changes what is selected.
+TEST(ModelTest, Fp8SelectionReplaysLikeReselection) {
+  auto config = small_config();
+  config.index_fp8 = true;
+  const TrainedOnce plain = run_once(config, sparse(false, false));
+  const TrainedOnce replay = run_once(config, sparse(true, true));
+  const TrainedOnce reselect = run_once(config, sparse(true, false));
+  expect_identical(replay, reselect);
+  expect_identical(replay, plain);
+  EXPECT_EQ(replay.stats.replays, config.layers);
+  EXPECT_EQ(reselect.stats.recompute_selections, config.layers);
+  config.index_fp8 = false;
+  const TrainedOnce bf16 = run_once(config, sparse(true, true));
+  bool differs = false;
+  for (const auto& [name, grad] : bf16.grads) differs |= !torch::equal(grad, replay.grads.at(name));
+  EXPECT_TRUE(differs) << "fp8 and bf16 index scores trained identically";
+}
+
 bool is_indexer(const std::string& name) {
   return name.find(".indexer.") != std::string::npos;
 }

@@ -114,9 +114,10 @@ Measurement Benchmarks::Copy() const {
   return {seconds, 2.0 * static_cast<double>(shapes_.copy_bytes)};
 }
 
-Measurement Benchmarks::FlashTopk() const {
+Measurement Benchmarks::FlashTopk(bool fp8) const {
   const IndexerInputs in = MakeIndexerInputs(shapes_, shapes_.selection_seq_len, Options(dtype_));
-  const double seconds = timer_.Median([&] { ops::flash_topk(in.q, in.k, in.w, shapes_.topk); });
+  const double seconds =
+      timer_.Median([&] { ops::flash_topk(in.q, in.k, in.w, shapes_.topk, 0, 1, fp8); });
   return {seconds, SelectionFlops(shapes_.indexer_heads, shapes_.indexer_dim,
                                   CausalPairs(static_cast<double>(shapes_.selection_seq_len)))};
 }

@@ -42,8 +42,9 @@ class Benchmarks {
   Measurement Dense() const;
   // Device-to-device copy: bytes read + written.
   Measurement Copy() const;
-  // hyscale::flash_topk over a causal sequence of selection_seq_len: 2 H_I d_I N(N+1)/2 FLOPs.
-  Measurement FlashTopk() const;
+  // hyscale::flash_topk over a causal sequence of selection_seq_len: 2 H_I d_I N(N+1)/2 FLOPs;
+  // with `fp8`, its fp8 scoring (quantization included), FLOPs counted alike.
+  Measurement FlashTopk(bool fp8 = false) const;
   // The Megatron-style selection with the same FLOP count: an fp32 score table block by block
   // (our index_score_table op on CUDA, a matmul on the CPU), then topk.
   Measurement TableTopk() const;

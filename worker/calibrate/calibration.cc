@@ -30,6 +30,7 @@ nlohmann::json ToJson(const Calibration& c) {
   doc["dense_tflops"] = c.dense.Rate() / kTera;
   doc["hbm_gbps"] = c.copy.Rate() / kGiga;
   doc["flash_topk_tflops"] = c.flash_topk.Rate() / kTera;
+  doc["flash_topk_fp8_tflops"] = c.flash_topk_fp8.Rate() / kTera;
   doc["table_topk_tflops"] = c.table_topk.Rate() / kTera;
   doc["gather_fwd_tflops"] = c.gather.fwd.Rate() / kTera;
   doc["gather_bwd_tflops"] = c.gather.bwd.Rate() / kTera;
@@ -52,6 +53,7 @@ nlohmann::json ToJson(const Calibration& c) {
       {"dense", Timing(c.dense, "flops")},
       {"copy", Timing(c.copy, "bytes")},
       {"flash_topk", Timing(c.flash_topk, "flops")},
+      {"flash_topk_fp8", Timing(c.flash_topk_fp8, "flops")},
       {"table_topk", Timing(c.table_topk, "flops")},
       {"gather_fwd", Timing(c.gather.fwd, "flops")},
       {"gather_bwd", Timing(c.gather.bwd, "flops")},

@@ -19,7 +19,7 @@ struct Calibration {
   std::string commit;       // of the source the tool was built from; empty when unknown
   std::string date;         // UTC, ISO 8601
   Shapes shapes;
-  Measurement dense, copy, flash_topk, table_topk;
+  Measurement dense, copy, flash_topk, flash_topk_fp8, table_topk;
   std::vector<SparseAttentionMeasurement> sparse_attention;
   GatherMeasurement gather;
   IndexerLossMeasurement indexer_loss;

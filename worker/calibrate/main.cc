@@ -123,6 +123,9 @@ int Run(const Flags& flags) {
     Report("hbm_gbps", c.copy.Rate() / 1e9, "GB/s", c.copy.seconds);
     c.flash_topk = bench.FlashTopk();
     Report("flash_topk_tflops", c.flash_topk.Rate() / 1e12, "TFLOP/s", c.flash_topk.seconds);
+    c.flash_topk_fp8 = bench.FlashTopk(/*fp8=*/true);
+    Report("flash_topk_fp8_tflops", c.flash_topk_fp8.Rate() / 1e12, "TFLOP/s",
+           c.flash_topk_fp8.seconds);
     c.table_topk = bench.TableTopk();
     Report("table_topk_tflops", c.table_topk.Rate() / 1e12, "TFLOP/s", c.table_topk.seconds);
     for (int group : bench.Groups()) {

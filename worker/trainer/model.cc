@@ -49,9 +49,12 @@ std::vector<QueryRun> query_runs(const torch::Tensor& positions) {
   return runs;
 }
 
-// The indexer's top-k of every query (or, given replay indices, their scores), run by run.
+// The indexer's top-k of every query (or, given replay indices, their scores), run by run. `fp8`
+// selects on fp8 scores; the scores returned (the indexer loss's) are then rescored at the
+// selected keys in full precision, as replay rescores them, so that recomputation with replay,
+// with re-selection and without recomputation train alike.
 ops::Selection select(const LightningIndexerImpl::Projections& index,
-                      const std::vector<QueryRun>& runs, int64_t topk,
+                      const std::vector<QueryRun>& runs, int64_t topk, bool fp8,
                       const torch::Tensor& replay_indices) {
   std::vector<torch::Tensor> indices, scores;
   for (const auto& run : runs) {
@@ -60,9 +63,12 @@ ops::Selection select(const LightningIndexerImpl::Projections& index,
       scores.push_back(ops::index_score_gather(rows(index.q), index.k, rows(index.w),
                                                rows(replay_indices), run.offset));
     } else {
-      auto selection = ops::flash_topk(rows(index.q), index.k, rows(index.w), topk, run.offset);
+      auto selection =
+          ops::flash_topk(rows(index.q), index.k, rows(index.w), topk, run.offset, 1, fp8);
       indices.push_back(selection.indices);
-      scores.push_back(selection.scores);
+      scores.push_back(fp8 ? ops::index_score_gather(rows(index.q), index.k, rows(index.w),
+                                                     selection.indices, run.offset)
+                           : selection.scores);
     }
   }
   const auto join = [](const std::vector<torch::Tensor>& parts) {
@@ -99,6 +105,7 @@ ModelConfig ModelConfig::FromSpec(const v1::ModelSpec& spec) {
   c.index_dim = spec.indexer().dim();
   c.index_rope_dim = spec.indexer().rope_dim();
   c.topk = spec.indexer().topk();
+  c.index_fp8 = spec.indexer().fp8_scores();
   return c;
 }
 
@@ -213,7 +220,8 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
     } else {
       ++(options.clock->recomputing() ? stats.recompute_selections : stats.selections);
     }
-    auto selection = select(index, query_runs(positions), config_.topk, replay_indices);
+    auto selection =
+        select(index, query_runs(positions), config_.topk, config_.index_fp8, replay_indices);
     a.indices = selection.indices;
     scores = selection.scores;
   }
@@ -310,10 +318,10 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
     out.probe.key = key.detach();
     const LightningIndexerImpl::Projections detached{index.q.detach(), index.k.detach(),
                                                      index.w.detach()};
-    out.probe.indices =
-        a.indices.defined()
-            ? a.indices
-            : select(detached, query_runs(positions), config_.topk, torch::Tensor()).indices;
+    out.probe.indices = a.indices.defined() ? a.indices
+                                            : select(detached, query_runs(positions), config_.topk,
+                                                     config_.index_fp8, torch::Tensor())
+                                                  .indices;
   }
   return out;
 }

@@ -32,6 +32,7 @@ struct ModelConfig {
   int64_t index_dim = 0;
   int64_t index_rope_dim = 0;
   int64_t topk = 0;
+  bool index_fp8 = false;  // select with fp8 index scores (flash_topk's fp8 option)
 
   // `spec` with ApplyDefaults applied (proto/job_spec.h owns the defaults).
   static ModelConfig FromSpec(const v1::ModelSpec& spec);
