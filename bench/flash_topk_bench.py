@@ -136,10 +136,14 @@ def check_exact(q, k, w, indices, topk, rows, key_scales=None, rounding=0.0):
         qr, wr = q[row].double(), w[row].double().unsqueeze(1)
         dots = torch.einsum("hd,md->hm", qr, kd[:visible]).clamp_min(0)
         ref = (wr * dots).sum(0)
-        magnitude = (wr.abs() * torch.einsum("hd,md->hm", qr.abs(), kd[:visible].abs())).sum(0)
         if key_scales is not None:
             ref = ref * key_scales[:visible]
-            magnitude = magnitude * key_scales[:visible]
+        slack = 0.0
+        if rounding > 0:  # the row's largest term magnitude (summed |w q k|), scaled like ref
+            magnitude = (wr.abs() * torch.einsum("hd,md->hm", qr.abs(), kd[:visible].abs())).sum(0)
+            if key_scales is not None:
+                magnitude = magnitude * key_scales[:visible]
+            slack = 2 * rounding * magnitude.max().item()
         selected = min(topk, visible)
         got = indices[row].long()
         assert bool((got[selected:] == -1).all()), f"row {row}: unused slots not -1"
@@ -147,7 +151,7 @@ def check_exact(q, k, w, indices, topk, rows, key_scales=None, rounding=0.0):
         assert bool(((got >= 0) & (got < visible)).all()), f"row {row}: invalid or non-causal key"
         assert got.unique().numel() == selected, f"row {row}: duplicate keys"
         tau = torch.topk(ref, selected).values[-1].item()
-        eps = 1e-4 * abs(tau) + 2 * rounding * magnitude.max().item()
+        eps = 1e-4 * abs(tau) + slack
         assert bool((ref[got] >= tau - eps).all()), f"row {row}: selected a key below tau"
         chosen = torch.zeros(visible, dtype=torch.bool, device="cuda")
         chosen[got] = True

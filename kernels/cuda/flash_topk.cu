@@ -259,12 +259,9 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
   }
 }
 
-static_assert(SelectTraits::kSelectThreads == kRadixSelectThreads,
-              "the selecting kernels run block_radix_select");
-
 // Per row: the threshold that about `target` of its visible keys reach, from its sample scores.
 // Rows that see at most `keep_all` keys keep everything (-infinity).
-__global__ void __launch_bounds__(SelectTraits::kSelectThreads)
+__global__ void __launch_bounds__(kRadixSelectThreads)
     sample_threshold_kernel(const float* sample_scores, const int* sample_counts,
                             int sample_capacity, RowSet rows, int64_t q_offset,
                             int64_t tokens_per_key, int64_t num_keys, int64_t keep_all,
@@ -308,7 +305,7 @@ struct FinishParams {
 };
 
 // Per row: exact top-k of its candidates, sorted by score descending then key ascending.
-__global__ void __launch_bounds__(SelectTraits::kSelectThreads) finish_rows_kernel(FinishParams p) {
+__global__ void __launch_bounds__(kRadixSelectThreads) finish_rows_kernel(FinishParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto* sorted = reinterpret_cast<unsigned long long*>(smem_raw);
   __shared__ RadixSelectShared shared;
@@ -508,7 +505,7 @@ void launch_finish(const FinishParams& p, cudaStream_t stream) {
   check(cudaFuncSetAttribute(finish_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
         "shared memory size");
-  finish_rows_kernel<<<p.rows.rows, SelectTraits::kSelectThreads, smem, stream>>>(p);
+  finish_rows_kernel<<<p.rows.rows, kRadixSelectThreads, smem, stream>>>(p);
   check(cudaGetLastError(), "finish kernel launch");
 }
 
@@ -556,7 +553,7 @@ FlashTopkStats flash_topk_impl(const IndexerShape& shape, const IndexerOperands&
       sample.cand_scores = ws.sample_scores;
       sample.counts = ws.sample_counts;
       launch_score<Traits, ScoreMode::kCandidates>(sample, stream);
-      sample_threshold_kernel<<<rows.rows, SelectTraits::kSelectThreads, 0, stream>>>(
+      sample_threshold_kernel<<<rows.rows, kRadixSelectThreads, 0, stream>>>(
           ws.sample_scores, ws.sample_counts, static_cast<int>(plan.sample_capacity), rows,
           shape.q_offset, shape.visibility.tokens_per_key, shape.num_keys, plan.capacity,
           plan.target, ws.thresholds);

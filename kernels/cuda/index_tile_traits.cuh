@@ -42,8 +42,7 @@ struct SelectTraits {
   static constexpr int kBlocksPerSm = 2;
   static constexpr int kStages = 3;
   static constexpr int kThreads = 128;
-  // Per-row finishing kernel (radix select + sort).
-  static constexpr int kSelectThreads = 256;
+  // The per-row threshold and finishing kernels run kRadixSelectThreads (radix_select.cuh).
 };
 
 }  // namespace hyscale::cuda

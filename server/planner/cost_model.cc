@@ -154,18 +154,18 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double k = std::min<double>(w.topk, N);
   // Index scores at the k selected entries: replay's recomputation and the indexer loss backward.
   const double score_gather = 2 * hi * di * k * n / (prof.flash_topk_tflops * kTera);
-  // Megatron-naive scores whole rows: every local query against every key, on every layout. fp8
-  // selection (HyScale only: the baselines score in bf16 or fp32) rescores the selected keys
-  // unquantized for the indexer loss, one score gather more.
+  // FlashTopK, with bf16 or fp8 scores, or the Megatron-style score table. fp8 selection (HyScale
+  // only: the baselines score in bf16 or fp32) rescores the selected keys unquantized for the
+  // indexer loss, one score gather more. Megatron-naive scores whole rows: every local query
+  // against every key, on every layout.
   const bool fp8 = w.fp8_selection && !megatron;
+  const double selection_rate = megatron ? prof.table_topk_tflops
+                                : fp8    ? prof.flash_topk_fp8_tflops
+                                         : prof.flash_topk_tflops;
   const double selection =
       c.stack == Stack::kMegatronNaive
           ? SelectionFlops(hi, di, n * N) / (prof.naive_topk_tflops * kTera)
-          : SelectionFlops(hi, di, causal) /
-                    ((megatron ? prof.table_topk_tflops
-                               : (fp8 ? prof.flash_topk_fp8_tflops : prof.flash_topk_tflops)) *
-                     kTera) +
-                (fp8 ? score_gather : 0);
+          : SelectionFlops(hi, di, causal) / (selection_rate * kTera) + (fp8 ? score_gather : 0);
 
   // Attention forward and backward.
   double attn_fwd = 0, attn_bwd = 0;

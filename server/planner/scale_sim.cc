@@ -1,6 +1,6 @@
 // hyscale-scale-sim: the planner's prediction of one GLM-5.1-like DSA layer at 1M tokens on 32
 // and 512 GPUs, HyScale against a Megatron-style stack, and how the ratio moves when each
-// profile figure is halved or doubled. Prints markdown (docs/performance.md section 7).
+// profile figure is halved or doubled. Prints markdown (docs/performance.md section 8).
 //
 //   hyscale-scale-sim [--calibration FILE]   (FILE replaces the H200 figures, profile.h)
 #include <absl/strings/str_cat.h>
