@@ -126,6 +126,7 @@ def main():
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--value-in-key", action="store_true",
                     help="absorbed MLA: value = key[:, :d_v] (a view), for both stacks")
+    ap.add_argument("--forward-only", action="store_true", help="time the forward kernels only")
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.ops.load_library(a.lib)
@@ -180,8 +181,8 @@ def main():
                 t_f = timed(lambda: fwd_op(q, key, value, idx, scale, group), a.runs)
                 m_f = peak_extra(lambda: fwd_op(q, key, value, idx, scale, group))
                 bwd = lambda det=False: bwd_op(grad_out, q, key, value, idx, scale, out, lse, group, det)
-                t_b = timed(bwd, a.runs)
-                m_b = peak_extra(bwd)
+                t_b, m_b = (float("nan"), float("nan")) if a.forward_only else (timed(bwd, a.runs),
+                                                                                 peak_extra(bwd))
                 dd = dedup_factor(idx, group)
                 r = dict(n=n, kind=kind, impl="hyscale", value_in_key=a.value_in_key, group=group,
                          dedup=dd, fwd_ms=t_f,
@@ -192,7 +193,7 @@ def main():
                 if base is not None:
                     r["fwd_speedup"] = base["fwd_ms"] / t_f
                     r["bwd_speedup"] = base["bwd_ms"] / t_b
-                if group == 1:
+                if group == 1 and not a.forward_only:
                     t_d = timed(lambda: bwd(True), a.runs)
                     r["bwd_det_ms"] = t_d
                     r["bwd_det_tflops"] = f_bwd / t_d / 1e9
@@ -200,7 +201,7 @@ def main():
                 extra = ""
                 if base is not None:
                     extra = f"  x{r['fwd_speedup']:.2f} fwd x{r['bwd_speedup']:.2f} bwd vs gather"
-                if group == 1:
+                if "bwd_det_ms" in r:
                     extra += f"  det bwd {r['bwd_det_ms']:.2f} ms ({r['bwd_det_tflops']:.1f} TF/s)"
                 print(f"{n:>7} {kind:>6} {group:>2} {dd:5.2f} | {t_f:8.2f} {r['fwd_tflops']:6.1f} "
                       f"{r['fwd_floor']:5.2f} {m_f:5.1f} | {t_b:8.2f} {r['bwd_tflops']:6.1f} "

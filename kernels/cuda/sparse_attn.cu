@@ -18,6 +18,7 @@
 #include "kernels/cuda/sparse_attn_cuda.h"
 #include "kernels/cuda/sparse_attn_mma.cuh"
 #include "kernels/cuda/sparse_attn_traits.cuh"
+#include "kernels/cuda/warp_specialization.cuh"
 
 namespace hyscale::cuda {
 namespace {
@@ -120,14 +121,21 @@ __device__ __forceinline__ float quad_sum(float x) {
 // two rows (ra, rb) get their per-tile maxima and final sums from both halves through
 // `halves[2][64]` in shared memory. Both helpers below hold a block barrier.
 
+// The barrier of the helpers below: the whole block, or (warp-specialized kernels) the threads
+// that hold the rows.
+struct BlockBarrier {
+  __device__ void operator()() const { __syncthreads(); }
+};
+
 // Publishes this half's quad-reduced values of the thread's two rows, then waits for the other.
+template <class Barrier = BlockBarrier>
 __device__ __forceinline__ void publish_rows(float (*halves)[64], int half, int ra, int rb, float a,
-                                             float b, int lane) {
+                                             float b, int lane, Barrier barrier = {}) {
   if (lane % 4 == 0) {
     halves[half][ra] = a;
     halves[half][rb] = b;
   }
-  __syncthreads();
+  barrier();
 }
 
 // One online-softmax step: this tile's row maxima (mx_a, mx_b over this thread's columns) of
@@ -158,9 +166,11 @@ __device__ __forceinline__ SoftmaxStep online_softmax_step(float (*halves)[64], 
 struct RowTotals {
   float tot_a, tot_b, inv_a, inv_b;
 };
+template <class Barrier = BlockBarrier>
 __device__ __forceinline__ RowTotals row_totals(float (*halves)[64], int half, int ra, int rb,
-                                                int lane, float l_a, float l_b) {
-  publish_rows(halves, half, ra, rb, quad_sum(l_a), quad_sum(l_b), lane);
+                                                int lane, float l_a, float l_b,
+                                                Barrier barrier = {}) {
+  publish_rows(halves, half, ra, rb, quad_sum(l_a), quad_sum(l_b), lane, barrier);
   RowTotals t;
   t.tot_a = halves[0][ra] + halves[1][ra];
   t.tot_b = halves[0][rb] + halves[1][rb];
@@ -332,41 +342,32 @@ __device__ void load_block_rows(bf16* tile, const bf16* src, const Problem& p, i
   });
 }
 
-// kValueInKey: value rows are the first d_v columns of the key rows (absorbed MLA: the latent is
-// both), so a tile is gathered once and serves S and P V; K tiles are then double-buffered (the
-// next tile's gather overlaps the whole of this one). Otherwise K(j+1) streams in during the
-// softmax and P V of tile j, V(j+1) during S of tile j+1, as in the mma.sync kernel.
-template <class Tr, bool kValueInKey>
+// Separate values: K(j+1) streams in during the softmax and P V of tile j, V(j+1) during S of
+// tile j+1, as in the mma.sync kernel. (Values inside the keys take the warp-specialized kernel
+// below.)
+template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     sparse_attn_fwd_wgmma_kernel(Problem p, FwdOut o_) {
   constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, T = Tr::kThreads;
   constexpr int kSKeys = Tr::kKeysPerWarpgroup, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
-  // The second K/V buffer: the next K tile (kValueInKey) or the V tile.
-  constexpr int kSecondBytes = kValueInKey ? Tr::kKBytes : Tr::kVBytes;
-  static_assert(!kValueInKey || DV <= DQ, "values inside keys need d_v <= d_qk");
   // No static shared memory: the tiles start at the 1 KB-aligned dynamic window.
   extern __shared__ __align__(1024) unsigned char tiles_raw[];
   bf16* sq = reinterpret_cast<bf16*>(tiles_raw);
   bf16* sk = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes);
-  bf16* second = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes);
-  bf16* sp = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes + kSecondBytes);
+  bf16* sv = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes);
+  bf16* sp = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes + Tr::kVBytes);
   auto* row_max = reinterpret_cast<float(*)[64]>(tiles_raw + Tr::kQBytes + Tr::kKBytes +
-                                                 kSecondBytes + Tr::kPBytes);
+                                                 Tr::kVBytes + Tr::kPBytes);
   auto* row_sum = row_max + 2;
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int grp = blockIdx.x, h0 = blockIdx.y * 64;
   const KeyList list = key_list(p, grp);
-  // The K tile of tile j, and the tile its values are read from.
-  auto key_tile = [&](int j) { return kValueInKey && j % 2 == 1 ? second : sk; };
-  auto value_tile = [&](int j) { return kValueInKey ? key_tile(j) : second; };
   load_block_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
   gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, 0, tid);
   cp_async_commit();
-  if constexpr (!kValueInKey) {
-    gather_rows_wgmma<DV, BK, T>(second, p.value, list, 0, tid);
-    cp_async_commit();
-  }
+  gather_rows_wgmma<DV, BK, T>(sv, p.value, list, 0, tid);
+  cp_async_commit();
 
   // This thread's accumulator rows (both warpgroups hold all 64 rows).
   const int ra = warp * 16 + lane / 4, rb = ra + 8;
@@ -382,32 +383,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
     prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
-    // Q and K(j) have landed (without kValueInKey V(j) may still be in flight).
-    cp_async_wait<kValueInKey ? 0 : 1>();
+    cp_async_wait<1>();  // Q and K(j) have landed (V(j) may still be in flight)
     fence_async_shared();
-    // kValueInKey: also, tile j - 1 is done everywhere, so its K buffer takes K(j + 1) and P is
-    // free again (its only barrier between P V and the next P stores is this one).
     __syncthreads();
-    if constexpr (kValueInKey) {
-      if (j + 1 < tiles)
-        gather_rows_wgmma<DQ, BK, T>(key_tile(j + 1), p.key, list, (j + 1) * BK, tid);
-      cp_async_commit();
-    }
     float s[kSKeys / 2];
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < DQ / 16; ++ks) {
       Wgmma<kSKeys>::run(s, matrix_descriptor<64>(sq, 0, ks),
-                         matrix_descriptor<64>(key_tile(j), wg * kSKeys, ks), ks > 0);
+                         matrix_descriptor<64>(sk, wg * kSKeys, ks), ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(s);
-    if constexpr (!kValueInKey) {
-      __syncthreads();  // both warpgroups are done with K(j)
-      if (j + 1 < tiles) gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, (j + 1) * BK, tid);
-      cp_async_commit();
-    }
+    __syncthreads();  // both warpgroups are done with K(j)
+    if (j + 1 < tiles) gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, (j + 1) * BK, tid);
+    cp_async_commit();
 
     float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
@@ -442,8 +433,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kPvN / 2; ++i) o[c][i] *= i % 4 < 2 ? alpha_a : alpha_b;
     }
-    if constexpr (!kValueInKey) cp_async_wait<1>();  // V(j) has landed (K(j+1) may not have)
-    fence_async_shared();                            // the P stores (and V(j)) are read by wgmma
+    cp_async_wait<1>();    // V(j) has landed (K(j+1) may not have)
+    fence_async_shared();  // the P stores and V(j) are read by wgmma
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
@@ -452,20 +443,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int ks = 0; ks < BK / 16; ++ks) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        Wgmma<kPvN, 1>::run(
-            o[c], matrix_descriptor<64>(sp, 0, ks),
-            mn_major_descriptor<64>(value_tile(j), wg * (DV / 2) + c * kPvN, ks * 16), 1);
+        Wgmma<kPvN, 1>::run(o[c], matrix_descriptor<64>(sp, 0, ks),
+                            mn_major_descriptor<64>(sv, wg * (DV / 2) + c * kPvN, ks * 16), 1);
       }
     }
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
-    if constexpr (!kValueInKey) {
-      __syncthreads();  // both warpgroups are done with V(j) and P
-      if (j + 1 < tiles) gather_rows_wgmma<DV, BK, T>(second, p.value, list, (j + 1) * BK, tid);
-      cp_async_commit();
-    }
+    __syncthreads();  // both warpgroups are done with V(j) and P
+    if (j + 1 < tiles) gather_rows_wgmma<DV, BK, T>(sv, p.value, list, (j + 1) * BK, tid);
+    cp_async_commit();
   }
   cp_async_wait<0>();
 
@@ -484,6 +472,381 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (wg == 0 && lane % 4 == 0) {
     write_lse(o_.lse, row_a, m_a, tot_a);
     write_lse(o_.lse, row_b, m_b, tot_b);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward with values inside the keys, warp-specialized (SparseAttnLatentTraits). Per pair of
+// 64-key blocks (b0 = 2i in buffer 0, b1 = 2i + 1 in buffer 1), with M the running row maxima
+// that both consumers share:
+//   warpgroup 0: P0 of S0 against M0 = max(M, rowmax S0), published; O_left += P0 V0 (P0 from
+//     registers); once warpgroup 1 has published M1, rescales O_left and P0 to M1, stores P0
+//     for warpgroup 1 and adds O_left += P1 V1 while S of the next pair's b0 runs;
+//   warpgroup 1: P1 of S1 against M1 = max(M0, rowmax S1), published; O_right += P1 V1 (from
+//     registers), stores P1, O_right += P0 V0.
+// So at the end of every pair both consumers' accumulators and sums are relative to the same
+// maxima; each sums P over its own blocks, and the two sums meet at the end.
+
+// Shared memory after the tiles.
+struct LatentSync {
+  uint64_t q_ready;
+  uint64_t ready[2][2];  // [buffer][half: 0 left, 1 right]: the producer's copies have landed
+  uint64_t free[2][2];   // [buffer][half]: its last reader is done with it
+  float row_max[64];     // the running maxima, handed from one consumer to the other
+  float row_sum[2][64];  // both consumers' final sums
+};
+
+// Named barriers between the two consumer warpgroups.
+enum LatentBarrier : int { kMax0Ready = 1, kMax1Ready, kP0Ready, kP1Ready, kSumsReady };
+
+struct ConsumerBarrier {
+  __device__ void operator()() const { named_barrier_sync(kSumsReady, 256); }
+};
+
+// The producer warpgroup: Q, then per pair the four half buffers in the order their readers free
+// them. Thread t copies the 16-byte chunk t % 8 of every 64-column block of rows t / 8 + 16 i, so
+// its shared-memory offsets inside a block are constants (those rows agree mod 8: one swizzle).
+template <class Tr>
+__device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int grp, int h0,
+                                      bf16* sq, bf16* const (&kbuf)[2], LatentSync& sync,
+                                      int pairs) {
+  constexpr int DQ = Tr::kDimQk, BK = Tr::kKeys, kRowsPerThread = BK / 16;
+  constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks;
+  const int t = threadIdx.x % 128, chunk = t % 8, row0 = t / 8;
+  load_block_rows<DQ, 128>(sq, p.q, p, grp, h0, t);
+  cp_async_arrive(&sync.q_ready);
+  const uint64_t policy = l2_evict_last_policy();
+  const int offset = row0 * 64 + (chunk ^ (row0 % 8)) * 8;  // = swizzled_offset<BK>(row0, chunk)
+  using Rows = const bf16* [kRowsPerThread];
+  auto rows_of = [&](int block, Rows& src) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int key = list.key(block * BK + row0 + 16 * i);
+      src[i] = key >= 0 ? p.key + int64_t(key) * DQ + chunk * 8 : nullptr;
+    }
+  };
+  auto copy_half = [&](bf16* tile, const Rows& src, int first_block, int end_block) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+#pragma unroll
+      for (int cb = first_block; cb < end_block; ++cb) {
+        cp_async_16_l2(tile + cb * BK * 64 + 16 * i * 64 + offset,
+                       src[i] ? src[i] + cb * 64 : p.key, src[i] != nullptr, policy);
+      }
+    }
+  };
+  for (int pair = 0; pair < pairs; ++pair) {
+    // The next pair's rows start on their way into L2 (one row a thread).
+    const int ahead = list.key((2 * pair + 2) * BK + t);
+    if (ahead >= 0) prefetch_l2(p.key + int64_t(ahead) * DQ, DQ * 2);
+    Rows src0, src1;
+    rows_of(2 * pair, src0);
+    rows_of(2 * pair + 1, src1);
+    const uint32_t parity = (pair & 1) ^ 1;  // the readers' previous round
+    mbarrier_wait(&sync.free[0][0], parity);
+    copy_half(kbuf[0], src0, 0, L);
+    cp_async_arrive(&sync.ready[0][0]);
+    mbarrier_wait(&sync.free[1][1], parity);
+    copy_half(kbuf[1], src1, L, C);
+    cp_async_arrive(&sync.ready[1][1]);
+    mbarrier_wait(&sync.free[0][1], parity);
+    copy_half(kbuf[0], src0, L, C);
+    cp_async_arrive(&sync.ready[0][1]);
+    mbarrier_wait(&sync.free[1][0], parity);
+    copy_half(kbuf[1], src1, 0, L);
+    cp_async_arrive(&sync.ready[1][0]);
+  }
+}
+
+// Consumer warpgroup kWg (the schedule above). ptile[c] is where consumer c's P goes for the other.
+template <class Tr, int kWg>
+__device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int grp, int h0,
+                                      const bf16* sq, bf16* const (&kbuf)[2],
+                                      bf16* const (&ptile)[2], LatentSync& sync, int pairs,
+                                      const FwdOut& o_) {
+  constexpr int DV = Tr::kDimV, BK = Tr::kKeys, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
+  constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks, kPairThreads = Tr::kConsumerThreads;
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int ra = warp * 16 + lane / 4, rb = ra + 8;
+  const int columns = kWg * (DV / 2);  // this warpgroup's value columns
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+  float o[kChunks][kPvN / 2];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int i = 0; i < kPvN / 2; ++i) o[c][i] = 0.f;
+  }
+  float s[BK / 2];          // S, then P, of this warpgroup's block
+  uint32_t pa[BK / 16][4];  // P (bf16) as the A operands of the k16 steps of P V
+
+  // S of this warpgroup's block of `pair`; the half this warpgroup frees first is filled first.
+  auto issue_s = [&](int pair) {
+    const uint64_t q0 = descriptor_here(matrix_descriptor<64>(sq, 0, 0));
+    const uint64_t k0 = descriptor_here(matrix_descriptor<BK>(kbuf[kWg], 0, 0));
+    auto steps = [&](int first_block, int end_block, bool overwrite) {
+#pragma unroll
+      for (int ks = first_block * 4; ks < end_block * 4; ++ks) {
+        Wgmma<BK>::run(s, advance_descriptor<64>(q0, ks), advance_descriptor<BK>(k0, ks),
+                       !(overwrite && ks == first_block * 4));
+      }
+    };
+    // (No compiler fence on s here: for warpgroup 0 this is inside the P V's pipeline stage, and
+    // ptxas serializes the stage when a non-wgmma instruction defines an accumulator in it.)
+    wgmma_fence();
+    const int first = kWg == 0 ? 0 : 1;
+    mbarrier_wait(&sync.ready[kWg][first], pair & 1);
+    fence_async_shared();
+    if (kWg == 0) {
+      steps(0, L, true);
+    } else {
+      steps(L, C, true);
+    }
+    mbarrier_wait(&sync.ready[kWg][1 - first], pair & 1);
+    fence_async_shared();
+    if (kWg == 0) {
+      steps(L, C, false);
+    } else {
+      steps(0, L, false);
+    }
+    wgmma_commit();
+  };
+  // Masks S of `block` (finished) and takes it to log2 units; gives its row maxima.
+  auto mask_scores = [&](int block, float& mx_a, float& mx_b) {
+    mx_a = -INFINITY;
+    mx_b = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < BK / 2; ++i) {
+      const int slot = block * BK + 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+      s[i] = list.sees(slot, 0) ? s[i] * p.scale_log2 : -INFINITY;
+      if (i % 4 < 2) {
+        mx_a = fmaxf(mx_a, s[i]);
+      } else {
+        mx_b = fmaxf(mx_b, s[i]);
+      }
+    }
+    mx_a = quad_max(mx_a);
+    mx_b = quad_max(mx_b);
+  };
+  // P against the new maxima (0 while a row has seen nothing); O and the sums follow them.
+  auto softmax = [&](float new_a, float new_b) {
+    const float alpha_a = new_a == -INFINITY ? 1.f : exp2f(m_a - new_a);
+    const float alpha_b = new_b == -INFINITY ? 1.f : exp2f(m_b - new_b);
+    const float base_a = new_a == -INFINITY ? 0.f : new_a;
+    const float base_b = new_b == -INFINITY ? 0.f : new_b;
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int i = 0; i < BK / 2; ++i) {
+      s[i] = exp2f(s[i] - (i % 4 < 2 ? base_a : base_b));
+      if (i % 4 < 2) {
+        sum_a += s[i];
+      } else {
+        sum_b += s[i];
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[ks][r] = pack_bf16(s[8 * ks + 2 * r], s[8 * ks + 2 * r + 1]);
+    }
+    l_a = l_a * alpha_a + sum_a;
+    l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int i = 0; i < kPvN / 2; ++i) o[c][i] *= i % 4 < 2 ? alpha_a : alpha_b;
+    }
+    m_a = new_a;
+    m_b = new_b;
+    if (lane % 4 == 0) {
+      sync.row_max[ra] = new_a;
+      sync.row_max[rb] = new_b;
+    }
+  };
+  // P, times per-row factors, as bf16 into this warpgroup's P tile for the other one.
+  auto store_p = [&](float c_a, float c_b) {
+#pragma unroll
+    for (int i = 0; i < BK / 2; i += 4) {
+      const int col = 8 * (i / 4) + 2 * (lane % 4);
+      bf16* tile = ptile[kWg];
+      *reinterpret_cast<uint32_t*>(tile + swizzled_offset<64>(ra, col / 8) + col % 8) =
+          pack_bf16(s[i] * c_a, s[i + 1] * c_a);
+      *reinterpret_cast<uint32_t*>(tile + swizzled_offset<64>(rb, col / 8) + col % 8) =
+          pack_bf16(s[i + 2] * c_b, s[i + 3] * c_b);
+    }
+    fence_async_shared();  // read by the other warpgroup's wgmma
+  };
+  // O += P V over buffer `buffer`'s rows and this warpgroup's value columns: P from registers
+  // (own) or from the other warpgroup's tile.
+  auto pv_own = [&](int buffer) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+    wgmma_fence();
+    const uint64_t v0 = descriptor_here(mn_major_descriptor<BK>(kbuf[buffer], columns, 0));
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        WgmmaRegA<kPvN, 1>::run(o[c], pa[ks], advance_mn_major<BK>(v0, c * kPvN, ks * 16));
+      }
+    }
+    wgmma_commit();
+  };
+  auto pv_other = [&](int buffer) {
+    wgmma_fence();
+    const uint64_t p0 = descriptor_here(matrix_descriptor<64>(ptile[1 - kWg], 0, 0));
+    const uint64_t v0 = descriptor_here(mn_major_descriptor<BK>(kbuf[buffer], columns, 0));
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        Wgmma<kPvN, 1>::run(o[c], advance_descriptor<64>(p0, ks),
+                            advance_mn_major<BK>(v0, c * kPvN, ks * 16), 1);
+      }
+    }
+    wgmma_commit();
+  };
+  auto retire_pv = [&]() {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) fence_operands(pa[ks]);
+  };
+
+  // The zeros of o stay before the first wgmma (inside its stage they would serialize it).
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+  mbarrier_wait(&sync.q_ready, 0);
+  fence_async_shared();
+  if constexpr (kWg == 0) {
+    // No wgmma is in flight across the loop's back edge or a merge of paths: ptxas serializes a
+    // stage in which a non-wgmma instruction reads or defines an accumulator, register moves at
+    // a merge included. So the loop leaves from its middle, and S of the next pair, issued while
+    // P1 V1 runs, is waited for before the back edge.
+    if (pairs > 0) {
+      issue_s(0);
+      wgmma_wait<0>();
+      fence_accumulators(s);
+      for (int pair = 0;; ++pair) {
+        float mx_a, mx_b;
+        mask_scores(2 * pair, mx_a, mx_b);
+        softmax(fmaxf(m_a, mx_a), fmaxf(m_b, mx_b));
+        named_barrier_arrive(kMax0Ready, kPairThreads);
+        pv_own(0);
+        wgmma_wait<0>();
+        retire_pv();
+        mbarrier_arrive(&sync.free[0][0]);
+        named_barrier_sync(kMax1Ready, kPairThreads);
+        const float m1_a = sync.row_max[ra], m1_b = sync.row_max[rb];
+        const float c_a = m1_a == -INFINITY ? 1.f : exp2f(m_a - m1_a);
+        const float c_b = m1_b == -INFINITY ? 1.f : exp2f(m_b - m1_b);
+        m_a = m1_a;
+        m_b = m1_b;
+        store_p(c_a, c_b);
+        named_barrier_arrive(kP0Ready, kPairThreads);
+        l_a *= c_a;
+        l_b *= c_b;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+          for (int i = 0; i < kPvN / 2; ++i) o[c][i] *= i % 4 < 2 ? c_a : c_b;
+        }
+        named_barrier_sync(kP1Ready, kPairThreads);
+        if (pair + 1 == pairs) {
+          pv_other(1);
+          wgmma_wait<0>();
+          mbarrier_arrive(&sync.free[1][0]);
+          break;
+        }
+        pv_other(1);
+        issue_s(pair + 1);
+        wgmma_wait<1>();
+        mbarrier_arrive(&sync.free[1][0]);
+        wgmma_wait<0>();
+        fence_accumulators(s);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+      }
+    }
+  } else {
+    for (int pair = 0; pair < pairs; ++pair) {
+      issue_s(pair);
+      wgmma_wait<0>();
+      fence_accumulators(s);
+      float mx_a, mx_b;
+      mask_scores(2 * pair + 1, mx_a, mx_b);
+      named_barrier_sync(kMax0Ready, kPairThreads);
+      const float m0_a = sync.row_max[ra], m0_b = sync.row_max[rb];
+      __syncwarp();  // every lane has read M0 before its row's lane 0 overwrites it
+      softmax(fmaxf(m0_a, mx_a), fmaxf(m0_b, mx_b));
+      named_barrier_arrive(kMax1Ready, kPairThreads);
+      pv_own(1);
+      store_p(1.f, 1.f);
+      named_barrier_sync(kP0Ready, kPairThreads);
+      pv_other(0);
+      named_barrier_arrive(kP1Ready, kPairThreads);
+      wgmma_wait<1>();  // the own P V (fences after the last wait, as in warpgroup 0)
+      mbarrier_arrive(&sync.free[1][1]);
+      wgmma_wait<0>();
+      retire_pv();
+      mbarrier_arrive(&sync.free[0][1]);
+    }
+  }
+
+  const auto [tot_a, tot_b, inv_a, inv_b] =
+      row_totals(sync.row_sum, kWg, ra, rb, lane, l_a, l_b, ConsumerBarrier{});
+  const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int i = 0; i < kPvN / 2; i += 4) {
+      const int col = columns + c * kPvN + 8 * (i / 4) + 2 * (lane % 4);
+      store_pair(o_.out, row_a, DV, col, o[c][i] * inv_a, o[c][i + 1] * inv_a);
+      store_pair(o_.out, row_b, DV, col, o[c][i + 2] * inv_b, o[c][i + 3] * inv_b);
+    }
+  }
+  if (kWg == 0 && lane % 4 == 0) {
+    write_lse(o_.lse, row_a, m_a, tot_a);
+    write_lse(o_.lse, row_b, m_b, tot_b);
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    sparse_attn_fwd_latent_kernel(Problem p, FwdOut o_) {
+  static_assert(sizeof(LatentSync) <= Tr::kSmemBytes - Tr::kTilesBytes);
+  extern __shared__ __align__(1024) unsigned char tiles_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(tiles_raw);
+  bf16* const kbuf[2] = {reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes),
+                         reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + Tr::kKBytes)};
+  bf16* p_tiles = reinterpret_cast<bf16*>(tiles_raw + Tr::kQBytes + 2 * Tr::kKBytes);
+  bf16* const ptile[2] = {Tr::kPInKeyTail ? kbuf[0] + (Tr::kColumnBlocks - 1) * Tr::kKeys * 64
+                                          : p_tiles + Tr::kPBytes / 2,
+                          p_tiles};
+  auto& sync = *reinterpret_cast<LatentSync*>(tiles_raw + Tr::kTilesBytes);
+  const int wg = warpgroup_index(), grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const KeyList list = key_list(p, grp);
+  const int pairs = static_cast<int>(ceil_div(ceil_div(list.count, Tr::kKeys), 2));
+  if (threadIdx.x == 0) {
+    mbarrier_init(&sync.q_ready, 128);
+    for (int b = 0; b < 2; ++b) {
+      for (int half = 0; half < 2; ++half) {
+        mbarrier_init(&sync.ready[b][half], 128);
+        mbarrier_init(&sync.free[b][half], 128);
+      }
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (wg == 2) {
+    release_registers<Tr::kProducerRegisters>();
+    produce_latent_blocks<Tr>(p, list, grp, h0, sq, kbuf, sync, pairs);
+  } else {
+    claim_registers<Tr::kConsumerRegisters>();
+    if (wg == 0) {
+      consume_latent_blocks<Tr, 0>(p, list, grp, h0, sq, kbuf, ptile, sync, pairs, o_);
+    } else {
+      consume_latent_blocks<Tr, 1>(p, list, grp, h0, sq, kbuf, ptile, sync, pairs, o_);
+    }
   }
 }
 
@@ -1175,7 +1538,13 @@ size_t sparse_attn_fwd_workspace_bytes(const SparseAttnShape& shape, int64_t gro
 }
 
 bool sparse_attn_fwd_reads_values_from_keys(const SparseAttnShape& shape, int64_t group) {
-  return wgmma_tiles(shape, group) && shape.dim_v <= shape.dim_qk;
+  if (!wgmma_tiles(shape, group)) return false;
+  bool supported = false;
+  dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
+    using Tr = decltype(traits);
+    supported = SparseAttnLatentTraits<Tr::kDimQk, Tr::kDimV>::kSupported;
+  });
+  return supported;
 }
 
 void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* key,
@@ -1199,18 +1568,20 @@ void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* ke
     using Wg = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>;
     if constexpr (Wg::kSupported) {
       if (wgmma_tiles(shape, group)) {
-        auto launch = [&](auto kernel, bool value_in_key) {
-          const int smem = Wg::smem_bytes(value_in_key);
+        auto launch = [&](auto kernel, int threads, int smem) {
           check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                 "forward smem");
-          kernel<<<grid_of(shape, p), Wg::kThreads, smem, stream>>>(p, result);
-          check(cudaGetLastError(), "sparse_attn_fwd_wgmma_kernel");
+          kernel<<<grid_of(shape, p), threads, smem, stream>>>(p, result);
+          check(cudaGetLastError(), "sparse_attn forward kernel");
         };
-        if (value_in_key) {
-          launch(sparse_attn_fwd_wgmma_kernel<Wg, true>, true);
-        } else {
-          launch(sparse_attn_fwd_wgmma_kernel<Wg, false>, false);
+        using Latent = SparseAttnLatentTraits<Tr::kDimQk, Tr::kDimV>;
+        if constexpr (Latent::kSupported) {
+          if (value_in_key) {
+            launch(sparse_attn_fwd_latent_kernel<Latent>, Latent::kThreads, Latent::kSmemBytes);
+            return;
+          }
         }
+        launch(sparse_attn_fwd_wgmma_kernel<Wg>, Wg::kThreads, Wg::kFwdSmemBytes);
         return;
       }
     }

@@ -62,10 +62,46 @@ struct SparseAttnWgmmaTraits {
   static constexpr int kBwdSmemBytes = kRows * (kDimQk + kDimV) * 2 +
                                        kBwdKeys * (kDimQk + kDimV) * 2 + kBwdKeys / 2 * 128 * 4 +
                                        4096 + kRows * 64 * 2;
-  // With values inside the keys (absorbed MLA) the V buffer holds the next K tile instead.
-  static constexpr int smem_bytes(bool value_in_key) {
-    return kQBytes + kKBytes + (value_in_key ? kKBytes : kVBytes) + kPBytes + 2 * 2 * kRows * 4;
-  }
+  static constexpr int kFwdSmemBytes = kQBytes + kKBytes + kVBytes + kPBytes + 2 * 2 * kRows * 4;
+};
+
+// The forward with values inside the keys (absorbed MLA: value = key[:, :d_v]), warp-specialized
+// (sm_90a): a block is one query's 64 heads, three warpgroups. The producer gathers 64-key blocks
+// into two K buffers (block b into buffer b % 2) with cp.async, each buffer in two halves with
+// their own ready and free mbarriers: the left half (the column blocks of warpgroup 0's value
+// columns) and the right half (the rest, up to d_qk). Consumer warpgroup c computes S and the
+// softmax of the blocks in buffer c, then P V into its half of the value columns (c = 0 the left)
+// for both buffers: its own P from registers, the other warpgroup's from shared memory.
+template <int kDimQk_, int kDimV_>
+struct SparseAttnLatentTraits {
+  static constexpr int kDimQk = kDimQk_;
+  static constexpr int kDimV = kDimV_;
+  static constexpr int kRows = 64;
+  static constexpr int kKeys = 64;
+  static constexpr int kThreads = 384;          // consumer warpgroups 0, 1; producer 2
+  static constexpr int kConsumerThreads = 256;  // named barriers between the consumers
+  static constexpr int kColumnsPerWarpgroup = kDimV / 2;
+  static constexpr int kPvN = kColumnsPerWarpgroup < 128 ? kColumnsPerWarpgroup : 128;  // wgmma N
+  static constexpr int kPvChunks = kColumnsPerWarpgroup / kPvN;
+  static constexpr int kColumnBlocks = kDimQk / 64;  // of a K tile
+  static constexpr int kLeftBlocks = kColumnsPerWarpgroup / 64;
+  // Registers a thread after reallocation (2 x 128 x 216 + 128 x 72 <= 64K): the fewest with
+  // which neither role spills at 576 / 512.
+  static constexpr int kConsumerRegisters = 216;
+  static constexpr int kProducerRegisters = 72;
+  static constexpr int kQBytes = kRows * kDimQk * 2;
+  static constexpr int kKBytes = kKeys * kDimQk * 2;
+  static constexpr int kPBytes = kRows * kKeys * 2;
+  // Buffer 0's P lives in its last column block when S alone reads that block (d_qk >= d_v + 64):
+  // warpgroup 0 writes it after its S, and the producer refills it only after warpgroup 1's P V
+  // has read it.
+  static constexpr bool kPInKeyTail = kDimQk - kDimV >= 64;
+  // Q, K buffers, P tiles, then the mbarriers and the row exchange (under 1 KB).
+  static constexpr int kTilesBytes = kQBytes + 2 * kKBytes + (kPInKeyTail ? 1 : 2) * kPBytes;
+  static constexpr int kSmemBytes = kTilesBytes + 1024;
+  static constexpr bool kSupported =
+      kDimQk % 64 == 0 && kDimV % 128 == 0 && kDimV <= kDimQk && kSmemBytes <= 227 * 1024;
+  static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536);
 };
 
 inline constexpr int kMaxGroup = 16;

@@ -87,6 +87,14 @@ __device__ __forceinline__ uint64_t advance_descriptor(uint64_t first_step, int 
   return first_step + (((ks / 4) * kRows * 128 + (ks % 4) * 32) >> 4);
 }
 
+// A descriptor the compiler must compute where it is used: without this, loop-invariant
+// descriptors of every k-step get hoisted out of a kernel's main loop and held in registers (two
+// per step), which spills in kernels whose accumulators already fill the register file.
+__device__ __forceinline__ uint64_t descriptor_here(uint64_t descriptor) {
+  asm volatile("" : "+l"(descriptor));
+  return descriptor;
+}
+
 // The same tile read as an MN-major operand (wgmma's transposed B): the product's N runs along
 // the tile's columns (d, from column first_col, a multiple of 64) and its K along the rows (from
 // first_row, a multiple of 8). Canonical 128-byte-swizzled MN-major layout: 64 contiguous N
@@ -101,6 +109,13 @@ __device__ __forceinline__ uint64_t mn_major_descriptor(const __nv_bfloat16* til
   constexpr uint64_t kSwizzle128B = uint64_t(1) << 62;
   return static_cast<uint64_t>((smem_address(start) & 0x3ffff) >> 4) |
          ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32) | kSwizzle128B;
+}
+
+// mn_major_descriptor(tile, first_col + cols, first_row + rows) from mn_major_descriptor(tile,
+// first_col, first_row), as advance_descriptor does for K-major steps.
+template <int kRows>
+__device__ __forceinline__ uint64_t advance_mn_major(uint64_t first, int cols, int rows) {
+  return first + (((cols / 64) * kRows * 128 + rows * 128) >> 4);
 }
 
 // wgmma exists on sm_90a only. The sm_90 (no "a") build that CMake also makes, for tools that
@@ -129,6 +144,13 @@ template <int kCount>
 __device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+// The same for register A operands: a wgmma reads them after it is issued, so they stay
+// untouched (and allocated) until the wait that retires it.
+template <int kCount>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 // D (+)= A * B^T for m64 n{16,32,64,128}, fp32 accumulate, both operands in shared memory:
@@ -211,5 +233,30 @@ HYSCALE_DEFINE_WGMMA(64, "%32", "%33", "%34", "%35")
 HYSCALE_DEFINE_WGMMA(128, "%64", "%65", "%66", "%67")
 
 #undef HYSCALE_DEFINE_WGMMA
+
+// D += A * B^T (bf16, k16) with A in registers: a[4] holds bf16 pairs at rows 16 * warp +
+// lane / 4 (a[1], a[3]: + 8) and K columns 2 * (lane % 4) (a[2], a[3]: + 8), which is where an
+// m64n16 product's accumulators lie, so a softmax's probabilities feed the next product without a
+// trip through shared memory. B as in Wgmma. Always accumulates.
+template <int kN, int kTransposeB = 0>
+struct WgmmaRegA;
+
+#define HYSCALE_DEFINE_WGMMA_REG_A(N, A, B, TRANS)                                           \
+  template <int kTransposeB>                                                                 \
+  struct WgmmaRegA<N, kTransposeB> {                                                         \
+    static __device__ __forceinline__ void run(float (&d)[N / 2], const uint32_t (&a)[4],    \
+                                               uint64_t b) {                                 \
+      HYSCALE_WGMMA("wgmma.mma_async.sync.aligned.m64n" #N                                   \
+                    "k16.f32.bf16.bf16 " HYSCALE_WGMMA_N##N##_REGS ", " A ", " B             \
+                                                                   ", 1, 1, 1, " TRANS ";\n" \
+                    : HYSCALE_WGMMA_N##N##_OUTS                                              \
+                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB)); \
+    }                                                                                        \
+  };
+
+HYSCALE_DEFINE_WGMMA_REG_A(64, "{%32, %33, %34, %35}", "%36", "%37")
+HYSCALE_DEFINE_WGMMA_REG_A(128, "{%64, %65, %66, %67}", "%68", "%69")
+
+#undef HYSCALE_DEFINE_WGMMA_REG_A
 
 }  // namespace hyscale::cuda

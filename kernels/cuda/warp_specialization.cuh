@@ -1,0 +1,92 @@
+// Hopper building blocks of warp-specialized kernels (sm_90a): mbarriers that producer copies and
+// consumer warpgroups arrive on, named barriers between warpgroups, register reallocation between
+// warpgroups, and the producer's gathering copy with an L2 cache policy.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/wgmma.cuh"
+
+namespace hyscale::cuda {
+
+// An mbarrier in shared memory completes a phase when `count` arrivals have been made; phases
+// alternate parity 0, 1, 0, ... One thread initializes, then a block barrier publishes it.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count)
+               : "memory");
+}
+// Makes the initializations visible to the other threads and to the async proxy.
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival (release: this thread's earlier shared-memory reads and writes happen before).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                   smem_address(bar))
+               : "memory");
+}
+// One arrival once every cp.async this thread issued so far has landed (the arrival is counted
+// in the barrier's `count`: .noinc).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar))
+               : "memory");
+}
+// Waits until the phase of parity `parity` has completed (acquire). A fresh barrier counts its
+// phase "before 0" as completed, so the first wait for parity 1 returns at once: buffers start
+// out free.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+// Named barriers 1..15 (0 is __syncthreads) between subsets of warps: `threads` in all arrive,
+// those that sync also wait. A producer of data arrives, its consumer syncs.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Moves registers between warpgroups (sm_90a, like wgmma): a copying warpgroup gives up what the
+// math warpgroups take. Every warp of a warpgroup executes the same one.
+template <int kRegisters>
+__device__ __forceinline__ void release_registers() {
+  HYSCALE_WGMMA("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void claim_registers() {
+  HYSCALE_WGMMA("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// The warpgroup of this thread, as a value the compiler sees is uniform across each warp
+// (ptxas serializes wgmmas under branches it cannot prove warpgroup-uniform).
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
+}
+
+// An L2 policy that keeps lines over evict-normal ones: gathered rows that other blocks select
+// again.
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// cp_async_16 under an L2 policy, fetching the surrounding 256 bytes into L2 (a gathered row is
+// read in several 16-byte pieces by neighbouring threads).
+__device__ __forceinline__ void cp_async_16_l2(void* smem, const void* global, bool valid,
+                                               uint64_t policy) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   smem_address(smem)),
+               "l"(global), "r"(src_bytes), "l"(policy));
+}
+
+}  // namespace hyscale::cuda
