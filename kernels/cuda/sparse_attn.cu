@@ -517,53 +517,64 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
   cp_async_arrive(&sync.q_ready);
   const uint64_t policy = l2_evict_last_policy();
   const int offset = row0 * 64 + (chunk ^ (row0 % 8)) * 8;  // = swizzled_offset<BK>(row0, chunk)
-  using Rows = const bf16* [kRowsPerThread];
-  auto rows_of = [&](int block, Rows& src) {
+  // Thread's rows of a pair: key[b][i] is row row0 + 16 i of block b (-1: none, zero-filled).
+  using PairKeys = int[2][kRowsPerThread];
+  auto load_keys = [&](int pair, PairKeys& keys) {
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int key = list.key(block * BK + row0 + 16 * i);
-      src[i] = key >= 0 ? p.key + int64_t(key) * DQ + chunk * 8 : nullptr;
+    for (int b = 0; b < 2; ++b) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i)
+        keys[b][i] = list.key((2 * pair + b) * BK + row0 + 16 * i);
     }
   };
-  auto copy_half = [&](bf16* tile, const Rows& src, int first_block, int end_block) {
+  auto copy_half = [&](bf16* tile, const int(&keys)[kRowsPerThread], int first_block,
+                       int end_block) {
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
+      const bf16* src = p.key + int64_t(keys[i] >= 0 ? keys[i] : 0) * DQ + chunk * 8;
 #pragma unroll
       for (int cb = first_block; cb < end_block; ++cb) {
-        cp_async_16_l2(tile + cb * BK * 64 + 16 * i * 64 + offset,
-                       src[i] ? src[i] + cb * 64 : p.key, src[i] != nullptr, policy);
+        cp_async_16_l2(tile + cb * BK * 64 + 16 * i * 64 + offset, src + cb * 64, keys[i] >= 0,
+                       policy);
       }
     }
   };
+  // The indices are read a pair ahead of their copies and the L2 prefetch rows two pairs ahead,
+  // so the producer never waits for an index load between a free buffer and its copy.
+  PairKeys keys;
+  load_keys(0, keys);
+  int ahead = list.key(2 * BK + t);  // one row of pair 1 a thread
   for (int pair = 0; pair < pairs; ++pair) {
-    // The next pair's rows start on their way into L2 (one row a thread).
-    const int ahead = list.key((2 * pair + 2) * BK + t);
     if (ahead >= 0) prefetch_l2(p.key + int64_t(ahead) * DQ, DQ * 2);
-    Rows src0, src1;
-    rows_of(2 * pair, src0);
-    rows_of(2 * pair + 1, src1);
+    PairKeys next;
+    load_keys(pair + 1, next);
+    ahead = list.key((2 * pair + 4) * BK + t);
     const uint32_t parity = (pair & 1) ^ 1;  // the readers' previous round
     mbarrier_wait(&sync.free[0][0], parity);
-    copy_half(kbuf[0], src0, 0, L);
+    copy_half(kbuf[0], keys[0], 0, L);
     cp_async_arrive(&sync.ready[0][0]);
     mbarrier_wait(&sync.free[1][1], parity);
-    copy_half(kbuf[1], src1, L, C);
+    copy_half(kbuf[1], keys[1], L, C);
     cp_async_arrive(&sync.ready[1][1]);
     mbarrier_wait(&sync.free[0][1], parity);
-    copy_half(kbuf[0], src0, L, C);
+    copy_half(kbuf[0], keys[0], L, C);
     cp_async_arrive(&sync.ready[0][1]);
     mbarrier_wait(&sync.free[1][0], parity);
-    copy_half(kbuf[1], src1, 0, L);
+    copy_half(kbuf[1], keys[1], 0, L);
     cp_async_arrive(&sync.ready[1][0]);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) keys[b][i] = next[b][i];
+    }
   }
 }
 
 // Consumer warpgroup kWg (the schedule above). ptile[c] is where consumer c's P goes for the other.
 template <class Tr, int kWg>
 __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int grp, int h0,
-                                      const bf16* sq, bf16* const (&kbuf)[2],
-                                      bf16* const (&ptile)[2], LatentSync& sync, int pairs,
-                                      const FwdOut& o_) {
+                                      bf16* sq, bf16* const (&kbuf)[2], bf16* const (&ptile)[2],
+                                      LatentSync& sync, int pairs, const FwdOut& o_) {
   constexpr int DV = Tr::kDimV, BK = Tr::kKeys, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
   constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks, kPairThreads = Tr::kConsumerThreads;
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -580,44 +591,46 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
   uint32_t pa[BK / 16][4];  // P (bf16) as the A operands of the k16 steps of P V
 
   // S of this warpgroup's block of `pair`; the half this warpgroup frees first is filled first.
-  auto issue_s = [&](int pair) {
+  // S of this warpgroup's block of `pair`, one half of the K buffer (0 left, 1 right) at a time,
+  // each its own commit group: the half this warpgroup frees first is filled first, and the
+  // first half's product runs while the second is still landing.
+  auto issue_s_half = [&](int pair, int half, bool overwrite) {
     const uint64_t q0 = descriptor_here(matrix_descriptor<64>(sq, 0, 0));
     const uint64_t k0 = descriptor_here(matrix_descriptor<BK>(kbuf[kWg], 0, 0));
-    auto steps = [&](int first_block, int end_block, bool overwrite) {
-#pragma unroll
-      for (int ks = first_block * 4; ks < end_block * 4; ++ks) {
-        Wgmma<BK>::run(s, advance_descriptor<64>(q0, ks), advance_descriptor<BK>(k0, ks),
-                       !(overwrite && ks == first_block * 4));
-      }
-    };
+    mbarrier_wait(&sync.ready[kWg][half], pair & 1);
+    fence_async_shared();
     // (No compiler fence on s here: for warpgroup 0 this is inside the P V's pipeline stage, and
     // ptxas serializes the stage when a non-wgmma instruction defines an accumulator in it.)
     wgmma_fence();
-    const int first = kWg == 0 ? 0 : 1;
-    mbarrier_wait(&sync.ready[kWg][first], pair & 1);
-    fence_async_shared();
-    if (kWg == 0) {
-      steps(0, L, true);
-    } else {
-      steps(L, C, true);
-    }
-    mbarrier_wait(&sync.ready[kWg][1 - first], pair & 1);
-    fence_async_shared();
-    if (kWg == 0) {
-      steps(L, C, false);
-    } else {
-      steps(0, L, false);
+    const int first = half == 0 ? 0 : L, end = half == 0 ? L : C;
+#pragma unroll
+    for (int ks = first * 4; ks < end * 4; ++ks) {
+      Wgmma<BK>::run(s, advance_descriptor<64>(q0, ks), advance_descriptor<BK>(k0, ks),
+                     !(overwrite && ks == first * 4));
     }
     wgmma_commit();
   };
-  // Masks S of `block` (finished) and takes it to log2 units; gives its row maxima.
-  auto mask_scores = [&](int block, float& mx_a, float& mx_b) {
+  // Which of this thread's 16 score columns of `block` its query selected (bit 2 j + e: column
+  // 8 j + 2 (lane % 4) + e), read while S is computed: the loads are off the softmax's path.
+  auto selected_columns = [&](int block) {
+    uint32_t bits = 0;
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        bits |= uint32_t(list.sees(block * BK + 8 * j + 2 * (lane % 4) + e, 0)) << (2 * j + e);
+      }
+    }
+    return bits;
+  };
+  // Masks S (finished) by `selected` and takes it to log2 units; gives its row maxima.
+  auto mask_scores = [&](uint32_t selected, float& mx_a, float& mx_b) {
     mx_a = -INFINITY;
     mx_b = -INFINITY;
 #pragma unroll
     for (int i = 0; i < BK / 2; ++i) {
-      const int slot = block * BK + 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-      s[i] = list.sees(slot, 0) ? s[i] * p.scale_log2 : -INFINITY;
+      const bool seen = (selected >> (2 * (i / 4) + i % 2)) & 1;
+      s[i] = seen ? s[i] * p.scale_log2 : -INFINITY;
       if (i % 4 < 2) {
         mx_a = fmaxf(mx_a, s[i]);
       } else {
@@ -723,12 +736,14 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
     // a merge included. So the loop leaves from its middle, and S of the next pair, issued while
     // P1 V1 runs, is waited for before the back edge.
     if (pairs > 0) {
-      issue_s(0);
+      issue_s_half(0, 0, true);
+      issue_s_half(0, 1, false);
+      uint32_t selected = selected_columns(0);
       wgmma_wait<0>();
       fence_accumulators(s);
       for (int pair = 0;; ++pair) {
         float mx_a, mx_b;
-        mask_scores(2 * pair, mx_a, mx_b);
+        mask_scores(selected, mx_a, mx_b);
         softmax(fmaxf(m_a, mx_a), fmaxf(m_b, mx_b));
         named_barrier_arrive(kMax0Ready, kPairThreads);
         pv_own(0);
@@ -758,9 +773,11 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
           break;
         }
         pv_other(1);
-        issue_s(pair + 1);
-        wgmma_wait<1>();
+        issue_s_half(pair + 1, 0, true);
+        wgmma_wait<1>();  // P1 V1: buffer 1's left half is free before S waits for the right
         mbarrier_arrive(&sync.free[1][0]);
+        issue_s_half(pair + 1, 1, false);
+        selected = selected_columns(2 * pair + 2);
         wgmma_wait<0>();
         fence_accumulators(s);
 #pragma unroll
@@ -769,11 +786,13 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
     }
   } else {
     for (int pair = 0; pair < pairs; ++pair) {
-      issue_s(pair);
+      issue_s_half(pair, 1, true);
+      issue_s_half(pair, 0, false);
+      const uint32_t selected = selected_columns(2 * pair + 1);
       wgmma_wait<0>();
       fence_accumulators(s);
       float mx_a, mx_b;
-      mask_scores(2 * pair + 1, mx_a, mx_b);
+      mask_scores(selected, mx_a, mx_b);
       named_barrier_sync(kMax0Ready, kPairThreads);
       const float m0_a = sync.row_max[ra], m0_b = sync.row_max[rb];
       __syncwarp();  // every lane has read M0 before its row's lane 0 overwrites it
@@ -794,19 +813,32 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
 
   const auto [tot_a, tot_b, inv_a, inv_b] =
       row_totals(sync.row_sum, kWg, ra, rb, lane, l_a, l_b, ConsumerBarrier{});
-  const int64_t row_a = tile_row(p, grp, h0, ra), row_b = tile_row(p, grp, h0, rb);
+  // The output goes through shared memory, Q's tile (no product reads it once both consumers are
+  // past the barrier above), so that the block's 64 rows, one contiguous range of out, leave in
+  // coalesced 16-byte stores. The 16-byte chunk c of row r sits at c ^ (r % 8): the pair stores
+  // of a warp (8 rows, one chunk) then hit all 32 banks once.
+  auto staged = [&](int row, int chunk) { return sq + row * DV + (chunk ^ (row % 8)) * 8; };
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
     for (int i = 0; i < kPvN / 2; i += 4) {
       const int col = columns + c * kPvN + 8 * (i / 4) + 2 * (lane % 4);
-      store_pair(o_.out, row_a, DV, col, o[c][i] * inv_a, o[c][i + 1] * inv_a);
-      store_pair(o_.out, row_b, DV, col, o[c][i + 2] * inv_b, o[c][i + 3] * inv_b);
+      *reinterpret_cast<uint32_t*>(staged(ra, col / 8) + col % 8) =
+          pack_bf16(o[c][i] * inv_a, o[c][i + 1] * inv_a);
+      *reinterpret_cast<uint32_t*>(staged(rb, col / 8) + col % 8) =
+          pack_bf16(o[c][i + 2] * inv_b, o[c][i + 3] * inv_b);
     }
   }
+  const int64_t first_row = tile_row(p, grp, h0, 0);  // G = 1, whole head blocks: all rows exist
   if (kWg == 0 && lane % 4 == 0) {
-    write_lse(o_.lse, row_a, m_a, tot_a);
-    write_lse(o_.lse, row_b, m_b, tot_b);
+    write_lse(o_.lse, first_row + ra, m_a, tot_a);
+    write_lse(o_.lse, first_row + rb, m_b, tot_b);
+  }
+  named_barrier_sync(kSumsReady, kPairThreads);
+  auto* out = reinterpret_cast<uint4*>(o_.out + first_row * DV);
+  constexpr int kRowChunks = DV / 8;
+  for (int g = kWg * 128 + t; g < 64 * kRowChunks; g += kPairThreads) {
+    out[g] = *reinterpret_cast<const uint4*>(staged(g / kRowChunks, g % kRowChunks));
   }
 }
 
