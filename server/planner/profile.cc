@@ -49,7 +49,7 @@ DeviceProfile H200() {
   p.flash_topk_fp8_tflops = 695;
   p.table_topk_tflops = 304;
   p.naive_topk_tflops = 27.5;
-  SetSparse(&p, 210, 85, 127, 72);
+  SetSparse(&p, 210, 91, 127, 72);
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
@@ -79,12 +79,11 @@ DeviceProfile H200() {
       "(docs/performance.md section 5; 5.11 s for 64K queries x 128K keys under CP, section 12)";
   p.sources["sparse_attention.fwd_tflops"] =
       "measured: hyscale sparse_attn fwd at H = 128 on H200, 210 TFLOP/s at G = 1 (wgmma kernel, "
-      "separate values; 250 with values inside the keys) and 127 executed at G > 1 "
-      "(docs/performance.md section 7; FlashMLA publishes 640 on H800)";
+      "separate values; 468 with values inside the keys, the warp-specialized kernel) and 127 "
+      "executed at G > 1 (docs/performance.md section 7; FlashMLA publishes 640 on H800)";
   p.sources["sparse_attention.bwd_tflops"] =
-      "measured: hyscale sparse_attn bwd (atomic) at H = 128 on H200, 85 TFLOP/s at G = 1 and "
-      "128K, "
-      "72 at G > 1 and 64K (docs/performance.md section 7)";
+      "measured: hyscale sparse_attn bwd (atomic) at H = 128 on H200, 91 TFLOP/s at G = 1 and "
+      "128K, 72 at G > 1 and 64K (docs/performance.md section 7)";
   p.sources["gather_fwd_tflops"] = "measured: gather baseline fwd 72.6 TFLOP/s at 32K on H200";
   p.sources["gather_bwd_tflops"] =
       "measured, rough: gather baseline bwd 16.4 TFLOP/s at 64K on H200 (9.3 at 32K; the "
@@ -132,7 +131,7 @@ DeviceProfile H20() {
   p.flash_topk_fp8_tflops = 695 * kCompute;  // fp8 peaks keep the bf16 ratio (296 / 1979)
   p.table_topk_tflops = 304 * kCompute;
   p.naive_topk_tflops = 27.5 * kCompute;
-  SetSparse(&p, 210 * kCompute, 85 * kCompute, 127 * kCompute, 72 * kCompute);
+  SetSparse(&p, 210 * kCompute, 91 * kCompute, 127 * kCompute, 72 * kCompute);
   p.gather_fwd_tflops = 72.6 * kCompute;
   p.gather_bwd_tflops = 16.4 * kCompute;
   p.indexer_mass_tflops = 67.7 * kCompute;
