@@ -179,6 +179,26 @@ __device__ __forceinline__ RowTotals row_totals(float (*halves)[64], int half, i
   return t;
 }
 
+// The output accumulators of the wgmma forwards: chunks of one product's N each.
+template <int kChunks, int kN>
+__device__ __forceinline__ void clear_accumulators(float (&acc)[kChunks][kN]) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) acc[c][i] = 0.f;
+  }
+}
+
+// Multiplies the accumulators of the thread's two rows (ra: i % 4 < 2, rb: the others) by a, b.
+template <int kChunks, int kN>
+__device__ __forceinline__ void scale_rows(float (&acc)[kChunks][kN], float a, float b) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) acc[c][i] *= i % 4 < 2 ? a : b;
+  }
+}
+
 // Two adjacent output columns of a row (nothing for rows outside the problem, -1).
 __device__ __forceinline__ void store_pair(bf16* out, int64_t row, int dim, int col, float x,
                                            float y) {
@@ -373,11 +393,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int ra = warp * 16 + lane / 4, rb = ra + 8;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
   float o[kChunks][kPvN / 2];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-    for (int i = 0; i < kPvN / 2; ++i) o[c][i] = 0.f;
-  }
+  clear_accumulators(o);
 
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
   prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
@@ -428,11 +444,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     l_a = l_a * alpha_a + sum_a;
     l_b = l_b * alpha_b + sum_b;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-      for (int i = 0; i < kPvN / 2; ++i) o[c][i] *= i % 4 < 2 ? alpha_a : alpha_b;
-    }
+    scale_rows(o, alpha_a, alpha_b);
     cp_async_wait<1>();    // V(j) has landed (K(j+1) may not have)
     fence_async_shared();  // the P stores and V(j) are read by wgmma
     __syncthreads();
@@ -582,15 +594,10 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
   const int columns = kWg * (DV / 2);  // this warpgroup's value columns
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
   float o[kChunks][kPvN / 2];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-    for (int i = 0; i < kPvN / 2; ++i) o[c][i] = 0.f;
-  }
+  clear_accumulators(o);
   float s[BK / 2];          // S, then P, of this warpgroup's block
   uint32_t pa[BK / 16][4];  // P (bf16) as the A operands of the k16 steps of P V
 
-  // S of this warpgroup's block of `pair`; the half this warpgroup frees first is filled first.
   // S of this warpgroup's block of `pair`, one half of the K buffer (0 left, 1 right) at a time,
   // each its own commit group: the half this warpgroup frees first is filled first, and the
   // first half's product runs while the second is still landing.
@@ -663,11 +670,7 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
     }
     l_a = l_a * alpha_a + sum_a;
     l_b = l_b * alpha_b + sum_b;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-      for (int i = 0; i < kPvN / 2; ++i) o[c][i] *= i % 4 < 2 ? alpha_a : alpha_b;
-    }
+    scale_rows(o, alpha_a, alpha_b);
     m_a = new_a;
     m_b = new_b;
     if (lane % 4 == 0) {
@@ -760,11 +763,7 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
         named_barrier_arrive(kP0Ready, kPairThreads);
         l_a *= c_a;
         l_b *= c_b;
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-          for (int i = 0; i < kPvN / 2; ++i) o[c][i] *= i % 4 < 2 ? c_a : c_b;
-        }
+        scale_rows(o, c_a, c_b);
         named_barrier_sync(kP1Ready, kPairThreads);
         if (pair + 1 == pairs) {
           pv_other(1);
