@@ -189,6 +189,12 @@ void validate_model(const v1::JobSpec& spec, Problems& p) {
   p.Positive("model.head_dim_v", m.head_dim_v(), kMaxDim);
   p.Positive("model.d_ff", m.d_ff(), kMaxDim);
   p.RopeDim("model.rope_dim", m.rope_dim(), "model.head_dim_qk", m.head_dim_qk());
+  if (m.latent_kv() && m.head_dim_v() + m.rope_dim() > m.head_dim_qk()) {
+    p.Add("model.head_dim_v",
+          absl::StrCat("must be <= model.head_dim_qk - model.rope_dim with model.latent_kv (the "
+                       "values are the keys' first features, which RoPE must not touch; got ",
+                       m.head_dim_v(), " > ", m.head_dim_qk(), " - ", m.rope_dim(), ")"));
+  }
   p.PositiveReal("model.rope_theta", m.rope_theta());
   p.PositiveReal("model.norm_eps", m.norm_eps());
 

@@ -119,6 +119,7 @@ Workload Workload::Of(const v1::JobSpec& spec) {
   w.vocab = std::max(1, m.vocab_size());
   w.parameters = ParameterCount(m);
   w.fp8_selection = m.indexer().fp8_scores();
+  w.latent_kv = m.latent_kv();
   for (const auto& stage : spec.stages()) w.sparse |= stage.attention() == v1::SPARSE;
   return w;
 }
@@ -143,7 +144,9 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double d = w.d_model, H = w.heads, dqk = w.head_dim_qk, dv = w.head_dim_v;
   const double hi = w.indexer_heads, di = w.indexer_dim;
   const double q_side = d * H * dqk + d * hi * di + d * hi;
-  const double per_token_weights = q_side + d * dqk + d * dv + H * dv * d + d * di + 3 * d * w.d_ff;
+  // The key side's own features: the keys, and the values unless they are the keys' first ones.
+  const double kv = w.latent_kv ? dqk : dqk + dv;
+  const double per_token_weights = q_side + d * kv + H * dv * d + d * di + 3 * d * w.d_ff;
   const double dense_rate = prof.dense_tflops * kTera;
   const double dense_fwd = 2 * per_token_weights * n / dense_rate;
   const double q_proj = 2 * q_side * n / dense_rate;
@@ -182,7 +185,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   } else {
     const SparseAttentionRate& rate = prof.sparse_attention.at(c.group);
     const double issued = AttentionFlops(H, dqk, dv, k * n * c.group / rate.dedup);
-    const double loaded = n * k * row_bytes / rate.dedup;
+    const double loaded = n * k * kv * ab / rate.dedup;  // a latent's rows are gathered once
     attn_fwd = std::max(issued / (rate.fwd_tflops * kTera), loaded / hbm);
     attn_bwd = std::max(kBackwardFlops * issued / (rate.bwd_tflops * kTera), 2 * loaded / hbm);
   }
@@ -203,7 +206,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double launches = Runs(c.layout, n) * calls * prof.kernel_launch_s;
 
   // Communication of the key side, per layer.
-  const double key_elems = dqk + dv, idx_elems = di;
+  const double key_elems = kv, idx_elems = di;
   const double gather_all = RingSeconds(N * (key_elems + idx_elems) * ab, p, prof);
   const double gather_idx = RingSeconds(N * idx_elems * ab, p, prof);
   const double gather_kv = RingSeconds(N * key_elems * ab, p, prof);

@@ -64,6 +64,7 @@ struct Workload {
   int64_t parameters = 0;
   bool sparse = false;  // some stage attends sparsely: plan for it (the costly stage at length)
   bool fp8_selection = false;  // model.indexer.fp8_scores
+  bool latent_kv = false;      // model.latent_kv: the values are the keys' first features
 
   static Workload Of(const v1::JobSpec& spec);
 };

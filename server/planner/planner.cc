@@ -23,8 +23,9 @@ int64_t AttendedKeys(const v1::JobSpec& spec) {
 
 int64_t ParameterCount(const v1::ModelSpec& m) {
   const int64_t d = m.d_model();
-  const int64_t attention = d * m.heads() * m.head_dim_qk() + d * m.head_dim_qk() +
-                            d * m.head_dim_v() + int64_t{m.heads()} * m.head_dim_v() * d;
+  const int64_t values = m.latent_kv() ? 0 : d * m.head_dim_v();  // a latent has no projection
+  const int64_t attention = d * m.heads() * m.head_dim_qk() + d * m.head_dim_qk() + values +
+                            int64_t{m.heads()} * m.head_dim_v() * d;
   const auto& ix = m.indexer();
   const int64_t indexer = d * ix.heads() * ix.dim() + d * ix.dim() + d * ix.heads() +
                           2 * int64_t{ix.dim()};  // k_norm weight and bias

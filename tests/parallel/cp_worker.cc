@@ -133,14 +133,16 @@ bool close(const char* what, const torch::Tensor& got, const torch::Tensor& want
   return false;
 }
 
-// For each layout and forward variant: the context-parallel layer's outputs, selection,
-// indexer loss (across shards) and gradients (parameters summed over ranks, inputs per
-// shard) equal the single-process layer's on the whole sequence.
-int run_layer(const std::shared_ptr<Communicator>& comm) {
+// For each layout and forward variant, with values of their own and with a latent (values =
+// the keys' first features, exchanged as part of the keys): the context-parallel layer's
+// outputs, selection, indexer loss (across shards) and gradients (parameters summed over ranks,
+// inputs per shard) equal the single-process layer's on the whole sequence.
+int run_layer(const std::shared_ptr<Communicator>& comm, const trainer::ModelConfig& config,
+              const std::string& label) {
   const int world = comm->world_size();
   const int64_t batch = 2, seq_len = 8 * world;
   torch::manual_seed(7);  // the same layer and data on every rank
-  auto layer = trainer::DsaLayer(layer_config());
+  auto layer = trainer::DsaLayer(config);
   layer->to(torch::kDouble);
   const auto x = torch::randn({batch, seq_len, 32}, torch::kDouble);
   const auto weight = torch::randn({batch, seq_len, 32}, torch::kDouble);
@@ -165,7 +167,7 @@ int run_layer(const std::shared_ptr<Communicator>& comm) {
       // Each rank's share of the global mean loss: its local mean / world.
       const LayerRun shard = forward_backward(layer, x.index_select(1, pos),
                                               weight.index_select(1, pos), 1.0 / world, options);
-      const std::string what = std::string(v.name) + " " + LayoutName(layout) + ": ";
+      const std::string what = label + v.name + " " + LayoutName(layout) + ": ";
       ok &= close((what + "output").c_str(), shard.out.x, whole.out.x.index_select(1, pos));
       ok &=
           close((what + "input gradient").c_str(), shard.x_grad, whole.x_grad.index_select(1, pos));
@@ -187,6 +189,16 @@ int run_layer(const std::shared_ptr<Communicator>& comm) {
     }
   }
   return ok ? 0 : 1;
+}
+
+int run_layer(const std::shared_ptr<Communicator>& comm) {
+  int status = 0;
+  for (const bool latent : {false, true}) {
+    auto config = layer_config();
+    config.latent_kv = latent;
+    status |= run_layer(comm, config, latent ? "latent " : "");
+  }
+  return status;
 }
 
 int run(int argc, char** argv) {

@@ -267,6 +267,19 @@ TEST(ValidateJobSpec, RopeDimsAreEvenAndFit) {
             "model.indexer.rope_dim: must be <= model.indexer.dim (got 34 > 32)");
 }
 
+// A latent's values are the keys' first head_dim_v features, so RoPE (the last rope_dim) must
+// leave them alone: in the sample, 32 + 16 > 32.
+TEST(ValidateJobSpec, LatentKvLeavesTheValuesOutOfRope) {
+  EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_model()->set_latent_kv(true); }),
+            "model.head_dim_v: must be <= model.head_dim_qk - model.rope_dim with model.latent_kv "
+            "(the values are the keys' first features, which RoPE must not touch; got 32 > 32 - "
+            "16)");
+  v1::JobSpec spec = recall_spec();
+  spec.mutable_model()->set_latent_kv(true);
+  spec.mutable_model()->set_head_dim_v(16);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
 TEST(ValidateJobSpec, StagesAreChecked) {
   EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.clear_stages(); }),
             "stages: must hold at least one stage");

@@ -382,6 +382,23 @@ TEST(PlannerTest, Fp8SelectionIsFasterForHyScaleOnly) {
   EXPECT_EQ(selection(true, Stack::kMegatron), selection(false, Stack::kMegatron));
 }
 
+// A latent (model.latent_kv) drops the value projection and exchanges and gathers only the keys:
+// fewer parameters, a smaller exchanged key side, no more exposed communication, a faster step.
+TEST(PlannerTest, LatentKvExchangesOnlyTheKeys) {
+  v1::JobSpec spec = LongSparse();
+  const DeviceProfile h200 = *BuiltinProfile("h200");
+  const Candidate c{8, CpLayout::kZigzag};
+  const auto& m = spec.model();
+  const int64_t parameters = ParameterCount(m);
+  const Prediction apart = Predict(Workload::Of(spec), c, h200, 8);
+  spec.mutable_model()->set_latent_kv(true);
+  const Prediction latent = Predict(Workload::Of(spec), c, h200, 8);
+  EXPECT_EQ(ParameterCount(m), parameters - int64_t{m.layers()} * m.d_model() * m.head_dim_v());
+  EXPECT_LT(latent.memory.gathered, apart.memory.gathered);
+  EXPECT_LE(latent.exposed_comm_s, apart.exposed_comm_s);
+  EXPECT_LT(latent.step_s, apart.step_s);  // fewer dense FLOPs and gathered bytes at least
+}
+
 TEST(PlannerTest, CandidateOfReadsTheSpec) {
   v1::JobSpec spec = LongSparse();
   EXPECT_EQ(CandidateOf(spec).cp, 1);

@@ -114,6 +114,42 @@ TEST(ModelTest, Fp8SelectionReplaysLikeReselection) {
   EXPECT_TRUE(differs) << "fp8 and bf16 index scores trained identically";
 }
 
+// model.latent_kv: the values are the keys' first head_dim_v features (no value projection),
+// RoPE the keys' and queries' last rope_dim; replay, re-selection and no recomputation still
+// train alike, dense attention too, and the keys' gradient carries the values'.
+TEST(ModelTest, LatentKvTakesTheValuesFromTheKeys) {
+  auto config = small_config();
+  config.latent_kv = true;
+  config.head_dim_qk = config.head_dim_v + config.rope_dim;
+  const TrainedOnce plain = run_once(config, sparse(false, false));
+  const TrainedOnce replay = run_once(config, sparse(true, true));
+  const TrainedOnce reselect = run_once(config, sparse(true, false));
+  expect_identical(replay, reselect);
+  expect_identical(replay, plain);
+  ForwardOptions dense = sparse(false, false);
+  dense.attention = AttentionMode::kDense;
+  const TrainedOnce dense_run = run_once(config, dense);
+  for (const auto* run : {&plain, &dense_run}) {
+    bool has_keys = false;
+    for (const auto& [name, grad] : run->grads) {
+      EXPECT_EQ(name.find(".wv."), std::string::npos)
+          << name << ": a latent has no values of its own";
+      EXPECT_TRUE(grad.isfinite().all().item<bool>()) << name;
+      has_keys |= name.find(".wk.") != std::string::npos;
+    }
+    EXPECT_TRUE(has_keys);
+  }
+}
+
+TEST(ModelTest, RopeFromAnOffsetRotatesOnlyThoseFeatures) {
+  const auto x = torch::randn({2, 5, 3, 12}, torch::kDouble);
+  const auto positions = torch::arange(5, torch::kLong) + 7;
+  const auto got = Rope(4, 10000.0, /*first=*/8).apply(x, positions);
+  EXPECT_TRUE(torch::equal(got.narrow(-1, 0, 8), x.narrow(-1, 0, 8)));
+  EXPECT_TRUE(torch::allclose(got.narrow(-1, 8, 4),
+                              Rope(4, 10000.0).apply(x.narrow(-1, 8, 4).contiguous(), positions)));
+}
+
 bool is_indexer(const std::string& name) {
   return name.find(".indexer.") != std::string::npos;
 }

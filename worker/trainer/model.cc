@@ -106,6 +106,7 @@ ModelConfig ModelConfig::FromSpec(const v1::ModelSpec& spec) {
   c.index_rope_dim = spec.indexer().rope_dim();
   c.topk = spec.indexer().topk();
   c.index_fp8 = spec.indexer().fp8_scores();
+  c.latent_kv = spec.latent_kv();
   return c;
 }
 
@@ -129,9 +130,10 @@ torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions
   for (int64_t d = 2; d < x.dim() - 1; ++d) shape.push_back(1);
   shape.push_back(half);
   const auto cos = angles.cos().view(shape), sin = angles.sin().view(shape);
-  const auto x1 = x.index({"...", Slice(0, half)});
-  const auto x2 = x.index({"...", Slice(half, rope_dim_)});
-  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin, x.index({"...", Slice(rope_dim_)})},
+  const auto x1 = x.index({"...", Slice(first_, first_ + half)});
+  const auto x2 = x.index({"...", Slice(first_ + half, first_ + rope_dim_)});
+  return torch::cat({x.index({"...", Slice(0, first_)}), x1 * cos - x2 * sin, x2 * cos + x1 * sin,
+                     x.index({"...", Slice(first_ + rope_dim_)})},
                     -1);
 }
 
@@ -168,14 +170,15 @@ torch::Tensor LightningIndexerImpl::dense_scores(const Projections& p,
 
 DsaLayerImpl::DsaLayerImpl(const ModelConfig& c)
     : config_(c),
-      rope_(c.rope_dim, c.rope_theta),
+      // With a latent, RoPE takes the last features: the first ones are also the values.
+      rope_(c.rope_dim, c.rope_theta, c.latent_kv ? c.head_dim_qk - c.rope_dim : 0),
       scale_(1.0 / std::sqrt(static_cast<double>(c.head_dim_qk))) {
   // Residual-branch outputs start smaller so the residual stream does not grow with depth.
   const double out_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.layers));
   attn_norm_ = register_module("attn_norm", RMSNorm(c.d_model, c.norm_eps));
   wq_ = register_module("wq", linear(c.d_model, c.heads * c.head_dim_qk, kInitStd));
   wk_ = register_module("wk", linear(c.d_model, c.head_dim_qk, kInitStd));
-  wv_ = register_module("wv", linear(c.d_model, c.head_dim_v, kInitStd));
+  if (!c.latent_kv) wv_ = register_module("wv", linear(c.d_model, c.head_dim_v, kInitStd));
   wo_ = register_module("wo", linear(c.heads * c.head_dim_v, c.d_model, out_std));
   indexer_ = register_module("indexer", LightningIndexer(c));
   mlp_norm_ = register_module("mlp_norm", RMSNorm(c.d_model, c.norm_eps));
@@ -260,7 +263,7 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   {
     PhaseClock::Scope scope(*clock, Phase::kAttentionFwd);
     key = rope_.apply(wk_(h), positions);
-    value = wv_(h);
+    if (!config_.latent_kv) value = wv_(h);
   }
   {
     // The indexer's inputs are detached: it learns only from its KL loss.
@@ -272,8 +275,12 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   const auto& indexer_exchange = options.indexer_key_exchange;
   if (indexer_exchange) indexer_exchange->start(index.k);
   if (exchange) {
-    exchange->start(indexer_exchange ? torch::cat({key, value}, -1)
-                                     : torch::cat({key, value, index.k}, -1));
+    // The key side: the keys, the values unless they are the keys' first features, and the
+    // indexer keys unless they travel on their own.
+    std::vector<torch::Tensor> side{key};
+    if (!config_.latent_kv) side.push_back(value);
+    if (!indexer_exchange) side.push_back(index.k);
+    exchange->start(torch::cat(side, -1));
   }
   torch::Tensor q;
   {
@@ -290,13 +297,17 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
       PhaseClock::Scope scope(*clock, Phase::kComm);
       gathered = exchange->finish();
     }
-    std::vector<int64_t> widths{config_.head_dim_qk, config_.head_dim_v};
+    std::vector<int64_t> widths{config_.head_dim_qk};
+    if (!config_.latent_kv) widths.push_back(config_.head_dim_v);
     if (!indexer_exchange) widths.push_back(index.k.size(-1));
     const auto parts = gathered.split_with_sizes(widths, -1);
-    key = parts[0];
-    value = parts[1];
-    if (!indexer_exchange) index.k = parts[2];
+    // A latent's keys are made contiguous so that the values stay a view of them (the
+    // attention kernels then gather each row once).
+    key = config_.latent_kv ? parts[0].contiguous() : parts[0];
+    if (!config_.latent_kv) value = parts[1];
+    if (!indexer_exchange) index.k = parts.back();
   }
+  if (config_.latent_kv) value = key.narrow(-1, 0, config_.head_dim_v);
   if (indexer_exchange) {
     PhaseClock::Scope scope(*clock, Phase::kComm);
     index.k = indexer_exchange->finish();

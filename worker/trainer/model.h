@@ -33,6 +33,7 @@ struct ModelConfig {
   int64_t index_rope_dim = 0;
   int64_t topk = 0;
   bool index_fp8 = false;  // select with fp8 index scores (flash_topk's fp8 option)
+  bool latent_kv = false;  // value = the key's first head_dim_v features, RoPE on its last rope_dim
 
   // `spec` with ApplyDefaults applied (proto/job_spec.h owns the defaults).
   static ModelConfig FromSpec(const v1::ModelSpec& spec);
@@ -100,16 +101,18 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// Rotary embedding on the first `rope_dim` features (rotate-half pairing).
+// Rotary embedding on `rope_dim` features from feature `first` on (rotate-half pairing).
 class Rope {
  public:
-  Rope(int64_t rope_dim, double theta) : rope_dim_(rope_dim), theta_(theta) {}
+  Rope(int64_t rope_dim, double theta, int64_t first = 0)
+      : rope_dim_(rope_dim), theta_(theta), first_(first) {}
   // x [B, T, ..., D]; positions [T] (global token positions, int64).
   torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& positions) const;
 
  private:
   int64_t rope_dim_;
   double theta_;
+  int64_t first_;
 };
 
 // Lightning indexer: scores I[t, s] = sum_j w[t, j] * ReLU(q_I[t, j] . k_I[s]).
