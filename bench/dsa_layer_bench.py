@@ -121,8 +121,22 @@ def make_layer(cfg, n, dtype, device, seed):
     t = dict(q=randn(n, cfg.heads, cfg.dqk), key=randn(n, cfg.dqk), value=randn(n, cfg.dv),
              q_i=randn(n, cfg.heads_i, cfg.dim_i), k_i=randn(n, cfg.dim_i),
              w=randn(n, cfg.heads_i) * (cfg.heads_i * cfg.dim_i) ** -0.5)
+    if value_in_key(cfg):
+        del t["value"]  # the keys' first d_v features: value_of
     grad_out = randn(n, cfg.heads, cfg.dv)
     return {k: v.requires_grad_(True) for k, v in t.items()}, grad_out
+
+
+def value_in_key(cfg):
+    """Absorbed MLA (--value-in-key): the values are the keys' first d_v features, one latent a
+    token, as DeepSeek-V3.2's sparse attention (MQA mode) and the trainer's model.latent_kv."""
+    return getattr(cfg, "value_in_key", False)
+
+
+def value_of(cfg, key, value=None):
+    """The values next to `key`: its first d_v features (a view, so gradients reach the key), or
+    the layer's own."""
+    return key[:, :cfg.dv] if value_in_key(cfg) else value
 
 
 def acc(x):
@@ -152,11 +166,12 @@ def by_piece(L, pieces, fn):
 
 def hyscale_step(cfg, L, grad_out, mark=lambda name: None, pieces=None):
     ops, scale = torch.ops.hyscale, cfg.dqk ** -0.5
+    value = value_of(cfg, L["key"], L.get("value"))  # outside no_grad: recomputation needs it
     with torch.no_grad():
         idx, scores = by_piece(L, pieces, lambda r, off: ops.flash_topk(
             L["q_i"][r], L["k_i"], L["w"][r], cfg.topk, off))
         mark("fwd selection")
-        out, lse = ops.sparse_attn(L["q"], L["key"], L["value"], idx, scale)
+        out, lse = ops.sparse_attn(L["q"], L["key"], value, idx, scale)
         mark("fwd attention")
         target = ops.selected_attention_mass(L["q"], L["key"], idx, lse, scale)
         loss = ops.indexer_kl(scores, target).mean()
@@ -166,7 +181,7 @@ def hyscale_step(cfg, L, grad_out, mark=lambda name: None, pieces=None):
     score = by_piece(L, pieces, lambda r, off: ops.index_score_gather(
         L["q_i"][r], L["k_i"], L["w"][r], idx[r], off))
     mark("recompute selection")
-    out, lse = ops.sparse_attn(L["q"], L["key"], L["value"], idx, scale)
+    out, lse = ops.sparse_attn(L["q"], L["key"], value, idx, scale)
     kl = ops.indexer_kl(score, target).mean()
     mark("recompute attention + loss")
     torch.autograd.backward([out, kl * cfg.kl_weight], [grad_out, None])
@@ -264,8 +279,9 @@ def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None, pieces=
         mark("fwd selection")
         outs, lses = [], []
         for lo in range(0, n, chunk):
-            o, l = gather_attention(L["q"][lo:lo + chunk], L["key"], L["value"],
-                                    idx[lo:lo + chunk], scale)
+            o, l = gather_attention(L["q"][lo:lo + chunk], L["key"],
+                                    value_of(cfg, L["key"], L.get("value")), idx[lo:lo + chunk],
+                                    scale)
             outs.append(o)
             lses.append(l)
         out, lse = torch.cat(outs), torch.cat(lses)
@@ -281,7 +297,10 @@ def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None, pieces=
     with torch.no_grad():  # selection is not differentiated; with grad on, autograd would keep
         idx, _ = select()  # every chunk's score table
     mark("recompute selection")
-    key, value, k_i = (L[name].detach().requires_grad_(True) for name in ("key", "value", "k_i"))
+    leaves = {name: L[name].detach().requires_grad_(True) for name in ("key", "value", "k_i")
+              if name in L}
+    key, k_i = leaves["key"], leaves["k_i"]
+    value = value_of(cfg, key, leaves.get("value"))
     grads = {name: torch.empty_like(L[name]) for name in ("q", "q_i", "w")}
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
@@ -295,7 +314,7 @@ def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None, pieces=
         torch.autograd.backward([o, kl * cfg.kl_weight], [grad_out[lo:hi], None])
         grads["q"][lo:hi], grads["q_i"][lo:hi], grads["w"][lo:hi] = q.grad, q_i.grad, w.grad
     mark("recompute + backward")
-    grads.update(key=key.grad, value=value.grad, k_i=k_i.grad)
+    grads.update({name: leaf.grad for name, leaf in leaves.items()})
     for name, g in grads.items():
         L[name].grad = g.to(L[name].dtype)
     return dict(idx=idx, out=out, lse=lse, loss=loss, target=target)
@@ -391,7 +410,8 @@ def step_work(cfg, n, pairs):
     flops = selection + 2 * attn_fwd + attn_bwd + mass + scores + 2 * scores
     # bf16 q, key, value, grad_out, q_I, k_I read; out and every gradient written; fp32 w and its
     # gradient; int32 indices written once and read back.
-    elems = n * (2 * h * cfg.dqk + 2 * cfg.dqk + 2 * cfg.dv + 2 * h * cfg.dv +
+    key_side = cfg.dqk if value_in_key(cfg) else cfg.dqk + cfg.dv  # a latent's values are keys
+    elems = n * (2 * h * cfg.dqk + 2 * key_side + 2 * h * cfg.dv +
                  2 * cfg.heads_i * cfg.dim_i + 2 * cfg.dim_i)
     nbytes = 2.0 * elems + 4.0 * 2 * n * cfg.heads_i + 4.0 * 2 * n * cfg.topk
     return flops, nbytes
@@ -569,6 +589,8 @@ def main():
     ap.add_argument("--gate-rows", type=int, default=48, help="sampled rows of the selection check")
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense rate (DESIGN.md)")
     ap.add_argument("--peak-gbps", type=float, default=4000.0, help="device memory bandwidth")
+    ap.add_argument("--value-in-key", action="store_true",
+                    help="absorbed MLA: value = key[:, :d_v], for both stacks")
     ap.add_argument("--json", help="write every figure here")
     cfg = ap.parse_args()
     cfg.dtype = cfg.dtype or ("bf16" if cfg.device == "cuda" else "fp32")
