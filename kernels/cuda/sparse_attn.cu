@@ -551,8 +551,9 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
       }
     }
   };
-  // The indices are read a pair ahead of their copies and the L2 prefetch rows two pairs ahead,
-  // so the producer never waits for an index load between a free buffer and its copy.
+  // Indices are read a pair before their copies, and a pair's rows start into L2 a pair before
+  // they are copied (from indices read the pair before that): the producer never waits for an
+  // index load between a free buffer and its copy.
   PairKeys keys;
   load_keys(0, keys);
   int ahead = list.key(2 * BK + t);  // one row of pair 1 a thread
@@ -582,7 +583,8 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
   }
 }
 
-// Consumer warpgroup kWg (the schedule above). ptile[c] is where consumer c's P goes for the other.
+// Consumer warpgroup kWg (the schedule above). ptile[c] is where consumer c's P goes for the other;
+// sq holds Q, then stages the block's output.
 template <class Tr, int kWg>
 __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int grp, int h0,
                                       bf16* sq, bf16* const (&kbuf)[2], bf16* const (&ptile)[2],
