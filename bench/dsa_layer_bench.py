@@ -278,9 +278,9 @@ def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None, pieces=
         idx, scores = select()
         mark("fwd selection")
         outs, lses = [], []
+        value = value_of(cfg, L["key"], L.get("value"))
         for lo in range(0, n, chunk):
-            o, l = gather_attention(L["q"][lo:lo + chunk], L["key"],
-                                    value_of(cfg, L["key"], L.get("value")), idx[lo:lo + chunk],
+            o, l = gather_attention(L["q"][lo:lo + chunk], L["key"], value, idx[lo:lo + chunk],
                                     scale)
             outs.append(o)
             lses.append(l)

@@ -138,6 +138,17 @@ __device__ __forceinline__ void publish_rows(float (*halves)[64], int half, int 
   barrier();
 }
 
+// What moving a row's running maximum (log2 units) to new_max multiplies its old sums and
+// accumulators by: 1 while the row has seen nothing (its maximum stays -inf).
+__device__ __forceinline__ float rescale_factor(float old_max, float new_max) {
+  return new_max == -INFINITY ? 1.f : exp2f(old_max - new_max);
+}
+// The base a row's scores are taken against: 0 while it has seen nothing, so its probabilities
+// stay exactly 0.
+__device__ __forceinline__ float softmax_base(float new_max) {
+  return new_max == -INFINITY ? 0.f : new_max;
+}
+
 // One online-softmax step: this tile's row maxima (mx_a, mx_b over this thread's columns) of
 // both halves raise the running maxima m_a, m_b; gives the factors that rescale the old sums and
 // accumulators, and the bases this tile's scores are taken against (0 while a row has seen
@@ -152,10 +163,10 @@ __device__ __forceinline__ SoftmaxStep online_softmax_step(float (*halves)[64], 
   const float new_a = fmaxf(m_a, fmaxf(halves[0][ra], halves[1][ra]));
   const float new_b = fmaxf(m_b, fmaxf(halves[0][rb], halves[1][rb]));
   SoftmaxStep step;
-  step.alpha_a = new_a == -INFINITY ? 1.f : exp2f(m_a - new_a);
-  step.alpha_b = new_b == -INFINITY ? 1.f : exp2f(m_b - new_b);
-  step.base_a = new_a == -INFINITY ? 0.f : new_a;
-  step.base_b = new_b == -INFINITY ? 0.f : new_b;
+  step.alpha_a = rescale_factor(m_a, new_a);
+  step.alpha_b = rescale_factor(m_b, new_b);
+  step.base_a = softmax_base(new_a);
+  step.base_b = softmax_base(new_b);
   m_a = new_a;
   m_b = new_b;
   return step;
@@ -651,10 +662,8 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
   };
   // P against the new maxima (0 while a row has seen nothing); O and the sums follow them.
   auto softmax = [&](float new_a, float new_b) {
-    const float alpha_a = new_a == -INFINITY ? 1.f : exp2f(m_a - new_a);
-    const float alpha_b = new_b == -INFINITY ? 1.f : exp2f(m_b - new_b);
-    const float base_a = new_a == -INFINITY ? 0.f : new_a;
-    const float base_b = new_b == -INFINITY ? 0.f : new_b;
+    const float alpha_a = rescale_factor(m_a, new_a), alpha_b = rescale_factor(m_b, new_b);
+    const float base_a = softmax_base(new_a), base_b = softmax_base(new_b);
     float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
     for (int i = 0; i < BK / 2; ++i) {
@@ -757,8 +766,7 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
         mbarrier_arrive(&sync.free[0][0]);
         named_barrier_sync(kMax1Ready, kPairThreads);
         const float m1_a = sync.row_max[ra], m1_b = sync.row_max[rb];
-        const float c_a = m1_a == -INFINITY ? 1.f : exp2f(m_a - m1_a);
-        const float c_b = m1_b == -INFINITY ? 1.f : exp2f(m_b - m1_b);
+        const float c_a = rescale_factor(m_a, m1_a), c_b = rescale_factor(m_b, m1_b);
         m_a = m1_a;
         m_b = m1_b;
         store_p(c_a, c_b);
@@ -1540,15 +1548,21 @@ void check_call(const SparseAttnShape& s, int64_t group) {
   }
 }
 
-// Whether the forward and the backward run on the wgmma kernels: whole 64-head tiles of one query.
-bool wgmma_tiles(const SparseAttnShape& s, int64_t group) {
+// Whether a kernel family's traits take the shape's (d_qk, d_v).
+template <template <int, int> class Traits>
+bool traits_support(const SparseAttnShape& s) {
   if (!cuda_sparse_attn_dims_supported(s.dim_qk, s.dim_v)) return false;
   bool supported = false;
   dispatch_dims(s.dim_qk, s.dim_v, [&](auto traits) {
     using Tr = decltype(traits);
-    supported = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>::kSupported;
+    supported = Traits<Tr::kDimQk, Tr::kDimV>::kSupported;
   });
-  return supported && group == 1 && s.heads % 64 == 0;
+  return supported;
+}
+
+// Whether the forward and the backward run on the wgmma kernels: whole 64-head tiles of one query.
+bool wgmma_tiles(const SparseAttnShape& s, int64_t group) {
+  return traits_support<SparseAttnWgmmaTraits>(s) && group == 1 && s.heads % 64 == 0;
 }
 
 }  // namespace
@@ -1571,13 +1585,7 @@ size_t sparse_attn_fwd_workspace_bytes(const SparseAttnShape& shape, int64_t gro
 }
 
 bool sparse_attn_fwd_reads_values_from_keys(const SparseAttnShape& shape, int64_t group) {
-  if (!wgmma_tiles(shape, group)) return false;
-  bool supported = false;
-  dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
-    using Tr = decltype(traits);
-    supported = SparseAttnLatentTraits<Tr::kDimQk, Tr::kDimV>::kSupported;
-  });
-  return supported;
+  return wgmma_tiles(shape, group) && traits_support<SparseAttnLatentTraits>(shape);
 }
 
 void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* key,

@@ -24,7 +24,7 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool
 // destination and nothing to wait for: gathers whose rows are known early hide the trip to HBM.
 // One prefetch a 128-byte line: the bulk form (cp.async.bulk.prefetch) takes its address in a
 // uniform register, so with a different row per thread the compiler issued it lane by lane in a
-// loop (a tenth of the latent forward's warp samples in Nsight Compute; the backward got 8 %
+// loop (a tenth of the latent forward's warp samples in Nsight Compute; the backward got 7 %
 // faster without it).
 __device__ __forceinline__ void prefetch_l2(const void* global, uint32_t bytes) {
   const char* line = static_cast<const char*>(global);

@@ -145,8 +145,8 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double hi = w.indexer_heads, di = w.indexer_dim;
   const double q_side = d * H * dqk + d * hi * di + d * hi;
   // The key side's own features: the keys, and the values unless they are the keys' first ones.
-  const double kv = w.latent_kv ? dqk : dqk + dv;
-  const double per_token_weights = q_side + d * kv + H * dv * d + d * di + 3 * d * w.d_ff;
+  const double key_elems = w.latent_kv ? dqk : dqk + dv;
+  const double per_token_weights = q_side + d * key_elems + H * dv * d + d * di + 3 * d * w.d_ff;
   const double dense_rate = prof.dense_tflops * kTera;
   const double dense_fwd = 2 * per_token_weights * n / dense_rate;
   const double q_proj = 2 * q_side * n / dense_rate;
@@ -185,7 +185,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   } else {
     const SparseAttentionRate& rate = prof.sparse_attention.at(c.group);
     const double issued = AttentionFlops(H, dqk, dv, k * n * c.group / rate.dedup);
-    const double loaded = n * k * kv * ab / rate.dedup;  // a latent's rows are gathered once
+    const double loaded = n * k * key_elems * ab / rate.dedup;  // a latent's rows are gathered once
     attn_fwd = std::max(issued / (rate.fwd_tflops * kTera), loaded / hbm);
     attn_bwd = std::max(kBackwardFlops * issued / (rate.bwd_tflops * kTera), 2 * loaded / hbm);
   }
@@ -206,7 +206,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double launches = Runs(c.layout, n) * calls * prof.kernel_launch_s;
 
   // Communication of the key side, per layer.
-  const double key_elems = kv, idx_elems = di;
+  const double idx_elems = di;
   const double gather_all = RingSeconds(N * (key_elems + idx_elems) * ab, p, prof);
   const double gather_idx = RingSeconds(N * idx_elems * ab, p, prof);
   const double gather_kv = RingSeconds(N * key_elems * ab, p, prof);
