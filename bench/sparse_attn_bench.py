@@ -14,7 +14,9 @@ most keys, as with a trained indexer). For each N, kind and G:
   gather      baseline: torch gathers K/V per query chunk, bf16 bmm, fp32 softmax, bmm; bwd by
               autograd, chunk by chunk (fwd+bwd minus fwd)
 --value-in-key runs the absorbed-MLA layout, value = key[:, :d_v] (the latent is both), which the
-wgmma forward gathers once per key row. Peak memory is the allocator's peak above the inputs during
+wgmma forward gathers once per key row; at G = 1 it also times sparse_attn_latent_backward (one
+kernel for dq and the latent's whole gradient; "latent bwd"), checked against the separate
+backward's key gradient plus its value gradient (max difference over max magnitude). Peak memory is the allocator's peak above the inputs during
 the call. The HyScale output is
 checked against the baseline on every run (max abs difference).
 
@@ -193,6 +195,22 @@ def main():
                 if base is not None:
                     r["fwd_speedup"] = base["fwd_ms"] / t_f
                     r["bwd_speedup"] = base["bwd_ms"] / t_b
+                if group == 1 and a.value_in_key and not a.forward_only:
+                    latent = lambda: torch.ops.hyscale.sparse_attn_latent_backward(
+                        grad_out, q, key, idx, scale, DV, out, lse)
+                    _, grad_kv = latent()
+                    _, grad_key, grad_value = bwd()
+                    want = grad_key.float()
+                    want[:, :DV] += grad_value.float()
+                    r["latent_bwd_rel_diff"] = float((grad_kv.float() - want).abs().max() /
+                                                     want.abs().max())
+                    del grad_kv, grad_key, grad_value, want
+                    t_l = timed(latent, a.runs)
+                    r["latent_bwd_ms"], r["latent_bwd_gib"] = t_l, peak_extra(latent)
+                    r["latent_bwd_tflops"] = f_bwd / t_l / 1e9
+                    r["latent_bwd_floor"] = f_bwd / a.peak_tflops / 1e9 / t_l
+                    if base is not None:
+                        r["latent_bwd_speedup"] = base["bwd_ms"] / t_l
                 if group == 1 and not a.forward_only:
                     t_d = timed(lambda: bwd(True), a.runs)
                     r["bwd_det_ms"] = t_d
@@ -203,6 +221,13 @@ def main():
                     extra = f"  x{r['fwd_speedup']:.2f} fwd x{r['bwd_speedup']:.2f} bwd vs gather"
                 if "bwd_det_ms" in r:
                     extra += f"  det bwd {r['bwd_det_ms']:.2f} ms ({r['bwd_det_tflops']:.1f} TF/s)"
+                if "latent_bwd_ms" in r:
+                    extra += (f"\n{'':>25} latent bwd {r['latent_bwd_ms']:8.2f} ms "
+                              f"{r['latent_bwd_tflops']:6.1f} TF/s {r['latent_bwd_floor']:5.2f} floor "
+                              f"{r['latent_bwd_gib']:5.1f} GiB  rel diff vs separate "
+                              f"{r['latent_bwd_rel_diff']:.1e}")
+                    if "latent_bwd_speedup" in r:
+                        extra += f"  x{r['latent_bwd_speedup']:.2f} vs gather"
                 print(f"{n:>7} {kind:>6} {group:>2} {dd:5.2f} | {t_f:8.2f} {r['fwd_tflops']:6.1f} "
                       f"{r['fwd_floor']:5.2f} {m_f:5.1f} | {t_b:8.2f} {r['bwd_tflops']:6.1f} "
                       f"{r['bwd_floor']:5.2f} {m_b:5.1f} | {check:7.4f}{extra}", flush=True)

@@ -1348,6 +1348,194 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cp_async_wait<0>();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Backward with values inside the keys (SparseAttnLatentBwdTraits): dq and the key rows' gradient
+// in one kernel, S and dP computed once a tile.
+
+// The block's shared memory: Q, dO, the K tile, P and dS (each in wgmma's layout).
+template <class Tr>
+struct LatentBwdTiles {
+  bf16 *q, *grad_out, *key, *prob, *grad_score;
+  __device__ explicit LatentBwdTiles(unsigned char* base) {
+    q = reinterpret_cast<bf16*>(base);
+    grad_out = q + Tr::kRows * Tr::kDimQk;
+    key = grad_out + Tr::kRows * Tr::kDimV;
+    prob = key + Tr::kKeys * Tr::kDimQk;
+    grad_score = prob + Tr::kRows * Tr::kKeys;
+  }
+};
+
+// Tile j's S and dP for warpgroup wg's half of the keys (K(j) landed and visible), then its P and
+// dS into their tiles. Both products read their A operand (Q, dO) whole, so the halves together
+// read it twice; in exchange P stays fp32 for dS and no warpgroup waits for the other here.
+template <class Tr>
+__device__ void latent_bwd_scores(const Problem& p, const KeyList& list, int j,
+                                  const LatentBwdTiles<Tr>& t, const BwdRows& r, int wg, int lane) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, kHalf = BK / 2;
+  float s[kHalf / 2], dp[kHalf / 2];
+  const uint64_t key0 = descriptor_here(matrix_descriptor<BK>(t.key, wg * kHalf, 0));
+  const uint64_t q0 = descriptor_here(matrix_descriptor<64>(t.q, 0, 0));
+  const uint64_t do0 = descriptor_here(matrix_descriptor<64>(t.grad_out, 0, 0));
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < DQ / 16; ++ks) {
+    Wgmma<kHalf>::run(s, advance_descriptor<64>(q0, ks), advance_descriptor<BK>(key0, ks), ks > 0);
+  }
+#pragma unroll
+  for (int ks = 0; ks < DV / 16; ++ks) {
+    Wgmma<kHalf>::run(dp, advance_descriptor<64>(do0, ks), advance_descriptor<BK>(key0, ks),
+                      ks > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulators(s);
+  fence_accumulators(dp);
+#pragma unroll
+  for (int i = 0; i < kHalf / 2; i += 2) {
+    const int col = wg * kHalf + 8 * (i / 4) + 2 * (lane % 4);
+    const bool lower = i % 4 < 2;
+    const float lse = lower ? r.lse_a : r.lse_b, delta = lower ? r.d_a : r.d_b;
+    float prob[2], ds[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool seen = list.sees(j * BK + col + e, 0);
+      prob[e] = seen ? exp2f(s[i + e] * p.scale_log2 - lse) : 0.f;
+      ds[e] = prob[e] * (dp[i + e] - delta) * p.scale;
+    }
+    const int at = swizzled_offset<64>(lower ? r.ra : r.rb, col / 8) + col % 8;
+    *reinterpret_cast<uint32_t*>(t.prob + at) = pack_bf16(prob[0], prob[1]);
+    *reinterpret_cast<uint32_t*>(t.grad_score + at) = pack_bf16(ds[0], ds[1]);
+  }
+}
+
+// Warpgroup kWg's products of tile j once P and dS are visible: dq (+)= dS K over its column
+// blocks; then, K(j) free in both warpgroups, the gather of K(j + 1) starts; then its chunks of
+// the key gradient, each added into the key rows.
+template <class Tr, int kWg>
+__device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyList& list, int j,
+                                 int tiles, const LatentBwdTiles<Tr>& t,
+                                 float (&dq_pair)[Tr::kDqPairs][64], float (&dq_single)[32],
+                                 int tid, int warp, int lane) {
+  constexpr int DQ = Tr::kDimQk, BK = Tr::kKeys, T = Tr::kThreads;
+  constexpr int kFirstBlock = kWg == 0 ? 0 : Tr::kDqFirstBlocks;
+  constexpr int kDqBlocks = kWg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks;
+  constexpr int kFirstChunk = kWg == 0 ? 0 : Tr::kDkvFirstChunks;
+  constexpr int kEndChunk = kWg == 0 ? Tr::kDkvFirstChunks : Tr::kBlocks;
+#pragma unroll
+  for (int c = 0; c < Tr::kDqPairs; ++c) fence_accumulators(dq_pair[c]);
+  fence_accumulators(dq_single);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < BK / 16; ++ks) {
+    const uint64_t a = matrix_descriptor<64>(t.grad_score, 0, ks);
+#pragma unroll
+    for (int c = 0; c < kDqBlocks / 2; ++c) {
+      Wgmma<128, 1>::run(dq_pair[c], a,
+                         mn_major_descriptor<BK>(t.key, (kFirstBlock + 2 * c) * 64, ks * 16), 1);
+    }
+    if constexpr (kDqBlocks % 2 == 1) {
+      Wgmma<64, 1>::run(dq_single, a,
+                        mn_major_descriptor<BK>(t.key, (kFirstBlock + kDqBlocks - 1) * 64, ks * 16),
+                        1);
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int c = 0; c < Tr::kDqPairs; ++c) fence_accumulators(dq_pair[c]);
+  fence_accumulators(dq_single);
+  named_barrier_sync(1, T);  // K(j) is no longer read
+  if (j + 1 < tiles) gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, (j + 1) * BK, tid);
+  cp_async_commit();
+
+  // Key gradient chunk c (columns 64c ..): keys as M (dS^T and P^T read MN-major), 16 rows a step.
+  const int key_row = 16 * warp + lane / 4;
+  int keys[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) keys[half] = list.key(j * BK + key_row + 8 * half);
+#pragma unroll
+  for (int c = kFirstChunk; c < kEndChunk; ++c) {
+    float acc[32];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kRows / 16; ++ks) {
+      Wgmma<64, 1, bf16, 1>::run(acc, mn_major_descriptor<64>(t.grad_score, 0, ks * 16),
+                                 mn_major_descriptor<64>(t.q, c * 64, ks * 16), ks > 0);
+    }
+    if (c < Tr::kValueBlocks) {
+#pragma unroll
+      for (int ks = 0; ks < Tr::kRows / 16; ++ks) {
+        Wgmma<64, 1, bf16, 1>::run(acc, mn_major_descriptor<64>(t.prob, 0, ks * 16),
+                                   mn_major_descriptor<64>(t.grad_out, c * 64, ks * 16), 1);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (keys[half] < 0) continue;
+      float* dst = g.grad_key + int64_t(keys[half]) * DQ + c * 64 + 2 * (lane % 4);
+#pragma unroll
+      for (int n8 = 0; n8 < 8; ++n8) {
+        red_add_v2(dst + 8 * n8, acc[4 * n8 + 2 * half], acc[4 * n8 + 2 * half + 1]);
+      }
+    }
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    sparse_attn_bwd_latent_kernel(Problem p, BwdArgs g) {
+  constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, T = Tr::kThreads;
+  extern __shared__ __align__(1024) unsigned char latent_bwd_raw[];
+  const LatentBwdTiles<Tr> t(latent_bwd_raw);
+  const int tid = threadIdx.x, wg = warpgroup_index(), warp = (tid % 128) / 32, lane = tid % 32;
+  const int grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const KeyList list = key_list(p, grp);
+  load_block_rows<DQ, T>(t.q, p.q, p, grp, h0, tid);
+  load_block_rows<DV, T>(t.grad_out, g.grad_out, p, grp, h0, tid);
+  gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, 0, tid);
+  cp_async_commit();
+  const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
+
+  float dq_pair[Tr::kDqPairs][64], dq_single[32];
+  clear_accumulators(dq_pair);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq_single[i] = 0.f;
+  const int tiles = static_cast<int>(ceil_div(list.count, BK));
+  for (int j = 0; j < tiles; ++j) {
+    prefetch_slots<DQ, DV, BK>(p, list, (j + 1) * BK, tid);
+    cp_async_wait<0>();  // K(j) (and, first, Q and dO) have landed
+    fence_async_shared();
+    __syncthreads();  // and the previous tile's P and dS are no longer read
+    latent_bwd_scores<Tr>(p, list, j, t, r, wg, lane);
+    fence_async_shared();  // P and dS are read by wgmma
+    __syncthreads();
+    if (wg == 0) {
+      latent_bwd_grads<Tr, 0>(p, g, list, j, tiles, t, dq_pair, dq_single, tid, warp, lane);
+    } else {
+      latent_bwd_grads<Tr, 1>(p, g, list, j, tiles, t, dq_pair, dq_single, tid, warp, lane);
+    }
+  }
+  cp_async_wait<0>();
+
+  const int first_block = wg == 0 ? 0 : Tr::kDqFirstBlocks;
+  const int blocks = wg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks;
+  auto store = [&](const float* acc, int n, int col0) {
+    for (int i = 0; i < n / 2; i += 4) {
+      const int col = col0 + 8 * (i / 4) + 2 * (lane % 4);
+      store_pair(g.grad_q, r.row_a, DQ, col, acc[i], acc[i + 1]);
+      store_pair(g.grad_q, r.row_b, DQ, col, acc[i + 2], acc[i + 3]);
+    }
+  };
+#pragma unroll
+  for (int c = 0; c < Tr::kDqPairs; ++c) {
+    if (c < blocks / 2) store(dq_pair[c], 128, (first_block + 2 * c) * 64);
+  }
+  if (blocks % 2 == 1) store(dq_single, 64, (first_block + blocks - 1) * 64);
+}
+
 // D[row] = sum_c dO[row, c] * O[row, c] (fp32), one warp per row.
 __global__ void row_dot_kernel(const bf16* a, const bf16* b, int64_t rows, int dim, float* out) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -1642,6 +1830,18 @@ size_t sparse_attn_bwd_workspace_bytes(const SparseAttnShape& s, int64_t group,
   return bytes;
 }
 
+// D = rowsum(dO * O) of every (query, head) row into `workspace` (N H floats).
+float* row_deltas(const SparseAttnShape& s, const void* out, const void* grad_out, void* workspace,
+                  cudaStream_t stream) {
+  const int64_t rows = s.num_queries * s.heads;
+  auto* delta = static_cast<float*>(workspace);
+  row_dot_kernel<<<static_cast<unsigned>(ceil_div(rows * 32, 256)), 256, 0, stream>>>(
+      static_cast<const bf16*>(grad_out), static_cast<const bf16*>(out), rows,
+      static_cast<int>(s.dim_v), delta);
+  check(cudaGetLastError(), "row_dot_kernel");
+  return delta;
+}
+
 void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* key,
                      const void* value, const int32_t* indices, float scale, const void* out,
                      const float* lse, const void* grad_out, int64_t group, bool deterministic,
@@ -1664,16 +1864,11 @@ void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* ke
   g.grad_q = static_cast<bf16*>(grad_q);
   g.grad_key = grad_key;
   g.grad_value = grad_value;
-  auto* delta = reinterpret_cast<float*>(base);
-  g.delta = delta;
+  g.delta = row_deltas(shape, out, grad_out, base, stream);
   base += align256(rows * 4);
   auto* amax = reinterpret_cast<float*>(base);
   g.amax = amax;
   base += 256;
-  row_dot_kernel<<<static_cast<unsigned>(ceil_div(rows * 32, 256)), 256, 0, stream>>>(
-      static_cast<const bf16*>(grad_out), static_cast<const bf16*>(out), rows,
-      static_cast<int>(shape.dim_v), delta);
-  check(cudaGetLastError(), "row_dot_kernel");
   if (deterministic) {
     g.fixed_key = reinterpret_cast<unsigned long long*>(base);
     g.fixed_value = g.fixed_key + key_elems;
@@ -1727,6 +1922,49 @@ void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* ke
             DkvScaleOf{p, int(shape.dim_v), amax, is_key}, is_key ? grad_key : grad_value);
         check(cudaGetLastError(), "fixed_to_float_kernel");
       }
+    }
+  });
+}
+
+bool sparse_attn_bwd_latent_supported(const SparseAttnShape& shape, int64_t group,
+                                      bool deterministic) {
+  return !deterministic && wgmma_tiles(shape, group) &&
+         traits_support<SparseAttnLatentBwdTraits>(shape);
+}
+
+size_t sparse_attn_bwd_latent_workspace_bytes(const SparseAttnShape& shape) {
+  return align256(shape.num_queries * shape.heads * 4);
+}
+
+void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const void* kv,
+                            const int32_t* indices, float scale, const void* out, const float* lse,
+                            const void* grad_out, void* grad_q, float* grad_kv, void* workspace,
+                            Stream stream_) {
+  check_call(shape, 1);
+  if (!sparse_attn_bwd_latent_supported(shape, 1, false)) {
+    throw std::invalid_argument(
+        "hyscale::sparse_attn (CUDA): the latent backward needs G = 1, H a multiple of 64, d_v <= "
+        "d_qk and d_qk >= 192");
+  }
+  auto stream = static_cast<cudaStream_t>(stream_);
+  check(cudaMemsetAsync(grad_kv, 0, shape.num_keys * shape.dim_qk * 4, stream), "memset");
+  if (shape.num_queries == 0 || shape.heads == 0) return;
+  BwdArgs g{};
+  g.grad_out = static_cast<const bf16*>(grad_out);
+  g.lse = lse;
+  g.grad_q = static_cast<bf16*>(grad_q);
+  g.grad_key = grad_kv;
+  g.delta = row_deltas(shape, out, grad_out, workspace, stream);
+  const Problem p = make_problem(shape, q, kv, kv, indices, scale, 1, UnionPlan{});
+  dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
+    using Tr = SparseAttnLatentBwdTraits<decltype(traits)::kDimQk, decltype(traits)::kDimV>;
+    if constexpr (Tr::kSupported) {
+      check(cudaFuncSetAttribute(sparse_attn_bwd_latent_kernel<Tr>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
+            "backward smem");
+      sparse_attn_bwd_latent_kernel<Tr>
+          <<<grid_of(shape, p), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, g);
+      check(cudaGetLastError(), "sparse_attn_bwd_latent_kernel");
     }
   });
 }

@@ -49,4 +49,18 @@ void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* ke
                      void* grad_q, float* grad_key, float* grad_value, void* workspace,
                      Stream stream);
 
+// The backward of the absorbed-MLA layout (each value row the first d_v columns of its kv row,
+// as sparse_attn_fwd's value == key): one kernel computes S and dP once a tile for dq and the kv
+// rows' gradient. grad_q [N, H, d_qk] bf16; grad_kv [M, d_qk] fp32 (overwritten) holds both
+// roles' gradients, the value part added into the first d_v columns. fp32 atomics only: where
+// the next function says no (deterministic, G > 1, other shapes), take sparse_attn_bwd with the
+// values apart and add its grad_value into grad_key.
+bool sparse_attn_bwd_latent_supported(const SparseAttnShape& shape, int64_t group,
+                                      bool deterministic);
+size_t sparse_attn_bwd_latent_workspace_bytes(const SparseAttnShape& shape);
+void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const void* kv,
+                            const int32_t* indices, float scale, const void* out, const float* lse,
+                            const void* grad_out, void* grad_q, float* grad_kv, void* workspace,
+                            Stream stream);
+
 }  // namespace hyscale::cuda

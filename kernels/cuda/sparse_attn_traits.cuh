@@ -104,6 +104,46 @@ struct SparseAttnLatentTraits {
   static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536);
 };
 
+// The backward with values inside the keys (absorbed MLA), one kernel for dq and the key rows'
+// whole gradient (sm_90a): a block is one query's 64 heads, two warpgroups, 64-key tiles gathered
+// into one K tile. Warpgroup w computes S and dP for keys 32w.. of a tile (m64n32), then P and dS
+// (bf16) go to shared memory, where both warpgroups read them: dq (+)= dS K into registers, the
+// 64-wide column blocks split between the warpgroups (the first takes the odd one), and the key
+// gradient dS^T Q + P^T dO (the value part added into the first d_v columns) a 64-column chunk at
+// a time (m64n64, keys as M), added into the key rows with fp32 atomics. The next K tile streams
+// in while the key gradient is formed: only S, dP and dq read K.
+template <int kDimQk_, int kDimV_>
+struct SparseAttnLatentBwdTraits {
+  static constexpr int kDimQk = kDimQk_;
+  static constexpr int kDimV = kDimV_;
+  static constexpr int kRows = 64;
+  static constexpr int kKeys = 64;
+  static constexpr int kThreads = 256;
+  static constexpr int kBlocks = kDimQk / 64;      // 64-column blocks of dq and chunks of dkv
+  static constexpr int kValueBlocks = kDimV / 64;  // chunks that also take P^T dO
+  static constexpr int kDqFirstBlocks = (kBlocks + 1) / 2;  // warpgroup 0's; the rest to 1
+  static constexpr int kDqPairs = kDqFirstBlocks / 2;       // n128 accumulators at most
+  // Warpgroup 0 takes the first key-gradient chunks, as many as balance the k16 steps of both
+  // warpgroups' dq and dkv products (4 a dq block, 4 or 8 a chunk).
+  static constexpr int dkv_first_chunks() {
+    int best = 0, best_gap = 1 << 30;
+    for (int split = 0; split <= kBlocks; ++split) {
+      int work[2] = {4 * kDqFirstBlocks, 4 * (kBlocks - kDqFirstBlocks)};
+      for (int c = 0; c < kBlocks; ++c) work[c < split ? 0 : 1] += c < kValueBlocks ? 8 : 4;
+      const int gap = work[0] > work[1] ? work[0] - work[1] : work[1] - work[0];
+      if (gap < best_gap) best = split, best_gap = gap;
+    }
+    return best;
+  }
+  static constexpr int kDkvFirstChunks = dkv_first_chunks();
+  // Q, dO, the K tile, then the P and dS tiles ([rows x keys], one 128-byte column block each).
+  static constexpr int kSmemBytes =
+      2 * (kRows * kDimQk + kRows * kDimV + kKeys * kDimQk + 2 * kRows * kKeys);
+  // kBlocks >= 3: warpgroup 0 holds at least one n128 pair of dq blocks.
+  static constexpr bool kSupported = kDimQk % 64 == 0 && kDimV % 64 == 0 && kDimV <= kDimQk &&
+                                     kBlocks >= 3 && kSmemBytes <= 227 * 1024;
+};
+
 inline constexpr int kMaxGroup = 16;
 // Building a group's key union sorts its G * topk slots in shared memory (one block per group).
 inline constexpr int kMaxGroupSlots = 32768;

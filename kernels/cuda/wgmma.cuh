@@ -162,13 +162,14 @@ __device__ __forceinline__ void fence_operands(uint32_t (&a)[kCount]) {
 }
 
 // D (+)= A * B^T for m64 n{16,32,64,128}, fp32 accumulate, both operands in shared memory:
-// bf16 (k16; A K-major, B K-major with kTransposeB = 0 or MN-major with 1, where B's rows are K,
-// e.g. the values of an attention P V product read from a [keys x d] tile) or fp8 e4m3 (k32;
-// both K-major, the only layout wgmma takes for 8-bit types). A k-step covers 32 bytes of K in
+// bf16 (k16; B K-major with kTransposeB = 0 or MN-major with 1, where B's rows are K, e.g. the
+// values of an attention P V product read from a [keys x d] tile; A likewise with kTransposeA,
+// e.g. dS^T of a key gradient read from a [rows x keys] tile) or fp8 e4m3 (k32; both K-major,
+// the only layout wgmma takes for 8-bit types). A k-step covers 32 bytes of K in
 // both, so the descriptors above serve both. `accumulate` false overwrites D.
 // Accumulators: row 16 * warp + lane / 4 (+ 8 for the odd pair), column 8 * j + 2 * (lane % 4)
 // (+ 1) in acc[4 * j ...], as mma.sync's C fragments per n8 tile.
-template <int kN, int kTransposeB = 0, class Element = __nv_bfloat16>
+template <int kN, int kTransposeB = 0, class Element = __nv_bfloat16, int kTransposeA = 0>
 struct Wgmma;
 
 // The accumulator operands per N: the registers in the instruction text and the outputs.
@@ -206,24 +207,24 @@ struct Wgmma;
       "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-// The bf16 and fp8 specializations of one N; A, B, FLAG and TRANS name the operands after the
-// accumulators.
-#define HYSCALE_DEFINE_WGMMA(N, A, B, FLAG, TRANS)                                                 \
-  template <int kTransposeB>                                                                       \
-  struct Wgmma<N, kTransposeB, __nv_bfloat16> {                                                    \
+// The bf16 and fp8 specializations of one N; A, B, FLAG, TRANS_A and TRANS_B name the operands
+// after the accumulators.
+#define HYSCALE_DEFINE_WGMMA(N, A, B, FLAG, TRANS_A, TRANS_B)                                      \
+  template <int kTransposeB, int kTransposeA>                                                      \
+  struct Wgmma<N, kTransposeB, __nv_bfloat16, kTransposeA> {                                       \
     static __device__ __forceinline__ void run(float (&d)[N / 2], uint64_t a, uint64_t b,          \
                                                int acc) {                                          \
       HYSCALE_WGMMA("{\n.reg .pred p;\nsetp.ne.b32 p, " FLAG                                       \
                     ", 0;\n"                                                                       \
                     "wgmma.mma_async.sync.aligned.m64n" #N                                         \
-                    "k16.f32.bf16.bf16 " HYSCALE_WGMMA_N##N##_REGS ", " A ", " B                   \
-                                                                   ", p, 1, 1, 0, " TRANS ";\n}\n" \
+                    "k16.f32.bf16.bf16 " HYSCALE_WGMMA_N##N##_REGS                                 \
+                    ", " A ", " B ", p, 1, 1, " TRANS_A ", " TRANS_B ";\n}\n"                      \
                     : HYSCALE_WGMMA_N##N##_OUTS                                                    \
-                    : "l"(a), "l"(b), "r"(acc), "n"(kTransposeB));                                 \
+                    : "l"(a), "l"(b), "r"(acc), "n"(kTransposeA), "n"(kTransposeB));               \
     }                                                                                              \
   };                                                                                               \
   template <>                                                                                      \
-  struct Wgmma<N, 0, __nv_fp8_e4m3> {                                                              \
+  struct Wgmma<N, 0, __nv_fp8_e4m3, 0> {                                                           \
     static __device__ __forceinline__ void run(float (&d)[N / 2], uint64_t a, uint64_t b,          \
                                                int acc) {                                          \
       HYSCALE_WGMMA("{\n.reg .pred p;\nsetp.ne.b32 p, " FLAG                                       \
@@ -235,10 +236,10 @@ struct Wgmma;
     }                                                                                              \
   };
 
-HYSCALE_DEFINE_WGMMA(16, "%8", "%9", "%10", "%11")
-HYSCALE_DEFINE_WGMMA(32, "%16", "%17", "%18", "%19")
-HYSCALE_DEFINE_WGMMA(64, "%32", "%33", "%34", "%35")
-HYSCALE_DEFINE_WGMMA(128, "%64", "%65", "%66", "%67")
+HYSCALE_DEFINE_WGMMA(16, "%8", "%9", "%10", "%11", "%12")
+HYSCALE_DEFINE_WGMMA(32, "%16", "%17", "%18", "%19", "%20")
+HYSCALE_DEFINE_WGMMA(64, "%32", "%33", "%34", "%35", "%36")
+HYSCALE_DEFINE_WGMMA(128, "%64", "%65", "%66", "%67", "%68")
 
 #undef HYSCALE_DEFINE_WGMMA
 

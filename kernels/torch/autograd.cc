@@ -87,6 +87,27 @@ struct SparseAttn : torch::autograd::Function<SparseAttn> {
   }
 };
 
+struct SparseAttnLatent : torch::autograd::Function<SparseAttnLatent> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv,
+                               const at::Tensor& indices, double scale, int64_t dim_v) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto attn = ops::sparse_attn_latent(q, kv, indices, scale, dim_v);
+    ctx->save_for_backward({q, kv, indices, attn.out, attn.lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["dim_v"] = dim_v;
+    ctx->mark_non_differentiable({attn.lse});
+    return {attn.out, attn.lse};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    if (!grads[0].defined()) return {Variable(), Variable(), Variable(), Variable(), Variable()};
+    const auto g = ops::sparse_attn_latent_backward(grads[0], s[0], s[1], s[2],
+                                                    ctx->saved_data["scale"].toDouble(),
+                                                    ctx->saved_data["dim_v"].toInt(), s[3], s[4]);
+    return {g.q, g.kv, Variable(), Variable(), Variable()};
+  }
+};
+
 // The target is a constant of the loss (the model detaches it); only score gets a gradient.
 struct IndexerKl : torch::autograd::Function<IndexerKl> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& score,
@@ -121,6 +142,13 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Te
   return {r[0], r[1]};
 }
 
+std::tuple<at::Tensor, at::Tensor> sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv,
+                                                      const at::Tensor& indices, double scale,
+                                                      int64_t dim_v) {
+  auto r = SparseAttnLatent::apply(q, kv, indices, scale, dim_v);
+  return {r[0], r[1]};
+}
+
 // A target, never differentiated: computed below autograd whatever its inputs require.
 at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
                                    const at::Tensor& indices, const at::Tensor& lse, double scale) {
@@ -140,6 +168,7 @@ TORCH_LIBRARY_IMPL(hyscale, Autograd, m) {
   m.impl("flash_topk", &flash_topk);
   m.impl("index_score_gather", &index_score_gather);
   m.impl("sparse_attn", &sparse_attn);
+  m.impl("sparse_attn_latent", &sparse_attn_latent);
   m.impl("selected_attention_mass", &selected_attention_mass);
   m.impl("indexer_kl", &indexer_kl);
 }

@@ -148,6 +148,18 @@ bool value_inside_key(const at::Tensor& key, const at::Tensor& value) {
   return true;
 }
 
+at::Tensor latent_values(const char* op, const at::Tensor& kv, int64_t dim_v) {
+  TORCH_CHECK(kv.dim() >= 2, op, ": kv must be [M, d_qk] or [B, M, d_qk], got ", kv.sizes());
+  TORCH_CHECK(dim_v >= 1 && dim_v <= kv.size(-1), op, ": dim_v must be in [1, d_qk = ", kv.size(-1),
+              "], got ", dim_v);
+  return kv.narrow(-1, 0, dim_v);
+}
+
+at::Tensor add_value_grad(at::Tensor grad_key, const at::Tensor& grad_value) {
+  grad_key.narrow(-1, 0, grad_value.size(-1)).add_(grad_value);
+  return grad_key;
+}
+
 at::ScalarType cpu_compute_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }

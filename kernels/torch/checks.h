@@ -63,6 +63,11 @@ void check_kl_args(const char* op, const at::Tensor& score, const at::Tensor& ta
 // latent is both key and value), which the CUDA forward reads from the key rows.
 bool value_inside_key(const at::Tensor& key, const at::Tensor& value);
 
+// sparse_attn_latent's values: the first dim_v columns of kv (dim_v in [1, d_qk]), as a view.
+at::Tensor latent_values(const char* op, const at::Tensor& kv, int64_t dim_v);
+// kv's gradient from its two roles' gradients: grad_value added into grad_key's first d_v columns.
+at::Tensor add_value_grad(at::Tensor grad_key, const at::Tensor& grad_value);
+
 // CPU kernels compute in double for double inputs (gradient checks) and in float otherwise.
 at::ScalarType cpu_compute_dtype(const at::Tensor& t);
 

@@ -214,6 +214,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
           unbatch(gv.tensor(), a.batching).to(value.scalar_type())};
 }
 
+std::tuple<at::Tensor, at::Tensor> sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv,
+                                                      const at::Tensor& indices, double scale,
+                                                      int64_t dim_v) {
+  return sparse_attn(q, kv, latent_values("hyscale::sparse_attn_latent", kv, dim_v), indices,
+                     scale);
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
+    const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
+    const at::Tensor& lse) {
+  const auto value = latent_values("hyscale::sparse_attn_latent_backward", kv, dim_v);
+  auto [grad_q, grad_key, grad_value] =
+      sparse_attn_backward(grad_out, q, kv, value, indices, scale, out, lse);
+  return {grad_q, add_value_grad(grad_key, grad_value)};
+}
+
 at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
                                    const at::Tensor& indices, const at::Tensor& lse, double scale) {
   const char* op = "hyscale::selected_attention_mass";
@@ -282,6 +299,8 @@ TORCH_LIBRARY_IMPL(hyscale, CPU, m) {
   m.impl("index_score_backward", &index_score_backward);
   m.impl("sparse_attn", &sparse_attn);
   m.impl("sparse_attn_backward", &sparse_attn_backward);
+  m.impl("sparse_attn_latent", &sparse_attn_latent);
+  m.impl("sparse_attn_latent_backward", &sparse_attn_latent_backward);
   m.impl("selected_attention_mass", &selected_attention_mass);
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);

@@ -191,6 +191,25 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn_grouped(const at::Tensor& q, cons
   return {unbatch(out, in.a.batching).to(q.scalar_type()), unbatch(lse, in.a.batching)};
 }
 
+// The backward's other inputs: grad_out and out bf16, lse fp32, each with a leading batch dim.
+struct ForwardResults {
+  at::Tensor grad_out, out, lse;
+};
+
+ForwardResults forward_results(const char* op, const AttnInputs& in, const at::Tensor& grad_out,
+                               const at::Tensor& out, const at::Tensor& lse) {
+  const auto& s = in.a.shape;
+  const int64_t batch = in.a.batching.batch;
+  check_sizes(op, "grad_out", grad_out, out.sizes());
+  auto batched = [&](const at::Tensor& t) { return in.a.batching.batched ? t : t.unsqueeze(0); };
+  ForwardResults r{batched(grad_out).to(at::kBFloat16).contiguous(),
+                   batched(out).to(at::kBFloat16).contiguous(),
+                   batched(lse).to(at::kFloat).contiguous()};
+  check_sizes(op, "out", r.out, {batch, s.num_queries, s.heads, s.dim_v});
+  check_sizes(op, "lse", r.lse, {batch, s.num_queries, s.heads});
+  return r;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward_grouped(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& indices, double scale, const at::Tensor& out, const at::Tensor& lse,
@@ -201,13 +220,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward_grouped(
       attn_inputs(op, q, key, value, indices, group, /*reads_values_from_keys=*/false);
   const auto& s = in.a.shape;
   const int64_t batch = in.a.batching.batch;
-  check_sizes(op, "grad_out", grad_out, out.sizes());
-  auto batched = [&](const at::Tensor& t) { return in.a.batching.batched ? t : t.unsqueeze(0); };
-  const auto go = batched(grad_out).to(at::kBFloat16).contiguous();
-  const auto o = batched(out).to(at::kBFloat16).contiguous();
-  const auto l = batched(lse).to(at::kFloat).contiguous();
-  check_sizes(op, "out", o, {batch, s.num_queries, s.heads, s.dim_v});
-  check_sizes(op, "lse", l, {batch, s.num_queries, s.heads});
+  const auto [go, o, l] = forward_results(op, in, grad_out, out, lse);
   auto grad_q = at::empty_like(in.q);
   auto grad_key = at::empty(in.key.sizes(), in.key.options().dtype(at::kFloat));
   auto grad_value = at::empty(in.value.sizes(), in.value.options().dtype(at::kFloat));
@@ -244,6 +257,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
   return sparse_attn_backward_grouped(grad_out, q, key, value, indices, scale, out, lse,
                                       default_group(q, indices),
                                       at::globalContext().deterministicAlgorithms());
+}
+
+// Absorbed MLA (kv both keys and values): the forward takes the warp-specialized kernel through
+// value == key; the backward its one kernel where it applies, else the separate values' backward
+// with the value gradient added into kv's.
+std::tuple<at::Tensor, at::Tensor> sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv,
+                                                      const at::Tensor& indices, double scale,
+                                                      int64_t dim_v) {
+  // bf16 first, so that the values stay a view of the rows the kernel gathers.
+  const auto rows = kv.to(at::kBFloat16).contiguous();
+  return sparse_attn(q, rows, latent_values("hyscale::sparse_attn_latent", rows, dim_v), indices,
+                     scale);
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
+    const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
+    const at::Tensor& lse) {
+  const char* op = "hyscale::sparse_attn_latent_backward";
+  const auto value = latent_values(op, kv, dim_v);
+  const int64_t group = default_group(q, indices);
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  if (!cuda::sparse_attn_bwd_latent_supported(check_sparse_attn(op, q, kv, value, indices).shape,
+                                              group, deterministic)) {
+    auto [grad_q, grad_key, grad_value] = sparse_attn_backward_grouped(
+        grad_out, q, kv, value, indices, scale, out, lse, group, deterministic);
+    return {grad_q, add_value_grad(grad_key, grad_value)};
+  }
+  const c10::cuda::CUDAGuard guard(q.device());
+  const AttnInputs in = attn_inputs(op, q, kv, value, indices, group,
+                                    /*reads_values_from_keys=*/true);
+  const auto& s = in.a.shape;
+  const auto [go, o, l] = forward_results(op, in, grad_out, out, lse);
+  auto grad_q = at::empty_like(in.q);
+  auto grad_kv = at::empty(in.key.sizes(), in.key.options().dtype(at::kFloat));
+  auto workspace =
+      at::empty({static_cast<int64_t>(cuda::sparse_attn_bwd_latent_workspace_bytes(s))},
+                q.options().dtype(at::kByte));
+  for (int64_t b = 0; b < in.a.batching.batch; ++b) {
+    cuda::sparse_attn_bwd_latent(
+        s, in.q[b].data_ptr(), in.key[b].data_ptr(), in.indices[b].data_ptr<int32_t>(),
+        static_cast<float>(scale), o[b].data_ptr(), l[b].data_ptr<float>(), go[b].data_ptr(),
+        grad_q[b].data_ptr(), grad_kv[b].data_ptr<float>(), workspace.data_ptr(), current_stream());
+  }
+  return {unbatch(grad_q, in.a.batching).to(q.scalar_type()),
+          unbatch(grad_kv, in.a.batching).to(kv.scalar_type())};
 }
 
 // ---- The indexer's training path: score backward, attention mass target, KL loss ----
@@ -382,6 +441,8 @@ TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   m.impl("sparse_attn_backward", &sparse_attn_backward);
   m.impl("sparse_attn_grouped", &sparse_attn_grouped);
   m.impl("sparse_attn_backward_grouped", &sparse_attn_backward_grouped);
+  m.impl("sparse_attn_latent", &sparse_attn_latent);
+  m.impl("sparse_attn_latent_backward", &sparse_attn_latent_backward);
   m.impl("index_score_backward", &index_score_backward);
   m.impl("selected_attention_mass", &selected_attention_mass);
   m.impl("indexer_kl", &indexer_kl);

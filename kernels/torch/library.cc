@@ -28,6 +28,14 @@ TORCH_LIBRARY(hyscale, m) {
       "sparse_attn_backward(Tensor grad_out, Tensor q, Tensor key, Tensor value, Tensor indices,"
       " float scale, Tensor out, Tensor lse) -> (Tensor grad_q, Tensor grad_key, Tensor "
       "grad_value)");
+  // Absorbed MLA: one tensor kv [.., M, d_qk] is both the keys and, in its first dim_v columns, the
+  // values; the backward returns kv's whole gradient (both roles added).
+  m.def(
+      "sparse_attn_latent(Tensor q, Tensor kv, Tensor indices, float scale, int dim_v)"
+      " -> (Tensor out, Tensor lse)");
+  m.def(
+      "sparse_attn_latent_backward(Tensor grad_out, Tensor q, Tensor kv, Tensor indices,"
+      " float scale, int dim_v, Tensor out, Tensor lse) -> (Tensor grad_q, Tensor grad_kv)");
   // CUDA only: sparse_attn / its backward with an explicit query-group size G (1, 2, 4, 8, 16)
   // and, for the backward, the accumulation mode; for tests and benchmarks (no autograd).
   m.def(

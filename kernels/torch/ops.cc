@@ -47,6 +47,15 @@ Attention sparse_attn(const at::Tensor& q, const at::Tensor& key, const at::Tens
   return {out, lse};
 }
 
+Attention sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
+                             double scale, int64_t dim_v) {
+  static const auto handle =
+      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            double, int64_t)>("hyscale::sparse_attn_latent");
+  auto [out, lse] = handle.call(q, kv, indices, scale, dim_v);
+  return {out, lse};
+}
+
 at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
                                    const at::Tensor& indices, const at::Tensor& lse, double scale) {
   static const auto handle =
@@ -81,6 +90,17 @@ AttentionGrads sparse_attn_backward(const at::Tensor& grad_out, const at::Tensor
       double, const at::Tensor&, const at::Tensor&)>("hyscale::sparse_attn_backward");
   auto [gq, gk, gv] = handle.call(grad_out, q, key, value, indices, scale, out, lse);
   return {gq, gk, gv};
+}
+
+LatentAttentionGrads sparse_attn_latent_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                                 const at::Tensor& kv, const at::Tensor& indices,
+                                                 double scale, int64_t dim_v, const at::Tensor& out,
+                                                 const at::Tensor& lse) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+      const at::Tensor&, const at::Tensor&)>("hyscale::sparse_attn_latent_backward");
+  auto [grad_q, grad_kv] = handle.call(grad_out, q, kv, indices, scale, dim_v, out, lse);
+  return {grad_q, grad_kv};
 }
 
 at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,

@@ -41,6 +41,13 @@ struct Attention {
 Attention sparse_attn(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
                       const at::Tensor& indices, double scale);
 
+// Absorbed MLA: kv [.., M, d_qk] is the keys and its first dim_v columns the values
+// (DeepSeek-V3.2's latent); differentiable w.r.t. q and kv, whose gradient holds both roles'. Equal
+// to sparse_attn(q, kv, kv.narrow(-1, 0, dim_v), ...), with one gather of each row and, on the GPU,
+// a backward that forms kv's gradient in one pass.
+Attention sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
+                             double scale, int64_t dim_v);
+
 // Attention probabilities at `indices`, summed over heads and L1-normalised per row; the
 // indexer's sparse-stage target (not differentiable).
 at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
@@ -65,6 +72,14 @@ AttentionGrads sparse_attn_backward(const at::Tensor& grad_out, const at::Tensor
                                     const at::Tensor& key, const at::Tensor& value,
                                     const at::Tensor& indices, double scale, const at::Tensor& out,
                                     const at::Tensor& lse);
+
+struct LatentAttentionGrads {
+  at::Tensor q, kv;
+};
+LatentAttentionGrads sparse_attn_latent_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                                 const at::Tensor& kv, const at::Tensor& indices,
+                                                 double scale, int64_t dim_v, const at::Tensor& out,
+                                                 const at::Tensor& lse);
 
 at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
                                const at::Tensor& target);

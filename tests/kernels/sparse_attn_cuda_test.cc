@@ -261,6 +261,55 @@ TEST_F(SparseAttnCudaTest, ValuesInsideKeysMatchSeparateValues) {
   }
 }
 
+// The latent op (kv both keys and values): its backward forms kv's whole gradient in one kernel
+// for whole 64-head tiles with d_qk >= 192 (partial last tiles, -1 slots, empty rows), else it
+// takes the separate values' kernels and adds the value gradient (H = 8: G > 1; d_qk = 128; the
+// deterministic mode, bit-identical across runs). Against the float64 reference, where kv's
+// gradient is the key gradient plus the value gradient in the first d_v columns.
+TEST_F(SparseAttnCudaTest, LatentBackwardMatchesFloat64Reference) {
+  const Case cases[] = {
+      {37, 1500, 128, 576, 512, 200, 0.0417},  // one kernel: 4 tiles, the last partial
+      {21, 900, 128, 576, 512, 130, 0.0417},   // one kernel: 3 tiles
+      {29, 700, 64, 192, 128, 100, 0.07},      // one kernel, the small latent shape
+      {19, 600, 64, 128, 128, 72, 0.09},       // d_qk = 128: separate values' kernels
+      {23, 300, 8, 192, 128, 40, 0.07},        // H = 8 (G = 8): separate values' kernels
+  };
+  auto& context = at::globalContext();
+  for (const Case& c : cases) {
+    for (const bool deterministic : {false, true}) {
+      SCOPED_TRACE("d_qk " + std::to_string(c.dqk) + " H " + std::to_string(c.heads) +
+                   (deterministic ? " deterministic" : " atomic"));
+      Inputs in = make_inputs(rng_, c, /*allow_empty_rows=*/true);
+      in.value = in.key.narrow(1, 0, c.dv).contiguous();
+      const auto grad_out =
+          torch::randn({c.n, c.heads, c.dv}).to(torch::kBFloat16).to(torch::kFloat);
+      const Reference ref = reference(in, c.scale, grad_out);
+      auto want_kv = ref.grad_key.clone();
+      want_kv.narrow(1, 0, c.dv).add_(ref.grad_value);
+      const auto q = in.q.to(torch::kCUDA, torch::kBFloat16);
+      const auto kv = in.key.to(torch::kCUDA, torch::kBFloat16);
+      const auto attn = ops::sparse_attn_latent(q, kv, in.indices.cuda(), c.scale, c.dv);
+      expect_close(attn.out.to(torch::kFloat).cpu(), ref.out, 1e-2, "out");
+      const bool was = context.deterministicAlgorithms();
+      context.setDeterministicAlgorithms(deterministic, false);
+      auto backward = [&] {
+        return ops::sparse_attn_latent_backward(grad_out.to(torch::kCUDA, torch::kBFloat16), q, kv,
+                                                in.indices.cuda(), c.scale, c.dv, attn.out,
+                                                attn.lse);
+      };
+      const auto grads = backward();
+      const auto again = deterministic ? backward() : grads;
+      context.setDeterministicAlgorithms(was, false);
+      expect_close(grads.q.to(torch::kFloat).cpu(), ref.grad_q, 2e-2, "grad_q");
+      expect_close(grads.kv.to(torch::kFloat).cpu(), want_kv, 2e-2, "grad_kv");
+      if (deterministic) {
+        EXPECT_TRUE(torch::equal(grads.q, again.q) && torch::equal(grads.kv, again.kv))
+            << "deterministic latent backward differs between runs";
+      }
+    }
+  }
+}
+
 TEST_F(SparseAttnCudaTest, RejectsUnsupportedShapesAndGroups) {
   const auto q = torch::randn({4, 2, 96}, torch::kCUDA), key = torch::randn({8, 96}, torch::kCUDA);
   const auto idx = torch::zeros({4, 2}, torch::TensorOptions(torch::kCUDA).dtype(torch::kInt));

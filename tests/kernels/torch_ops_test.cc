@@ -136,6 +136,29 @@ TEST_F(TorchOpsTest, SparseAttentionGradientMatchesFiniteDifferences) {
       {q, key, value});
 }
 
+// The latent op is sparse_attn with the values a view of kv's first dim_v columns: the same
+// outputs, and kv's gradient is the sum of both roles' (checked against finite differences).
+TEST_F(TorchOpsTest, LatentAttentionIsAttentionWithTheValuesInsideTheKeys) {
+  const int64_t batch = 2, n = 5, heads = 2, dqk = 5, dv = 3, topk = 3;
+  const auto q = randn({batch, n, heads, dqk}), kv = randn({batch, n, dqk});
+  auto indices = torch::full({batch, n, topk}, -1, torch::kInt);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < std::min<int64_t>(topk, t + 1); ++i) indices[b][t][i] = t - i;
+    }
+  }
+  const auto weights = randn({batch, n, heads, dv});
+  const auto latent = ops::sparse_attn_latent(q, kv, indices, 0.5, dv);
+  const auto apart = ops::sparse_attn(q, kv, kv.narrow(-1, 0, dv), indices, 0.5);
+  EXPECT_TRUE(torch::allclose(latent.out, apart.out));
+  EXPECT_TRUE(torch::allclose(latent.lse, apart.lse));
+  expect_gradients_match(
+      [&](std::vector<torch::Tensor>& in) {
+        return (ops::sparse_attn_latent(in[0], in[1], indices, 0.5, dv).out * weights).sum();
+      },
+      {q, kv});
+}
+
 TEST_F(TorchOpsTest, IndexerKlGradientMatchesFiniteDifferences) {
   const int64_t rows = 5, topk = 4;
   auto target = torch::rand({rows, topk}, torch::kDouble);
@@ -254,6 +277,13 @@ TEST_F(TorchOpsTest, BadArgumentsNameTheOpAndTheArgument) {
         ops::sparse_attn(q, k, torch::randn({3, 8}), torch::zeros({4, 2}, torch::kInt), 1.0);
       },
       "value must have as many rows as key");
+  for (const int64_t dim_v : {0, 9}) {
+    expect_error(
+        [&] {
+          ops::sparse_attn_latent(q, k, torch::zeros({4, 2}, torch::kInt), 1.0, dim_v);
+        },
+        "hyscale::sparse_attn_latent: dim_v must be in [1, d_qk = 8]");
+  }
 }
 
 }  // namespace

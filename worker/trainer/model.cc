@@ -231,7 +231,10 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
   torch::Tensor lse;
   {
     PhaseClock::Scope scope(*options.clock, Phase::kAttentionFwd);
-    auto attn = ops::sparse_attn(q, key, value, a.indices, scale_);
+    // A latent's values are its keys' first features: one tensor, one gradient.
+    auto attn = config_.latent_kv
+                    ? ops::sparse_attn_latent(q, key, a.indices, scale_, config_.head_dim_v)
+                    : ops::sparse_attn(q, key, value, a.indices, scale_);
     a.out = attn.out;
     lse = attn.lse;
   }
