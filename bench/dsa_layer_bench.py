@@ -164,6 +164,14 @@ def by_piece(L, pieces, fn):
 
 # ---- HyScale ---------------------------------------------------------------------------------
 
+def hyscale_attention(cfg, L, value, idx, scale):
+    """sparse_attn; for a latent sparse_attn_latent (one tensor, one gradient: its backward forms
+    the key rows' whole gradient in one kernel)."""
+    if value_in_key(cfg):
+        return torch.ops.hyscale.sparse_attn_latent(L["q"], L["key"], idx, scale, cfg.dv)
+    return torch.ops.hyscale.sparse_attn(L["q"], L["key"], value, idx, scale)
+
+
 def hyscale_step(cfg, L, grad_out, mark=lambda name: None, pieces=None):
     ops, scale = torch.ops.hyscale, cfg.dqk ** -0.5
     value = value_of(cfg, L["key"], L.get("value"))  # outside no_grad: recomputation needs it
@@ -171,7 +179,7 @@ def hyscale_step(cfg, L, grad_out, mark=lambda name: None, pieces=None):
         idx, scores = by_piece(L, pieces, lambda r, off: ops.flash_topk(
             L["q_i"][r], L["k_i"], L["w"][r], cfg.topk, off))
         mark("fwd selection")
-        out, lse = ops.sparse_attn(L["q"], L["key"], value, idx, scale)
+        out, lse = hyscale_attention(cfg, L, value, idx, scale)
         mark("fwd attention")
         target = ops.selected_attention_mass(L["q"], L["key"], idx, lse, scale)
         loss = ops.indexer_kl(scores, target).mean()
@@ -181,7 +189,7 @@ def hyscale_step(cfg, L, grad_out, mark=lambda name: None, pieces=None):
     score = by_piece(L, pieces, lambda r, off: ops.index_score_gather(
         L["q_i"][r], L["k_i"], L["w"][r], idx[r], off))
     mark("recompute selection")
-    out, lse = ops.sparse_attn(L["q"], L["key"], value, idx, scale)
+    out, lse = hyscale_attention(cfg, L, value, idx, scale)
     kl = ops.indexer_kl(score, target).mean()
     mark("recompute attention + loss")
     torch.autograd.backward([out, kl * cfg.kl_weight], [grad_out, None])

@@ -186,8 +186,14 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     const SparseAttentionRate& rate = prof.sparse_attention.at(c.group);
     const double issued = AttentionFlops(H, dqk, dv, k * n * c.group / rate.dedup);
     const double loaded = n * k * key_elems * ab / rate.dedup;  // a latent's rows are gathered once
-    attn_fwd = std::max(issued / (rate.fwd_tflops * kTera), loaded / hbm);
-    attn_bwd = std::max(kBackwardFlops * issued / (rate.bwd_tflops * kTera), 2 * loaded / hbm);
+    // A latent at G = 1 takes its own kernels where the profile has their rates.
+    const bool latent = w.latent_kv && c.group == 1;
+    const double fwd_rate =
+        latent && prof.latent_fwd_tflops > 0 ? prof.latent_fwd_tflops : rate.fwd_tflops;
+    const double bwd_rate =
+        latent && prof.latent_bwd_tflops > 0 ? prof.latent_bwd_tflops : rate.bwd_tflops;
+    attn_fwd = std::max(issued / (fwd_rate * kTera), loaded / hbm);
+    attn_bwd = std::max(kBackwardFlops * issued / (bwd_rate * kTera), 2 * loaded / hbm);
   }
 
   // The indexer loss of a sparse stage: the target (attention mass at the k selected keys; the

@@ -50,6 +50,8 @@ DeviceProfile H200() {
   p.table_topk_tflops = 304;
   p.naive_topk_tflops = 27.5;
   SetSparse(&p, 210, 91, 127, 72);
+  p.latent_fwd_tflops = 458;
+  p.latent_bwd_tflops = 241;
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
@@ -84,6 +86,13 @@ DeviceProfile H200() {
   p.sources["sparse_attention.bwd_tflops"] =
       "measured: hyscale sparse_attn bwd (atomic) at H = 128 on H200, 91 TFLOP/s at G = 1 and "
       "128K, 72 at G > 1 and 64K (docs/performance.md section 7)";
+  p.sources["latent_fwd_tflops"] =
+      "measured: hyscale sparse_attn_latent fwd (warp-specialized kernel) at H = 128, 128K, "
+      "local selections on H200, 458 TFLOP/s (docs/performance.md section 7)";
+  p.sources["latent_bwd_tflops"] =
+      "measured: hyscale sparse_attn_latent bwd (one kernel, atomic) at H = 128, 128K, local "
+      "selections on H200, 241 TFLOP/s; 197 with random selections (docs/performance.md "
+      "section 7)";
   p.sources["gather_fwd_tflops"] = "measured: gather baseline fwd 72.6 TFLOP/s at 32K on H200";
   p.sources["gather_bwd_tflops"] =
       "measured, rough: gather baseline bwd 16.4 TFLOP/s at 64K on H200 (9.3 at 32K; the "
@@ -109,9 +118,9 @@ DeviceProfile H800() {
   p.sources["flash_topk_fp8_tflops"] = "assumption: the H200's measured 695";
   p.sources["table_topk_tflops"] = "assumption: the H200's measured 304";
   p.sources["naive_topk_tflops"] = "assumption: the H200's measured 27.5";
-  for (const char* key :
-       {"sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
-        "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
+  for (const char* key : {"sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
+                          "latent_fwd_tflops", "latent_bwd_tflops", "gather_fwd_tflops",
+                          "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
@@ -132,15 +141,18 @@ DeviceProfile H20() {
   p.table_topk_tflops = 304 * kCompute;
   p.naive_topk_tflops = 27.5 * kCompute;
   SetSparse(&p, 210 * kCompute, 91 * kCompute, 127 * kCompute, 72 * kCompute);
+  p.latent_fwd_tflops = 458 * kCompute;
+  p.latent_bwd_tflops = 241 * kCompute;
   p.gather_fwd_tflops = 72.6 * kCompute;
   p.gather_bwd_tflops = 16.4 * kCompute;
   p.indexer_mass_tflops = 67.7 * kCompute;
   p.index_score_bwd_tflops = 7.5 * kCompute;
   const std::string scaled = "assumption: the H200 figure x 148/989 (published dense bf16 peaks)";
-  for (const char* key : {"dense_tflops", "flash_topk_tflops", "flash_topk_fp8_tflops",
-                          "table_topk_tflops", "naive_topk_tflops", "sparse_attention.fwd_tflops",
-                          "sparse_attention.bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
-                          "indexer_mass_tflops", "index_score_bwd_tflops"}) {
+  for (const char* key :
+       {"dense_tflops", "flash_topk_tflops", "flash_topk_fp8_tflops", "table_topk_tflops",
+        "naive_topk_tflops", "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
+        "latent_fwd_tflops", "latent_bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
+        "indexer_mass_tflops", "index_score_bwd_tflops"}) {
     p.sources[key] = scaled;
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.0 TB/s";
@@ -180,6 +192,8 @@ DeviceProfile Cpu() {
     p.sources[key] = guess;
   }
   p.sources["sparse_attention.dedup"] = "assumption: as on the GPUs";
+  p.sources["latent_fwd_tflops"] = "none: the CPU kernels take latents at the G = 1 rates";
+  p.sources["latent_bwd_tflops"] = "none: the CPU kernels take latents at the G = 1 rates";
   p.sources["memory_bytes"] = "assumption: 64 GiB of host memory per rank";
   p.sources["hbm_gbps"] = "assumption: 20 GB/s of DRAM bandwidth per rank";
   p.sources["kernel_launch_s"] = "assumption: 1 us per call";
@@ -226,6 +240,8 @@ absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profi
       {"gather_bwd_tflops", &profile->gather_bwd_tflops},
       {"indexer_mass_tflops", &profile->indexer_mass_tflops},
       {"index_score_bwd_tflops", &profile->index_score_bwd_tflops},
+      {"latent_fwd_tflops", &profile->latent_fwd_tflops},
+      {"latent_bwd_tflops", &profile->latent_bwd_tflops},
       {"kernel_launch_s", &profile->kernel_launch_s},
   };
   const auto positive = [](const nlohmann::json& v) {

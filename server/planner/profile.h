@@ -40,6 +40,10 @@ struct DeviceProfile {
   // over every (query, key) pair it scores, masked ones included).
   double naive_topk_tflops = 0;
   std::map<int, SparseAttentionRate> sparse_attention;  // by G
+  // Sparse attention with the values inside the keys (model.latent_kv) at G = 1, which has its own
+  // kernels: the warp-specialized forward and the one-kernel backward (0: the G = 1 rates apply).
+  double latent_fwd_tflops = 0;
+  double latent_bwd_tflops = 0;
   // Megatron-style attention: gather the selected keys, then matmul-softmax-matmul (useful FLOPs).
   double gather_fwd_tflops = 0;
   double gather_bwd_tflops = 0;
@@ -70,7 +74,8 @@ std::vector<std::string> BuiltinProfileNames();
 //    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 512, "table_topk_tflops": 304,
 //    "naive_topk_tflops": 27.5,
 //    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "indexer_mass_tflops": 68,
-//    "index_score_bwd_tflops": 7.5, "kernel_launch_s": 5e-6,
+//    "index_score_bwd_tflops": 7.5, "latent_fwd_tflops": 458, "latent_bwd_tflops": 241,
+//    "kernel_launch_s": 5e-6,
 //    "sparse_attention": [{"group": 4, "fwd_tflops": 500, "bwd_tflops": 200, "dedup": 3.4}]}
 // Every key is optional; an unknown key, a non-positive figure or a group outside kQueryGroups is
 // an error naming it. Each replaced figure's source becomes "calibrated: <source>". Descriptive

@@ -359,7 +359,8 @@ TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
          {"dense_tflops", "hbm_gbps", "flash_topk_tflops", "flash_topk_fp8_tflops",
           "table_topk_tflops", "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
           "sparse_attention.dedup", "naive_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
-          "indexer_mass_tflops", "index_score_bwd_tflops", "intra_node_gbps", "inter_node_gbps"}) {
+          "indexer_mass_tflops", "index_score_bwd_tflops", "latent_fwd_tflops", "latent_bwd_tflops",
+          "intra_node_gbps", "inter_node_gbps"}) {
       EXPECT_EQ(profile.sources.count(figure), 1u) << name << " " << figure;
     }
   }
@@ -397,6 +398,29 @@ TEST(PlannerTest, LatentKvExchangesOnlyTheKeys) {
   EXPECT_LT(latent.memory.gathered, apart.memory.gathered);
   EXPECT_LE(latent.exposed_comm_s, apart.exposed_comm_s);
   EXPECT_LT(latent.step_s, apart.step_s);  // fewer dense FLOPs and gathered bytes at least
+}
+
+// At G = 1 a latent runs its own kernels, at the profile's latent rates; at G > 1 the shared
+// kernels' (DeepSeek-V3.2's heads: compute-bound, so the rates alone set the time).
+TEST(PlannerTest, LatentKvTakesTheLatentKernelsRates) {
+  v1::JobSpec spec = LongSparse();
+  auto* m = spec.mutable_model();
+  m->set_heads(128);
+  m->set_head_dim_qk(576);
+  m->set_head_dim_v(512);
+  const DeviceProfile h200 = *BuiltinProfile("h200");
+  const auto attention = [&](bool latent, int group) {
+    m->set_latent_kv(latent);
+    return Predict(Workload::Of(spec), {8, CpLayout::kZigzag, IndexerGroup::kShared, group}, h200,
+                   8)
+        .layer;
+  };
+  const auto apart = attention(false, 1), latent = attention(true, 1);
+  EXPECT_NEAR(latent.at("attention_fwd") / apart.at("attention_fwd"),
+              h200.sparse_attention.at(1).fwd_tflops / h200.latent_fwd_tflops, 1e-9);
+  EXPECT_NEAR(latent.at("attention_bwd") / apart.at("attention_bwd"),
+              h200.sparse_attention.at(1).bwd_tflops / h200.latent_bwd_tflops, 1e-9);
+  EXPECT_DOUBLE_EQ(attention(true, 4).at("attention_bwd"), attention(false, 4).at("attention_bwd"));
 }
 
 TEST(PlannerTest, CandidateOfReadsTheSpec) {
