@@ -50,8 +50,8 @@ DeviceProfile H200() {
   p.table_topk_tflops = 304;
   p.naive_topk_tflops = 27.5;
   SetSparse(&p, 210, 91, 127, 72);
-  p.latent_fwd_tflops = 458;
-  p.latent_bwd_tflops = 241;
+  p.latent_fwd_tflops = 474;
+  p.latent_bwd_tflops = 249;
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
@@ -88,10 +88,11 @@ DeviceProfile H200() {
       "128K, 72 at G > 1 and 64K (docs/performance.md section 7)";
   p.sources["latent_fwd_tflops"] =
       "measured: hyscale sparse_attn_latent fwd (warp-specialized kernel) at H = 128, 128K, "
-      "local selections on H200, 458 TFLOP/s (docs/performance.md section 7)";
+      "local selections on H200, 474 TFLOP/s; 431 with random selections (docs/performance.md "
+      "section 7)";
   p.sources["latent_bwd_tflops"] =
       "measured: hyscale sparse_attn_latent bwd (one kernel, atomic) at H = 128, 128K, local "
-      "selections on H200, 241 TFLOP/s; 197 with random selections (docs/performance.md "
+      "selections on H200, 249 TFLOP/s; 196 with random selections (docs/performance.md "
       "section 7)";
   p.sources["gather_fwd_tflops"] = "measured: gather baseline fwd 72.6 TFLOP/s at 32K on H200";
   p.sources["gather_bwd_tflops"] =
@@ -141,8 +142,8 @@ DeviceProfile H20() {
   p.table_topk_tflops = 304 * kCompute;
   p.naive_topk_tflops = 27.5 * kCompute;
   SetSparse(&p, 210 * kCompute, 91 * kCompute, 127 * kCompute, 72 * kCompute);
-  p.latent_fwd_tflops = 458 * kCompute;
-  p.latent_bwd_tflops = 241 * kCompute;
+  p.latent_fwd_tflops = 474 * kCompute;
+  p.latent_bwd_tflops = 249 * kCompute;
   p.gather_fwd_tflops = 72.6 * kCompute;
   p.gather_bwd_tflops = 16.4 * kCompute;
   p.indexer_mass_tflops = 67.7 * kCompute;
