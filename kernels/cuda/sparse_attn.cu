@@ -947,6 +947,26 @@ __device__ BwdRows bwd_rows(const Problem& p, const BwdArgs& g, int grp, int h0,
   return r;
 }
 
+// Stores a warpgroup's dq accumulators as bf16: `blocks` 64-wide column blocks from first_block,
+// n128 pairs in `pairs`, then one n64 block in `single` when `blocks` is odd.
+template <int D, int kPairs>
+__device__ void store_dq(const BwdArgs& g, const BwdRows& r, int lane,
+                         const float (&pairs)[kPairs][64], const float (&single)[32],
+                         int first_block, int blocks) {
+  auto store = [&](const float* acc, int n, int col0) {
+    for (int i = 0; i < n / 2; i += 4) {
+      const int col = col0 + 8 * (i / 4) + 2 * (lane % 4);
+      store_pair(g.grad_q, r.row_a, D, col, acc[i], acc[i + 1]);
+      store_pair(g.grad_q, r.row_b, D, col, acc[i + 2], acc[i + 3]);
+    }
+  };
+#pragma unroll
+  for (int c = 0; c < kPairs; ++c) {
+    if (c < blocks / 2) store(pairs[c], 128, (first_block + 2 * c) * 64);
+  }
+  if (blocks % 2 == 1) store(single, 64, (first_block + blocks - 1) * 64);
+}
+
 // The dkey (key) or dvalue scale, for fixed_to_float_kernel.
 struct DkvScaleOf {
   Problem p;
@@ -1276,19 +1296,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cp_async_commit();
   }
   cp_async_wait<0>();
-
-  auto store = [&](const float* acc, int n, int col0) {
-    for (int i = 0; i < n / 2; i += 4) {
-      const int col = col0 + 8 * (i / 4) + 2 * (lane % 4);
-      store_pair(g.grad_q, r.row_a, DQ, col, acc[i], acc[i + 1]);
-      store_pair(g.grad_q, r.row_b, DQ, col, acc[i + 2], acc[i + 3]);
-    }
-  };
-#pragma unroll
-  for (int c = 0; c < kPairs; ++c) {
-    if (c < pairs) store(dq_pair[c], 128, (first_block + 2 * c) * 64);
-  }
-  if (single) store(dq_single, 64, (first_block + 2 * pairs) * 64);
+  store_dq<DQ>(g, r, lane, dq_pair, dq_single, first_block, blocks);
 }
 
 // dkey and dvalue: after the front half, warpgroup 1 writes P and dS (bf16) to shared memory and
@@ -1520,20 +1528,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   cp_async_wait<0>();
 
-  const int first_block = wg == 0 ? 0 : Tr::kDqFirstBlocks;
-  const int blocks = wg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks;
-  auto store = [&](const float* acc, int n, int col0) {
-    for (int i = 0; i < n / 2; i += 4) {
-      const int col = col0 + 8 * (i / 4) + 2 * (lane % 4);
-      store_pair(g.grad_q, r.row_a, DQ, col, acc[i], acc[i + 1]);
-      store_pair(g.grad_q, r.row_b, DQ, col, acc[i + 2], acc[i + 3]);
-    }
-  };
-#pragma unroll
-  for (int c = 0; c < Tr::kDqPairs; ++c) {
-    if (c < blocks / 2) store(dq_pair[c], 128, (first_block + 2 * c) * 64);
-  }
-  if (blocks % 2 == 1) store(dq_single, 64, (first_block + blocks - 1) * 64);
+  store_dq<DQ>(g, r, lane, dq_pair, dq_single, wg == 0 ? 0 : Tr::kDqFirstBlocks,
+               wg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks);
 }
 
 // D[row] = sum_c dO[row, c] * O[row, c] (fp32), one warp per row.
