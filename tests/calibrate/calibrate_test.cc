@@ -70,9 +70,9 @@ class CalibrateTest : public ::testing::Test {
 };
 
 constexpr const char* kFigures[] = {
-    "dense_tflops",           "hbm_gbps",          "flash_topk_tflops", "flash_topk_fp8_tflops",
-    "table_topk_tflops",      "gather_fwd_tflops", "gather_bwd_tflops", "indexer_mass_tflops",
-    "index_score_bwd_tflops", "kernel_launch_s"};
+    "dense_tflops",      "hbm_gbps",          "flash_topk_tflops",      "flash_topk_fp8_tflops",
+    "table_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",      "indexer_mass_tflops",
+    "latent_fwd_tflops", "latent_bwd_tflops", "index_score_bwd_tflops", "kernel_launch_s"};
 
 double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "dense_tflops") return p.dense_tflops;
@@ -84,6 +84,8 @@ double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "gather_bwd_tflops") return p.gather_bwd_tflops;
   if (name == "indexer_mass_tflops") return p.indexer_mass_tflops;
   if (name == "index_score_bwd_tflops") return p.index_score_bwd_tflops;
+  if (name == "latent_fwd_tflops") return p.latent_fwd_tflops;
+  if (name == "latent_bwd_tflops") return p.latent_bwd_tflops;
   return p.kernel_launch_s;
 }
 
@@ -195,6 +197,7 @@ TEST_F(CalibrateTest, QuickCudaRunMeasuresEveryGroup) {
   ASSERT_EQ(run.code, 0) << run.output;
   const auto doc = nlohmann::json::parse(ReadFile(out));
   ASSERT_EQ(doc["sparse_attention"].size(), 5u) << doc.dump(2);  // k = 512: G = 1 .. 16
+  EXPECT_GT(doc["latent_bwd_tflops"].get<double>(), 0);          // 576 / 512: the latent kernels
   for (const auto& row : doc["sparse_attention"]) {
     EXPECT_GE(row["dedup"].get<double>(), 1.0) << row.dump();
   }

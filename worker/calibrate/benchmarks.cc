@@ -202,6 +202,26 @@ SparseAttentionMeasurement Benchmarks::SparseAttention(int group) const {
   return m;
 }
 
+SparseAttentionMeasurement Benchmarks::Latent() const {
+  const AttentionInputs in = MakeAttentionInputs(shapes_, shapes_.seq_len, Options(dtype_));
+  const double scale = 1 / std::sqrt(static_cast<double>(shapes_.dim_qk));
+  const int64_t dim_v = shapes_.dim_v;
+  const auto forward = [&] {
+    return ops::sparse_attn_latent(in.q, in.key, indices_, scale, dim_v);
+  };
+  const ops::Attention attention = forward();
+  const double valid = static_cast<double>(indices_.ge(0).sum().item<int64_t>());
+  const double flops = AttentionFlops(shapes_.heads, shapes_.dim_qk, dim_v, valid);
+  SparseAttentionMeasurement m;
+  m.fwd = {timer_.Median([&] { forward(); }), flops};
+  m.bwd = {timer_.Median([&] {
+             ops::sparse_attn_latent_backward(in.grad_out, in.q, in.key, indices_, scale, dim_v,
+                                              attention.out, attention.lse);
+           }),
+           kBackwardFlops * flops};
+  return m;
+}
+
 GatherMeasurement Benchmarks::Gather() const {
   const int64_t rows = shapes_.gather_rows, first = shapes_.seq_len - rows;
   const AttentionInputs in = MakeAttentionInputs(shapes_, rows, Options(dtype_));

@@ -54,6 +54,10 @@ class Benchmarks {
   // hyscale sparse attention at query group G on local selections; FLOPs executed: G queries x
   // the union of their keys (profile.h), backward x kBackwardFlops.
   SparseAttentionMeasurement SparseAttention(int group) const;
+  // hyscale::sparse_attn_latent (the values are the keys' first d_v columns, d_v <= d_qk) at
+  // G = 1 on the same selections: on CUDA its own kernels (the warp-specialized forward and the
+  // one-kernel backward), which the planner prices for model.latent_kv. FLOPs as SparseAttention's.
+  SparseAttentionMeasurement Latent() const;
   // Gather the selected keys, matmul-softmax-matmul; backward by autograd (fwd+bwd minus fwd).
   // Useful FLOPs on the valid pairs, backward x kBackwardFlops.
   GatherMeasurement Gather() const;

@@ -48,6 +48,10 @@ nlohmann::json ToJson(const Calibration& c) {
         {{"group", m.group}, {"fwd", Timing(m.fwd, "flops")}, {"bwd", Timing(m.bwd, "flops")}});
   }
   doc["sparse_attention"] = sparse;
+  if (c.latent) {
+    doc["latent_fwd_tflops"] = c.latent->fwd.Rate() / kTera;
+    doc["latent_bwd_tflops"] = c.latent->bwd.Rate() / kTera;
+  }
   doc["shapes"] = ToJson(s);
   doc["measurements"] = {
       {"dense", Timing(c.dense, "flops")},
@@ -61,6 +65,10 @@ nlohmann::json ToJson(const Calibration& c) {
       {"index_score_bwd", Timing(c.indexer_loss.score_bwd, "flops")},
       {"sparse_attention", sparse_timings},
   };
+  if (c.latent) {
+    doc["measurements"]["latent_fwd"] = Timing(c.latent->fwd, "flops");
+    doc["measurements"]["latent_bwd"] = Timing(c.latent->bwd, "flops");
+  }
   doc["notes"] = c.notes;
   return doc;
 }
