@@ -25,17 +25,24 @@ struct SparseAttnTraits {
   static_assert(kDimQk % 64 == 0 && kDimV % 64 == 0, "d_qk and d_v must be multiples of 64");
 };
 
+// The block tile of the wgmma kernel families: one query's 64 heads (rows) against 64-key tiles.
+template <int kDimQk_, int kDimV_>
+struct WholeHeadTile {
+  static constexpr int kDimQk = kDimQk_;
+  static constexpr int kDimV = kDimV_;
+  static constexpr int kRows = 64;
+  static constexpr int kKeys = 64;
+};
+
 // The wgmma kernels (sm_90a), for tiles of one query's 64 heads (G = 1, H a multiple of 64), two
 // warpgroups a block. Forward: per 64-key tile, warpgroup w computes S for keys 32w .. 32w + 31
 // against all 64 rows, the row maxima meet in shared memory, P (bf16) goes to shared memory, and
 // warpgroup w adds P V into its half of the value columns. Tiles lie in wgmma's
 // 128-byte-swizzled layout (wgmma.cuh); V is read MN-major straight from its [keys x d_v] tile.
 template <int kDimQk_, int kDimV_>
-struct SparseAttnWgmmaTraits {
-  static constexpr int kDimQk = kDimQk_;
-  static constexpr int kDimV = kDimV_;
-  static constexpr int kRows = 64;
-  static constexpr int kKeys = 64;
+struct SparseAttnWgmmaTraits : WholeHeadTile<kDimQk_, kDimV_> {
+  using Tile = WholeHeadTile<kDimQk_, kDimV_>;
+  using Tile::kDimQk, Tile::kDimV, Tile::kKeys, Tile::kRows;
   static constexpr int kThreads = 256;
   static constexpr int kKeysPerWarpgroup = kKeys / 2;
   static constexpr int kColumnsPerWarpgroup = kDimV / 2;
@@ -73,11 +80,9 @@ struct SparseAttnWgmmaTraits {
 // softmax of the blocks in buffer c, then P V into its half of the value columns (c = 0 the left)
 // for both buffers: its own P from registers, the other warpgroup's from shared memory.
 template <int kDimQk_, int kDimV_>
-struct SparseAttnLatentTraits {
-  static constexpr int kDimQk = kDimQk_;
-  static constexpr int kDimV = kDimV_;
-  static constexpr int kRows = 64;
-  static constexpr int kKeys = 64;
+struct SparseAttnLatentTraits : WholeHeadTile<kDimQk_, kDimV_> {
+  using Tile = WholeHeadTile<kDimQk_, kDimV_>;
+  using Tile::kDimQk, Tile::kDimV, Tile::kKeys, Tile::kRows;
   static constexpr int kThreads = 384;          // consumer warpgroups 0, 1; producer 2
   static constexpr int kConsumerThreads = 256;  // named barriers between the consumers
   static constexpr int kColumnsPerWarpgroup = kDimV / 2;
@@ -113,11 +118,9 @@ struct SparseAttnLatentTraits {
 // a time (m64n64, keys as M), added into the key rows with fp32 atomics. The next K tile streams
 // in while the key gradient is formed: only S, dP and dq read K.
 template <int kDimQk_, int kDimV_>
-struct SparseAttnLatentBwdTraits {
-  static constexpr int kDimQk = kDimQk_;
-  static constexpr int kDimV = kDimV_;
-  static constexpr int kRows = 64;
-  static constexpr int kKeys = 64;
+struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
+  using Tile = WholeHeadTile<kDimQk_, kDimV_>;
+  using Tile::kDimQk, Tile::kDimV, Tile::kKeys, Tile::kRows;
   static constexpr int kThreads = 256;
   static constexpr int kBlocks = kDimQk / 64;      // 64-column blocks of dq and chunks of dkv
   static constexpr int kValueBlocks = kDimV / 64;  // chunks that also take P^T dO
