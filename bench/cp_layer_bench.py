@@ -13,6 +13,9 @@ Each rank holds its own rows of all six inputs and, per step:
   - after the forward, gathers the key side again for the recomputation (the layer does not keep
     it), k_I waited for at once, key/value behind the selection replay (or re-selection);
   - after the backward, reduce-scatters the key-side gradients (all-reduce + slice on Gloo).
+--value-in-key: absorbed-MLA values (the keys' first d_v features, dsa_layer_bench's option):
+only k_I and the keys travel, HyScale attends with sparse_attn_latent, and the planner's job has
+model.latent_kv.
 Every wait is its own timed phase ("wait ..."): CUDA events before and after the stream's wait,
 so the phase is the time the compute stream stood still (exposed communication, which includes
 waiting for a slower rank: contiguous shards are causally imbalanced). The same
@@ -61,8 +64,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dsa_layer_bench as dsa  # noqa: E402
 
 GiB = 2 ** 30
-KEY_SIDE = ("k_i", "key", "value")
 QUERY_SIDE = ("q", "q_i", "w")
+
+
+def attention_keys(cfg):
+    """The attention's key-side inputs: the keys, and the values unless they are the keys' first
+    features (--value-in-key: then only the keys travel, as in the trainer's model.latent_kv)."""
+    return ["key"] if dsa.value_in_key(cfg) else ["key", "value"]
 
 
 # ---- layouts (worker/parallel/layout.cc ShardPositions) --------------------------------------
@@ -92,6 +100,8 @@ class KeyExchange:
         self.world, self.rank, self.nccl = world, rank, device.type == "cuda"
         self.n = n_total // world
         width = dict(k_i=cfg.dim_i, key=cfg.dqk, value=cfg.dv)
+        self.attention = attention_keys(cfg)
+        width = {k: width[k] for k in ["k_i"] + self.attention}
         self.full = {k: torch.empty(n_total, d, device=device, dtype=dtype).requires_grad_(True)
                      for k, d in width.items()}
         # Global position of each rank-major row; None where rank-major already is global order.
@@ -127,7 +137,7 @@ class KeyExchange:
     def reduce(self, mark):
         """This rank's rows of the key-side gradients summed over ranks; [n, d] per name."""
         out, works = {}, []
-        for name in KEY_SIDE:
+        for name in self.full:
             g = self.full[name].grad
             g = g if self.order is None else g.index_select(0, self.order)
             if self.nccl:
@@ -151,7 +161,7 @@ def cp_step(cfg, stack, ex, local, grad_out, pieces, mark):
     L = {name: local[name] for name in QUERY_SIDE}
     L.update(ex.full)
     first = ex.gather(local, ["k_i"])
-    rest = ex.gather(local, ["key", "value"])
+    rest = ex.gather(local, ex.attention)
     ex.finish(first, mark, "k_i")
     pending = {}
 
@@ -161,7 +171,7 @@ def cp_step(cfg, stack, ex, local, grad_out, pieces, mark):
             ex.finish(rest, mark, "key/value")
         elif name == "fwd indexer loss":  # recomputation: the key side again
             again = ex.gather(local, ["k_i"])
-            pending["kv"] = ex.gather(local, ["key", "value"])
+            pending["kv"] = ex.gather(local, ex.attention)
             ex.finish(again, mark, "k_i (recompute)")
         elif name == "recompute selection":
             ex.finish(pending.pop("kv"), mark, "key/value (recompute)")
@@ -176,7 +186,7 @@ def comm_only(ex, local, mark):
     """The step's collectives without compute: the total communication time."""
     for _ in range(2):  # forward and recomputation
         ex.finish(ex.gather(local, ["k_i"]), mark, "k_i")
-        ex.finish(ex.gather(local, ["key", "value"]), mark, "key/value")
+        ex.finish(ex.gather(local, ex.attention), mark, "key/value")
     ex.reduce(mark)  # of the gradients the caller left in ex.full
 
 
@@ -256,7 +266,7 @@ def run_cp(cfg, stack, layout, n, rank, world, device, dtype, clock, warmup, run
             clock, lambda mark: cp_step(lcfg, stack, ex, local, grad_out, pieces, mark), runs,
             warmup)
         peak = torch.cuda.max_memory_allocated() / GiB if device.type == "cuda" else None
-        for name in KEY_SIDE:
+        for name in ex.full:
             ex.full[name].grad = torch.zeros_like(ex.full[name].detach())
         comm_total, comm_phases = dsa.timed_step(clock, lambda mark: comm_only(ex, local, mark),
                                                  max(2, runs), 1)
@@ -291,7 +301,7 @@ def run_cp(cfg, stack, layout, n, rank, world, device, dtype, clock, warmup, run
 
 JOB = """name: cp-layer-bench
 model: {{vocab_size: 256, d_model: 1024, layers: 1, heads: {heads}, head_dim_qk: {dqk},
-        rope_dim: {rope}, head_dim_v: {dv}, d_ff: 4096,
+        rope_dim: {rope}, head_dim_v: {dv}, d_ff: 4096, latent_kv: {latent},
         indexer: {{heads: {heads_i}, dim: {dim_i}, rope_dim: {rope_i}, topk: {topk}}}}}
 data: {{seq_len: {n}, batch_size: 1, text_file: {{path: /dev/null}}}}
 stages: [{{steps: 1, lr: 1.0e-4, attention: SPARSE}}]
@@ -304,9 +314,12 @@ def predict(cfg, n, world, layout, stack):
     if not cfg.hyscale:
         return None
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        # A latent's RoPE takes the features after its values (job spec: d_v + rope <= d_qk).
+        latent = dsa.value_in_key(cfg)
+        rope = min(64, cfg.dqk - cfg.dv if latent else cfg.dqk // 2)
         f.write(JOB.format(n=n, heads=cfg.heads, dqk=cfg.dqk, dv=cfg.dv, heads_i=cfg.heads_i,
-                           dim_i=cfg.dim_i, topk=cfg.topk, rope=min(64, cfg.dqk // 2),
-                           rope_i=min(32, cfg.dim_i // 2)))
+                           dim_i=cfg.dim_i, topk=cfg.topk, rope=rope,
+                           rope_i=min(32, cfg.dim_i // 2), latent=str(latent).lower()))
     # This benchmark's Megatron-style stack selects like Megatron-naive (whole rows).
     planner_stack = "megatron-naive" if stack == "megatron" else stack
     cmd = [cfg.hyscale, "-o", "json", "plan", f.name, "--gpus", str(world), "--gpu", "h200",
@@ -340,7 +353,8 @@ def fmt(x, spec, width):
 def summary(cfg, report):
     lines = [f"== DSA layer under context parallelism: {report['device']} x {cfg.world}, "
              f"H={cfg.heads} d_qk={cfg.dqk} d_v={cfg.dv} H_I={cfg.heads_i} d_I={cfg.dim_i} "
-             f"k={cfg.topk} {cfg.dtype} =="]
+             f"k={cfg.topk} {cfg.dtype}"
+             f"{' value = key[:, :d_v]' if dsa.value_in_key(cfg) else ''} =="]
     for g in report["gate"]:
         worst = max(v for k, v in g["errors"].items() if "rows off" not in k)
         lines.append(f"gate {g['stack']} {g['layout']} N={g['n']} ({g['dtype']}): "

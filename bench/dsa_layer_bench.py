@@ -577,6 +577,8 @@ def add_layer_args(ap):
     ap.add_argument("--chunk", type=int, default=256, help="query rows per gather chunk (baseline)")
     ap.add_argument("--naive-chunk-gib", type=float, default=8.0,
                     help="score-table chunk of the naive selection")
+    ap.add_argument("--value-in-key", action="store_true",
+                    help="absorbed MLA: value = key[:, :d_v], for both stacks")
 
 
 def main():
@@ -597,8 +599,6 @@ def main():
     ap.add_argument("--gate-rows", type=int, default=48, help="sampled rows of the selection check")
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense rate (DESIGN.md)")
     ap.add_argument("--peak-gbps", type=float, default=4000.0, help="device memory bandwidth")
-    ap.add_argument("--value-in-key", action="store_true",
-                    help="absorbed MLA: value = key[:, :d_v], for both stacks")
     ap.add_argument("--json", help="write every figure here")
     cfg = ap.parse_args()
     cfg.dtype = cfg.dtype or ("bf16" if cfg.device == "cuda" else "fp32")
