@@ -16,9 +16,9 @@ most keys, as with a trained indexer). For each N, kind and G:
 --value-in-key runs the absorbed-MLA layout, value = key[:, :d_v] (the latent is both), which the
 wgmma forward gathers once per key row; at G = 1 it also times sparse_attn_latent_backward (one
 kernel for dq and the latent's whole gradient; "latent bwd"), checked against the separate
-backward's key gradient plus its value gradient (max difference over max magnitude). Peak memory is the allocator's peak above the inputs during
-the call. The HyScale output is
-checked against the baseline on every run (max abs difference).
+backward's key gradient plus its value gradient (max difference over max magnitude). Peak memory
+is the allocator's peak above the inputs during the call. The HyScale output is checked against
+the baseline on every run (max abs difference).
 
   python3 bench/sparse_attn_bench.py --lib build-pytorch/kernels/torch/libhyscale_ops.so
 """

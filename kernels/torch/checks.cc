@@ -155,9 +155,12 @@ at::Tensor latent_values(const char* op, const at::Tensor& kv, int64_t dim_v) {
   return kv.narrow(-1, 0, dim_v);
 }
 
-at::Tensor add_value_grad(at::Tensor grad_key, const at::Tensor& grad_value) {
-  grad_key.narrow(-1, 0, grad_value.size(-1)).add_(grad_value);
-  return grad_key;
+std::tuple<at::Tensor, at::Tensor> latent_backward_by_parts(
+    const char* op, const at::Tensor& kv, int64_t dim_v, const SeparateValuesBackward& by_parts) {
+  const auto rows = kv.to(c10::promoteTypes(kv.scalar_type(), at::kFloat));
+  auto [grad_q, grad_key, grad_value] = by_parts(rows, latent_values(op, rows, dim_v));
+  grad_key.narrow(-1, 0, dim_v).add_(grad_value);
+  return {grad_q, grad_key.to(kv.scalar_type())};
 }
 
 at::ScalarType cpu_compute_dtype(const at::Tensor& t) {

@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <tuple>
 
 #include "kernels/shapes.h"
 
@@ -65,8 +67,14 @@ bool value_inside_key(const at::Tensor& key, const at::Tensor& value);
 
 // sparse_attn_latent's values: the first dim_v columns of kv (dim_v in [1, d_qk]), as a view.
 at::Tensor latent_values(const char* op, const at::Tensor& kv, int64_t dim_v);
-// kv's gradient from its two roles' gradients: grad_value added into grad_key's first d_v columns.
-at::Tensor add_value_grad(at::Tensor grad_key, const at::Tensor& grad_value);
+// sparse_attn_latent's backward through a separate-values backward, by_parts(key, value) ->
+// (grad_q, grad_key, grad_value), run on kv in fp32 at least: kv's gradient, grad_key with
+// grad_value added into its first dim_v columns, is rounded to kv's dtype once, after the sum.
+using SeparateValuesBackward = std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor& key, const at::Tensor& value)>;
+std::tuple<at::Tensor, at::Tensor> latent_backward_by_parts(const char* op, const at::Tensor& kv,
+                                                            int64_t dim_v,
+                                                            const SeparateValuesBackward& by_parts);
 
 // CPU kernels compute in double for double inputs (gradient checks) and in float otherwise.
 at::ScalarType cpu_compute_dtype(const at::Tensor& t);

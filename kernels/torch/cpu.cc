@@ -225,10 +225,11 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
     const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
     const at::Tensor& lse) {
-  const auto value = latent_values("hyscale::sparse_attn_latent_backward", kv, dim_v);
-  auto [grad_q, grad_key, grad_value] =
-      sparse_attn_backward(grad_out, q, kv, value, indices, scale, out, lse);
-  return {grad_q, add_value_grad(grad_key, grad_value)};
+  return latent_backward_by_parts("hyscale::sparse_attn_latent_backward", kv, dim_v,
+                                  [&](const at::Tensor& key, const at::Tensor& value) {
+                                    return sparse_attn_backward(grad_out, q, key, value, indices,
+                                                                scale, out, lse);
+                                  });
 }
 
 at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,

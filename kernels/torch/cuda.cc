@@ -281,9 +281,11 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
   const bool deterministic = at::globalContext().deterministicAlgorithms();
   if (!cuda::sparse_attn_bwd_latent_supported(check_sparse_attn(op, q, kv, value, indices).shape,
                                               group, deterministic)) {
-    auto [grad_q, grad_key, grad_value] = sparse_attn_backward_grouped(
-        grad_out, q, kv, value, indices, scale, out, lse, group, deterministic);
-    return {grad_q, add_value_grad(grad_key, grad_value)};
+    return latent_backward_by_parts(
+        op, kv, dim_v, [&](const at::Tensor& key, const at::Tensor& value_of_key) {
+          return sparse_attn_backward_grouped(grad_out, q, key, value_of_key, indices, scale, out,
+                                              lse, group, deterministic);
+        });
   }
   const c10::cuda::CUDAGuard guard(q.device());
   const AttnInputs in = attn_inputs(op, q, kv, value, indices, group,
