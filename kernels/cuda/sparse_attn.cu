@@ -56,6 +56,17 @@ struct KeyList {
   }
 };
 
+// The block's query group and first head. The head blocks of a query are adjacent in launch
+// order, so they run at the same time and the later ones find the gathered key rows in L2.
+struct BlockTile {
+  int grp, h0;
+};
+__device__ BlockTile block_tile(const Problem& p) {
+  const int head_blocks = (p.heads + p.hb - 1) / p.hb;
+  return {static_cast<int>(blockIdx.x / head_blocks),
+          static_cast<int>(blockIdx.x % head_blocks) * p.hb};
+}
+
 __device__ KeyList key_list(const Problem& p, int grp) {
   if (p.group == 1) return {p.indices + int64_t(grp) * p.topk, nullptr, p.topk};
   return {p.ukeys + grp * p.cap, p.umask + grp * p.cap, p.ucount[grp]};
@@ -246,7 +257,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
   __shared__ float red[2][64];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, rw = warp & 3, cw = warp >> 2;
-  const int grp = blockIdx.x, h0 = blockIdx.y * p.hb;
+  const auto [grp, h0] = block_tile(p);
   const KeyList list = key_list(p, grp);
   load_tile_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
   gather_keys<DQ, BK, T>(sk, p.key, list, 0, tid);
@@ -392,7 +403,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto* row_sum = row_max + 2;
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-  const int grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const auto [grp, h0] = block_tile(p);
   const KeyList list = key_list(p, grp);
   load_block_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
   gather_rows_wgmma<DQ, BK, T>(sk, p.key, list, 0, tid);
@@ -515,9 +526,20 @@ struct LatentSync {
   uint64_t q_ready;
   uint64_t ready[2][2];  // [buffer][half: 0 left, 1 right]: the producer's copies have landed
   uint64_t free[2][2];   // [buffer][half]: its last reader is done with it
+  uint64_t valid_ready;  // the producer has written `valid` for the pair
+  // [buffer][slot byte]: 1 where the block's key slot holds a key, at the byte a consumer thread
+  // reads it from (latent_valid_byte): a thread's 16 slots are 16 contiguous bytes.
+  alignas(16) uint8_t valid[2][64];
   float row_max[64];     // the running maxima, handed from one consumer to the other
   float row_sum[2][64];  // both consumers' final sums
 };
+
+// Where slot `slot` (< 64) of a block lies in LatentSync::valid: thread lane's score columns are
+// 8 j + 2 (lane % 4) + e (j < 8, e < 2, the wgmma accumulator layout), at byte 16 (lane % 4) +
+// 2 j + e, so one 16-byte load gives a thread all of its columns in bit order.
+__device__ __forceinline__ int latent_valid_byte(int slot) {
+  return 16 * (slot % 8 / 2) + 2 * (slot / 8) + slot % 2;
+}
 
 // Named barriers between the two consumer warpgroups.
 enum LatentBarrier : int { kMax0Ready = 1, kMax1Ready, kP0Ready, kP1Ready, kSumsReady };
@@ -580,6 +602,18 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
     mbarrier_wait(&sync.free[1][1], parity);
     copy_half(kbuf[1], keys[1], L, C);
     cp_async_arrive(&sync.ready[1][1]);
+    // Both consumers have masked the previous pair (each frees a half after it), so its
+    // validity bytes can be replaced.
+    if (chunk == 0) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) {
+          sync.valid[b][latent_valid_byte(row0 + 16 * i)] = keys[b][i] >= 0;
+        }
+      }
+    }
+    mbarrier_arrive(&sync.valid_ready);
     mbarrier_wait(&sync.free[0][1], parity);
     copy_half(kbuf[0], keys[0], L, C);
     cp_async_arrive(&sync.ready[0][1]);
@@ -601,6 +635,7 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
                                       bf16* sq, bf16* const (&kbuf)[2], bf16* const (&ptile)[2],
                                       LatentSync& sync, int pairs, const FwdOut& o_) {
   constexpr int DV = Tr::kDimV, BK = Tr::kKeys, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
+  static_assert(BK == 64, "LatentSync::valid holds 64-key blocks");
   constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks, kPairThreads = Tr::kConsumerThreads;
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int ra = warp * 16 + lane / 4, rb = ra + 8;
@@ -630,17 +665,15 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
     }
     wgmma_commit();
   };
-  // Which of this thread's 16 score columns of `block` its query selected (bit 2 j + e: column
-  // 8 j + 2 (lane % 4) + e), read while S is computed: the loads are off the softmax's path.
-  auto selected_columns = [&](int block) {
+  // Which of this thread's 16 score columns of the pair's block in its buffer its query
+  // selected (bit 2 j + e: column 8 j + 2 (lane % 4) + e), from the bytes the producer wrote.
+  auto selected_columns = [&](int pair) {
+    mbarrier_wait(&sync.valid_ready, pair & 1);
+    const uint4 bytes = *reinterpret_cast<const uint4*>(&sync.valid[kWg][16 * (lane % 4)]);
+    const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
     uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < BK / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        bits |= uint32_t(list.sees(block * BK + 8 * j + 2 * (lane % 4) + e, 0)) << (2 * j + e);
-      }
-    }
+    for (int k = 0; k < 16; ++k) bits |= ((words[k / 4] >> (8 * (k % 4))) & 1u) << k;
     return bits;
   };
   // Masks S (finished) by `selected` and takes it to log2 units; gives its row maxima.
@@ -786,7 +819,7 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
         wgmma_wait<1>();  // P1 V1: buffer 1's left half is free before S waits for the right
         mbarrier_arrive(&sync.free[1][0]);
         issue_s_half(pair + 1, 1, false);
-        selected = selected_columns(2 * pair + 2);
+        selected = selected_columns(pair + 1);
         wgmma_wait<0>();
         fence_accumulators(s);
 #pragma unroll
@@ -797,7 +830,7 @@ __device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int
     for (int pair = 0; pair < pairs; ++pair) {
       issue_s_half(pair, 1, true);
       issue_s_half(pair, 0, false);
-      const uint32_t selected = selected_columns(2 * pair + 1);
+      const uint32_t selected = selected_columns(pair);
       wgmma_wait<0>();
       fence_accumulators(s);
       float mx_a, mx_b;
@@ -864,7 +897,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                           : p_tiles + Tr::kPBytes / 2,
                           p_tiles};
   auto& sync = *reinterpret_cast<LatentSync*>(tiles_raw + Tr::kTilesBytes);
-  const int wg = warpgroup_index(), grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const int wg = warpgroup_index();
+  const auto [grp, h0] = block_tile(p);
   const KeyList list = key_list(p, grp);
   const int pairs = static_cast<int>(ceil_div(ceil_div(list.count, Tr::kKeys), 2));
   if (threadIdx.x == 0) {
@@ -875,6 +909,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         mbarrier_init(&sync.free[b][half], 128);
       }
     }
+    mbarrier_init(&sync.valid_ready, 128);
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -1043,7 +1078,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
   bf16* sds = sp + 64 * BK;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, rw = warp & 3, cw = warp >> 2;
-  const int grp = blockIdx.x, h0 = blockIdx.y * p.hb;
+  const auto [grp, h0] = block_tile(p);
   const KeyList list = key_list(p, grp);
   load_tile_rows<DQ, T>(sq, p.q, p, grp, h0, tid);
   load_tile_rows<DV, T>(sdo, g.grad_out, p, grp, h0, tid);
@@ -1219,7 +1254,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   bf16* sds = reinterpret_cast<bf16*>(t.rest);  // [64 rows x 64] (keys 0..31 used)
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-  const int grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const auto [grp, h0] = block_tile(p);
   const KeyList list = key_list(p, grp);
   start_bwd_block<Tr>(p, g, t, list, grp, h0, tid);
   const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
@@ -1315,7 +1350,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   bf16* sds = sp + 64 * BK;
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-  const int grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const auto [grp, h0] = block_tile(p);
   const KeyList list = key_list(p, grp);
   start_bwd_block<Tr>(p, g, t, list, grp, h0, tid);
   const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
@@ -1499,7 +1534,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char latent_bwd_raw[];
   const LatentBwdTiles<Tr> t(latent_bwd_raw);
   const int tid = threadIdx.x, wg = warpgroup_index(), warp = (tid % 128) / 32, lane = tid % 32;
-  const int grp = blockIdx.x, h0 = blockIdx.y * 64;
+  const auto [grp, h0] = block_tile(p);
   const KeyList list = key_list(p, grp);
   load_block_rows<DQ, T>(t.q, p.q, p, grp, h0, tid);
   load_block_rows<DV, T>(t.grad_out, g.grad_out, p, grp, h0, tid);
@@ -1697,8 +1732,11 @@ Problem make_problem(const SparseAttnShape& s, const void* q, const void* key, c
 }
 
 dim3 grid_of(const SparseAttnShape& s, const Problem& p) {
-  return dim3(static_cast<unsigned>(groups_of(s, p.group)),
-              static_cast<unsigned>(ceil_div(s.heads, p.hb)));
+  const int64_t blocks = groups_of(s, p.group) * ceil_div(s.heads, p.hb);
+  if (blocks > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("hyscale::sparse_attn (CUDA): num_queries * heads is too large");
+  }
+  return dim3(static_cast<unsigned>(blocks));
 }
 
 template <class Fn>
