@@ -359,19 +359,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
 // memory); the row maxima of both halves meet in shared memory; P (bf16) goes to shared memory;
 // warpgroup w adds P V (m64 x d_v/2, V read MN-major) into its value columns.
 
+// Thread tid's share of gathering a swizzled kRows-row tile: row tid / (kThreads / kRows), whose
+// key it is given (-1: zeros).
+template <int kDim, int kRows, int kThreads>
+__device__ void gather_row_wgmma(bf16* tile, const bf16* src, int key, int tid) {
+  constexpr int kThreadsPerRow = kThreads / kRows;
+  const int row = tid / kThreadsPerRow;
+  const bf16* from = key >= 0 ? src + int64_t(key) * kDim : nullptr;
+  for (int chunk = tid % kThreadsPerRow; chunk < kDim / 8; chunk += kThreadsPerRow) {
+    cp_async_16(tile + swizzled_offset<kRows>(row, chunk), from ? from + chunk * 8 : tile,
+                from != nullptr);
+  }
+}
+
 // Gathers the rows of kRows slots from slot0 into a swizzled kRows-row tile (zeros for unused
 // slots): each thread serves one row, so it reads one index per tile.
 template <int kDim, int kRows, int kThreads>
 __device__ void gather_rows_wgmma(bf16* tile, const bf16* src, const KeyList& list, int slot0,
                                   int tid) {
   constexpr int kThreadsPerRow = kThreads / kRows;
-  const int row = tid / kThreadsPerRow;
-  const int key = list.key(slot0 + row);
-  const bf16* from = key >= 0 ? src + int64_t(key) * kDim : nullptr;
-  for (int chunk = tid % kThreadsPerRow; chunk < kDim / 8; chunk += kThreadsPerRow) {
-    cp_async_16(tile + swizzled_offset<kRows>(row, chunk), from ? from + chunk * 8 : tile,
-                from != nullptr);
-  }
+  gather_row_wgmma<kDim, kRows, kThreads>(tile, src, list.key(slot0 + tid / kThreadsPerRow), tid);
 }
 
 // The 64 rows of a block's tile (query grp, heads h0..) into a swizzled tile (zeros outside).
@@ -1399,12 +1406,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 template <class Tr>
 struct LatentBwdTiles {
   bf16 *q, *grad_out, *key, *prob, *grad_score;
+  // The key (-1: none) of each slot of tiles j, j + 1, j + 2 at [j % 3]: filled two tiles ahead
+  // from the index list, so the gather, the masks and the atomics' targets read shared memory
+  // rather than wait on global index loads.
+  int32_t (*tile_keys)[Tr::kKeys];
   __device__ explicit LatentBwdTiles(unsigned char* base) {
     q = reinterpret_cast<bf16*>(base);
     grad_out = q + Tr::kRows * Tr::kDimQk;
     key = grad_out + Tr::kRows * Tr::kDimV;
     prob = key + Tr::kKeys * Tr::kDimQk;
     grad_score = prob + Tr::kRows * Tr::kKeys;
+    tile_keys = reinterpret_cast<int32_t(*)[Tr::kKeys]>(grad_score + Tr::kRows * Tr::kKeys);
   }
 };
 
@@ -1412,8 +1424,8 @@ struct LatentBwdTiles {
 // dS into their tiles. Both products read their A operand (Q, dO) whole, so the halves together
 // read it twice; in exchange P stays fp32 for dS and no warpgroup waits for the other here.
 template <class Tr>
-__device__ void latent_bwd_scores(const Problem& p, const KeyList& list, int j,
-                                  const LatentBwdTiles<Tr>& t, const BwdRows& r, int wg, int lane) {
+__device__ void latent_bwd_scores(const Problem& p, int j, const LatentBwdTiles<Tr>& t,
+                                  const BwdRows& r, int wg, int lane) {
   constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, kHalf = BK / 2;
   float s[kHalf / 2], dp[kHalf / 2];
   const uint64_t key0 = descriptor_here(matrix_descriptor<BK>(t.key, wg * kHalf, 0));
@@ -1441,7 +1453,7 @@ __device__ void latent_bwd_scores(const Problem& p, const KeyList& list, int j,
     float prob[2], ds[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const bool seen = list.sees(j * BK + col + e, 0);
+      const bool seen = t.tile_keys[j % 3][col + e] >= 0;
       prob[e] = seen ? exp2f(s[i + e] * p.scale_log2 - lse) : 0.f;
       ds[e] = prob[e] * (dp[i + e] - delta) * p.scale;
     }
@@ -1464,6 +1476,10 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
   constexpr int kDqBlocks = kWg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks;
   constexpr int kFirstChunk = kWg == 0 ? 0 : Tr::kDkvFirstChunks;
   constexpr int kEndChunk = kWg == 0 ? Tr::kDkvFirstChunks : Tr::kBlocks;
+  // Tile j + 2's keys, a slot a thread of warpgroup 0: loaded now, stored once dq has retired.
+  static_assert(BK <= 128, "warpgroup 0 holds a tile's slots");
+  const bool loads_ahead = kWg == 0 && tid < BK;
+  const int ahead = loads_ahead ? list.key((j + 2) * BK + tid) : -1;
 #pragma unroll
   for (int c = 0; c < Tr::kDqPairs; ++c) fence_accumulators(dq_pair[c]);
   fence_accumulators(dq_single);
@@ -1487,15 +1503,24 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
 #pragma unroll
   for (int c = 0; c < Tr::kDqPairs; ++c) fence_accumulators(dq_pair[c]);
   fence_accumulators(dq_single);
+  if (loads_ahead) {
+    // (Read at tiles j + 1 and j + 2, past barriers; the slot's last reader, tile j - 1's
+    // atomics, finished before this tile's first barrier.) Its rows start into L2 a tile before
+    // their gather.
+    t.tile_keys[(j + 2) % 3][tid] = ahead;
+    if (ahead >= 0) prefetch_l2(p.key + int64_t(ahead) * DQ, DQ * 2);
+  }
   named_barrier_sync(1, T);  // K(j) is no longer read
-  if (j + 1 < tiles) gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, (j + 1) * BK, tid);
+  if (j + 1 < tiles) {
+    gather_row_wgmma<DQ, BK, T>(t.key, p.key, t.tile_keys[(j + 1) % 3][tid / (T / BK)], tid);
+  }
   cp_async_commit();
 
   // Key gradient chunk c (columns 64c ..): keys as M (dS^T and P^T read MN-major), 16 rows a step.
   const int key_row = 16 * warp + lane / 4;
   int keys[2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) keys[half] = list.key(j * BK + key_row + 8 * half);
+  for (int half = 0; half < 2; ++half) keys[half] = t.tile_keys[j % 3][key_row + 8 * half];
 #pragma unroll
   for (int c = kFirstChunk; c < kEndChunk; ++c) {
     float acc[32];
@@ -1540,6 +1565,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   load_block_rows<DV, T>(t.grad_out, g.grad_out, p, grp, h0, tid);
   gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, 0, tid);
   cp_async_commit();
+  if (tid < 2 * BK) {  // tiles 0 and 1's keys; tile 1's rows start into L2
+    const int key = list.key(tid);
+    t.tile_keys[tid / BK][tid % BK] = key;
+    if (tid >= BK && key >= 0) prefetch_l2(p.key + int64_t(key) * DQ, DQ * 2);
+  }
   const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
 
   float dq_pair[Tr::kDqPairs][64], dq_single[32];
@@ -1548,11 +1578,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int i = 0; i < 32; ++i) dq_single[i] = 0.f;
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
   for (int j = 0; j < tiles; ++j) {
-    prefetch_slots<DQ, DV, BK>(p, list, (j + 1) * BK, tid);
     cp_async_wait<0>();  // K(j) (and, first, Q and dO) have landed
     fence_async_shared();
     __syncthreads();  // and the previous tile's P and dS are no longer read
-    latent_bwd_scores<Tr>(p, list, j, t, r, wg, lane);
+    latent_bwd_scores<Tr>(p, j, t, r, wg, lane);
     fence_async_shared();  // P and dS are read by wgmma
     __syncthreads();
     if (wg == 0) {

@@ -139,9 +139,10 @@ struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
     return best;
   }
   static constexpr int kDkvFirstChunks = dkv_first_chunks();
-  // Q, dO, the K tile, then the P and dS tiles ([rows x keys], one 128-byte column block each).
+  // Q, dO, the K tile, the P and dS tiles ([rows x keys], one 128-byte column block each), then
+  // three tiles' key indices.
   static constexpr int kSmemBytes =
-      2 * (kRows * kDimQk + kRows * kDimV + kKeys * kDimQk + 2 * kRows * kKeys);
+      2 * (kRows * kDimQk + kRows * kDimV + kKeys * kDimQk + 2 * kRows * kKeys) + 3 * kKeys * 4;
   // kBlocks >= 3: warpgroup 0 holds at least one n128 pair of dq blocks.
   static constexpr bool kSupported = kDimQk % 64 == 0 && kDimV % 64 == 0 && kDimV <= kDimQk &&
                                      kBlocks >= 3 && kSmemBytes <= 227 * 1024;
