@@ -50,8 +50,8 @@ DeviceProfile H200() {
   p.table_topk_tflops = 304;
   p.naive_topk_tflops = 27.5;
   SetSparse(&p, 210, 91, 127, 72);
-  p.latent_fwd_tflops = 474;
-  p.latent_bwd_tflops = 249;
+  p.latent_fwd_tflops = 514;
+  p.latent_bwd_tflops = 264;
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
@@ -81,18 +81,18 @@ DeviceProfile H200() {
       "(docs/performance.md section 5; 5.11 s for 64K queries x 128K keys under CP, section 12)";
   p.sources["sparse_attention.fwd_tflops"] =
       "measured: hyscale sparse_attn fwd at H = 128 on H200, 210 TFLOP/s at G = 1 (wgmma kernel, "
-      "separate values; 468 with values inside the keys, the warp-specialized kernel) and 127 "
+      "separate values; 514 with values inside the keys, the warp-specialized kernel) and 127 "
       "executed at G > 1 (docs/performance.md section 7; FlashMLA publishes 640 on H800)";
   p.sources["sparse_attention.bwd_tflops"] =
       "measured: hyscale sparse_attn bwd (atomic) at H = 128 on H200, 91 TFLOP/s at G = 1 and "
       "128K, 72 at G > 1 and 64K (docs/performance.md section 7)";
   p.sources["latent_fwd_tflops"] =
       "measured: hyscale sparse_attn_latent fwd (warp-specialized kernel) at H = 128, 128K, "
-      "local selections on H200, 474 TFLOP/s; 431 with random selections (docs/performance.md "
+      "local selections on H200, 514 TFLOP/s; 480 with random selections (docs/performance.md "
       "section 7)";
   p.sources["latent_bwd_tflops"] =
       "measured: hyscale sparse_attn_latent bwd (one kernel, atomic) at H = 128, 128K, local "
-      "selections on H200, 249 TFLOP/s; 196 with random selections (docs/performance.md "
+      "selections on H200, 264 TFLOP/s; 239 with random selections (docs/performance.md "
       "section 7)";
   p.sources["gather_fwd_tflops"] = "measured: gather baseline fwd 72.6 TFLOP/s at 32K on H200";
   p.sources["gather_bwd_tflops"] =
@@ -135,19 +135,15 @@ DeviceProfile H20() {
   DeviceProfile p = H200();
   p.name = "h20";
   p.memory_bytes = 96e9 * 0.95;
-  p.dense_tflops = 793 * kCompute;
   p.hbm_gbps = 3300;
-  p.flash_topk_tflops = 512 * kCompute;
-  p.flash_topk_fp8_tflops = 695 * kCompute;  // fp8 peaks keep the bf16 ratio (296 / 1979)
-  p.table_topk_tflops = 304 * kCompute;
-  p.naive_topk_tflops = 27.5 * kCompute;
   SetSparse(&p, 210 * kCompute, 91 * kCompute, 127 * kCompute, 72 * kCompute);
-  p.latent_fwd_tflops = 474 * kCompute;
-  p.latent_bwd_tflops = 249 * kCompute;
-  p.gather_fwd_tflops = 72.6 * kCompute;
-  p.gather_bwd_tflops = 16.4 * kCompute;
-  p.indexer_mass_tflops = 67.7 * kCompute;
-  p.index_score_bwd_tflops = 7.5 * kCompute;
+  // The H200's measured rates, scaled (fp8 peaks keep the bf16 ratio, 296 / 1979).
+  for (double* rate :
+       {&p.dense_tflops, &p.flash_topk_tflops, &p.flash_topk_fp8_tflops, &p.table_topk_tflops,
+        &p.naive_topk_tflops, &p.latent_fwd_tflops, &p.latent_bwd_tflops, &p.gather_fwd_tflops,
+        &p.gather_bwd_tflops, &p.indexer_mass_tflops, &p.index_score_bwd_tflops}) {
+    *rate *= kCompute;
+  }
   const std::string scaled = "assumption: the H200 figure x 148/989 (published dense bf16 peaks)";
   for (const char* key :
        {"dense_tflops", "flash_topk_tflops", "flash_topk_fp8_tflops", "table_topk_tflops",

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Two builds of libhyscale_ops.so on the same GPU, in turn: the latent sparse attention's forward
+(sparse_attn with value = key[:, :d_v]) and, with --backward, sparse_attn_latent_backward, at the
+DeepSeek-V3.2 absorbed shape of bench/sparse_attn_bench.py (H = 128, d_qk = 576, d_v = 512,
+k = 2048, its "local" and "random" selections).
+
+A kernel change is judged against the build before it on the same machine and in the same thermal
+state: the GPU's clock drifts by several percent between runs and machines, more than many changes
+are worth. Each library runs in its own process (both register the same op names), round after
+round, new then old; the table gives each round's medians (CUDA events after a warm-up) and the
+ratio of the medians over all rounds. Correctness is sparse_attn_cuda_test's and the main
+benchmark's business, not this script's.
+
+  python3 bench/sparse_attn_ab.py --new build-gpu/kernels/torch/libhyscale_ops.so \\
+      --old /tmp/old/build-gpu/kernels/torch/libhyscale_ops.so --cases 32768:local,131072:random \\
+      --backward --rounds 2
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+from flash_topk_bench import timed
+from sparse_attn_bench import DQK, DV, H, make_indices
+
+
+def measure(lib, cases, backward, fwd_runs, bwd_runs):
+    """One library's medians: a dict per case."""
+    import torch
+
+    torch.ops.load_library(lib)
+    scale = DQK ** -0.5
+    for n, kind in cases:
+        g = torch.Generator(device="cuda").manual_seed(n)
+        q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
+        kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
+        grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
+        idx = make_indices(n, 2048, kind, seed=n + 1)
+        pairs = int((idx >= 0).sum())
+        fwd = lambda: torch.ops.hyscale.sparse_attn_grouped(q, kv, kv[:, :DV], idx, scale, 1)
+        row = dict(n=n, kind=kind, fwd_ms=timed(fwd, fwd_runs)[0],
+                   fwd_flops=2.0 * pairs * H * (DQK + DV))
+        if backward:
+            out, lse = fwd()
+            bwd = lambda: torch.ops.hyscale.sparse_attn_latent_backward(
+                grad_out, q, kv, idx, scale, DV, out, lse)
+            row["bwd_ms"] = timed(bwd, bwd_runs)[0]
+            row["bwd_flops"] = 2.0 * pairs * H * (3 * DQK + 2 * DV)
+        print(json.dumps(row), flush=True)
+        del q, kv, grad_out, idx
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--new", help="libhyscale_ops.so of the change")
+    ap.add_argument("--old", help="libhyscale_ops.so of the build before it")
+    ap.add_argument("--cases", default="32768:local,32768:random,131072:local,131072:random",
+                    help="N:kind, comma-separated (kind: local or random)")
+    ap.add_argument("--backward", action="store_true", help="also time the latent backward")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--fwd-runs", type=int, default=5)
+    ap.add_argument("--bwd-runs", type=int, default=3)
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # the library one process measures
+    a = ap.parse_args()
+    cases = [(int(c.split(":")[0]), c.split(":")[1]) for c in a.cases.split(",")]
+    if a.child:
+        measure(a.child, cases, a.backward, a.fwd_runs, a.bwd_runs)
+        return
+    if not a.new or not a.old:
+        ap.error("--new and --old are required")
+    rows = {"new": [], "old": []}
+    for r in range(a.rounds):
+        for name in ("new", "old"):
+            cmd = [sys.executable, __file__, "--child", getattr(a, name), "--cases", a.cases,
+                   "--fwd-runs", str(a.fwd_runs), "--bwd-runs", str(a.bwd_runs)]
+            if a.backward:
+                cmd.append("--backward")
+            lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            for row in map(json.loads, lines.splitlines()):
+                rows[name].append(row)
+                line = (f"round {r + 1} {name:>3} {row['n']:>7} {row['kind']:>6}  fwd "
+                        f"{row['fwd_ms']:8.2f} ms {row['fwd_flops'] / row['fwd_ms'] / 1e9:6.1f} TF/s")
+                if "bwd_ms" in row:
+                    line += (f"  latent bwd {row['bwd_ms']:8.2f} ms "
+                             f"{row['bwd_flops'] / row['bwd_ms'] / 1e9:6.1f} TF/s")
+                print(line, flush=True)
+    for n, kind in cases:
+        pick = {name: [x for x in rows[name] if x["n"] == n and x["kind"] == kind]
+                for name in rows}
+        for phase in ("fwd", "bwd") if a.backward else ("fwd",):
+            new = statistics.median(x[f"{phase}_ms"] for x in pick["new"])
+            old = statistics.median(x[f"{phase}_ms"] for x in pick["old"])
+            print(f"{n:>7} {kind:>6} {phase}: new {new:8.2f} ms, old {old:8.2f} ms, "
+                  f"old / new {old / new:.3f}")
+
+
+if __name__ == "__main__":
+    main()
