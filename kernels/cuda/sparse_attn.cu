@@ -638,8 +638,8 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
 // Consumer warpgroup kWg (the schedule above). ptile[c] is where consumer c's P goes for the other;
 // sq holds Q, then stages the block's output.
 template <class Tr, int kWg>
-__device__ void consume_latent_blocks(const Problem& p, const KeyList& list, int grp, int h0,
-                                      bf16* sq, bf16* const (&kbuf)[2], bf16* const (&ptile)[2],
+__device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* sq,
+                                      bf16* const (&kbuf)[2], bf16* const (&ptile)[2],
                                       LatentSync& sync, int pairs, const FwdOut& o_) {
   constexpr int DV = Tr::kDimV, BK = Tr::kKeys, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
   static_assert(BK == 64, "LatentSync::valid holds 64-key blocks");
@@ -926,9 +926,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   } else {
     claim_registers<Tr::kConsumerRegisters>();
     if (wg == 0) {
-      consume_latent_blocks<Tr, 0>(p, list, grp, h0, sq, kbuf, ptile, sync, pairs, o_);
+      consume_latent_blocks<Tr, 0>(p, grp, h0, sq, kbuf, ptile, sync, pairs, o_);
     } else {
-      consume_latent_blocks<Tr, 1>(p, list, grp, h0, sq, kbuf, ptile, sync, pairs, o_);
+      consume_latent_blocks<Tr, 1>(p, grp, h0, sq, kbuf, ptile, sync, pairs, o_);
     }
   }
 }
