@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 from flash_topk_bench import timed
-from sparse_attn_bench import DQK, DV, H, make_indices
+from sparse_attn_bench import DQK, DV, make_indices, make_inputs, useful_flops
 
 
 def measure(lib, cases, backward, fwd_runs, bwd_runs):
@@ -32,23 +32,19 @@ def measure(lib, cases, backward, fwd_runs, bwd_runs):
     torch.ops.load_library(lib)
     scale = DQK ** -0.5
     for n, kind in cases:
-        g = torch.Generator(device="cuda").manual_seed(n)
-        q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
-        kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
-        grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
+        q, kv, values, grad_out = make_inputs(n, value_in_key=True)
         idx = make_indices(n, 2048, kind, seed=n + 1)
-        pairs = int((idx >= 0).sum())
-        fwd = lambda: torch.ops.hyscale.sparse_attn_grouped(q, kv, kv[:, :DV], idx, scale, 1)
-        row = dict(n=n, kind=kind, fwd_ms=timed(fwd, fwd_runs)[0],
-                   fwd_flops=2.0 * pairs * H * (DQK + DV))
+        fwd_flops, bwd_flops = useful_flops(idx)
+        fwd = lambda: torch.ops.hyscale.sparse_attn_grouped(q, kv, values, idx, scale, 1)
+        row = dict(n=n, kind=kind, fwd_ms=timed(fwd, fwd_runs)[0], fwd_flops=fwd_flops)
         if backward:
             out, lse = fwd()
             bwd = lambda: torch.ops.hyscale.sparse_attn_latent_backward(
                 grad_out, q, kv, idx, scale, DV, out, lse)
             row["bwd_ms"] = timed(bwd, bwd_runs)[0]
-            row["bwd_flops"] = 2.0 * pairs * H * (3 * DQK + 2 * DV)
+            row["bwd_flops"] = bwd_flops
         print(json.dumps(row), flush=True)
-        del q, kv, grad_out, idx
+        del q, kv, values, grad_out, idx
         torch.cuda.empty_cache()
 
 

@@ -65,6 +65,24 @@ def make_indices(n, topk, kind, seed):
     return torch.where(t + 1 <= topk, short, idx).int()
 
 
+def make_inputs(n, value_in_key):
+    """q, key, value, grad_out (bf16, seeded by n); value = key[:, :DV] when value_in_key."""
+    g = torch.Generator(device="cuda").manual_seed(n)
+    q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
+    key = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
+    value = (key[:, :DV] if value_in_key
+             else torch.randn(n, DV, device="cuda", generator=g).bfloat16())
+    grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
+    return q, key, value, grad_out
+
+
+def useful_flops(idx):
+    """Forward and backward FLOPs of useful work: 2 H (d_qk + d_v) and 2 H (3 d_qk + 2 d_v) per
+    valid (query, slot) pair."""
+    pairs = int((idx >= 0).sum())
+    return 2.0 * pairs * H * (DQK + DV), 2.0 * pairs * H * (3 * DQK + 2 * DV)
+
+
 def dedup_factor(idx, group):
     if group == 1:
         return 1.0
@@ -142,16 +160,10 @@ def main():
            f"{'GiB':>5} | {'bwd ms':>8} {'TF/s':>6} {'floor':>5} {'GiB':>5} | {'max|d|':>7}")
     print(hdr)
     for n in [int(x) for x in a.sizes.split(",")]:
-        g = torch.Generator(device="cuda").manual_seed(n)
-        q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
-        key = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
-        value = (key[:, :DV] if a.value_in_key
-                 else torch.randn(n, DV, device="cuda", generator=g).bfloat16())
-        grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
+        q, key, value, grad_out = make_inputs(n, a.value_in_key)
         for kind in a.kinds.split(","):
             idx = make_indices(n, a.topk, kind, seed=n + 1)
-            pairs = int((idx >= 0).sum())
-            f_fwd, f_bwd = 2.0 * pairs * H * (DQK + DV), 2.0 * pairs * H * (3 * DQK + 2 * DV)
+            f_fwd, f_bwd = useful_flops(idx)
             base = None
             if not a.no_baseline:
                 ref = gather_attn(q, key, value, idx, scale, a.chunk)
