@@ -520,17 +520,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // Forward with values inside the keys, warp-specialized (SparseAttnLatentTraits). Per pair of
 // 64-key blocks (b0 = 2i in buffer 0, b1 = 2i + 1 in buffer 1), with M the running row maxima
 // that both consumers share:
-//   warpgroup 0: P0 of S0 against M0 = max(M, rowmax S0), published; O_left += P0 V0 (P0 from
-//     registers); once warpgroup 1 has published M1, rescales O_left and P0 to M1, stores P0
-//     for warpgroup 1 and adds O_left += P1 V1 while S of the next pair's b0 runs;
-//   warpgroup 1: P1 of S1 against M1 = max(M0, rowmax S1), published; O_right += P1 V1 (from
-//     registers), stores P1, O_right += P0 V0.
+//   warpgroup 0: M0 = max(M, rowmax S0), published before P0 of S0 against it; O_left += P0 V0
+//     (P0 from registers); once warpgroup 1 has published M1, rescales O_left and P0 to M1,
+//     stores P0 for warpgroup 1 and adds O_left += P1 V1 while S of the next pair's b0 runs;
+//   warpgroup 1: M1 = max(M0, rowmax S1), published before P1 of S1 against it; O_right +=
+//     P1 V1 (from registers), stores P1, O_right += P0 V0.
 // So at the end of every pair both consumers' accumulators and sums are relative to the same
 // maxima; each sums P over its own blocks, and the two sums meet at the end.
 
 // Shared memory after the tiles.
 struct LatentSync {
-  uint64_t q_ready;
+  uint64_t q_ready[2];   // [half: 0 left, 1 right] of Q's column blocks, as the K buffers' halves
   uint64_t ready[2][2];  // [buffer][half: 0 left, 1 right]: the producer's copies have landed
   uint64_t free[2][2];   // [buffer][half]: its last reader is done with it
   uint64_t valid_ready;  // the producer has written `valid` for the pair
@@ -565,8 +565,7 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
   constexpr int DQ = Tr::kDimQk, BK = Tr::kKeys, kRowsPerThread = BK / 16;
   constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks;
   const int t = threadIdx.x % 128, chunk = t % 8, row0 = t / 8;
-  load_block_rows<DQ, 128>(sq, p.q, p, grp, h0, t);
-  cp_async_arrive(&sync.q_ready);
+  if (pairs == 0) return;  // nothing reads Q
   const uint64_t policy = l2_evict_last_policy();
   const int offset = row0 * 64 + (chunk ^ (row0 % 8)) * 8;  // = swizzled_offset<BK>(row0, chunk)
   // Thread's rows of a pair: key[b][i] is row row0 + 16 i of block b (-1: none, zero-filled).
@@ -591,12 +590,32 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
       }
     }
   };
+  // Q's 64 rows are one contiguous range (G = 1, whole head blocks), copied like the gathers'
+  // rows, so this thread's offsets are constants too.
+  const bf16* q_rows = p.q + tile_row(p, grp, h0, 0) * DQ + chunk * 8;
+  const uint64_t read_once = l2_evict_first_policy();
+  auto copy_q_half = [&](int half) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+#pragma unroll
+      for (int cb = half == 0 ? 0 : L; cb < (half == 0 ? L : C); ++cb) {
+        cp_async_16_l2(sq + cb * 64 * 64 + 16 * i * 64 + offset,
+                       q_rows + int64_t(row0 + 16 * i) * DQ + cb * 64, true, read_once);
+      }
+    }
+    cp_async_arrive(&sync.q_ready[half]);
+  };
   // Indices are read a pair before their copies, and a pair's rows start into L2 a pair before
   // they are copied (from indices read the pair before that): the producer never waits for an
-  // index load between a free buffer and its copy.
+  // index load between a free buffer and its copy. The first pair's indices are read before Q's
+  // copies are issued, and Q comes in halves beside the K halves its products pair with (Q left,
+  // buffer 0 left, Q right, buffer 1 right): warpgroup 0's first S waits for 64 KB instead of
+  // all of Q and buffer 0's left half (106 KB). The block's start cost 9 % of the consumers'
+  // time before (Nsight Compute); this and the constant offsets made the forward 4-5 % faster.
   PairKeys keys;
   load_keys(0, keys);
   int ahead = list.key(2 * BK + t);  // one row of pair 1 a thread
+  copy_q_half(0);
   for (int pair = 0; pair < pairs; ++pair) {
     if (ahead >= 0) prefetch_l2(p.key + int64_t(ahead) * DQ, DQ * 2);
     PairKeys next;
@@ -606,6 +625,7 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
     mbarrier_wait(&sync.free[0][0], parity);
     copy_half(kbuf[0], keys[0], 0, L);
     cp_async_arrive(&sync.ready[0][0]);
+    if (pair == 0) copy_q_half(1);
     mbarrier_wait(&sync.free[1][1], parity);
     copy_half(kbuf[1], keys[1], L, C);
     cp_async_arrive(&sync.ready[1][1]);
@@ -724,21 +744,34 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
     scale_rows(o, alpha_a, alpha_b);
     m_a = new_a;
     m_b = new_b;
+  };
+  // The new maxima for the other consumer, before this one's exponentials: its softmax need not
+  // wait for them.
+  auto publish_max = [&](float new_a, float new_b) {
     if (lane % 4 == 0) {
       sync.row_max[ra] = new_a;
       sync.row_max[rb] = new_b;
     }
   };
-  // P, times per-row factors, as bf16 into this warpgroup's P tile for the other one.
-  auto store_p = [&](float c_a, float c_b) {
+  // pa again from P times per-row factors (once the own P V has read it).
+  auto rescale_p = [&](float c_a, float c_b) {
 #pragma unroll
-    for (int i = 0; i < BK / 2; i += 4) {
-      const int col = 8 * (i / 4) + 2 * (lane % 4);
-      bf16* tile = ptile[kWg];
-      *reinterpret_cast<uint32_t*>(tile + swizzled_offset<64>(ra, col / 8) + col % 8) =
-          pack_bf16(s[i] * c_a, s[i + 1] * c_a);
-      *reinterpret_cast<uint32_t*>(tile + swizzled_offset<64>(rb, col / 8) + col % 8) =
-          pack_bf16(s[i + 2] * c_b, s[i + 3] * c_b);
+    for (int ks = 0; ks < BK / 16; ++ks) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float c = r % 2 == 0 ? c_a : c_b;
+        pa[ks][r] = pack_bf16(s[8 * ks + 2 * r] * c, s[8 * ks + 2 * r + 1] * c);
+      }
+    }
+  };
+  // pa into this warpgroup's P tile for the other one, one stmatrix a k16 step: pa[ks][m] is the
+  // 8 x 8 matrix of rows 16 warp + 8 (m % 2) .., columns 16 ks + 8 (m / 2) .., and lane gives
+  // row lane % 8 of matrix lane / 8.
+  auto store_p = [&]() {
+    const int m = lane / 8, row = warp * 16 + (m % 2) * 8 + lane % 8;
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      stmatrix_x4(ptile[kWg] + swizzled_offset<64>(row, 2 * ks + m / 2), pa[ks]);
     }
     fence_async_shared();  // read by the other warpgroup's wgmma
   };
@@ -782,15 +815,15 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
   // The zeros of o stay before the first wgmma (inside its stage they would serialize it).
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
-  mbarrier_wait(&sync.q_ready, 0);
-  fence_async_shared();
   if constexpr (kWg == 0) {
     // No wgmma is in flight across the loop's back edge or a merge of paths: ptxas serializes a
     // stage in which a non-wgmma instruction reads or defines an accumulator, register moves at
     // a merge included. So the loop leaves from its middle, and S of the next pair, issued while
     // P1 V1 runs, is waited for before the back edge.
     if (pairs > 0) {
+      mbarrier_wait(&sync.q_ready[0], 0);
       issue_s_half(0, 0, true);
+      mbarrier_wait(&sync.q_ready[1], 0);
       issue_s_half(0, 1, false);
       uint32_t selected = selected_columns(0);
       wgmma_wait<0>();
@@ -798,8 +831,10 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
       for (int pair = 0;; ++pair) {
         float mx_a, mx_b;
         mask_scores(selected, mx_a, mx_b);
-        softmax(fmaxf(m_a, mx_a), fmaxf(m_b, mx_b));
+        const float m0_a = fmaxf(m_a, mx_a), m0_b = fmaxf(m_b, mx_b);
+        publish_max(m0_a, m0_b);
         named_barrier_arrive(kMax0Ready, kPairThreads);
+        softmax(m0_a, m0_b);
         pv_own(0);
         wgmma_wait<0>();
         retire_pv();
@@ -809,7 +844,8 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
         const float c_a = rescale_factor(m_a, m1_a), c_b = rescale_factor(m_b, m1_b);
         m_a = m1_a;
         m_b = m1_b;
-        store_p(c_a, c_b);
+        rescale_p(c_a, c_b);
+        store_p();
         named_barrier_arrive(kP0Ready, kPairThreads);
         l_a *= c_a;
         l_b *= c_b;
@@ -834,6 +870,10 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
       }
     }
   } else {
+    if (pairs > 0) {
+      mbarrier_wait(&sync.q_ready[0], 0);
+      mbarrier_wait(&sync.q_ready[1], 0);
+    }
     for (int pair = 0; pair < pairs; ++pair) {
       issue_s_half(pair, 1, true);
       issue_s_half(pair, 0, false);
@@ -843,12 +883,13 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
       float mx_a, mx_b;
       mask_scores(selected, mx_a, mx_b);
       named_barrier_sync(kMax0Ready, kPairThreads);
-      const float m0_a = sync.row_max[ra], m0_b = sync.row_max[rb];
+      const float m1_a = fmaxf(sync.row_max[ra], mx_a), m1_b = fmaxf(sync.row_max[rb], mx_b);
       __syncwarp();  // every lane has read M0 before its row's lane 0 overwrites it
-      softmax(fmaxf(m0_a, mx_a), fmaxf(m0_b, mx_b));
+      publish_max(m1_a, m1_b);
       named_barrier_arrive(kMax1Ready, kPairThreads);
+      softmax(m1_a, m1_b);
       pv_own(1);
-      store_p(1.f, 1.f);
+      store_p();
       named_barrier_sync(kP0Ready, kPairThreads);
       pv_other(0);
       named_barrier_arrive(kP1Ready, kPairThreads);
@@ -909,7 +950,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const KeyList list = key_list(p, grp);
   const int pairs = static_cast<int>(ceil_div(ceil_div(list.count, Tr::kKeys), 2));
   if (threadIdx.x == 0) {
-    mbarrier_init(&sync.q_ready, 128);
+    for (int half = 0; half < 2; ++half) mbarrier_init(&sync.q_ready[half], 128);
     for (int b = 0; b < 2; ++b) {
       for (int half = 0; half < 2; ++half) {
         mbarrier_init(&sync.ready[b][half], 128);

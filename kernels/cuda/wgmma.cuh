@@ -20,6 +20,15 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
                "l"(global), "r"(src_bytes));
 }
+// Stores four 8 x 8 bf16 matrices, register i of each thread holding matrix i's pair of columns
+// 2 (lane % 4) .. of row lane / 4 (the mma accumulator layout); lanes 8 i .. 8 i + 7 give the
+// shared addresses of matrix i's rows (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(void* row, const uint32_t (&regs)[4]) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(row)),
+      "r"(regs[0]), "r"(regs[1]), "r"(regs[2]), "r"(regs[3])
+      : "memory");
+}
 // Starts moving `bytes` (a multiple of 128) at a 128-byte-aligned global address into L2, with no
 // destination and nothing to wait for: gathers whose rows are known early hide the trip to HBM.
 // One prefetch a 128-byte line: the bulk form (cp.async.bulk.prefetch) takes its address in a
