@@ -23,6 +23,9 @@ packages=(
   jq curl procps openssl
   # the web view's test (headless Chromium) and the deploy/ checks (python3 with YAML)
   chromium python3-yaml
+  # the benchmarks' CPU smoke tests (bench/dsa_layer_bench.py, bench/cp_layer_bench.py under
+  # ctest): Debian's PyTorch for /usr/bin/python3, on the same libtorch 1.13 as the ops library
+  python3-torch
 )
 
 missing=()
