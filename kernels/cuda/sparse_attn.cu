@@ -578,31 +578,33 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
         keys[b][i] = list.key((2 * pair + b) * BK + row0 + 16 * i);
     }
   };
-  auto copy_half = [&](bf16* tile, const int(&keys)[kRowsPerThread], int first_block,
-                       int end_block) {
+  // Column blocks [first_block, end_block) of this thread's rows of a 64-row tile: row row0 + 16 i
+  // from src(i) where valid(i), else zeros, under the L2 policy l2.
+  auto copy_rows = [&](bf16* tile, auto src, auto valid, int first_block, int end_block,
+                       uint64_t l2) {
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
-      const bf16* src = p.key + int64_t(keys[i] >= 0 ? keys[i] : 0) * DQ + chunk * 8;
+      const bf16* from = src(i);
 #pragma unroll
       for (int cb = first_block; cb < end_block; ++cb) {
-        cp_async_16_l2(tile + cb * BK * 64 + 16 * i * 64 + offset, src + cb * 64, keys[i] >= 0,
-                       policy);
+        cp_async_16_l2(tile + cb * BK * 64 + 16 * i * 64 + offset, from + cb * 64, valid(i), l2);
       }
     }
+  };
+  auto copy_half = [&](bf16* tile, const int(&keys)[kRowsPerThread], int first_block,
+                       int end_block) {
+    copy_rows(
+        tile, [&](int i) { return p.key + int64_t(max(keys[i], 0)) * DQ + chunk * 8; },
+        [&](int i) { return keys[i] >= 0; }, first_block, end_block, policy);
   };
   // Q's 64 rows are one contiguous range (G = 1, whole head blocks), copied like the gathers'
   // rows, so this thread's offsets are constants too.
   const bf16* q_rows = p.q + tile_row(p, grp, h0, 0) * DQ + chunk * 8;
   const uint64_t read_once = l2_evict_first_policy();
   auto copy_q_half = [&](int half) {
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-#pragma unroll
-      for (int cb = half == 0 ? 0 : L; cb < (half == 0 ? L : C); ++cb) {
-        cp_async_16_l2(sq + cb * 64 * 64 + 16 * i * 64 + offset,
-                       q_rows + int64_t(row0 + 16 * i) * DQ + cb * 64, true, read_once);
-      }
-    }
+    copy_rows(
+        sq, [&](int i) { return q_rows + int64_t(row0 + 16 * i) * DQ; }, [](int) { return true; },
+        half == 0 ? 0 : L, half == 0 ? L : C, read_once);
     cp_async_arrive(&sync.q_ready[half]);
   };
   // Indices are read a pair before their copies, and a pair's rows start into L2 a pair before
@@ -610,8 +612,7 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
   // index load between a free buffer and its copy. The first pair's indices are read before Q's
   // copies are issued, and Q comes in halves beside the K halves its products pair with (Q left,
   // buffer 0 left, Q right, buffer 1 right): warpgroup 0's first S waits for 64 KB instead of
-  // all of Q and buffer 0's left half (106 KB). The block's start cost 9 % of the consumers'
-  // time before (Nsight Compute); this and the constant offsets made the forward 4-5 % faster.
+  // all of Q and buffer 0's left half (106 KB).
   PairKeys keys;
   load_keys(0, keys);
   int ahead = list.key(2 * BK + t);  // one row of pair 1 a thread
