@@ -154,6 +154,13 @@ __device__ __forceinline__ void publish_rows(float (*halves)[64], int half, int 
 __device__ __forceinline__ float rescale_factor(float old_max, float new_max) {
   return new_max == -INFINITY ? 1.f : exp2f(old_max - new_max);
 }
+// 2^x in one MUFU.EX2: exp2f without fast math adds a denormal fix-up around it; probabilities
+// below 2^-126 contribute nothing to the sums.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 // The base a row's scores are taken against: 0 while it has seen nothing, so its probabilities
 // stay exactly 0.
 __device__ __forceinline__ float softmax_base(float new_max) {
@@ -518,15 +525,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 // ---------------------------------------------------------------------------------------------
 // Forward with values inside the keys, warp-specialized (SparseAttnLatentTraits). Per pair of
-// 64-key blocks (b0 = 2i in buffer 0, b1 = 2i + 1 in buffer 1), with M the running row maxima
-// that both consumers share:
-//   warpgroup 0: M0 = max(M, rowmax S0), published before P0 of S0 against it; O_left += P0 V0
-//     (P0 from registers); once warpgroup 1 has published M1, rescales O_left and P0 to M1,
-//     stores P0 for warpgroup 1 and adds O_left += P1 V1 while S of the next pair's b0 runs;
-//   warpgroup 1: M1 = max(M0, rowmax S1), published before P1 of S1 against it; O_right +=
+// 64-key blocks (b0 = 2i in buffer 0, b1 = 2i + 1 in buffer 1), with M the running row
+// references (below) that both consumers share:
+//   warpgroup 0: M0 = raised_max(M, rowmax S0), published before P0 of S0 against it; O_left +=
+//     P0 V0 (P0 from registers); once warpgroup 1 has published M1, rescales O_left and P0 to M1
+//     (if a row of the warp moved), stores P0 for warpgroup 1 and adds O_left += P1 V1 while S of
+//     the next pair's b0 runs;
+//   warpgroup 1: M1 = raised_max(M0, rowmax S1), published before P1 of S1 against it; O_right +=
 //     P1 V1 (from registers), stores P1, O_right += P0 V0.
 // So at the end of every pair both consumers' accumulators and sums are relative to the same
-// maxima; each sums P over its own blocks, and the two sums meet at the end.
+// references; each sums P over its own blocks, and the two sums meet at the end.
+
+// A row's reference is not its running maximum: it moves only when a block's maximum exceeds it
+// by more than kMaxLag (log2 units). Its probabilities stay below 2^kMaxLag, which fp32 sums and
+// bf16 P hold with room to spare, and after a row's first blocks its accumulators are almost
+// never rescaled (a warp skips the multiplications when none of its rows moved: 128 a thread,
+// twice a pair in warpgroup 0, on the path from S to P V). The sums and the LSE are taken
+// against the same references, so the result is the same softmax.
+constexpr float kMaxLag = 8.f;
+__device__ __forceinline__ float raised_max(float reference, float block_max) {
+  return block_max > reference + kMaxLag ? block_max : reference;
+}
+__device__ __forceinline__ bool warp_moved(float old_a, float new_a, float old_b, float new_b) {
+  return __any_sync(0xffffffff, old_a != new_a || old_b != new_b);
+}
 
 // Shared memory after the tiles.
 struct LatentSync {
@@ -728,7 +750,7 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
     float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
     for (int i = 0; i < BK / 2; ++i) {
-      s[i] = exp2f(s[i] - (i % 4 < 2 ? base_a : base_b));
+      s[i] = exp2_ftz(s[i] - (i % 4 < 2 ? base_a : base_b));
       if (i % 4 < 2) {
         sum_a += s[i];
       } else {
@@ -742,7 +764,7 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
     }
     l_a = l_a * alpha_a + sum_a;
     l_b = l_b * alpha_b + sum_b;
-    scale_rows(o, alpha_a, alpha_b);
+    if (warp_moved(m_a, new_a, m_b, new_b)) scale_rows(o, alpha_a, alpha_b);
     m_a = new_a;
     m_b = new_b;
   };
@@ -832,7 +854,7 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
       for (int pair = 0;; ++pair) {
         float mx_a, mx_b;
         mask_scores(selected, mx_a, mx_b);
-        const float m0_a = fmaxf(m_a, mx_a), m0_b = fmaxf(m_b, mx_b);
+        const float m0_a = raised_max(m_a, mx_a), m0_b = raised_max(m_b, mx_b);
         publish_max(m0_a, m0_b);
         named_barrier_arrive(kMax0Ready, kPairThreads);
         softmax(m0_a, m0_b);
@@ -842,15 +864,16 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
         mbarrier_arrive(&sync.free[0][0]);
         named_barrier_sync(kMax1Ready, kPairThreads);
         const float m1_a = sync.row_max[ra], m1_b = sync.row_max[rb];
+        const bool moved = warp_moved(m_a, m1_a, m_b, m1_b);
         const float c_a = rescale_factor(m_a, m1_a), c_b = rescale_factor(m_b, m1_b);
         m_a = m1_a;
         m_b = m1_b;
-        rescale_p(c_a, c_b);
+        if (moved) rescale_p(c_a, c_b);
         store_p();
         named_barrier_arrive(kP0Ready, kPairThreads);
         l_a *= c_a;
         l_b *= c_b;
-        scale_rows(o, c_a, c_b);
+        if (moved) scale_rows(o, c_a, c_b);
         named_barrier_sync(kP1Ready, kPairThreads);
         if (pair + 1 == pairs) {
           pv_other(1);
@@ -884,7 +907,8 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
       float mx_a, mx_b;
       mask_scores(selected, mx_a, mx_b);
       named_barrier_sync(kMax0Ready, kPairThreads);
-      const float m1_a = fmaxf(sync.row_max[ra], mx_a), m1_b = fmaxf(sync.row_max[rb], mx_b);
+      const float m1_a = raised_max(sync.row_max[ra], mx_a);
+      const float m1_b = raised_max(sync.row_max[rb], mx_b);
       __syncwarp();  // every lane has read M0 before its row's lane 0 overwrites it
       publish_max(m1_a, m1_b);
       named_barrier_arrive(kMax1Ready, kPairThreads);
