@@ -74,7 +74,7 @@ std::vector<std::string> BuiltinProfileNames();
 //    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 512, "table_topk_tflops": 304,
 //    "naive_topk_tflops": 27.5,
 //    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "indexer_mass_tflops": 68,
-//    "index_score_bwd_tflops": 7.5, "latent_fwd_tflops": 523, "latent_bwd_tflops": 264,
+//    "index_score_bwd_tflops": 7.5, "latent_fwd_tflops": 549, "latent_bwd_tflops": 264,
 //    "kernel_launch_s": 5e-6,
 //    "sparse_attention": [{"group": 4, "fwd_tflops": 500, "bwd_tflops": 200, "dedup": 3.4}]}
 // Every key is optional; an unknown key, a non-positive figure or a group outside kQueryGroups is

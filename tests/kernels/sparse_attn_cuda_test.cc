@@ -262,7 +262,9 @@ TEST_F(SparseAttnCudaTest, ValuesInsideKeysMatchSeparateValues) {
     expect_close(inside[1], ref.lse, 1e-5, "lse vs float64");
     expect_close(inside[0], apart[0], 1e-2, "out vs separate values");
     expect_close(inside[1], apart[1], 1e-5, "lse vs separate values");
-    expect_close(inside[2], apart[2], 1e-2, "grad_key");  // fp32 atomics: any order
+    // fp32 atomics: any order. At the peaked scales the bf16 dS = scale * P * (dP - D) of the two
+    // backwards differ by more (1.1 % of the largest gradient measured at scale 1.5).
+    expect_close(inside[2], apart[2], c.scale >= 1.0 ? 2e-2 : 1e-2, "grad_key");
   }
 }
 
