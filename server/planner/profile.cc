@@ -92,8 +92,7 @@ DeviceProfile H200() {
       "section 7)";
   p.sources["latent_bwd_tflops"] =
       "measured: hyscale sparse_attn_latent bwd (one kernel, atomic) at H = 128, 128K, local "
-      "selections on H200, 264 TFLOP/s (256 on the machine of 549 above); 239 with random "
-      "selections (docs/performance.md "
+      "selections on H200, 264 TFLOP/s; 239 with random selections (docs/performance.md "
       "section 7)";
   p.sources["gather_fwd_tflops"] = "measured: gather baseline fwd 72.6 TFLOP/s at 32K on H200";
   p.sources["gather_bwd_tflops"] =
