@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""What a block of the latent sparse attention forward pays once, against what its loop costs:
+sparse_attn (value = key[:, :d_v]) at the DeepSeek-V3.2 absorbed shape (H = 128, d_qk = 576,
+d_v = 512) with a fixed number of queries and keys and every slot valid, timed for several k.
+Time grows by the loop's cost per slot; a least-squares line through the larger k gives that
+cost (per 2048 slots) and the intercept, which every block pays whatever k is: its launch, its
+first indices, Q and first key blocks, the last pair's products with nothing behind them, the
+output. Correctness is sparse_attn_cuda_test's and sparse_attn_bench.py's business.
+
+  python3 bench/sparse_attn_kscan.py --lib build-gpu/kernels/torch/libhyscale_ops.so
+
+Selections: "local" is a window of k consecutive keys sliding with the query (neighbouring
+queries share most of it, as in a trained model's recent-token selections), "random" k
+distinct keys drawn uniformly from all N.
+"""
+import argparse
+import json
+
+import torch
+
+from flash_topk_bench import timed
+from sparse_attn_bench import DQK, DV, H
+
+
+def selections(kind, m, n, k, generator):
+    if kind == "random":
+        return torch.rand(m, n, device="cuda", generator=generator).topk(k, dim=1).indices.int()
+    first = (torch.arange(m, device="cuda") * (n - k) // m).unsqueeze(1)
+    return (first + torch.arange(k, device="cuda").unsqueeze(0)).int()
+
+
+def fit(points):
+    """Least-squares intercept (ms) and slope (ms per slot) of (k, ms) points."""
+    count = len(points)
+    sx = sum(k for k, _ in points)
+    sy = sum(t for _, t in points)
+    sxx = sum(k * k for k, _ in points)
+    sxy = sum(k * t for k, t in points)
+    slope = (count * sxy - sx * sy) / (count * sxx - sx * sx)
+    return (sy - slope * sx) / count, slope
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True, help="libhyscale_ops.so")
+    ap.add_argument("--queries", type=int, default=8192)
+    ap.add_argument("--keys", type=int, default=65536)
+    ap.add_argument("--ks", default="128,256,512,1024,2048,4096,8192")
+    ap.add_argument("--kinds", default="local,random")
+    ap.add_argument("--fit-from", type=int, default=1024, help="smallest k in the line's fit")
+    ap.add_argument("--runs", type=int, default=7)
+    a = ap.parse_args()
+    torch.ops.load_library(a.lib)
+    ks = [int(k) for k in a.ks.split(",")]
+    if max(ks) > a.keys:
+        ap.error("every k must be at most --keys")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(a.queries, H, DQK, device="cuda", generator=g).bfloat16()
+    kv = torch.randn(a.keys, DQK, device="cuda", generator=g).bfloat16()
+    scale = DQK ** -0.5
+    flops_per_slot = 2.0 * a.queries * H * (DQK + DV)
+    for kind in a.kinds.split(","):
+        points = []
+        for k in ks:
+            idx = selections(kind, a.queries, a.keys, k, g)
+            ms = timed(lambda: torch.ops.hyscale.sparse_attn_grouped(q, kv, kv[:, :DV], idx,
+                                                                    scale, 1), a.runs)[0]
+            points.append((k, ms))
+            print(json.dumps(dict(kind=kind, k=k, ms=ms, tflops=flops_per_slot * k / ms / 1e9)),
+                  flush=True)
+            del idx
+            torch.cuda.empty_cache()
+        used = [(k, ms) for k, ms in points if k >= a.fit_from]
+        if len(used) < 2:
+            continue
+        intercept, slope = fit(used)
+        at_2048 = dict(points).get(2048, intercept + slope * 2048)  # measured where it was
+        print(f"{kind}: intercept {intercept:.3f} ms, {slope * 2048:.3f} ms per 2048 slots, "
+              f"intercept {100 * intercept / at_2048:.1f} % of the time at k = 2048, "
+              f"loop alone {flops_per_slot / slope / 1e9:.0f} TFLOP/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
