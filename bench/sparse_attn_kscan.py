@@ -15,6 +15,7 @@ distinct keys drawn uniformly from all N.
 """
 import argparse
 import json
+import statistics
 
 import torch
 
@@ -27,17 +28,6 @@ def selections(kind, m, n, k, generator):
         return torch.rand(m, n, device="cuda", generator=generator).topk(k, dim=1).indices.int()
     first = (torch.arange(m, device="cuda") * (n - k) // m).unsqueeze(1)
     return (first + torch.arange(k, device="cuda").unsqueeze(0)).int()
-
-
-def fit(points):
-    """Least-squares intercept (ms) and slope (ms per slot) of (k, ms) points."""
-    count = len(points)
-    sx = sum(k for k, _ in points)
-    sy = sum(t for _, t in points)
-    sxx = sum(k * k for k, _ in points)
-    sxy = sum(k * t for k, t in points)
-    slope = (count * sxy - sx * sy) / (count * sxx - sx * sx)
-    return (sy - slope * sx) / count, slope
 
 
 def main():
@@ -73,7 +63,8 @@ def main():
         used = [(k, ms) for k, ms in points if k >= a.fit_from]
         if len(used) < 2:
             continue
-        intercept, slope = fit(used)
+        slope, intercept = statistics.linear_regression([k for k, _ in used],
+                                                        [ms for _, ms in used])
         at_2048 = dict(points).get(2048, intercept + slope * 2048)  # measured where it was
         print(f"{kind}: intercept {intercept:.3f} ms, {slope * 2048:.3f} ms per 2048 slots, "
               f"intercept {100 * intercept / at_2048:.1f} % of the time at k = 2048, "
