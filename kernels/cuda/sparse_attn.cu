@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <stdexcept>
@@ -61,10 +62,13 @@ struct KeyList {
 struct BlockTile {
   int grp, h0;
 };
-__device__ BlockTile block_tile(const Problem& p) {
+// Tile `item` of the launch order (the block index, or a persistent block's item).
+__device__ BlockTile tile_of(const Problem& p, int item) {
   const int head_blocks = (p.heads + p.hb - 1) / p.hb;
-  return {static_cast<int>(blockIdx.x / head_blocks),
-          static_cast<int>(blockIdx.x % head_blocks) * p.hb};
+  return {item / head_blocks, item % head_blocks * p.hb};
+}
+__device__ BlockTile block_tile(const Problem& p) {
+  return tile_of(p, static_cast<int>(blockIdx.x));
 }
 
 __device__ KeyList key_list(const Problem& p, int grp) {
@@ -553,6 +557,7 @@ __device__ __forceinline__ bool warp_moved(float old_a, float new_a, float old_b
 // Shared memory after the tiles.
 struct LatentSync {
   uint64_t q_ready[2];   // [half: 0 left, 1 right] of Q's column blocks, as the K buffers' halves
+  uint64_t q_free;       // both consumers' last S of an item has read Q
   uint64_t ready[2][2];  // [buffer][half: 0 left, 1 right]: the producer's copies have landed
   uint64_t free[2][2];   // [buffer][half]: its last reader is done with it
   uint64_t valid_ready;  // the producer has written `valid` for the pair
@@ -577,27 +582,52 @@ struct ConsumerBarrier {
   __device__ void operator()() const { named_barrier_sync(kSumsReady, 256); }
 };
 
-// The producer warpgroup: Q, then per pair the four half buffers in the order their readers free
-// them. Thread t copies the 16-byte chunk t % 8 of every 64-column block of rows t / 8 + 16 i, so
-// its shared-memory offsets inside a block are constants (those rows agree mod 8: one swizzle).
+// The producer warpgroup: per item its Q, then per pair the four half buffers in the order their
+// readers free them. The block is persistent: its items are blockIdx.x + i gridDim.x, and the
+// producer runs on into the next item as buffers are freed (Q once both consumers' last S of an
+// item has read it), so an item's first blocks land while the previous one's last run.
+// Thread t copies the 16-byte chunk t % 8 of every 64-column block of rows t / 8 + 16 i, so its
+// shared-memory offsets inside a block are constants (those rows agree mod 8: one swizzle).
 template <class Tr>
-__device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int grp, int h0,
-                                      bf16* sq, bf16* const (&kbuf)[2], LatentSync& sync,
-                                      int pairs) {
+__device__ void produce_latent_blocks(const Problem& p, bf16* sq, bf16* const (&kbuf)[2],
+                                      LatentSync& sync, int pairs, int items) {
   constexpr int DQ = Tr::kDimQk, BK = Tr::kKeys, kRowsPerThread = BK / 16;
   constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks;
   const int t = threadIdx.x % 128, chunk = t % 8, row0 = t / 8;
+  const int stride = static_cast<int>(gridDim.x);
   if (pairs == 0) return;  // nothing reads Q
   const uint64_t policy = l2_evict_last_policy();
   const int offset = row0 * 64 + (chunk ^ (row0 % 8)) * 8;  // = swizzled_offset<BK>(row0, chunk)
+  // The slots of one pair of the block's items: a cursor that moves on a pair at a time and, past
+  // an item's last pair, to the next item's first (no slots past the block's last item), so an
+  // item's end costs one lookup and a pair a few additions.
+  auto item_slots = [&](int i) -> const int32_t* {
+    const int item = static_cast<int>(blockIdx.x) + i * stride;
+    return item < items ? p.indices + int64_t(tile_of(p, item).grp) * p.topk : nullptr;
+  };
+  struct PairSlots {
+    const int32_t* keys;
+    int count;  // valid slots from keys on (<= 0: none)
+    int pairs_left, i;
+    __device__ int key(int slot) const { return slot < count ? keys[slot] : -1; }
+  };
+  auto advance = [&](PairSlots& c) {
+    if (--c.pairs_left > 0) {
+      c.keys += 2 * BK;
+      c.count -= 2 * BK;
+    } else {
+      c.keys = item_slots(++c.i);
+      c.count = c.keys ? p.topk : 0;
+      c.pairs_left = pairs;
+    }
+  };
   // Thread's rows of a pair: key[b][i] is row row0 + 16 i of block b (-1: none, zero-filled).
   using PairKeys = int[2][kRowsPerThread];
-  auto load_keys = [&](int pair, PairKeys& keys) {
+  auto load_keys = [&](const PairSlots& slots, PairKeys& keys) {
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
 #pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i)
-        keys[b][i] = list.key((2 * pair + b) * BK + row0 + 16 * i);
+      for (int i = 0; i < kRowsPerThread; ++i) keys[b][i] = slots.key(b * BK + row0 + 16 * i);
     }
   };
   // Column blocks [first_block, end_block) of this thread's rows of a 64-row tile: row row0 + 16 i
@@ -619,80 +649,86 @@ __device__ void produce_latent_blocks(const Problem& p, const KeyList& list, int
         tile, [&](int i) { return p.key + int64_t(max(keys[i], 0)) * DQ + chunk * 8; },
         [&](int i) { return keys[i] >= 0; }, first_block, end_block, policy);
   };
-  // Q's 64 rows are one contiguous range (G = 1, whole head blocks), copied like the gathers'
-  // rows, so this thread's offsets are constants too.
-  const bf16* q_rows = p.q + tile_row(p, grp, h0, 0) * DQ + chunk * 8;
+  // An item's 64 Q rows are one contiguous range (G = 1, whole head blocks), copied like the
+  // gathers' rows, so this thread's offsets are constants too.
+  auto q_of = [&](int item) {
+    const auto [grp, h0] = tile_of(p, item);
+    return p.q + tile_row(p, grp, h0, 0) * DQ;
+  };
   const uint64_t read_once = l2_evict_first_policy();
-  auto copy_q_half = [&](int half) {
+  auto copy_q_half = [&](const bf16* q_rows, int half) {
     copy_rows(
-        sq, [&](int i) { return q_rows + int64_t(row0 + 16 * i) * DQ; }, [](int) { return true; },
-        half == 0 ? 0 : L, half == 0 ? L : C, read_once);
+        sq, [&](int i) { return q_rows + int64_t(row0 + 16 * i) * DQ + chunk * 8; },
+        [](int) { return true; }, half == 0 ? 0 : L, half == 0 ? L : C, read_once);
     cp_async_arrive(&sync.q_ready[half]);
   };
-  // Indices are read a pair before their copies, and a pair's rows start into L2 a pair before
-  // they are copied (from indices read the pair before that): the producer never waits for an
-  // index load between a free buffer and its copy. The first pair's indices are read before Q's
-  // copies are issued, and Q comes in halves beside the K halves its products pair with (Q left,
-  // buffer 0 left, Q right, buffer 1 right): warpgroup 0's first S waits for 64 KB instead of
-  // all of Q and buffer 0's left half (106 KB).
+  // Indices are read a pair before their copies: the producer never waits for an index load
+  // between a free buffer and its copy. Q comes in halves beside the K halves its products pair
+  // with (Q left, buffer 0 left, Q right, buffer 1 right). The rows are not prefetched into L2:
+  // the copies of the pair in flight hide the gathers' latency, and prefetches issued ahead of
+  // them made the forward 4 % slower (docs/performance.md, section 7).
+  PairSlots ahead{item_slots(0), p.topk, pairs, 0};
   PairKeys keys;
-  load_keys(0, keys);
-  int ahead = list.key(2 * BK + t);  // one row of pair 1 a thread
-  copy_q_half(0);
-  for (int pair = 0; pair < pairs; ++pair) {
-    if (ahead >= 0) prefetch_l2(p.key + int64_t(ahead) * DQ, DQ * 2);
-    PairKeys next;
-    load_keys(pair + 1, next);
-    ahead = list.key((2 * pair + 4) * BK + t);
-    const uint32_t parity = (pair & 1) ^ 1;  // the readers' previous round
-    mbarrier_wait(&sync.free[0][0], parity);
-    copy_half(kbuf[0], keys[0], 0, L);
-    cp_async_arrive(&sync.ready[0][0]);
-    if (pair == 0) copy_q_half(1);
-    mbarrier_wait(&sync.free[1][1], parity);
-    copy_half(kbuf[1], keys[1], L, C);
-    cp_async_arrive(&sync.ready[1][1]);
-    // Both consumers have masked the previous pair (each frees a half after it), so its
-    // validity bytes can be replaced.
-    if (chunk == 0) {
+  load_keys(ahead, keys);
+  advance(ahead);
+  int round = 0;  // pairs so far, over all items: the barriers' phases
+  for (int i = 0, item = static_cast<int>(blockIdx.x); item < items; ++i, item += stride) {
+    const bf16* q_rows = q_of(item);
+    mbarrier_wait(&sync.q_free, (i & 1) ^ 1);
+    copy_q_half(q_rows, 0);
+    for (int pair = 0; pair < pairs; ++pair, ++round) {
+      PairKeys next;
+      load_keys(ahead, next);
+      advance(ahead);
+      const uint32_t parity = (round & 1) ^ 1;  // the readers' previous round
+      mbarrier_wait(&sync.free[0][0], parity);
+      copy_half(kbuf[0], keys[0], 0, L);
+      cp_async_arrive(&sync.ready[0][0]);
+      if (pair == 0) copy_q_half(q_rows, 1);
+      mbarrier_wait(&sync.free[1][1], parity);
+      copy_half(kbuf[1], keys[1], L, C);
+      cp_async_arrive(&sync.ready[1][1]);
+      // Both consumers have masked the previous pair (each frees a half after it), so its
+      // validity bytes can be replaced.
+      if (chunk == 0) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+#pragma unroll
+          for (int r = 0; r < kRowsPerThread; ++r) {
+            sync.valid[b][latent_valid_byte(row0 + 16 * r)] = keys[b][r] >= 0;
+          }
+        }
+      }
+      mbarrier_arrive(&sync.valid_ready);
+      mbarrier_wait(&sync.free[0][1], parity);
+      copy_half(kbuf[0], keys[0], L, C);
+      cp_async_arrive(&sync.ready[0][1]);
+      mbarrier_wait(&sync.free[1][0], parity);
+      copy_half(kbuf[1], keys[1], 0, L);
+      cp_async_arrive(&sync.ready[1][0]);
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
 #pragma unroll
-        for (int i = 0; i < kRowsPerThread; ++i) {
-          sync.valid[b][latent_valid_byte(row0 + 16 * i)] = keys[b][i] >= 0;
-        }
+        for (int r = 0; r < kRowsPerThread; ++r) keys[b][r] = next[b][r];
       }
-    }
-    mbarrier_arrive(&sync.valid_ready);
-    mbarrier_wait(&sync.free[0][1], parity);
-    copy_half(kbuf[0], keys[0], L, C);
-    cp_async_arrive(&sync.ready[0][1]);
-    mbarrier_wait(&sync.free[1][0], parity);
-    copy_half(kbuf[1], keys[1], 0, L);
-    cp_async_arrive(&sync.ready[1][0]);
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-#pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) keys[b][i] = next[b][i];
     }
   }
 }
 
-// Consumer warpgroup kWg (the schedule above). ptile[c] is where consumer c's P goes for the other;
-// sq holds Q, then stages the block's output.
+// Consumer warpgroup kWg (the schedule above), over the block's items. ptile[c] is where consumer
+// c's P goes for the other.
 template <class Tr, int kWg>
-__device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* sq,
-                                      bf16* const (&kbuf)[2], bf16* const (&ptile)[2],
-                                      LatentSync& sync, int pairs, const FwdOut& o_) {
+__device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&kbuf)[2],
+                                      bf16* const (&ptile)[2], LatentSync& sync, int pairs,
+                                      int items, const FwdOut& o_) {
   constexpr int DV = Tr::kDimV, BK = Tr::kKeys, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
   static_assert(BK == 64, "LatentSync::valid holds 64-key blocks");
   constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks, kPairThreads = Tr::kConsumerThreads;
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int ra = warp * 16 + lane / 4, rb = ra + 8;
   const int columns = kWg * (DV / 2);  // this warpgroup's value columns
-  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+  float m_a, m_b, l_a, l_b;
   float o[kChunks][kPvN / 2];
-  clear_accumulators(o);
   float s[BK / 2];          // S, then P, of this warpgroup's block
   uint32_t pa[BK / 16][4];  // P (bf16) as the A operands of the k16 steps of P V
 
@@ -835,125 +871,175 @@ __device__ void consume_latent_blocks(const Problem& p, int grp, int h0, bf16* s
     for (int ks = 0; ks < BK / 16; ++ks) fence_operands(pa[ks]);
   };
 
-  // The zeros of o stay before the first wgmma (inside its stage they would serialize it).
+  // The item's output, straight from the accumulators (Q's tile, which staged it before, is
+  // already loading the next item's Q): per 32 columns of a row the four lanes of a quad hold
+  // 2 columns of each 8, and after a 4 x 4 transpose of those words across the quad (two
+  // exchanges) each lane holds 8 adjacent columns, one 16-byte store.
+  auto store_output = [&](bf16* out_a, bf16* out_b, float inv_a, float inv_b) {
+    const bool hi = lane & 2, odd = lane & 1;
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
-  if constexpr (kWg == 0) {
-    // No wgmma is in flight across the loop's back edge or a merge of paths: ptxas serializes a
-    // stage in which a non-wgmma instruction reads or defines an accumulator, register moves at
-    // a merge included. So the loop leaves from its middle, and S of the next pair, issued while
-    // P1 V1 runs, is waited for before the back edge.
-    if (pairs > 0) {
-      mbarrier_wait(&sync.q_ready[0], 0);
-      issue_s_half(0, 0, true);
-      mbarrier_wait(&sync.q_ready[1], 0);
-      issue_s_half(0, 1, false);
-      uint32_t selected = selected_columns(0);
-      wgmma_wait<0>();
-      fence_accumulators(s);
-      for (int pair = 0;; ++pair) {
-        float mx_a, mx_b;
-        mask_scores(selected, mx_a, mx_b);
-        const float m0_a = raised_max(m_a, mx_a), m0_b = raised_max(m_b, mx_b);
-        publish_max(m0_a, m0_b);
-        named_barrier_arrive(kMax0Ready, kPairThreads);
-        softmax(m0_a, m0_b);
-        pv_own(0);
-        wgmma_wait<0>();
-        retire_pv();
-        mbarrier_arrive(&sync.free[0][0]);
-        named_barrier_sync(kMax1Ready, kPairThreads);
-        const float m1_a = sync.row_max[ra], m1_b = sync.row_max[rb];
-        const bool moved = warp_moved(m_a, m1_a, m_b, m1_b);
-        const float c_a = rescale_factor(m_a, m1_a), c_b = rescale_factor(m_b, m1_b);
-        m_a = m1_a;
-        m_b = m1_b;
-        if (moved) rescale_p(c_a, c_b);
-        store_p();
-        named_barrier_arrive(kP0Ready, kPairThreads);
-        l_a *= c_a;
-        l_b *= c_b;
-        if (moved) scale_rows(o, c_a, c_b);
-        named_barrier_sync(kP1Ready, kPairThreads);
-        if (pair + 1 == pairs) {
-          pv_other(1);
-          wgmma_wait<0>();
-          mbarrier_arrive(&sync.free[1][0]);
-          break;
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int g = 0; g < kPvN / 32; ++g) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float inv = r == 0 ? inv_a : inv_b;
+          uint32_t w[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float* x = &o[c][16 * g + 4 * j + 2 * r];
+            w[j] = pack_bf16(x[0] * inv, x[1] * inv);
+          }
+          // Word j of lane q is columns 8 j + 2 q ..; afterwards word j is columns 8 q + 2 j ..
+          uint32_t x0 = __shfl_xor_sync(0xffffffff, hi ? w[0] : w[2], 2);
+          uint32_t x1 = __shfl_xor_sync(0xffffffff, hi ? w[1] : w[3], 2);
+          if (hi) {
+            w[0] = x0, w[1] = x1;
+          } else {
+            w[2] = x0, w[3] = x1;
+          }
+          x0 = __shfl_xor_sync(0xffffffff, odd ? w[0] : w[1], 1);
+          x1 = __shfl_xor_sync(0xffffffff, odd ? w[2] : w[3], 1);
+          if (odd) {
+            w[0] = x0, w[2] = x1;
+          } else {
+            w[1] = x0, w[3] = x1;
+          }
+          bf16* row = r == 0 ? out_a : out_b;
+          *reinterpret_cast<uint4*>(row + columns + c * kPvN + 32 * g + 8 * (lane % 4)) =
+              make_uint4(w[0], w[1], w[2], w[3]);
         }
-        pv_other(1);
-        issue_s_half(pair + 1, 0, true);
-        wgmma_wait<1>();  // P1 V1: buffer 1's left half is free before S waits for the right
-        mbarrier_arrive(&sync.free[1][0]);
-        issue_s_half(pair + 1, 1, false);
-        selected = selected_columns(pair + 1);
-        wgmma_wait<0>();
-        fence_accumulators(s);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
       }
     }
-  } else {
-    if (pairs > 0) {
-      mbarrier_wait(&sync.q_ready[0], 0);
-      mbarrier_wait(&sync.q_ready[1], 0);
-    }
-    for (int pair = 0; pair < pairs; ++pair) {
-      issue_s_half(pair, 1, true);
-      issue_s_half(pair, 0, false);
-      const uint32_t selected = selected_columns(pair);
-      wgmma_wait<0>();
-      fence_accumulators(s);
-      float mx_a, mx_b;
-      mask_scores(selected, mx_a, mx_b);
-      named_barrier_sync(kMax0Ready, kPairThreads);
-      const float m1_a = raised_max(sync.row_max[ra], mx_a);
-      const float m1_b = raised_max(sync.row_max[rb], mx_b);
-      __syncwarp();  // every lane has read M0 before its row's lane 0 overwrites it
-      publish_max(m1_a, m1_b);
-      named_barrier_arrive(kMax1Ready, kPairThreads);
-      softmax(m1_a, m1_b);
-      pv_own(1);
-      store_p();
-      named_barrier_sync(kP0Ready, kPairThreads);
-      pv_other(0);
-      named_barrier_arrive(kP1Ready, kPairThreads);
-      wgmma_wait<1>();  // the own P V (fences after the last wait, as in warpgroup 0)
-      mbarrier_arrive(&sync.free[1][1]);
-      wgmma_wait<0>();
-      retire_pv();
-      mbarrier_arrive(&sync.free[0][1]);
-    }
-  }
+  };
 
-  const auto [tot_a, tot_b, inv_a, inv_b] =
-      row_totals(sync.row_sum, kWg, ra, rb, lane, l_a, l_b, ConsumerBarrier{});
-  // The output goes through shared memory, Q's tile (no product reads it once both consumers are
-  // past the barrier above), so that the block's 64 rows, one contiguous range of out, leave in
-  // coalesced 16-byte stores. The 16-byte chunk c of row r sits at c ^ (r % 8): the pair stores
-  // of a warp (8 rows, one chunk) then hit all 32 banks once.
-  auto staged = [&](int row, int chunk) { return sq + row * DV + (chunk ^ (row % 8)) * 8; };
+  const int stride = static_cast<int>(gridDim.x);
+  // Warpgroup 0: whether S of an item's first pair already ran beside the previous item's end,
+  // and that pair's validity bits.
+  bool next_s_done = false;
+  uint32_t selected = 0;
+  int round = 0;  // pairs so far, over all items: the barriers' phases
+  for (int i = 0, item = static_cast<int>(blockIdx.x); item < items;
+       ++i, item += stride, round += pairs) {
+    m_a = m_b = -INFINITY;
+    l_a = l_b = 0.f;
+    // The zeros of o stay before the first wgmma (inside its stage they would serialize it).
+    clear_accumulators(o);
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
+    for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+    if constexpr (kWg == 0) {
+      // No wgmma is in flight across the loop's back edge or a merge of paths: ptxas serializes
+      // a stage in which a non-wgmma instruction reads or defines an accumulator, register moves
+      // at a merge included. So the loop leaves from its middle, and S of the next pair, issued
+      // while P1 V1 runs, is waited for before the back edge. The next pair may be the next
+      // item's first: its S then runs beside this item's last P1 V1, before the output.
+      if (pairs > 0) {
+        if (!next_s_done) {
+          mbarrier_wait(&sync.q_ready[0], i & 1);
+          issue_s_half(round, 0, true);
+          mbarrier_wait(&sync.q_ready[1], i & 1);
+          issue_s_half(round, 1, false);
+          selected = selected_columns(round);
+          wgmma_wait<0>();
+          fence_accumulators(s);
+        }
+        for (int pair = 0;; ++pair) {
+          const bool last = pair + 1 == pairs;
+          if (last) mbarrier_arrive(&sync.q_free);  // its last S has read Q
+          float mx_a, mx_b;
+          mask_scores(selected, mx_a, mx_b);
+          const float m0_a = raised_max(m_a, mx_a), m0_b = raised_max(m_b, mx_b);
+          publish_max(m0_a, m0_b);
+          named_barrier_arrive(kMax0Ready, kPairThreads);
+          softmax(m0_a, m0_b);
+          pv_own(0);
+          wgmma_wait<0>();
+          retire_pv();
+          mbarrier_arrive(&sync.free[0][0]);
+          named_barrier_sync(kMax1Ready, kPairThreads);
+          const float m1_a = sync.row_max[ra], m1_b = sync.row_max[rb];
+          const bool moved = warp_moved(m_a, m1_a, m_b, m1_b);
+          const float c_a = rescale_factor(m_a, m1_a), c_b = rescale_factor(m_b, m1_b);
+          m_a = m1_a;
+          m_b = m1_b;
+          if (moved) rescale_p(c_a, c_b);
+          store_p();
+          named_barrier_arrive(kP0Ready, kPairThreads);
+          l_a *= c_a;
+          l_b *= c_b;
+          if (moved) scale_rows(o, c_a, c_b);
+          named_barrier_sync(kP1Ready, kPairThreads);
+          if (last && item + stride >= items) {
+            pv_other(1);
+            wgmma_wait<0>();
+            mbarrier_arrive(&sync.free[1][0]);
+            next_s_done = false;
+            break;
+          }
+          pv_other(1);
+          if (last) mbarrier_wait(&sync.q_ready[0], (i + 1) & 1);
+          issue_s_half(round + pair + 1, 0, true);
+          wgmma_wait<1>();  // P1 V1: buffer 1's left half is free before S waits for the right
+          mbarrier_arrive(&sync.free[1][0]);
+          if (last) mbarrier_wait(&sync.q_ready[1], (i + 1) & 1);
+          issue_s_half(round + pair + 1, 1, false);
+          selected = selected_columns(round + pair + 1);
+          wgmma_wait<0>();
+          fence_accumulators(s);
 #pragma unroll
-    for (int i = 0; i < kPvN / 2; i += 4) {
-      const int col = columns + c * kPvN + 8 * (i / 4) + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(staged(ra, col / 8) + col % 8) =
-          pack_bf16(o[c][i] * inv_a, o[c][i + 1] * inv_a);
-      *reinterpret_cast<uint32_t*>(staged(rb, col / 8) + col % 8) =
-          pack_bf16(o[c][i + 2] * inv_b, o[c][i + 3] * inv_b);
+          for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+          if (last) {
+            next_s_done = true;
+            break;
+          }
+        }
+      }
+    } else {
+      if (pairs > 0) {
+        mbarrier_wait(&sync.q_ready[0], i & 1);
+        mbarrier_wait(&sync.q_ready[1], i & 1);
+      }
+      for (int pair = 0; pair < pairs; ++pair) {
+        issue_s_half(round + pair, 1, true);
+        issue_s_half(round + pair, 0, false);
+        const uint32_t selected = selected_columns(round + pair);
+        wgmma_wait<0>();
+        fence_accumulators(s);
+        if (pair + 1 == pairs) mbarrier_arrive(&sync.q_free);
+        float mx_a, mx_b;
+        mask_scores(selected, mx_a, mx_b);
+        named_barrier_sync(kMax0Ready, kPairThreads);
+        const float m1_a = raised_max(sync.row_max[ra], mx_a);
+        const float m1_b = raised_max(sync.row_max[rb], mx_b);
+        __syncwarp();  // every lane has read M0 before its row's lane 0 overwrites it
+        publish_max(m1_a, m1_b);
+        named_barrier_arrive(kMax1Ready, kPairThreads);
+        softmax(m1_a, m1_b);
+        pv_own(1);
+        store_p();
+        named_barrier_sync(kP0Ready, kPairThreads);
+        pv_other(0);
+        named_barrier_arrive(kP1Ready, kPairThreads);
+        wgmma_wait<1>();  // the own P V (fences after the last wait, as in warpgroup 0)
+        mbarrier_arrive(&sync.free[1][1]);
+        wgmma_wait<0>();
+        retire_pv();
+        mbarrier_arrive(&sync.free[0][1]);
+      }
     }
-  }
-  const int64_t first_row = tile_row(p, grp, h0, 0);  // G = 1, whole head blocks: all rows exist
-  if (kWg == 0 && lane % 4 == 0) {
-    write_lse(o_.lse, first_row + ra, m_a, tot_a);
-    write_lse(o_.lse, first_row + rb, m_b, tot_b);
-  }
-  named_barrier_sync(kSumsReady, kPairThreads);
-  auto* out = reinterpret_cast<uint4*>(o_.out + first_row * DV);
-  constexpr int kRowChunks = DV / 8;
-  for (int g = kWg * 128 + t; g < 64 * kRowChunks; g += kPairThreads) {
-    out[g] = *reinterpret_cast<const uint4*>(staged(g / kRowChunks, g % kRowChunks));
+
+    // Without pairs (k = 0) the rows saw nothing: no sums to exchange.
+    const RowTotals totals =
+        pairs > 0 ? row_totals(sync.row_sum, kWg, ra, rb, lane, l_a, l_b, ConsumerBarrier{})
+                  : RowTotals{0.f, 0.f, 0.f, 0.f};
+    const auto [grp, h0] = tile_of(p, item);
+    const int64_t first_row = tile_row(p, grp, h0, 0);  // G = 1, whole head blocks: rows exist
+    if (kWg == 0 && lane % 4 == 0) {
+      write_lse(o_.lse, first_row + ra, m_a, totals.tot_a);
+      write_lse(o_.lse, first_row + rb, m_b, totals.tot_b);
+    }
+    store_output(o_.out + (first_row + ra) * DV, o_.out + (first_row + rb) * DV, totals.inv_a,
+                 totals.inv_b);
   }
 }
 
@@ -971,11 +1057,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                           p_tiles};
   auto& sync = *reinterpret_cast<LatentSync*>(tiles_raw + Tr::kTilesBytes);
   const int wg = warpgroup_index();
-  const auto [grp, h0] = block_tile(p);
-  const KeyList list = key_list(p, grp);
-  const int pairs = static_cast<int>(ceil_div(ceil_div(list.count, Tr::kKeys), 2));
+  // G = 1: every item has k slots (-1 slots are masked, not skipped).
+  const int pairs = static_cast<int>(ceil_div(ceil_div(p.topk, Tr::kKeys), 2));
+  const int items = p.n * ((p.heads + p.hb - 1) / p.hb);
   if (threadIdx.x == 0) {
     for (int half = 0; half < 2; ++half) mbarrier_init(&sync.q_ready[half], 128);
+    mbarrier_init(&sync.q_free, 256);
     for (int b = 0; b < 2; ++b) {
       for (int half = 0; half < 2; ++half) {
         mbarrier_init(&sync.ready[b][half], 128);
@@ -988,13 +1075,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();
   if (wg == 2) {
     release_registers<Tr::kProducerRegisters>();
-    produce_latent_blocks<Tr>(p, list, grp, h0, sq, kbuf, sync, pairs);
+    produce_latent_blocks<Tr>(p, sq, kbuf, sync, pairs, items);
   } else {
     claim_registers<Tr::kConsumerRegisters>();
     if (wg == 0) {
-      consume_latent_blocks<Tr, 0>(p, grp, h0, sq, kbuf, ptile, sync, pairs, o_);
+      consume_latent_blocks<Tr, 0>(p, sq, kbuf, ptile, sync, pairs, items, o_);
     } else {
-      consume_latent_blocks<Tr, 1>(p, grp, h0, sq, kbuf, ptile, sync, pairs, o_);
+      consume_latent_blocks<Tr, 1>(p, sq, kbuf, ptile, sync, pairs, items, o_);
     }
   }
 }
@@ -1571,10 +1658,9 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
   fence_accumulators(dq_single);
   if (loads_ahead) {
     // (Read at tiles j + 1 and j + 2, past barriers; the slot's last reader, tile j - 1's
-    // atomics, finished before this tile's first barrier.) Its rows start into L2 a tile before
-    // their gather.
+    // atomics, finished before this tile's first barrier.) Its rows are not prefetched into L2:
+    // the backward was 2-3 % faster without (docs/performance.md, section 7).
     t.tile_keys[(j + 2) % 3][tid] = ahead;
-    if (ahead >= 0) prefetch_l2(p.key + int64_t(ahead) * DQ, DQ * 2);
   }
   named_barrier_sync(1, T);  // K(j) is no longer read
   if (j + 1 < tiles) {
@@ -1834,6 +1920,16 @@ dim3 grid_of(const SparseAttnShape& s, const Problem& p) {
   return dim3(static_cast<unsigned>(blocks));
 }
 
+// How many blocks of `kernel` the device holds at once: a persistent kernel's grid.
+template <class Kernel>
+unsigned resident_blocks(Kernel kernel, int threads, int smem) {
+  int device = 0, sms = 0, per_sm = 0;
+  check(cudaGetDevice(&device), "device");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), "occupancy");
+  return static_cast<unsigned>(std::max(1, sms * per_sm));
+}
+
 template <class Fn>
 void dispatch_dims(int64_t dim_qk, int64_t dim_v, Fn&& fn) {
 #define HYSCALE_SA_CASE(DQ, DV)      \
@@ -1926,20 +2022,23 @@ void sparse_attn_fwd(const SparseAttnShape& shape, const void* q, const void* ke
     using Wg = SparseAttnWgmmaTraits<Tr::kDimQk, Tr::kDimV>;
     if constexpr (Wg::kSupported) {
       if (wgmma_tiles(shape, group)) {
-        auto launch = [&](auto kernel, int threads, int smem) {
+        auto launch = [&](auto kernel, int threads, int smem, bool persistent) {
           check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                 "forward smem");
-          kernel<<<grid_of(shape, p), threads, smem, stream>>>(p, result);
+          dim3 grid = grid_of(shape, p);
+          if (persistent) grid.x = std::min(grid.x, resident_blocks(kernel, threads, smem));
+          kernel<<<grid, threads, smem, stream>>>(p, result);
           check(cudaGetLastError(), "sparse_attn forward kernel");
         };
         using Latent = SparseAttnLatentTraits<Tr::kDimQk, Tr::kDimV>;
         if constexpr (Latent::kSupported) {
           if (value_in_key) {
-            launch(sparse_attn_fwd_latent_kernel<Latent>, Latent::kThreads, Latent::kSmemBytes);
+            launch(sparse_attn_fwd_latent_kernel<Latent>, Latent::kThreads, Latent::kSmemBytes,
+                   true);
             return;
           }
         }
-        launch(sparse_attn_fwd_wgmma_kernel<Wg>, Wg::kThreads, Wg::kFwdSmemBytes);
+        launch(sparse_attn_fwd_wgmma_kernel<Wg>, Wg::kThreads, Wg::kFwdSmemBytes, false);
         return;
       }
     }

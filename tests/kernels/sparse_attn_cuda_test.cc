@@ -236,6 +236,9 @@ TEST_F(SparseAttnCudaTest, ValuesInsideKeysMatchSeparateValues) {
       // (a later block's maximum exceeds theirs by more than 8 log2 units), some rows of a warp
       // moving while others do not.
       {37, 1500, 128, 576, 512, 256, 1.0},
+      // More items (query, head block) than a GPU has SMs: the persistent forward's blocks take
+      // several in turn, each item's Q and first blocks loading while the previous one ends.
+      {300, 2000, 128, 576, 512, 130, 0.0417},
       {29, 700, 64, 192, 128, 200, 1.5},
       {29, 700, 64, 192, 128, 100, 0.07},
       {19, 600, 64, 128, 128, 72, 0.09},
