@@ -38,7 +38,8 @@ struct Problem {
   const int32_t* indices;  // [N, topk] (G = 1)
   const int32_t* ukeys;    // [groups, cap] sorted key union (G > 1)
   const uint16_t* umask;   // [groups, cap] bit g: query g of the group selected the key
-  const int32_t* ucount;   // [groups] union sizes
+  const int32_t* ucount;   // [groups] union sizes (G > 1); G = 1: each query's slots up to its
+                           // last valid one (the -1 slots after it are skipped, not masked)
   int64_t cap;
   int n, heads, topk, group, hb;
   float scale, scale_log2;
@@ -72,7 +73,7 @@ __device__ BlockTile block_tile(const Problem& p) {
 }
 
 __device__ KeyList key_list(const Problem& p, int grp) {
-  if (p.group == 1) return {p.indices + int64_t(grp) * p.topk, nullptr, p.topk};
+  if (p.group == 1) return {p.indices + int64_t(grp) * p.topk, nullptr, p.ucount[grp]};
   return {p.ukeys + grp * p.cap, p.umask + grp * p.cap, p.ucount[grp]};
 }
 
@@ -582,6 +583,21 @@ struct ConsumerBarrier {
   __device__ void operator()() const { named_barrier_sync(kSumsReady, 256); }
 };
 
+// An item's pairs of 64-key blocks (its slots up to the last valid one), and the block's next
+// item after `item` that has any (>= items: none). Items without pairs (every slot -1) take no
+// part in the pipeline; the consumers write their rows as empty.
+template <int BK>
+__device__ int item_pairs(const Problem& p, int item) {
+  return static_cast<int>(ceil_div(ceil_div(key_list(p, tile_of(p, item).grp).count, BK), 2));
+}
+template <int BK>
+__device__ int next_busy_item(const Problem& p, int item, int items) {
+  do {
+    item += static_cast<int>(gridDim.x);
+  } while (item < items && item_pairs<BK>(p, item) == 0);
+  return item;
+}
+
 // The producer warpgroup: per item its Q, then per pair the four half buffers in the order their
 // readers free them. The block is persistent: its items are blockIdx.x + i gridDim.x, and the
 // producer runs on into the next item as buffers are freed (Q once both consumers' last S of an
@@ -590,35 +606,34 @@ struct ConsumerBarrier {
 // shared-memory offsets inside a block are constants (those rows agree mod 8: one swizzle).
 template <class Tr>
 __device__ void produce_latent_blocks(const Problem& p, bf16* sq, bf16* const (&kbuf)[2],
-                                      LatentSync& sync, int pairs, int items) {
+                                      LatentSync& sync, int items) {
   constexpr int DQ = Tr::kDimQk, BK = Tr::kKeys, kRowsPerThread = BK / 16;
   constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks;
   const int t = threadIdx.x % 128, chunk = t % 8, row0 = t / 8;
-  const int stride = static_cast<int>(gridDim.x);
-  if (pairs == 0) return;  // nothing reads Q
   const uint64_t policy = l2_evict_last_policy();
   const int offset = row0 * 64 + (chunk ^ (row0 % 8)) * 8;  // = swizzled_offset<BK>(row0, chunk)
   // The slots of one pair of the block's items: a cursor that moves on a pair at a time and, past
-  // an item's last pair, to the next item's first (no slots past the block's last item), so an
-  // item's end costs one lookup and a pair a few additions.
-  auto item_slots = [&](int i) -> const int32_t* {
-    const int item = static_cast<int>(blockIdx.x) + i * stride;
-    return item < items ? p.indices + int64_t(tile_of(p, item).grp) * p.topk : nullptr;
-  };
+  // an item's last pair, to the next busy item's first (no slots past the block's last item), so
+  // an item's end costs one lookup and a pair a few additions.
   struct PairSlots {
     const int32_t* keys;
-    int count;  // valid slots from keys on (<= 0: none)
-    int pairs_left, i;
+    int count;  // slots from keys on (<= 0: none)
+    int pairs_left, item;
     __device__ int key(int slot) const { return slot < count ? keys[slot] : -1; }
+  };
+  auto start_item = [&](PairSlots& c, int item) {
+    c.item = item;
+    const KeyList list = item < items ? key_list(p, tile_of(p, item).grp) : KeyList{};
+    c.keys = list.keys;
+    c.count = list.count;
+    c.pairs_left = static_cast<int>(ceil_div(ceil_div(list.count, BK), 2));
   };
   auto advance = [&](PairSlots& c) {
     if (--c.pairs_left > 0) {
       c.keys += 2 * BK;
       c.count -= 2 * BK;
     } else {
-      c.keys = item_slots(++c.i);
-      c.count = c.keys ? p.topk : 0;
-      c.pairs_left = pairs;
+      start_item(c, next_busy_item<BK>(p, c.item, items));
     }
   };
   // Thread's rows of a pair: key[b][i] is row row0 + 16 i of block b (-1: none, zero-filled).
@@ -667,13 +682,18 @@ __device__ void produce_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
   // with (Q left, buffer 0 left, Q right, buffer 1 right). The rows are not prefetched into L2:
   // the copies of the pair in flight hide the gathers' latency, and prefetches issued ahead of
   // them made the forward 4 % slower (docs/performance.md, section 7).
-  PairSlots ahead{item_slots(0), p.topk, pairs, 0};
+  const int first_item =
+      next_busy_item<BK>(p, static_cast<int>(blockIdx.x) - static_cast<int>(gridDim.x), items);
+  PairSlots ahead;
+  start_item(ahead, first_item);
   PairKeys keys;
   load_keys(ahead, keys);
   advance(ahead);
   int round = 0;  // pairs so far, over all items: the barriers' phases
-  for (int i = 0, item = static_cast<int>(blockIdx.x); item < items; ++i, item += stride) {
+  // i counts the busy items (Q's phases).
+  for (int i = 0, item = first_item; item < items; ++i, item = next_busy_item<BK>(p, item, items)) {
     const bf16* q_rows = q_of(item);
+    const int pairs = item_pairs<BK>(p, item);
     mbarrier_wait(&sync.q_free, (i & 1) ^ 1);
     copy_q_half(q_rows, 0);
     for (int pair = 0; pair < pairs; ++pair, ++round) {
@@ -719,8 +739,8 @@ __device__ void produce_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
 // c's P goes for the other.
 template <class Tr, int kWg>
 __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&kbuf)[2],
-                                      bf16* const (&ptile)[2], LatentSync& sync, int pairs,
-                                      int items, const FwdOut& o_) {
+                                      bf16* const (&ptile)[2], LatentSync& sync, int items,
+                                      const FwdOut& o_) {
   constexpr int DV = Tr::kDimV, BK = Tr::kKeys, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
   static_assert(BK == 64, "LatentSync::valid holds 64-key blocks");
   constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks, kPairThreads = Tr::kConsumerThreads;
@@ -919,8 +939,9 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
   bool next_s_done = false;
   uint32_t selected = 0;
   int round = 0;  // pairs so far, over all items: the barriers' phases
-  for (int i = 0, item = static_cast<int>(blockIdx.x); item < items;
-       ++i, item += stride, round += pairs) {
+  // i counts the busy items (Q's phases).
+  for (int i = 0, item = static_cast<int>(blockIdx.x); item < items; item += stride) {
+    const int pairs = item_pairs<BK>(p, item);
     m_a = m_b = -INFINITY;
     l_a = l_b = 0.f;
     // The zeros of o stay before the first wgmma (inside its stage they would serialize it).
@@ -928,6 +949,7 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
     if constexpr (kWg == 0) {
+      const bool busy_after = next_busy_item<BK>(p, item, items) < items;
       // No wgmma is in flight across the loop's back edge or a merge of paths: ptxas serializes
       // a stage in which a non-wgmma instruction reads or defines an accumulator, register moves
       // at a merge included. So the loop leaves from its middle, and S of the next pair, issued
@@ -969,7 +991,7 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
           l_b *= c_b;
           if (moved) scale_rows(o, c_a, c_b);
           named_barrier_sync(kP1Ready, kPairThreads);
-          if (last && item + stride >= items) {
+          if (last && !busy_after) {
             pv_other(1);
             wgmma_wait<0>();
             mbarrier_arrive(&sync.free[1][0]);
@@ -1028,7 +1050,7 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
       }
     }
 
-    // Without pairs (k = 0) the rows saw nothing: no sums to exchange.
+    // Without pairs (every slot -1) the rows saw nothing: no sums to exchange.
     const RowTotals totals =
         pairs > 0 ? row_totals(sync.row_sum, kWg, ra, rb, lane, l_a, l_b, ConsumerBarrier{})
                   : RowTotals{0.f, 0.f, 0.f, 0.f};
@@ -1040,6 +1062,8 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
     }
     store_output(o_.out + (first_row + ra) * DV, o_.out + (first_row + rb) * DV, totals.inv_a,
                  totals.inv_b);
+    round += pairs;
+    i += pairs > 0;
   }
 }
 
@@ -1057,8 +1081,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                           p_tiles};
   auto& sync = *reinterpret_cast<LatentSync*>(tiles_raw + Tr::kTilesBytes);
   const int wg = warpgroup_index();
-  // G = 1: every item has k slots (-1 slots are masked, not skipped).
-  const int pairs = static_cast<int>(ceil_div(ceil_div(p.topk, Tr::kKeys), 2));
   const int items = p.n * ((p.heads + p.hb - 1) / p.hb);
   if (threadIdx.x == 0) {
     for (int half = 0; half < 2; ++half) mbarrier_init(&sync.q_ready[half], 128);
@@ -1075,13 +1097,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();
   if (wg == 2) {
     release_registers<Tr::kProducerRegisters>();
-    produce_latent_blocks<Tr>(p, sq, kbuf, sync, pairs, items);
+    produce_latent_blocks<Tr>(p, sq, kbuf, sync, items);
   } else {
     claim_registers<Tr::kConsumerRegisters>();
     if (wg == 0) {
-      consume_latent_blocks<Tr, 0>(p, sq, kbuf, ptile, sync, pairs, items, o_);
+      consume_latent_blocks<Tr, 0>(p, sq, kbuf, ptile, sync, items, o_);
     } else {
-      consume_latent_blocks<Tr, 1>(p, sq, kbuf, ptile, sync, pairs, items, o_);
+      consume_latent_blocks<Tr, 1>(p, sq, kbuf, ptile, sync, items, o_);
     }
   }
 }
@@ -1762,6 +1784,28 @@ __global__ void row_dot_kernel(const bf16* a, const bf16* b, int64_t rows, int d
 }
 
 // ---------------------------------------------------------------------------------------------
+// G = 1: each query's slots up to and including its last valid one, so that the kernels skip the
+// -1 slots after it instead of masking them (a causal query t < k has k - t - 1 of them, its
+// last). A warp a query reads its slots from the end, 32 at a time: most stop at the first read.
+constexpr int kSlotCountThreads = 256;
+
+__global__ void __launch_bounds__(kSlotCountThreads)
+    slot_count_kernel(const int32_t* indices, int n, int topk, int32_t* count) {
+  const int64_t query = (int64_t(blockIdx.x) * kSlotCountThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (query >= n) return;
+  const int32_t* slots = indices + query * topk;
+  for (int end = topk; end > 0; end -= 32) {
+    const int slot = end - 32 + lane;
+    const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0 && slots[slot] >= 0);
+    if (valid != 0) {
+      if (lane == 0) count[query] = end - __clz(valid);  // the highest valid slot + 1
+      return;
+    }
+  }
+  if (lane == 0) count[query] = 0;
+}
+
 // Key union of each group of G queries: the G * topk slots, packed as key << 4 | g, are sorted
 // in shared memory (bitonic), then equal keys merge into one entry whose mask ORs their g bits.
 constexpr int kUnionThreads = 1024;
@@ -1863,7 +1907,7 @@ size_t align256(size_t x) {
 }
 
 size_t plan_bytes(const SparseAttnShape& s, int64_t group) {
-  if (group == 1) return 0;
+  if (group == 1) return align256(s.num_queries * 4);
   const int64_t slots = groups_of(s, group) * group * s.topk;
   return align256(slots * 4) + align256(slots * 2) + align256(groups_of(s, group) * 4);
 }
@@ -1871,7 +1915,15 @@ size_t plan_bytes(const SparseAttnShape& s, int64_t group) {
 // Carves the plan out of `workspace`; returns the bytes used.
 size_t build_plan(const SparseAttnShape& s, const int32_t* indices, int64_t group, void* workspace,
                   UnionPlan& plan, cudaStream_t stream) {
-  if (group == 1) return 0;
+  if (group == 1) {
+    plan.count = static_cast<int32_t*>(workspace);
+    const int64_t threads = s.num_queries * 32;
+    slot_count_kernel<<<static_cast<unsigned>(ceil_div(threads, kSlotCountThreads)),
+                        kSlotCountThreads, 0, stream>>>(indices, static_cast<int>(s.num_queries),
+                                                        static_cast<int>(s.topk), plan.count);
+    check(cudaGetLastError(), "slot_count_kernel");
+    return plan_bytes(s, group);
+  }
   const int64_t groups = groups_of(s, group);
   plan.cap = group * s.topk;
   auto* base = static_cast<unsigned char*>(workspace);
@@ -2161,7 +2213,7 @@ bool sparse_attn_bwd_latent_supported(const SparseAttnShape& shape, int64_t grou
 }
 
 size_t sparse_attn_bwd_latent_workspace_bytes(const SparseAttnShape& shape) {
-  return align256(shape.num_queries * shape.heads * 4);
+  return plan_bytes(shape, 1) + align256(shape.num_queries * shape.heads * 4);
 }
 
 void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const void* kv,
@@ -2182,8 +2234,11 @@ void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const v
   g.lse = lse;
   g.grad_q = static_cast<bf16*>(grad_q);
   g.grad_key = grad_kv;
-  g.delta = row_deltas(shape, out, grad_out, workspace, stream);
-  const Problem p = make_problem(shape, q, kv, kv, indices, scale, 1, UnionPlan{});
+  UnionPlan plan;
+  auto* base = static_cast<unsigned char*>(workspace);
+  base += build_plan(shape, indices, 1, base, plan, stream);
+  g.delta = row_deltas(shape, out, grad_out, base, stream);
+  const Problem p = make_problem(shape, q, kv, kv, indices, scale, 1, plan);
   dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
     using Tr = SparseAttnLatentBwdTraits<decltype(traits)::kDimQk, decltype(traits)::kDimV>;
     if constexpr (Tr::kSupported) {
