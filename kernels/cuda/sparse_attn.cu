@@ -587,8 +587,12 @@ struct ConsumerBarrier {
 // item after `item` that has any (>= items: none). Items without pairs (every slot -1) take no
 // part in the pipeline; the consumers write their rows as empty.
 template <int BK>
+__device__ int pairs_of(const KeyList& list) {
+  return static_cast<int>(ceil_div(ceil_div(list.count, BK), 2));
+}
+template <int BK>
 __device__ int item_pairs(const Problem& p, int item) {
-  return static_cast<int>(ceil_div(ceil_div(key_list(p, tile_of(p, item).grp).count, BK), 2));
+  return pairs_of<BK>(key_list(p, tile_of(p, item).grp));
 }
 template <int BK>
 __device__ int next_busy_item(const Problem& p, int item, int items) {
@@ -626,7 +630,7 @@ __device__ void produce_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
     const KeyList list = item < items ? key_list(p, tile_of(p, item).grp) : KeyList{};
     c.keys = list.keys;
     c.count = list.count;
-    c.pairs_left = static_cast<int>(ceil_div(ceil_div(list.count, BK), 2));
+    c.pairs_left = pairs_of<BK>(list);
   };
   auto advance = [&](PairSlots& c) {
     if (--c.pairs_left > 0) {
@@ -681,7 +685,7 @@ __device__ void produce_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
   // between a free buffer and its copy. Q comes in halves beside the K halves its products pair
   // with (Q left, buffer 0 left, Q right, buffer 1 right). The rows are not prefetched into L2:
   // the copies of the pair in flight hide the gathers' latency, and prefetches issued ahead of
-  // them made the forward 4 % slower (docs/performance.md, section 7).
+  // them made the forward 3-4 % slower (docs/performance.md, section 7).
   const int first_item =
       next_busy_item<BK>(p, static_cast<int>(blockIdx.x) - static_cast<int>(gridDim.x), items);
   PairSlots ahead;
