@@ -108,22 +108,6 @@ __device__ void gather_keys(bf16* tile, const bf16* src, const KeyList& list, in
   }
 }
 
-// Starts the key and value rows of kKeys slots from slot0 on their way into L2 (threads below
-// kKeys the keys, the next kKeys the values), so the gather of those slots later finds them there.
-template <int DQ, int DV, int kKeys>
-__device__ void prefetch_slots(const Problem& p, const KeyList& list, int slot0, int tid) {
-  const int r = tid % kKeys;
-  const bool values_apart = p.value != p.key;  // else the key rows hold them
-  if (tid >= (values_apart ? 2 : 1) * kKeys || slot0 + r >= list.count) return;
-  const int key = list.key(slot0 + r);
-  if (key < 0) return;
-  if (tid < kKeys) {
-    prefetch_l2(p.key + int64_t(key) * DQ, DQ * 2);
-  } else {
-    prefetch_l2(p.value + int64_t(key) * DV, DV * 2);
-  }
-}
-
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
@@ -285,9 +269,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
   for (int i = 0; i < kVTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
-  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
-    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
     cp_async_wait<1>();
     __syncthreads();
     float s[4][4];
@@ -437,9 +419,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   clear_accumulators(o);
 
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
-  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
-    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
     cp_async_wait<1>();  // Q and K(j) have landed (V(j) may still be in flight)
     fence_async_shared();
     __syncthreads();
@@ -1281,9 +1261,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
   if constexpr (kMode == kDkvFixed) fixed_scales(p, DV, g.amax, key_scale, value_scale);
 
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
-  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
-    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
     gather_keys<DQ, BK, T>(sk, p.key, list, j * BK, tid);
     gather_keys<DV, BK, T>(sv, p.value, list, j * BK, tid);
     cp_async_commit();
@@ -1461,9 +1439,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int i = 0; i < 32; ++i) dq_single[i] = 0.f;
 
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
-  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
-    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
     cp_async_wait<0>();  // K(j) and V(j) (and, first, Q and dO) have landed
     fence_async_shared();
     __syncthreads();
@@ -1545,9 +1521,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int kg = (tid / 32) & 1, cg = tid / 64;  // the mma.sync warps' key half, column quarter
 
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
-  prefetch_slots<DQ, DV, BK>(p, list, BK, tid);
   for (int j = 0; j < tiles; ++j) {
-    prefetch_slots<DQ, DV, BK>(p, list, (j + 2) * BK, tid);
     cp_async_wait<0>();  // K(j) and V(j) (and, first, Q and dO) have landed
     fence_async_shared();
     __syncthreads();  // and the previous tile's P and dS are no longer read
@@ -1743,11 +1717,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   load_block_rows<DV, T>(t.grad_out, g.grad_out, p, grp, h0, tid);
   gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, 0, tid);
   cp_async_commit();
-  if (tid < 2 * BK) {  // tiles 0 and 1's keys; tile 1's rows start into L2
-    const int key = list.key(tid);
-    t.tile_keys[tid / BK][tid % BK] = key;
-    if (tid >= BK && key >= 0) prefetch_l2(p.key + int64_t(key) * DQ, DQ * 2);
-  }
+  if (tid < 2 * BK) t.tile_keys[tid / BK][tid % BK] = list.key(tid);  // tiles 0 and 1's keys
   const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
 
   float dq_pair[Tr::kDqPairs][64], dq_single[32];

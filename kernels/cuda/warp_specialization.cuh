@@ -72,27 +72,4 @@ __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / 128), 0);
 }
 
-// An L2 policy that keeps lines over evict-normal ones: gathered rows that other blocks select
-// again.
-__device__ __forceinline__ uint64_t l2_evict_last_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-// An L2 policy that gives lines up first: rows read once (a block's Q).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-// cp_async_16 under an L2 policy, fetching the surrounding 256 bytes into L2 (a gathered row is
-// read in several 16-byte pieces by neighbouring threads).
-__device__ __forceinline__ void cp_async_16_l2(void* smem, const void* global, bool valid,
-                                               uint64_t policy) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
-                   smem_address(smem)),
-               "l"(global), "r"(src_bytes), "l"(policy));
-}
-
 }  // namespace hyscale::cuda

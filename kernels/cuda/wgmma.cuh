@@ -20,6 +20,28 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
                "l"(global), "r"(src_bytes));
 }
+// An L2 policy that keeps lines over evict-normal ones: rows that other blocks read or add to
+// again (gathered keys, gradient rows).
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// An L2 policy that gives lines up first: rows read once (a block's Q).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// cp_async_16 under an L2 policy, fetching the surrounding 256 bytes into L2 (a gathered row is
+// read in several 16-byte pieces by neighbouring threads).
+__device__ __forceinline__ void cp_async_16_l2(void* smem, const void* global, bool valid,
+                                               uint64_t policy) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   smem_address(smem)),
+               "l"(global), "r"(src_bytes), "l"(policy));
+}
 // Stores four 8 x 8 bf16 matrices, register i of each thread holding matrix i's pair of columns
 // 2 (lane % 4) .. of row lane / 4 (the mma accumulator layout); lanes 8 i .. 8 i + 7 give the
 // shared addresses of matrix i's rows (16 bytes each).
@@ -28,19 +50,6 @@ __device__ __forceinline__ void stmatrix_x4(void* row, const uint32_t (&regs)[4]
       "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(row)),
       "r"(regs[0]), "r"(regs[1]), "r"(regs[2]), "r"(regs[3])
       : "memory");
-}
-// Starts moving `bytes` (a multiple of 128) at a 128-byte-aligned global address into L2, with no
-// destination and nothing to wait for: gathers whose rows are known early hide the trip to HBM.
-// One prefetch a 128-byte line: the bulk form (cp.async.bulk.prefetch) takes its address in a
-// uniform register, so with a different row per thread the compiler issued it lane by lane in a
-// loop (a tenth of the latent forward's warp samples in Nsight Compute; the backward got 7 %
-// faster without it).
-__device__ __forceinline__ void prefetch_l2(const void* global, uint32_t bytes) {
-  const char* line = static_cast<const char*>(global);
-#pragma unroll 1
-  for (uint32_t at = 0; at < bytes; at += 128) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line + at));
-  }
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
