@@ -49,9 +49,9 @@ DeviceProfile H200() {
   p.flash_topk_fp8_tflops = 695;
   p.table_topk_tflops = 304;
   p.naive_topk_tflops = 27.5;
-  SetSparse(&p, 210, 91, 127, 72);
-  p.latent_fwd_tflops = 549;
-  p.latent_bwd_tflops = 264;
+  SetSparse(&p, 251, 94, 127, 72);
+  p.latent_fwd_tflops = 581;
+  p.latent_bwd_tflops = 267;
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
@@ -80,20 +80,21 @@ DeviceProfile H200() {
       "measured: Megatron-naive selection at N = 64K on H200, 2559 ms for N^2 scored pairs "
       "(docs/performance.md section 5; 5.11 s for 64K queries x 128K keys under CP, section 12)";
   p.sources["sparse_attention.fwd_tflops"] =
-      "measured: hyscale sparse_attn fwd at H = 128 on H200, 210 TFLOP/s at G = 1 (wgmma kernel, "
-      "separate values; 549 with values inside the keys, the warp-specialized kernel) and 127 "
-      "executed at G > 1 (docs/performance.md section 7; FlashMLA publishes 640 on H800)";
+      "measured: hyscale sparse_attn fwd at H = 128 on H200, 251 TFLOP/s at G = 1 and 32K, random "
+      "selections (wgmma kernel, separate values; 581 with values inside the keys, the "
+      "warp-specialized kernel) and 127 executed at G > 1 (docs/performance.md section 7; "
+      "FlashMLA publishes 640 on H800)";
   p.sources["sparse_attention.bwd_tflops"] =
-      "measured: hyscale sparse_attn bwd (atomic) at H = 128 on H200, 91 TFLOP/s at G = 1 and "
-      "128K, 72 at G > 1 and 64K (docs/performance.md section 7)";
+      "measured: hyscale sparse_attn bwd (atomic) at H = 128 on H200, 94 TFLOP/s at G = 1 and "
+      "128K, local selections (87 random), 72 at G > 1 and 64K (docs/performance.md section 7)";
   p.sources["latent_fwd_tflops"] =
       "measured: hyscale sparse_attn_latent fwd (warp-specialized kernel) at H = 128, 128K, "
-      "local selections on H200, 549 TFLOP/s; 517 with random selections (docs/performance.md "
-      "section 7)";
+      "local selections on H200, 581 TFLOP/s; 555 with random selections (docs/performance.md "
+      "section 7, 7c22698)";
   p.sources["latent_bwd_tflops"] =
       "measured: hyscale sparse_attn_latent bwd (one kernel, atomic) at H = 128, 128K, local "
-      "selections on H200, 264 TFLOP/s; 239 with random selections (docs/performance.md "
-      "section 7)";
+      "selections on H200, 267 TFLOP/s; 248 with random selections (docs/performance.md "
+      "section 7, 7c22698)";
   p.sources["gather_fwd_tflops"] = "measured: gather baseline fwd 72.6 TFLOP/s at 32K on H200";
   p.sources["gather_bwd_tflops"] =
       "measured, rough: gather baseline bwd 16.4 TFLOP/s at 64K on H200 (9.3 at 32K; the "
