@@ -83,8 +83,7 @@ DeviceProfile H200() {
       "measured: hyscale sparse_attn fwd at H = 128 on H200, 251 TFLOP/s at G = 1 and 32K, random "
       "selections (wgmma kernel, separate values; 581 at 128K, local selections, with values "
       "inside the keys, the warp-specialized kernel) and 127 executed at G > 1 "
-      "(docs/performance.md section 7; "
-      "FlashMLA publishes 640 on H800)";
+      "(docs/performance.md section 7; FlashMLA publishes 640 on H800)";
   p.sources["sparse_attention.bwd_tflops"] =
       "measured: hyscale sparse_attn bwd (atomic) at H = 128 on H200, 94 TFLOP/s at G = 1 and "
       "128K, local selections (87 random), 72 at G > 1 and 64K (docs/performance.md section 7)";
