@@ -354,13 +354,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_fwd_kernel(Proble
 // warpgroup w adds P V (m64 x d_v/2, V read MN-major) into its value columns.
 
 // Thread tid's share of gathering a swizzled kRows-row tile: row tid / (kThreads / kRows), whose
-// key it is given (-1: zeros).
+// key it is given (-1: zeros), its 64-column blocks [first_block, end_block).
 template <int kDim, int kRows, int kThreads>
-__device__ void gather_row_wgmma(bf16* tile, const bf16* src, int key, int tid) {
+__device__ void gather_row_wgmma(bf16* tile, const bf16* src, int key, int tid, int first_block = 0,
+                                 int end_block = kDim / 64) {
   constexpr int kThreadsPerRow = kThreads / kRows;
+  static_assert(8 % kThreadsPerRow == 0, "a column block's chunks split evenly");
   const int row = tid / kThreadsPerRow;
   const bf16* from = key >= 0 ? src + int64_t(key) * kDim : nullptr;
-  for (int chunk = tid % kThreadsPerRow; chunk < kDim / 8; chunk += kThreadsPerRow) {
+  for (int chunk = first_block * 8 + tid % kThreadsPerRow; chunk < end_block * 8;
+       chunk += kThreadsPerRow) {
     cp_async_16(tile + swizzled_offset<kRows>(row, chunk), from ? from + chunk * 8 : tile,
                 from != nullptr);
   }
@@ -1555,10 +1558,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // Backward with values inside the keys (SparseAttnLatentBwdTraits): dq and the key rows' gradient
 // in one kernel, S and dP computed once a tile.
 
-// The block's shared memory: Q, dO, the K tile, P and dS (each in wgmma's layout).
+// The block's shared memory: Q, dO, P and dS, the K tile (each in wgmma's layout), and the
+// key gradient's staging over the K tile's late blocks and past it.
 template <class Tr>
 struct LatentBwdTiles {
-  bf16 *q, *grad_out, *key, *prob, *grad_score;
+  bf16 *q, *grad_out, *prob, *grad_score, *key;
+  float* stage;
   // The key (-1: none) of each slot of tiles j, j + 1, j + 2 at [j % 3]: filled two tiles ahead
   // from the index list, so the gather, the masks and the atomics' targets read shared memory
   // rather than wait on global index loads.
@@ -1566,34 +1571,47 @@ struct LatentBwdTiles {
   __device__ explicit LatentBwdTiles(unsigned char* base) {
     q = reinterpret_cast<bf16*>(base);
     grad_out = q + Tr::kRows * Tr::kDimQk;
-    key = grad_out + Tr::kRows * Tr::kDimV;
-    prob = key + Tr::kKeys * Tr::kDimQk;
+    prob = grad_out + Tr::kRows * Tr::kDimV;
     grad_score = prob + Tr::kRows * Tr::kKeys;
-    tile_keys = reinterpret_cast<int32_t(*)[Tr::kKeys]>(grad_score + Tr::kRows * Tr::kKeys);
+    key = grad_score + Tr::kRows * Tr::kKeys;
+    stage = reinterpret_cast<float*>(key + Tr::kEarlyBlocks * Tr::kKeys * 64);
+    tile_keys = reinterpret_cast<int32_t(*)[Tr::kKeys]>(
+        reinterpret_cast<unsigned char*>(key + Tr::kKeys * Tr::kDimQk) + Tr::kStagePastTile);
   }
 };
 
-// Tile j's S and dP for warpgroup wg's half of the keys (K(j) landed and visible), then its P and
-// dS into their tiles. Both products read their A operand (Q, dO) whole, so the halves together
-// read it twice; in exchange P stays fp32 for dS and no warpgroup waits for the other here.
-template <class Tr>
+// Tile j's S and dP for warpgroup wg's half of the keys, then its P and dS into their tiles: the
+// k-steps over K(j)'s early blocks (landed and visible), then, once late_blocks_landed() has
+// made the late ones visible, the rest. Both products read their A operand (Q, dO) whole, so the
+// halves together read it twice; in exchange P stays fp32 for dS and no warpgroup waits for the
+// other here.
+template <class Tr, class LateBlocksLanded>
 __device__ void latent_bwd_scores(const Problem& p, int j, const LatentBwdTiles<Tr>& t,
-                                  const BwdRows& r, int wg, int lane) {
+                                  const BwdRows& r, int wg, int lane,
+                                  LateBlocksLanded late_blocks_landed) {
   constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, kHalf = BK / 2;
+  constexpr int kEarlySteps = Tr::kEarlyBlocks * 4;
   float s[kHalf / 2], dp[kHalf / 2];
   const uint64_t key0 = descriptor_here(matrix_descriptor<BK>(t.key, wg * kHalf, 0));
   const uint64_t q0 = descriptor_here(matrix_descriptor<64>(t.q, 0, 0));
   const uint64_t do0 = descriptor_here(matrix_descriptor<64>(t.grad_out, 0, 0));
+  auto steps = [&](int first, int end) {
+#pragma unroll
+    for (int ks = first; ks < end && ks < DQ / 16; ++ks) {
+      Wgmma<kHalf>::run(s, advance_descriptor<64>(q0, ks), advance_descriptor<BK>(key0, ks),
+                        ks > 0);
+    }
+#pragma unroll
+    for (int ks = first; ks < end && ks < DV / 16; ++ks) {
+      Wgmma<kHalf>::run(dp, advance_descriptor<64>(do0, ks), advance_descriptor<BK>(key0, ks),
+                        ks > 0);
+    }
+  };
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < DQ / 16; ++ks) {
-    Wgmma<kHalf>::run(s, advance_descriptor<64>(q0, ks), advance_descriptor<BK>(key0, ks), ks > 0);
-  }
-#pragma unroll
-  for (int ks = 0; ks < DV / 16; ++ks) {
-    Wgmma<kHalf>::run(dp, advance_descriptor<64>(do0, ks), advance_descriptor<BK>(key0, ks),
-                      ks > 0);
-  }
+  steps(0, kEarlySteps);
+  wgmma_commit();
+  late_blocks_landed();
+  steps(kEarlySteps, DQ / 16);
   wgmma_commit();
   wgmma_wait<0>();
   fence_accumulators(s);
@@ -1664,15 +1682,17 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
   }
   named_barrier_sync(1, T);  // K(j) is no longer read
   if (j + 1 < tiles) {
-    gather_row_wgmma<DQ, BK, T>(t.key, p.key, t.tile_keys[(j + 1) % 3][tid / (T / BK)], tid);
+    gather_row_wgmma<DQ, BK, T>(t.key, p.key, t.tile_keys[(j + 1) % 3][tid / (T / BK)], tid, 0,
+                                Tr::kEarlyBlocks);
   }
   cp_async_commit();
 
-  // Key gradient chunk c (columns 64c ..): keys as M (dS^T and P^T read MN-major), 16 rows a step.
-  const int key_row = 16 * warp + lane / 4;
-  int keys[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) keys[half] = t.tile_keys[j % 3][key_row + 8 * half];
+  // Key gradient chunk c (columns 64c ..): keys as M (dS^T and P^T read MN-major), 16 rows a step;
+  // every other chunk leaves by red instructions from registers, the rest through each warp's
+  // staging of its 16 rows, a bulk reduction a row (the traits say why).
+  float* const stage = t.stage + (tid / 32) * 16 * Tr::kStageRowFloats;
+  const int staged_key = lane < 16 ? t.tile_keys[j % 3][16 * warp + lane] : -1;
+  const uint64_t policy = l2_evict_last_policy();
 #pragma unroll
   for (int c = kFirstChunk; c < kEndChunk; ++c) {
     float acc[32];
@@ -1692,14 +1712,36 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(acc);
+    if ((c - kFirstChunk) % 2 == 1) {  // red instructions
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (keys[half] < 0) continue;
-      float* dst = g.grad_key + int64_t(keys[half]) * DQ + c * 64 + 2 * (lane % 4);
+      for (int half = 0; half < 2; ++half) {
+        const int key = t.tile_keys[j % 3][16 * warp + lane / 4 + 8 * half];
+        if (key < 0) continue;
+        float* dst = g.grad_key + int64_t(key) * DQ + c * 64 + 2 * (lane % 4);
 #pragma unroll
-      for (int n8 = 0; n8 < 8; ++n8) {
-        red_add_v2(dst + 8 * n8, acc[4 * n8 + 2 * half], acc[4 * n8 + 2 * half + 1]);
+        for (int n8 = 0; n8 < 8; ++n8) {
+          red_add_v2(dst + 8 * n8, acc[4 * n8 + 2 * half], acc[4 * n8 + 2 * half + 1]);
+        }
       }
+    } else {                // bulk reductions
+      bulk_wait_read<0>();  // the previous bulk chunk's reductions have read the staging
+      __syncwarp();
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float* row = stage + (lane / 4 + 8 * half) * Tr::kStageRowFloats + 2 * (lane % 4);
+#pragma unroll
+        for (int n8 = 0; n8 < 8; ++n8) {
+          *reinterpret_cast<float2*>(row + 8 * n8) =
+              make_float2(acc[4 * n8 + 2 * half], acc[4 * n8 + 2 * half + 1]);
+        }
+      }
+      fence_async_shared();
+      __syncwarp();
+      if (staged_key >= 0) {
+        bulk_reduce_add(g.grad_key + int64_t(staged_key) * DQ + c * 64,
+                        stage + lane * Tr::kStageRowFloats, 64 * 4, policy);
+      }
+      bulk_commit();
     }
   }
 }
@@ -1715,7 +1757,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const KeyList list = key_list(p, grp);
   load_block_rows<DQ, T>(t.q, p.q, p, grp, h0, tid);
   load_block_rows<DV, T>(t.grad_out, g.grad_out, p, grp, h0, tid);
-  gather_rows_wgmma<DQ, BK, T>(t.key, p.key, list, 0, tid);
+  // K's early blocks and its late blocks are separate copy groups, as in every later tile.
+  const int first_key = list.key(tid / (T / BK));
+  gather_row_wgmma<DQ, BK, T>(t.key, p.key, first_key, tid, 0, Tr::kEarlyBlocks);
+  cp_async_commit();
+  gather_row_wgmma<DQ, BK, T>(t.key, p.key, first_key, tid, Tr::kEarlyBlocks, Tr::kBlocks);
   cp_async_commit();
   if (tid < 2 * BK) t.tile_keys[tid / BK][tid % BK] = list.key(tid);  // tiles 0 and 1's keys
   const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
@@ -1726,10 +1772,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int i = 0; i < 32; ++i) dq_single[i] = 0.f;
   const int tiles = static_cast<int>(ceil_div(list.count, BK));
   for (int j = 0; j < tiles; ++j) {
-    cp_async_wait<0>();  // K(j) (and, first, Q and dO) have landed
+    cp_async_wait<1>();  // K(j)'s early blocks (and, first, Q and dO) have landed
     fence_async_shared();
     __syncthreads();  // and the previous tile's P and dS are no longer read
-    latent_bwd_scores<Tr>(p, j, t, r, wg, lane);
+    latent_bwd_scores<Tr>(p, j, t, r, wg, lane, [&] {
+      cp_async_wait<0>();  // and its late blocks
+      fence_async_shared();
+      __syncthreads();
+    });
     fence_async_shared();  // P and dS are read by wgmma
     __syncthreads();
     if (wg == 0) {
@@ -1737,8 +1787,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     } else {
       latent_bwd_grads<Tr, 1>(p, g, list, j, tiles, t, dq_pair, dq_single, tid, warp, lane);
     }
+    // Every warp's reductions have read the staging: K(j + 1)'s late blocks can come in.
+    bulk_wait_read<0>();
+    __syncthreads();
+    if (j + 1 < tiles) {
+      gather_row_wgmma<DQ, BK, T>(t.key, p.key, t.tile_keys[(j + 1) % 3][tid / (T / BK)], tid,
+                                  Tr::kEarlyBlocks, Tr::kBlocks);
+    }
+    cp_async_commit();
   }
   cp_async_wait<0>();
+  bulk_wait_all();
 
   store_dq<DQ>(g, r, lane, dq_pair, dq_single, wg == 0 ? 0 : Tr::kDqFirstBlocks,
                wg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks);

@@ -139,10 +139,26 @@ struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
     return best;
   }
   static constexpr int kDkvFirstChunks = dkv_first_chunks();
-  // Q, dO, the K tile, the P and dS tiles ([rows x keys], one 128-byte column block each), then
-  // three tiles' key indices.
+  // The key gradient leaves by two paths at once, which together carried more than either
+  // (docs/performance.md, section 7): every other chunk of a warpgroup as red instructions from
+  // registers, the rest through shared memory, where each warp stages its 16 key rows of a chunk
+  // (64 fp32 each, rows 272 bytes apart so that a warp's stores do not conflict) for bulk
+  // reductions (one 256-byte row piece each). The staging lies over the K tile's last column blocks
+  // (the late blocks: the next tile's gather fills them once the key gradient has left) and the
+  // bytes after the tile.
+  static constexpr int kStageRowFloats = 64 + 4;
+  static constexpr int kStageBytes = kThreads / 32 * 16 * kStageRowFloats * 4;
+  static constexpr int kLateBlocks = kBlocks < 4 ? kBlocks : 4;
+  static constexpr int kEarlyBlocks = kBlocks - kLateBlocks;
+  static constexpr int kColumnBlockBytes = kKeys * 128;
+  static constexpr int kStagePastTile = kStageBytes > kLateBlocks* kColumnBlockBytes
+                                            ? kStageBytes - kLateBlocks* kColumnBlockBytes
+                                            : 0;
+  // Q, dO, the P and dS tiles ([rows x keys], one 128-byte column block each), the K tile, the
+  // staging past it, then three tiles' key indices.
   static constexpr int kSmemBytes =
-      2 * (kRows * kDimQk + kRows * kDimV + kKeys * kDimQk + 2 * kRows * kKeys) + 3 * kKeys * 4;
+      2 * (kRows * kDimQk + kRows * kDimV + kKeys * kDimQk + 2 * kRows * kKeys) + kStagePastTile +
+      3 * kKeys * 4;
   // kBlocks >= 3: warpgroup 0 holds at least one n128 pair of dq blocks.
   static constexpr bool kSupported = kDimQk % 64 == 0 && kDimV % 64 == 0 && kDimV <= kDimQk &&
                                      kBlocks >= 3 && kSmemBytes <= 227 * 1024;

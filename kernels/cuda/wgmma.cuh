@@ -65,6 +65,32 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Bulk reductions (TMA): adds `bytes` (a multiple of 16) of fp32 from shared memory into global
+// memory, in L2, as one asynchronous operation of this thread's bulk group; the shared source
+// must be fenced to the async proxy after it was written. Whole row pieces reach the L2 rather
+// than a warp's 32-byte sectors: 1.1-1.6x the throughput of red.v2 into gathered rows
+// (bench/reduction_probe.cu, docs/performance.md section 7).
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, int bytes,
+                                                uint64_t l2_policy) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, "
+      "%3;\n" ::"l"(dst),
+      "r"(smem_address(src)), "r"(bytes), "l"(l2_policy)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk groups but the newest kPending have read their shared-memory sources.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// ... and have completed (their writes are done).
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 // Tiles use wgmma's 128-byte swizzle, K-major: a tile of kRows rows is kDim/64 column blocks of
 // [kRows x 128 bytes] (64 dims each), and the 16-byte chunk c of row r sits at chunk position
 // c ^ (r % 8) of its 128-byte row. Without the swizzle, 8-row groups lie a multiple of 1 KB apart
