@@ -150,10 +150,8 @@ struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
   static constexpr int kStageBytes = kThreads / 32 * 16 * kStageRowFloats * 4;
   static constexpr int kLateBlocks = kBlocks < 4 ? kBlocks : 4;
   static constexpr int kEarlyBlocks = kBlocks - kLateBlocks;
-  static constexpr int kColumnBlockBytes = kKeys * 128;
-  static constexpr int kStagePastTile = kStageBytes > kLateBlocks* kColumnBlockBytes
-                                            ? kStageBytes - kLateBlocks* kColumnBlockBytes
-                                            : 0;
+  static constexpr int kLateBytes = kLateBlocks * kKeys * 128;
+  static constexpr int kStagePastTile = kStageBytes > kLateBytes ? kStageBytes - kLateBytes : 0;
   // Q, dO, the P and dS tiles ([rows x keys], one 128-byte column block each), the K tile, the
   // staging past it, then three tiles' key indices.
   static constexpr int kSmemBytes =
