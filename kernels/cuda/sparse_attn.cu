@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/cluster.cuh"
 #include "kernels/cuda/fixed_point_accumulate.cuh"
 #include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sparse_attn_cuda.h"
@@ -1558,12 +1559,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // Backward with values inside the keys (SparseAttnLatentBwdTraits): dq and the key rows' gradient
 // in one kernel, S and dP computed once a tile.
 
-// The block's shared memory: Q, dO, P and dS, the K tile (each in wgmma's layout), and the
-// key gradient's staging over the K tile's late blocks and past it.
+// The block's shared memory: Q, dO, P and dS, the K tile (each in wgmma's layout), the key
+// gradient's staging over the K tile's late blocks and past it, and the key indices.
 template <class Tr>
 struct LatentBwdTiles {
   bf16 *q, *grad_out, *prob, *grad_score, *key;
   float* stage;
+  uint64_t* exchange_bars;  // PartialExchange's: full for warpgroups 0, 1, then free
   // The key (-1: none) of each slot of tiles j, j + 1, j + 2 at [j % 3]: filled two tiles ahead
   // from the index list, so the gather, the masks and the atomics' targets read shared memory
   // rather than wait on global index loads.
@@ -1577,8 +1579,146 @@ struct LatentBwdTiles {
     stage = reinterpret_cast<float*>(key + Tr::kEarlyBlocks * Tr::kKeys * 64);
     tile_keys = reinterpret_cast<int32_t(*)[Tr::kKeys]>(
         reinterpret_cast<unsigned char*>(key + Tr::kKeys * Tr::kDimQk) + Tr::kStagePastTile);
+    exchange_bars = reinterpret_cast<uint64_t*>(tile_keys + 3);
   }
 };
+
+// The query's two 64-head blocks as a cluster (H a multiple of 128): both form every key-gradient
+// chunk's partial over their heads, and for each chunk one of them receives the other's partial
+// and adds the sum into the key rows, which halves the fp32 reduction bytes. Warpgroup w exchanges
+// with warpgroup w of the partner, its chunks in pairs: of pair (2m, 2m + 1) rank 0 sends 2m + 1
+// and receives 2m, rank 1 the other way round, each first forming and sending the partial it
+// sends, so that the partner's is on its way while the block forms its own of the other chunk.
+// An odd last chunk is received by either block, tile by tile in turn. A landing buffer (16 KB a
+// warpgroup, over the K tile's late blocks) is *full* once the partner's stores have landed
+// (transactions on the receiver's mbarrier) and *free* for the partner's next partial once read
+// (the receiving warps arrive on the sender's mbarrier) or, for a tile's first reception, once the
+// K tile's late blocks are no longer read.
+template <class Tr>
+__device__ void init_partial_exchange(const LatentBwdTiles<Tr>& t) {
+  for (int w = 0; w < 2; ++w) {
+    mbarrier_init(t.exchange_bars + w, 1);      // full: the receiver's expecting arrival
+    mbarrier_init(t.exchange_bars + 2 + w, 4);  // free: the receiving warpgroup's warps
+  }
+  mbarrier_init_fence();
+}
+
+// Warpgroup kWg's exchange of tile j (its addresses are constants); the phases of the waits
+// carry over from tile to tile.
+template <class Tr, int kChunks, int kWg>
+class PartialExchange {
+ public:
+  static constexpr int kVectors = 8;  // float4s of a thread's 32 chunk accumulators
+  __device__ PartialExchange(const LatentBwdTiles<Tr>& t, int j, uint32_t& phases)
+      : landing_(smem_address(t.stage) + (kWg * kVectors * 128 + threadIdx.x % 128) * 16),
+        full_(t.exchange_bars + kWg),
+        rank_(cluster_rank()),
+        receives_last_(kChunks % 2 == 1 && ((j + rank_) & 1) == 0),
+        phases_(phases) {}
+  __device__ int rank() const { return rank_; }
+  // Whether this block receives the odd last chunk.
+  __device__ bool receives_last() const { return receives_last_; }
+  // Whether pair m's reception is the tile's last.
+  __device__ bool last_of_tile(int m) const { return m == kChunks / 2 - 1 && !receives_last_; }
+  // K(j)'s late blocks are no longer read: the partner may send tile j's first partial.
+  __device__ void offer(int lane) const {
+    if (lane == 0 && kChunks / 2 + (receives_last_ ? 1 : 0) > 0) arrive_remote(partner_free());
+  }
+  __device__ void send(const float (&acc)[32]) {
+    mbarrier_wait(full_ + 2, phases_ & 1);  // free
+    phases_ ^= 1;
+    const uint32_t landing = partner(landing_), full = partner(smem_address(full_));
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) {
+      store_remote(landing + v * 128 * 16,
+                   make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]), full);
+    }
+  }
+  // Adds the partner's partial into acc and the sum into the key rows, a vector at a time (the
+  // values leave as soon as they are summed, which keeps registers free); then release(). After
+  // the tile's last reception the buffer belongs to the next K tile until offer().
+  __device__ void receive_into_keys(float (&acc)[32], const int32_t* tile_keys, float* grad_key,
+                                    int c, int warp, int lane) {
+    constexpr int DQ = Tr::kDimQk;
+    if (threadIdx.x % 128 == 0) mbarrier_arrive_expect(full_, Tr::kLandingBytes);
+    const int key0 = tile_keys[16 * warp + lane / 4], key1 = tile_keys[16 * warp + lane / 4 + 8];
+    float* dst0 = grad_key + int64_t(key0 < 0 ? 0 : key0) * DQ + c * 64 + 2 * (lane % 4);
+    float* dst1 = grad_key + int64_t(key1 < 0 ? 0 : key1) * DQ + c * 64 + 2 * (lane % 4);
+    mbarrier_wait(full_, phases_ >> 1);
+    phases_ ^= 2;
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) {
+      add_from_shared(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3],
+                      landing_ + v * 128 * 16);
+      if (key0 >= 0) red_add_v2(dst0 + 8 * v, acc[4 * v], acc[4 * v + 1]);
+      if (key1 >= 0) red_add_v2(dst1 + 8 * v, acc[4 * v + 2], acc[4 * v + 3]);
+    }
+  }
+  // The partner may send the next partial, unless this was the tile's last reception. Each warp
+  // arrives once all its threads have added what they loaded.
+  __device__ void release(bool last, int lane) const {
+    if (last) return;
+    __syncwarp();
+    if (lane == 0) arrive_remote(partner_free());
+  }
+
+ private:
+  __device__ uint32_t partner(uint32_t local) const {
+    return cluster_address(local, rank_ ^ 1);
+  }
+  __device__ uint32_t partner_free() const {
+    return partner(smem_address(full_ + 2));
+  }
+  const uint32_t landing_;  // this thread's first vector of the warpgroup's landing buffer
+  uint64_t* const full_;    // the warpgroup's full mbarrier; its free one lies two further
+  const int rank_;
+  const bool receives_last_;
+  uint32_t& phases_;  // parities of the next waits: bit 0 free (sending), bit 1 full
+};
+
+// Key-gradient chunk c (columns 64c ..) of the tile's 64 keys: dS^T Q[:, c] (+ P^T dO[:, c] when
+// value_part, a constant wherever this is unrolled), keys as M (dS^T and P^T read MN-major), into
+// acc. The descriptors of a chunk chosen at run time (a paired block's) are made here, not
+// hoisted out of the tile loop.
+template <class Tr>
+__device__ void key_grad_chunk(float (&acc)[32], const LatentBwdTiles<Tr>& t, int c,
+                               bool value_part) {
+  wgmma_fence();
+  const uint64_t q = descriptor_here(mn_major_descriptor<64>(t.q, c * 64, 0));
+#pragma unroll
+  for (int ks = 0; ks < Tr::kRows / 16; ++ks) {
+    Wgmma<64, 1, bf16, 1>::run(acc, mn_major_descriptor<64>(t.grad_score, 0, ks * 16),
+                               advance_mn_major<64>(q, 0, ks * 16), ks > 0);
+  }
+  if (value_part) {
+    const uint64_t grad_out = descriptor_here(mn_major_descriptor<64>(t.grad_out, c * 64, 0));
+#pragma unroll
+    for (int ks = 0; ks < Tr::kRows / 16; ++ks) {
+      Wgmma<64, 1, bf16, 1>::run(acc, mn_major_descriptor<64>(t.prob, 0, ks * 16),
+                                 advance_mn_major<64>(grad_out, 0, ks * 16), 1);
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+}
+
+// Adds a thread's rows of key-gradient chunk c (its accumulators, keys as M) into the key rows:
+// pairs of adjacent columns by red instructions.
+template <int DQ>
+__device__ void add_chunk_into_keys(const float (&acc)[32], const int32_t* tile_keys,
+                                    float* grad_key, int c, int warp, int lane) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = tile_keys[16 * warp + lane / 4 + 8 * half];
+    if (key < 0) continue;
+    float* dst = grad_key + int64_t(key) * DQ + c * 64 + 2 * (lane % 4);
+#pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8) {
+      red_add_v2(dst + 8 * n8, acc[4 * n8 + 2 * half], acc[4 * n8 + 2 * half + 1]);
+    }
+  }
+}
 
 // Tile j's S and dP for warpgroup wg's half of the keys, then its P and dS into their tiles: the
 // k-steps over K(j)'s early blocks (landed and visible), then, once late_blocks_landed() has
@@ -1636,17 +1776,19 @@ __device__ void latent_bwd_scores(const Problem& p, int j, const LatentBwdTiles<
 
 // Warpgroup kWg's products of tile j once P and dS are visible: dq (+)= dS K over its column
 // blocks; then, K(j) free in both warpgroups, the gather of K(j + 1) starts; then its chunks of
-// the key gradient, each added into the key rows.
-template <class Tr, int kWg>
+// the key gradient, each added into the key rows (kPaired: by this block or its partner).
+template <class Tr, int kWg, bool kPaired>
 __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyList& list, int j,
                                  int tiles, const LatentBwdTiles<Tr>& t,
                                  float (&dq_pair)[Tr::kDqPairs][64], float (&dq_single)[32],
-                                 int tid, int warp, int lane) {
+                                 uint32_t& exchange_phases, int tid, int warp, int lane) {
   constexpr int DQ = Tr::kDimQk, BK = Tr::kKeys, T = Tr::kThreads;
   constexpr int kFirstBlock = kWg == 0 ? 0 : Tr::kDqFirstBlocks;
   constexpr int kDqBlocks = kWg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks;
   constexpr int kFirstChunk = kWg == 0 ? 0 : Tr::kDkvFirstChunks;
   constexpr int kEndChunk = kWg == 0 ? Tr::kDkvFirstChunks : Tr::kBlocks;
+  constexpr int kChunks = kEndChunk - kFirstChunk;
+  PartialExchange<Tr, kChunks, kWg> exchange(t, j, exchange_phases);
   // Tile j + 2's keys, a slot a thread of warpgroup 0: loaded now, stored once dq has retired.
   static_assert(BK <= 128, "warpgroup 0 holds a tile's slots");
   const bool loads_ahead = kWg == 0 && tid < BK;
@@ -1681,48 +1823,53 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
     t.tile_keys[(j + 2) % 3][tid] = ahead;
   }
   named_barrier_sync(1, T);  // K(j) is no longer read
+  if constexpr (kPaired) exchange.offer(lane);
   if (j + 1 < tiles) {
     gather_row_wgmma<DQ, BK, T>(t.key, p.key, t.tile_keys[(j + 1) % 3][tid / (T / BK)], tid, 0,
                                 Tr::kEarlyBlocks);
   }
   cp_async_commit();
 
-  // Key gradient chunk c (columns 64c ..): keys as M (dS^T and P^T read MN-major), 16 rows a step;
-  // every other chunk leaves by red instructions from registers, the rest through each warp's
-  // staging of its 16 rows, a bulk reduction a row (the traits say why).
+  // The key gradient, a 64-column chunk at a time. Paired, each chunk's receiver adds the sum by
+  // red instructions (PartialExchange); alone, every other chunk leaves by red instructions, the
+  // rest through each warp's staging of its 16 rows, a bulk reduction a row (the traits say why).
+  const int32_t* const keys = t.tile_keys[j % 3];
+  if constexpr (kPaired) {
+#pragma unroll
+    for (int m = 0; m < kChunks / 2; ++m) {
+      const int pair = kFirstChunk + 2 * m, rank = exchange.rank();
+      const bool value_part = pair < Tr::kValueBlocks;  // the traits keep pairs alike
+      {
+        float acc[32];
+        key_grad_chunk(acc, t, pair + 1 - rank, value_part);
+        exchange.send(acc);
+      }
+      float acc[32];
+      key_grad_chunk(acc, t, pair + rank, value_part);
+      exchange.receive_into_keys(acc, keys, g.grad_key, pair + rank, warp, lane);
+      exchange.release(exchange.last_of_tile(m), lane);
+    }
+    if constexpr (kChunks % 2 == 1) {
+      constexpr int c = kEndChunk - 1;
+      float acc[32];
+      key_grad_chunk(acc, t, c, c < Tr::kValueBlocks);
+      if (exchange.receives_last()) {
+        exchange.receive_into_keys(acc, keys, g.grad_key, c, warp, lane);
+      } else {
+        exchange.send(acc);
+      }
+    }
+    return;
+  }
   float* const stage = t.stage + (tid / 32) * 16 * Tr::kStageRowFloats;
-  const int staged_key = lane < 16 ? t.tile_keys[j % 3][16 * warp + lane] : -1;
+  const int staged_key = lane < 16 ? keys[16 * warp + lane] : -1;
   const uint64_t policy = l2_evict_last_policy();
 #pragma unroll
   for (int c = kFirstChunk; c < kEndChunk; ++c) {
     float acc[32];
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Tr::kRows / 16; ++ks) {
-      Wgmma<64, 1, bf16, 1>::run(acc, mn_major_descriptor<64>(t.grad_score, 0, ks * 16),
-                                 mn_major_descriptor<64>(t.q, c * 64, ks * 16), ks > 0);
-    }
-    if (c < Tr::kValueBlocks) {
-#pragma unroll
-      for (int ks = 0; ks < Tr::kRows / 16; ++ks) {
-        Wgmma<64, 1, bf16, 1>::run(acc, mn_major_descriptor<64>(t.prob, 0, ks * 16),
-                                   mn_major_descriptor<64>(t.grad_out, c * 64, ks * 16), 1);
-      }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(acc);
+    key_grad_chunk(acc, t, c, c < Tr::kValueBlocks);
     if ((c - kFirstChunk) % 2 == 1) {  // red instructions
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int key = t.tile_keys[j % 3][16 * warp + lane / 4 + 8 * half];
-        if (key < 0) continue;
-        float* dst = g.grad_key + int64_t(key) * DQ + c * 64 + 2 * (lane % 4);
-#pragma unroll
-        for (int n8 = 0; n8 < 8; ++n8) {
-          red_add_v2(dst + 8 * n8, acc[4 * n8 + 2 * half], acc[4 * n8 + 2 * half + 1]);
-        }
-      }
+      add_chunk_into_keys<DQ>(acc, keys, g.grad_key, c, warp, lane);
     } else {                // bulk reductions
       bulk_wait_read<0>();  // the previous bulk chunk's reductions have read the staging
       __syncwarp();
@@ -1746,7 +1893,7 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
   }
 }
 
-template <class Tr>
+template <class Tr, bool kPaired>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     sparse_attn_bwd_latent_kernel(Problem p, BwdArgs g) {
   constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, T = Tr::kThreads;
@@ -1765,6 +1912,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cp_async_commit();
   if (tid < 2 * BK) t.tile_keys[tid / BK][tid % BK] = list.key(tid);  // tiles 0 and 1's keys
   const BwdRows r = bwd_rows(p, g, grp, h0, warp * 16 + lane / 4);
+  uint32_t exchange_phases = 0;
+  if constexpr (kPaired) {
+    if (tid == 0) init_partial_exchange(t);
+    cluster_sync();  // the partner's mbarriers are initialized before any arrival on them
+  }
 
   float dq_pair[Tr::kDqPairs][64], dq_single[32];
   clear_accumulators(dq_pair);
@@ -1783,11 +1935,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_async_shared();  // P and dS are read by wgmma
     __syncthreads();
     if (wg == 0) {
-      latent_bwd_grads<Tr, 0>(p, g, list, j, tiles, t, dq_pair, dq_single, tid, warp, lane);
+      latent_bwd_grads<Tr, 0, kPaired>(p, g, list, j, tiles, t, dq_pair, dq_single, exchange_phases,
+                                       tid, warp, lane);
     } else {
-      latent_bwd_grads<Tr, 1>(p, g, list, j, tiles, t, dq_pair, dq_single, tid, warp, lane);
+      latent_bwd_grads<Tr, 1, kPaired>(p, g, list, j, tiles, t, dq_pair, dq_single, exchange_phases,
+                                       tid, warp, lane);
     }
-    // Every warp's reductions have read the staging: K(j + 1)'s late blocks can come in.
+    // Every warp's reductions (or receptions) have read the staging: K(j + 1)'s late blocks can
+    // come in.
     bulk_wait_read<0>();
     __syncthreads();
     if (j + 1 < tiles) {
@@ -1801,6 +1956,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   store_dq<DQ>(g, r, lane, dq_pair, dq_single, wg == 0 ? 0 : Tr::kDqFirstBlocks,
                wg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks);
+  if constexpr (kPaired) cluster_sync();  // the partner no longer arrives on this block's mbarriers
 }
 
 // D[row] = sum_c dO[row, c] * O[row, c] (fp32), one warp per row.
@@ -2275,12 +2431,27 @@ void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const v
   dispatch_dims(shape.dim_qk, shape.dim_v, [&](auto traits) {
     using Tr = SparseAttnLatentBwdTraits<decltype(traits)::kDimQk, decltype(traits)::kDimV>;
     if constexpr (Tr::kSupported) {
-      check(cudaFuncSetAttribute(sparse_attn_bwd_latent_kernel<Tr>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
-            "backward smem");
-      sparse_attn_bwd_latent_kernel<Tr>
-          <<<grid_of(shape, p), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, g);
-      check(cudaGetLastError(), "sparse_attn_bwd_latent_kernel");
+      // The query's 64-head blocks are adjacent in the grid: pairs of them form the clusters.
+      const bool paired = Tr::kPairable && shape.heads % (2 * Tr::kRows) == 0;
+      auto kernel = sparse_attn_bwd_latent_kernel<Tr, false>;
+      if constexpr (Tr::kPairable) {
+        if (paired) kernel = sparse_attn_bwd_latent_kernel<Tr, true>;
+      }
+      check(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
+          "backward smem");
+      cudaLaunchConfig_t config{};
+      config.gridDim = grid_of(shape, p);
+      config.blockDim = dim3(Tr::kThreads);
+      config.dynamicSmemBytes = Tr::kSmemBytes;
+      config.stream = stream;
+      cudaLaunchAttribute cluster{};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = paired ? 2 : 1;
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      check(cudaLaunchKernelEx(&config, kernel, p, g), "sparse_attn_bwd_latent_kernel");
     }
   });
 }

@@ -274,7 +274,8 @@ TEST_F(SparseAttnCudaTest, ValuesInsideKeysMatchSeparateValues) {
 }
 
 // The latent op (kv both keys and values): its backward forms kv's whole gradient in one kernel
-// for whole 64-head tiles with d_qk >= 192 (partial last tiles, -1 slots, empty rows), else it
+// for whole 64-head tiles with d_qk >= 192 (partial last tiles, -1 slots, empty rows; H a multiple
+// of 128: the query's head blocks in pairs exchanging partials, where the shape allows), else it
 // takes the separate values' kernels and adds the value gradient (H = 8: G > 1; d_qk = 128; the
 // deterministic mode, bit-identical across runs). Against the float64 reference, where kv's
 // gradient is the key gradient plus the value gradient in the first d_v columns.
@@ -283,6 +284,8 @@ TEST_F(SparseAttnCudaTest, LatentBackwardMatchesFloat64Reference) {
       {37, 1500, 128, 576, 512, 200, 0.0417},  // one kernel: 4 tiles, the last partial
       {21, 900, 128, 576, 512, 130, 0.0417},   // one kernel: 3 tiles
       {29, 700, 64, 192, 128, 100, 0.07},      // one kernel, the small latent shape
+      {17, 500, 256, 576, 512, 150, 0.0417},   // one kernel: two pairs of head blocks a query
+      {11, 300, 128, 192, 128, 70, 0.07},      // one kernel, H = 128, chunks not pairable
       {19, 600, 64, 128, 128, 72, 0.09},       // d_qk = 128: separate values' kernels
       {23, 300, 8, 192, 128, 40, 0.07},        // H = 8 (G = 8): separate values' kernels
   };
