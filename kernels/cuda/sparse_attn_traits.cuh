@@ -155,9 +155,9 @@ struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
   // With H a multiple of 128 the query's two 64-head blocks run as a cluster and sum their
   // partials of every chunk before one of them adds it into the key rows (PartialExchange): a
   // warpgroup receives its partner's partial (its 128 threads' 32 accumulators) into a landing
-  // buffer over the staging, and four mbarriers (full, free for each warpgroup) signal it.
-  // A warpgroup forms its chunks in pairs (2m, 2m + 1) of which either block may send the first:
-  // both must be alike, with or without the value part.
+  // buffer over the staging (kLandingBytes), and four mbarriers (full, free for each warpgroup)
+  // signal it. A warpgroup forms its chunks in pairs (2m, 2m + 1), and either block may send the
+  // first: both chunks of a pair must be alike, with or without the value part (kPairable).
   static constexpr bool pairs_alike() {
     for (int wg = 0; wg < 2; ++wg) {
       const int first = wg == 0 ? 0 : kDkvFirstChunks, end = wg == 0 ? kDkvFirstChunks : kBlocks;
