@@ -38,12 +38,11 @@ __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
 
 // 16 bytes into another block's shared memory; they count as 16 bytes of transactions on that
 // block's mbarrier `remote_bar` (release at cluster scope once they land).
-__device__ __forceinline__ void store_remote(uint32_t remote, float4 v, uint32_t remote_bar) {
+__device__ __forceinline__ void store_remote(uint32_t remote, uint4 v, uint32_t remote_bar) {
   asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
       "[%5];\n" ::"r"(remote),
-      "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
-      "r"(__float_as_uint(v.w)), "r"(remote_bar)
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
       : "memory");
 }
 
@@ -61,15 +60,20 @@ __device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* bar, uint32_t b
                : "memory");
 }
 
-// Adds 16 bytes of this block's shared memory (at a shared-memory address) to a, b, c, d. Load and
-// additions are one statement so that the compiler does not hoist a run of loads ahead of their
-// additions, which takes more registers than a kernel full of accumulators has to spare.
-__device__ __forceinline__ void add_from_shared(float& a, float& b, float& c, float& d,
-                                                uint32_t local) {
+// Adds 16 bytes of this block's shared memory (at a shared-memory address), eight bf16 in four
+// pairs (the first of each in the low half), to a[0..7]. Load and additions are one statement so
+// that the compiler does not hoist a run of loads ahead of their additions, which takes more
+// registers than a kernel full of accumulators has to spare.
+__device__ __forceinline__ void add_bf16_from_shared(float* a, uint32_t local) {
   asm volatile(
-      "{\n.reg .f32 x, y, z, w;\nld.shared.v4.f32 {x, y, z, w}, [%4];\n"
-      "add.f32 %0, %0, x;\nadd.f32 %1, %1, y;\nadd.f32 %2, %2, z;\nadd.f32 %3, %3, w;\n}\n"
-      : "+f"(a), "+f"(b), "+f"(c), "+f"(d)
+      "{\n.reg .b32 x, y, z, w, lo, hi;\nld.shared.v4.b32 {x, y, z, w}, [%8];\n"
+      "shl.b32 lo, x, 16;\nand.b32 hi, x, 0xffff0000;\nadd.f32 %0, %0, lo;\nadd.f32 %1, %1, hi;\n"
+      "shl.b32 lo, y, 16;\nand.b32 hi, y, 0xffff0000;\nadd.f32 %2, %2, lo;\nadd.f32 %3, %3, hi;\n"
+      "shl.b32 lo, z, 16;\nand.b32 hi, z, 0xffff0000;\nadd.f32 %4, %4, lo;\nadd.f32 %5, %5, hi;\n"
+      "shl.b32 lo, w, 16;\nand.b32 hi, w, 0xffff0000;\nadd.f32 %6, %6, lo;\nadd.f32 %7, %7, hi;\n"
+      "}\n"
+      : "+f"(a[0]), "+f"(a[1]), "+f"(a[2]), "+f"(a[3]), "+f"(a[4]), "+f"(a[5]), "+f"(a[6]),
+        "+f"(a[7])
       : "r"(local)
       : "memory");
 }

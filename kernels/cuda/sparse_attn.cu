@@ -1565,7 +1565,7 @@ template <class Tr>
 struct LatentBwdTiles {
   bf16 *q, *grad_out, *prob, *grad_score, *key;
   float* stage;
-  uint64_t* exchange_bars;  // PartialExchange's: full for warpgroups 0, 1, then free
+  uint64_t* exchange_bars;  // PartialExchange's: a warpgroup's full ones, then its free ones
   // The key (-1: none) of each slot of tiles j, j + 1, j + 2 at [j % 3]: filled two tiles ahead
   // from the index list, so the gather, the masks and the atomics' targets read shared memory
   // rather than wait on global index loads.
@@ -1589,91 +1589,118 @@ struct LatentBwdTiles {
 // with warpgroup w of the partner, its chunks in pairs: of pair (2m, 2m + 1) rank 0 sends 2m + 1
 // and receives 2m, rank 1 the other way round, each first forming and sending the partial it
 // sends, so that the partner's is on its way while the block forms its own of the other chunk.
-// An odd last chunk is received by either block, tile by tile in turn. A landing buffer (16 KB a
-// warpgroup, over the K tile's late blocks) is *full* once the partner's stores have landed
-// (transactions on the receiver's mbarrier) and *free* for the partner's next partial once read
-// (the receiving warps arrive on the sender's mbarrier) or, for a tile's first reception, once the
-// K tile's late blocks are no longer read.
+// An odd last chunk is received by either block, tile by tile in turn. The partials travel as
+// bf16 (half the bytes over the SM-to-SM network; the sum is fp32) into kLandingSlots landing
+// buffers a warpgroup (over the K tile's late blocks), a tile's messages in turn, so that a
+// partial need not wait for the partner to have read the one before it. A buffer is *full* once
+// the partner's stores have landed (transactions on the receiver's mbarrier) and *free* for the
+// partner's next partial once read (the receiving warps arrive on the sender's mbarrier) or, for
+// a tile's first use, once the K tile's late blocks are no longer read.
 template <class Tr>
 __device__ void init_partial_exchange(const LatentBwdTiles<Tr>& t) {
+  constexpr int S = Tr::kLandingSlots;
   for (int w = 0; w < 2; ++w) {
-    mbarrier_init(t.exchange_bars + w, 1);      // full: the receiver's expecting arrival
-    mbarrier_init(t.exchange_bars + 2 + w, 4);  // free: the receiving warpgroup's warps
+    for (int s = 0; s < S; ++s) {
+      mbarrier_init(t.exchange_bars + 2 * S * w + s, 1);      // full: the receiver's arrival
+      mbarrier_init(t.exchange_bars + 2 * S * w + S + s, 4);  // free: the receiving warps
+    }
   }
   mbarrier_init_fence();
 }
 
-// Warpgroup kWg's exchange of tile j (its addresses are constants); the phases of the waits
-// carry over from tile to tile.
+// Warpgroup kWg's exchange of tile j (its addresses are constants); message i of the tile in
+// either direction uses landing buffer i % kSlots. The phases of the waits carry over from tile
+// to tile.
 template <class Tr, int kChunks, int kWg>
 class PartialExchange {
  public:
-  static constexpr int kVectors = 8;  // float4s of a thread's 32 chunk accumulators
+  static constexpr int kSlots = Tr::kLandingSlots;
+  static constexpr int kVectors = 4;  // 16-byte vectors of a thread's 32 partials in bf16
   __device__ PartialExchange(const LatentBwdTiles<Tr>& t, int j, uint32_t& phases)
-      : landing_(smem_address(t.stage) + (kWg * kVectors * 128 + threadIdx.x % 128) * 16),
-        full_(t.exchange_bars + kWg),
+      : landing_(smem_address(t.stage) + kWg * kSlots * Tr::kLandingBytes +
+                 (threadIdx.x % 128) * 16),
+        bars_(t.exchange_bars + 2 * kSlots * kWg),
         rank_(cluster_rank()),
         receives_last_(kChunks % 2 == 1 && ((j + rank_) & 1) == 0),
         phases_(phases) {}
   __device__ int rank() const { return rank_; }
   // Whether this block receives the odd last chunk.
   __device__ bool receives_last() const { return receives_last_; }
-  // Whether pair m's reception is the tile's last.
-  __device__ bool last_of_tile(int m) const { return m == kChunks / 2 - 1 && !receives_last_; }
-  // K(j)'s late blocks are no longer read: the partner may send tile j's first partial.
+  // K(j)'s late blocks are no longer read: the partner may send tile j's first partials.
   __device__ void offer(int lane) const {
-    if (lane == 0 && kChunks / 2 + (receives_last_ ? 1 : 0) > 0) arrive_remote(partner_free());
-  }
-  __device__ void send(const float (&acc)[32]) {
-    mbarrier_wait(full_ + 2, phases_ & 1);  // free
-    phases_ ^= 1;
-    const uint32_t landing = partner(landing_), full = partner(smem_address(full_));
+    if (lane != 0) return;
 #pragma unroll
-    for (int v = 0; v < kVectors; ++v) {
-      store_remote(landing + v * 128 * 16,
-                   make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]), full);
+    for (int s = 0; s < kSlots; ++s) {
+      if (s < receptions()) arrive_remote(partner(smem_address(free_bar(s))));
     }
   }
-  // Adds the partner's partial into acc and the sum into the key rows, a vector at a time (the
-  // values leave as soon as they are summed, which keeps registers free); then release(). After
-  // the tile's last reception the buffer belongs to the next K tile until offer().
+  // Message i of the tile to the partner.
+  __device__ void send(const float (&acc)[32], int i) {
+    const int s = i % kSlots;
+    mbarrier_wait(free_bar(s), (phases_ >> s) & 1);
+    phases_ ^= 1u << s;
+    const uint32_t landing = partner(landing_ + s * Tr::kLandingBytes),
+                   full = partner(smem_address(full_bar(s)));
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) {
+      const float* a = acc + 8 * v;
+      store_remote(landing + v * 128 * 16,
+                   make_uint4(pack_bf16(a[0], a[1]), pack_bf16(a[2], a[3]), pack_bf16(a[4], a[5]),
+                              pack_bf16(a[6], a[7])),
+                   full);
+    }
+  }
+  // Adds the partner's message i into acc and the sum into the key rows, a vector at a time (the
+  // values leave as soon as they are summed, which keeps registers free); then release(i).
   __device__ void receive_into_keys(float (&acc)[32], const int32_t* tile_keys, float* grad_key,
-                                    int c, int warp, int lane) {
+                                    int c, int i, int warp, int lane) {
     constexpr int DQ = Tr::kDimQk;
-    if (threadIdx.x % 128 == 0) mbarrier_arrive_expect(full_, Tr::kLandingBytes);
+    const int s = i % kSlots;
+    if (threadIdx.x % 128 == 0) mbarrier_arrive_expect(full_bar(s), Tr::kLandingBytes);
     const int key0 = tile_keys[16 * warp + lane / 4], key1 = tile_keys[16 * warp + lane / 4 + 8];
     float* dst0 = grad_key + int64_t(key0 < 0 ? 0 : key0) * DQ + c * 64 + 2 * (lane % 4);
     float* dst1 = grad_key + int64_t(key1 < 0 ? 0 : key1) * DQ + c * 64 + 2 * (lane % 4);
-    mbarrier_wait(full_, phases_ >> 1);
-    phases_ ^= 2;
+    mbarrier_wait(full_bar(s), (phases_ >> (kSlots + s)) & 1);
+    phases_ ^= 1u << (kSlots + s);
 #pragma unroll
     for (int v = 0; v < kVectors; ++v) {
-      add_from_shared(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3],
-                      landing_ + v * 128 * 16);
-      if (key0 >= 0) red_add_v2(dst0 + 8 * v, acc[4 * v], acc[4 * v + 1]);
-      if (key1 >= 0) red_add_v2(dst1 + 8 * v, acc[4 * v + 2], acc[4 * v + 3]);
+      float* a = acc + 8 * v;
+      add_bf16_from_shared(a, landing_ + s * Tr::kLandingBytes + v * 128 * 16);
+      if (key0 >= 0) red_add_v2(dst0 + 16 * v, a[0], a[1]);
+      if (key1 >= 0) red_add_v2(dst1 + 16 * v, a[2], a[3]);
+      if (key0 >= 0) red_add_v2(dst0 + 16 * v + 8, a[4], a[5]);
+      if (key1 >= 0) red_add_v2(dst1 + 16 * v + 8, a[6], a[7]);
     }
-  }
-  // The partner may send the next partial, unless this was the tile's last reception. Each warp
-  // arrives once all its threads have added what they loaded.
-  __device__ void release(bool last, int lane) const {
-    if (last) return;
-    __syncwarp();
-    if (lane == 0) arrive_remote(partner_free());
+    release(i, lane);
   }
 
  private:
+  // The tile's messages from the partner.
+  __device__ int receptions() const {
+    return kChunks / 2 + (receives_last_ ? 1 : 0);
+  }
+  // The partner may send into buffer i % kSlots again, unless message i was that buffer's last of
+  // the tile (it then belongs to the next K tile until offer()). Each warp arrives once all its
+  // threads have added what they loaded.
+  __device__ void release(int i, int lane) const {
+    if (i + kSlots >= receptions()) return;
+    __syncwarp();
+    if (lane == 0) arrive_remote(partner(smem_address(free_bar(i % kSlots))));
+  }
   __device__ uint32_t partner(uint32_t local) const {
     return cluster_address(local, rank_ ^ 1);
   }
-  __device__ uint32_t partner_free() const {
-    return partner(smem_address(full_ + 2));
+  __device__ uint64_t* full_bar(int s) const {
+    return bars_ + s;
   }
-  const uint32_t landing_;  // this thread's first vector of the warpgroup's landing buffer
-  uint64_t* const full_;    // the warpgroup's full mbarrier; its free one lies two further
+  __device__ uint64_t* free_bar(int s) const {
+    return bars_ + kSlots + s;
+  }
+  const uint32_t landing_;  // this thread's first vector of the warpgroup's first landing buffer
+  uint64_t* const bars_;    // the warpgroup's full mbarriers, then its free ones
   const int rank_;
   const bool receives_last_;
-  uint32_t& phases_;  // parities of the next waits: bit 0 free (sending), bit 1 full
+  uint32_t& phases_;  // parities of the next waits: bits 0.. free (sending), kSlots.. full
 };
 
 // Key-gradient chunk c (columns 64c ..) of the tile's 64 keys: dS^T Q[:, c] (+ P^T dO[:, c] when
@@ -1842,21 +1869,20 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
       {
         float acc[32];
         key_grad_chunk(acc, t, pair + 1 - rank, value_part);
-        exchange.send(acc);
+        exchange.send(acc, m);
       }
       float acc[32];
       key_grad_chunk(acc, t, pair + rank, value_part);
-      exchange.receive_into_keys(acc, keys, g.grad_key, pair + rank, warp, lane);
-      exchange.release(exchange.last_of_tile(m), lane);
+      exchange.receive_into_keys(acc, keys, g.grad_key, pair + rank, m, warp, lane);
     }
     if constexpr (kChunks % 2 == 1) {
       constexpr int c = kEndChunk - 1;
       float acc[32];
       key_grad_chunk(acc, t, c, c < Tr::kValueBlocks);
       if (exchange.receives_last()) {
-        exchange.receive_into_keys(acc, keys, g.grad_key, c, warp, lane);
+        exchange.receive_into_keys(acc, keys, g.grad_key, c, kChunks / 2, warp, lane);
       } else {
-        exchange.send(acc);
+        exchange.send(acc, kChunks / 2);
       }
     }
     return;

@@ -154,10 +154,11 @@ struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
   static constexpr int kStagePastTile = kStageBytes > kLateBytes ? kStageBytes - kLateBytes : 0;
   // With H a multiple of 128 the query's two 64-head blocks run as a cluster and sum their
   // partials of every chunk before one of them adds it into the key rows (PartialExchange): a
-  // warpgroup receives its partner's partial (its 128 threads' 32 accumulators) into a landing
-  // buffer over the staging (kLandingBytes), and four mbarriers (full, free for each warpgroup)
-  // signal it. A warpgroup forms its chunks in pairs (2m, 2m + 1), and either block may send the
-  // first: both chunks of a pair must be alike, with or without the value part (kPairable).
+  // warpgroup receives its partner's partial (its 128 threads' 32 accumulators, rounded to bf16:
+  // the SM-to-SM network carries them at about the rate the L2 adds fp32) into one of
+  // kLandingSlots landing buffers over the staging (kLandingBytes each), each with two mbarriers
+  // (full, free). A warpgroup forms its chunks in pairs (2m, 2m + 1), and either block may send
+  // the first: both chunks of a pair must be alike, with or without the value part (kPairable).
   static constexpr bool pairs_alike() {
     for (int wg = 0; wg < 2; ++wg) {
       const int first = wg == 0 ? 0 : kDkvFirstChunks, end = wg == 0 ? kDkvFirstChunks : kBlocks;
@@ -168,13 +169,16 @@ struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
     return true;
   }
   static constexpr bool kPairable = pairs_alike();
-  static constexpr int kLandingBytes = 128 * 32 * 4;
-  static_assert(2 * kLandingBytes <= kStageBytes, "both landing buffers lie in the staging");
+  static constexpr int kLandingSlots = 2;
+  static constexpr int kLandingBytes = 128 * 32 * 2;
+  static constexpr int kExchangeBarriers = 2 * 2 * kLandingSlots;
+  static_assert(2 * kLandingSlots * kLandingBytes <= kStageBytes,
+                "both warpgroups' landing buffers lie in the staging");
   // Q, dO, the P and dS tiles ([rows x keys], one 128-byte column block each), the K tile, the
   // staging past it, three tiles' key indices, then the exchange's mbarriers.
   static constexpr int kSmemBytes =
       2 * (kRows * kDimQk + kRows * kDimV + kKeys * kDimQk + 2 * kRows * kKeys) + kStagePastTile +
-      3 * kKeys * 4 + 4 * 8;
+      3 * kKeys * 4 + kExchangeBarriers * 8;
   // kBlocks >= 3: warpgroup 0 holds at least one n128 pair of dq blocks.
   static constexpr bool kSupported = kDimQk % 64 == 0 && kDimV % 64 == 0 && kDimV <= kDimQk &&
                                      kBlocks >= 3 && kSmemBytes <= 227 * 1024;
