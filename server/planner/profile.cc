@@ -51,7 +51,7 @@ DeviceProfile H200() {
   p.naive_topk_tflops = 27.5;
   SetSparse(&p, 251, 94, 127, 72);
   p.latent_fwd_tflops = 581;
-  p.latent_bwd_tflops = 267;
+  p.latent_bwd_tflops = 304;
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
@@ -92,9 +92,9 @@ DeviceProfile H200() {
       "local selections on H200, 581 TFLOP/s; 555 with random selections (docs/performance.md "
       "section 7, 7c22698)";
   p.sources["latent_bwd_tflops"] =
-      "measured: hyscale sparse_attn_latent bwd (one kernel, atomic) at H = 128, 128K, local "
-      "selections on H200, 267 TFLOP/s; 248 with random selections (docs/performance.md "
-      "section 7, 7c22698)";
+      "measured: hyscale sparse_attn_latent bwd (one kernel, atomic, query pairs exchanging "
+      "bf16 partials) at H = 128, 128K, local selections on H200, 304 TFLOP/s; 288 with random "
+      "selections (docs/performance.md section 7, 2026-12-02)";
   p.sources["gather_fwd_tflops"] = "measured: gather baseline fwd 72.6 TFLOP/s at 32K on H200";
   p.sources["gather_bwd_tflops"] =
       "measured, rough: gather baseline bwd 16.4 TFLOP/s at 64K on H200 (9.3 at 32K; the "
