@@ -8,7 +8,8 @@ A kernel change is judged against the build before it on the same machine and in
 state: the GPU's clock drifts by several percent between runs and machines, more than many changes
 are worth. Each library runs in its own process (both register the same op names), round after
 round, new then old; the table gives each round's medians (CUDA events after a warm-up) and the
-ratio of the medians over all rounds. Correctness is sparse_attn_cuda_test's and the main
+ratio of the medians over all rounds, with the median SM clock of each timing (NVML,
+bench/gpu_clock.py) to tell a change from the clock's drift. Correctness is sparse_attn_cuda_test's and the main
 benchmark's business, not this script's.
 
   python3 bench/sparse_attn_ab.py --new build-gpu/kernels/torch/libhyscale_ops.so \\
@@ -21,8 +22,7 @@ import statistics
 import subprocess
 import sys
 
-from flash_topk_bench import timed
-from sparse_attn_bench import DQK, DV, make_indices, make_inputs, useful_flops
+from sparse_attn_bench import DQK, DV, make_indices, make_inputs, timed_with_clock, useful_flops
 
 
 def measure(lib, cases, backward, fwd_runs, bwd_runs):
@@ -36,16 +36,21 @@ def measure(lib, cases, backward, fwd_runs, bwd_runs):
         idx = make_indices(n, 2048, kind, seed=n + 1)
         fwd_flops, bwd_flops = useful_flops(idx)
         fwd = lambda: torch.ops.hyscale.sparse_attn_grouped(q, kv, values, idx, scale, 1)
-        row = dict(n=n, kind=kind, fwd_ms=timed(fwd, fwd_runs)[0], fwd_flops=fwd_flops)
+        fwd_ms, fwd_clock = timed_with_clock(fwd, fwd_runs)
+        row = dict(n=n, kind=kind, fwd_ms=fwd_ms, fwd_flops=fwd_flops, fwd_clock=fwd_clock)
         if backward:
             out, lse = fwd()
             bwd = lambda: torch.ops.hyscale.sparse_attn_latent_backward(
                 grad_out, q, kv, idx, scale, DV, out, lse)
-            row["bwd_ms"] = timed(bwd, bwd_runs)[0]
+            row["bwd_ms"], row["bwd_clock"] = timed_with_clock(bwd, bwd_runs)
             row["bwd_flops"] = bwd_flops
         print(json.dumps(row), flush=True)
         del q, kv, values, grad_out, idx
         torch.cuda.empty_cache()
+
+
+def mhz(clock):
+    return "" if clock is None else f" {clock['sm_mhz']:5.0f} MHz"
 
 
 def main():
@@ -77,10 +82,12 @@ def main():
             for row in map(json.loads, lines.splitlines()):
                 rows[name].append(row)
                 line = (f"round {r + 1} {name:>3} {row['n']:>7} {row['kind']:>6}  fwd "
-                        f"{row['fwd_ms']:8.2f} ms {row['fwd_flops'] / row['fwd_ms'] / 1e9:6.1f} TF/s")
+                        f"{row['fwd_ms']:8.2f} ms {row['fwd_flops'] / row['fwd_ms'] / 1e9:6.1f} TF/s"
+                        f"{mhz(row['fwd_clock'])}")
                 if "bwd_ms" in row:
                     line += (f"  latent bwd {row['bwd_ms']:8.2f} ms "
-                             f"{row['bwd_flops'] / row['bwd_ms'] / 1e9:6.1f} TF/s")
+                             f"{row['bwd_flops'] / row['bwd_ms'] / 1e9:6.1f} TF/s"
+                             f"{mhz(row['bwd_clock'])}")
                 print(line, flush=True)
     for n, kind in cases:
         pick = {name: [x for x in rows[name] if x["n"] == n and x["kind"] == kind]

@@ -18,7 +18,9 @@ wgmma forward gathers once per key row; at G = 1 it also times sparse_attn_laten
 kernel for dq and the latent's whole gradient; "latent bwd"), checked against the separate
 backward's key gradient plus its value gradient (max difference over max magnitude). Peak memory
 is the allocator's peak above the inputs during the call. The HyScale output is checked against
-the baseline on every run (max abs difference).
+the baseline on every run (max abs difference). Beside each HyScale figure: the median SM clock
+and board power while it was timed, and how often the power cap held the clock down (NVML,
+bench/gpu_clock.py): the H200 reaches its 700 W limit within tens of milliseconds here.
 
   python3 bench/sparse_attn_bench.py --lib build-pytorch/kernels/torch/libhyscale_ops.so
 """
@@ -28,10 +30,18 @@ import json
 import torch
 
 from flash_topk_bench import timed as timed_runs  # (median, all) of CUDA-event timings
+from gpu_clock import ClockMonitor, describe
 
 
 def timed(fn, runs):
     return timed_runs(fn, runs)[0]
+
+
+def timed_with_clock(fn, runs):
+    """(median ms, the SM clock and power while the runs and their warm-up ran)."""
+    with ClockMonitor() as clock:
+        ms = timed(fn, runs)
+    return ms, clock.summary()
 
 H, DQK, DV = 128, 576, 512
 
@@ -192,18 +202,21 @@ def main():
                     sample = torch.randperm(n, device="cuda")[:512]
                     want = gather_attn(q[sample], key, value, idx[sample], scale, a.chunk)
                     check = float((out[sample].float() - want.float()).abs().max())
-                t_f = timed(lambda: fwd_op(q, key, value, idx, scale, group), a.runs)
+                t_f, clock_f = timed_with_clock(lambda: fwd_op(q, key, value, idx, scale, group),
+                                                a.runs)
                 m_f = peak_extra(lambda: fwd_op(q, key, value, idx, scale, group))
                 bwd = lambda det=False: bwd_op(grad_out, q, key, value, idx, scale, out, lse, group, det)
-                t_b, m_b = (float("nan"), float("nan")) if a.forward_only else (timed(bwd, a.runs),
-                                                                                 peak_extra(bwd))
+                t_b, clock_b, m_b = float("nan"), None, float("nan")
+                if not a.forward_only:
+                    t_b, clock_b = timed_with_clock(bwd, a.runs)
+                    m_b = peak_extra(bwd)
                 dd = dedup_factor(idx, group)
                 r = dict(n=n, kind=kind, impl="hyscale", value_in_key=a.value_in_key, group=group,
                          dedup=dd, fwd_ms=t_f,
                          bwd_ms=t_b, fwd_tflops=f_fwd / t_f / 1e9, bwd_tflops=f_bwd / t_b / 1e9,
                          fwd_floor=f_fwd / a.peak_tflops / 1e9 / t_f,
                          bwd_floor=f_bwd / a.peak_tflops / 1e9 / t_b, fwd_gib=m_f, bwd_gib=m_b,
-                         max_abs_diff_vs_gather=check)
+                         max_abs_diff_vs_gather=check, fwd_clock=clock_f, bwd_clock=clock_b)
                 if base is not None:
                     r["fwd_speedup"] = base["fwd_ms"] / t_f
                     r["bwd_speedup"] = base["bwd_ms"] / t_b
@@ -217,7 +230,7 @@ def main():
                     r["latent_bwd_rel_diff"] = float((grad_kv.float() - want).abs().max() /
                                                      want.abs().max())
                     del grad_kv, grad_key, grad_value, want
-                    t_l = timed(latent, a.runs)
+                    t_l, r["latent_bwd_clock"] = timed_with_clock(latent, a.runs)
                     r["latent_bwd_ms"], r["latent_bwd_gib"] = t_l, peak_extra(latent)
                     r["latent_bwd_tflops"] = f_bwd / t_l / 1e9
                     r["latent_bwd_floor"] = f_bwd / a.peak_tflops / 1e9 / t_l
@@ -240,6 +253,11 @@ def main():
                               f"{r['latent_bwd_rel_diff']:.1e}")
                     if "latent_bwd_speedup" in r:
                         extra += f"  x{r['latent_bwd_speedup']:.2f} vs gather"
+                extra += f"\n{'':>25} fwd at {describe(clock_f)}"
+                if clock_b is not None:
+                    extra += f"; bwd at {describe(clock_b)}"
+                if "latent_bwd_clock" in r:
+                    extra += f"\n{'':>25} latent bwd at {describe(r['latent_bwd_clock'])}"
                 print(f"{n:>7} {kind:>6} {group:>2} {dd:5.2f} | {t_f:8.2f} {r['fwd_tflops']:6.1f} "
                       f"{r['fwd_floor']:5.2f} {m_f:5.1f} | {t_b:8.2f} {r['bwd_tflops']:6.1f} "
                       f"{r['bwd_floor']:5.2f} {m_b:5.1f} | {check:7.4f}{extra}", flush=True)
