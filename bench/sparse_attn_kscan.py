@@ -5,7 +5,8 @@ absorbed shape (H = 128, d_qk = 576, d_v = 512) with a fixed number of queries a
 slot valid, timed for several k. Time grows by the loop's cost per slot; a least-squares line
 through the larger k gives that cost (per 2048 slots) and the intercept, which every block pays
 whatever k is: its launch, its first indices, Q (and dO) and first key blocks, the last products
-with nothing behind them, the output (dq). Each point gives the median SM clock it ran at
+with nothing behind them, the output (dq); for the backward also the op's other kernels, chiefly
+the one forming D = rowsum(dO * O). Each point gives the median SM clock it ran at
 (bench/gpu_clock.py): a line through points at different clocks mixes two effects.
 Correctness is sparse_attn_cuda_test's and sparse_attn_bench.py's business.
 
