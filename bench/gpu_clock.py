@@ -61,7 +61,6 @@ class _Nvml:
             reasons = getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
             self.reasons = reasons or self.lib.nvmlDeviceGetCurrentClocksThrottleReasons
             self.power_limit_w = self._uint("nvmlDeviceGetEnforcedPowerLimit") / 1000
-            self.max_sm_mhz = self._uint("nvmlDeviceGetMaxClockInfo", _NVML_CLOCK_SM)
             self.instant_power = self._instant_power_mw() is not None
         except (OSError, AttributeError, RuntimeError) as e:
             self.error = str(e)
@@ -89,9 +88,10 @@ class _Nvml:
         reasons = ctypes.c_ulonglong()
         if self.reasons(self.device, ctypes.byref(reasons)) != 0:
             raise RuntimeError("reading the clock-event reasons failed")
-        power_mw = (self._instant_power_mw() if self.instant_power else
-                    self._uint("nvmlDeviceGetPowerUsage"))
-        return (self._uint("nvmlDeviceGetClockInfo", _NVML_CLOCK_SM), (power_mw or 0) / 1000,
+        power_mw = self._instant_power_mw() if self.instant_power else None
+        if power_mw is None:  # no instant field, or this read of it failed
+            power_mw = self._uint("nvmlDeviceGetPowerUsage")
+        return (self._uint("nvmlDeviceGetClockInfo", _NVML_CLOCK_SM), power_mw / 1000,
                 reasons.value)
 
 
@@ -149,7 +149,7 @@ class ClockMonitor:
             return sum(1 for s in self.samples if s[2] & bits) / len(self.samples)
 
         return dict(sm_mhz=statistics.median(clocks), sm_mhz_min=min(clocks),
-                    sm_mhz_max_rated=self._nvml.max_sm_mhz, power_w=statistics.median(power),
+                    power_w=statistics.median(power),
                     power_w_max=max(power), power_limit_w=self._nvml.power_limit_w,
                     power_instant=self._nvml.instant_power,
                     power_capped=share(_REASON_SW_POWER_CAP | _REASON_HW_POWER_BRAKE),

@@ -9,8 +9,8 @@ state: the GPU's clock drifts by several percent between runs and machines, more
 are worth. Each library runs in its own process (both register the same op names), round after
 round, new then old; the table gives each round's medians (CUDA events after a warm-up) and the
 ratio of the medians over all rounds, with the median SM clock of each timing (NVML,
-bench/gpu_clock.py) to tell a change from the clock's drift. Correctness is sparse_attn_cuda_test's and the main
-benchmark's business, not this script's.
+bench/gpu_clock.py) to tell a change from the clock's drift. Correctness is
+sparse_attn_cuda_test's and the main benchmark's business, not this script's.
 
   python3 bench/sparse_attn_ab.py --new build-gpu/kernels/torch/libhyscale_ops.so \\
       --old /tmp/old/build-gpu/kernels/torch/libhyscale_ops.so --cases 32768:local,131072:random \\

@@ -43,6 +43,7 @@ def timed_with_clock(fn, runs):
         ms = timed(fn, runs)
     return ms, clock.summary()
 
+
 H, DQK, DV = 128, 576, 512
 
 

@@ -57,12 +57,12 @@ def main():
         points = []
         for k in ks:
             idx = selections(kind, a.queries, a.keys, k, g)
-            fwd = lambda: torch.ops.hyscale.sparse_attn_grouped(q, kv, kv[:, :DV], idx, scale, 1)
+            run = lambda: torch.ops.hyscale.sparse_attn_grouped(q, kv, kv[:, :DV], idx, scale, 1)
             if a.backward:
-                out, lse = fwd()
+                out, lse = run()
                 run = lambda: torch.ops.hyscale.sparse_attn_latent_backward(
                     grad_out, q, kv, idx, scale, DV, out, lse)
-            ms, clock = timed_with_clock(run if a.backward else fwd, a.runs)
+            ms, clock = timed_with_clock(run, a.runs)
             points.append((k, ms))
             print(json.dumps(dict(kind=kind, k=k, ms=ms, tflops=flops_per_slot * k / ms / 1e9,
                                   sm_mhz=clock and clock["sm_mhz"])), flush=True)
