@@ -50,7 +50,8 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(a.queries, H, DQK, device="cuda", generator=g).bfloat16()
     kv = torch.randn(a.keys, DQK, device="cuda", generator=g).bfloat16()
-    grad_out = torch.randn(a.queries, H, DV, device="cuda", generator=g).bfloat16()
+    if a.backward:
+        grad_out = torch.randn(a.queries, H, DV, device="cuda", generator=g).bfloat16()
     scale = DQK ** -0.5
     flops_per_slot = 2.0 * a.queries * H * ((3 * DQK + 2 * DV) if a.backward else (DQK + DV))
     for kind in a.kinds.split(","):
