@@ -4,9 +4,11 @@
 // and never writes the [N, M] score table: memory is O(N * topk).
 //
 // Output contract (every backend):
-//   indices [N, topk] int32: the min(topk, visible) largest scores, sorted by score descending;
-//     equal scores keep the smaller key index first (and ties at the k-th score select the
-//     smaller key indices). Unused slots (fewer visible keys than topk) hold -1.
+//   indices [N, topk] int32: the keys of the min(topk, visible) largest scores (ties at the k-th
+//     score select the smaller key indices), in ascending key order: position order lets sparse
+//     attention's backward walk every query's keys through the sequence in step
+//     (docs/sparse_attn.md, "The latent backward"). Unused slots (fewer visible keys than topk)
+//     hold -1.
 //   scores  [N, topk]: the score of each selected key; -infinity in unused slots.
 #pragma once
 

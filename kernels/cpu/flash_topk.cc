@@ -50,10 +50,11 @@ class RunningTopK {
     if (static_cast<int64_t>(buffer_.size()) == 2 * k_) prune();
   }
 
-  // Writes the selection best first; unused slots get -1 / -infinity.
+  // Writes the selection in key order; unused slots get -1 / -infinity.
   void write(int32_t* indices, T* scores) {
     if (static_cast<int64_t>(buffer_.size()) > k_) prune();
-    std::sort(buffer_.begin(), buffer_.end(), ranks_before<T>);
+    std::sort(buffer_.begin(), buffer_.end(),
+              [](const Candidate<T>& a, const Candidate<T>& b) { return a.index < b.index; });
     const int64_t n = buffer_.size();
     for (int64_t i = 0; i < k_; ++i) {
       indices[i] = i < n ? buffer_[i].index : -1;

@@ -6,8 +6,8 @@
 //   3. main pass:  score every visible key, keep (score, key) only when score >= threshold, in a
 //                  bounded per-row candidate buffer;
 //   4. finish:     per row, exact top-k of the candidates (radix select, ties to the smaller key,
-//                  bitonic sort); rows whose threshold missed (fewer than topk candidates, or more
-//                  than the buffer holds) are listed...
+//                  bitonic sort into key order); rows whose threshold missed (fewer than topk
+//                  candidates, or more than the buffer holds) are listed...
 //   5. fallback:   ...and rescored with no threshold into full-row buffers, then finished alike.
 // Scores are never written for all keys (except in the fallback, for the few listed rows).
 #include <cuda_bf16.h>
@@ -304,7 +304,7 @@ struct FinishParams {
   int* failed_count;
 };
 
-// Per row: exact top-k of its candidates, sorted by score descending then key ascending.
+// Per row: exact top-k of its candidates, in ascending key order.
 __global__ void __launch_bounds__(kRadixSelectThreads) finish_rows_kernel(FinishParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto* sorted = reinterpret_cast<unsigned long long*>(smem_raw);
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kRadixSelectThreads) finish_rows_kernel(Finish
       const uint32_t score_key = ordered_key(scores[i]);
       const uint32_t key = static_cast<uint32_t>(keys[i]);
       if (score_key > kth.key || (score_key == kth.key && key <= last_key)) {
-        sorted[atomicAdd(&filled, 1)] = (static_cast<unsigned long long>(~score_key) << 32) | key;
+        sorted[atomicAdd(&filled, 1)] = (static_cast<unsigned long long>(key) << 32) | score_key;
       }
     }
     __syncthreads();
@@ -368,9 +368,9 @@ __global__ void __launch_bounds__(kRadixSelectThreads) finish_rows_kernel(Finish
   for (int j = threadIdx.x; j < p.topk; j += blockDim.x) {
     const bool used = j < want;
     const unsigned long long entry = used ? sorted[j] : 0;
-    out_indices[j] = used ? static_cast<int32_t>(entry & 0xffffffffu) : -1;
+    out_indices[j] = used ? static_cast<int32_t>(entry >> 32) : -1;
     if (out_scores) {
-      out_scores[j] = used ? from_ordered_key(~static_cast<uint32_t>(entry >> 32)) : kNegInf;
+      out_scores[j] = used ? from_ordered_key(static_cast<uint32_t>(entry & 0xffffffffu)) : kNegInf;
     }
   }
 }

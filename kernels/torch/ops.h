@@ -10,7 +10,7 @@
 namespace hyscale::ops {
 
 struct Selection {
-  at::Tensor indices;  // [.., N, topk] int32, -1 in unused slots
+  at::Tensor indices;  // [.., N, topk] int32 in ascending key order, -1 in unused slots
   at::Tensor scores;   // [.., N, topk] differentiable w.r.t. q, k, w; -inf in unused slots
 };
 

@@ -137,12 +137,14 @@ inline std::vector<double> ref_score_row(const IndexerProblem& p, int64_t row) {
 }
 
 // The reference selection of one row: sort all visible keys by (score desc, index asc), keep
-// min(topk, visible), pad with -1.
+// min(topk, visible) in key order, pad with -1.
 inline std::vector<int32_t> ref_topk_row(const std::vector<double>& scores, int64_t topk) {
   std::vector<int32_t> order(scores.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  const int64_t selected = std::min<int64_t>(topk, order.size());
+  std::sort(order.begin(), order.begin() + selected);
   order.resize(topk, -1);
   return order;
 }
