@@ -1115,7 +1115,8 @@ struct BwdArgs {
   float* grad_value;
   unsigned long long* fixed_key;
   unsigned long long* fixed_value;
-  const float* amax;  // [3]: max |q|, max |dO|, max |value| (fixed-point scales)
+  const float* amax;     // [3]: max |q|, max |dO|, max |value| (fixed-point scales)
+  int resident_queries;  // queries the device runs at once (the latent backward's tile rotation)
 };
 
 // Fixed-point scales (fixed_point_accumulate.cuh) from bounds no partial sum can exceed:
@@ -1801,14 +1802,39 @@ __device__ void latent_bwd_scores(const Problem& p, int j, const LatentBwdTiles<
   }
 }
 
+// A query's key slots with its tiles rotated: slot s reads the list's tile (s / kKeys + first)
+// mod tiles. In position-ordered selections (FlashTopK's) a tile's keys lie in one stretch of the
+// sequence; rotating each query by its launch position makes the queries resident at a time work
+// in the same stretch, so that more of their key rows and gradient rows are found in L2.
+template <int kKeys>
+struct RotatedKeys {
+  KeyList list;
+  int first_slot;
+  __device__ RotatedKeys(const KeyList& keys, int grp, int resident_queries) : list(keys) {
+    // Query grp starts about grp / resident_queries item times after query 0, so by then query 0
+    // has advanced grp * tiles / resident_queries tiles; mod tiles, that is the formula below.
+    first_slot =
+        resident_queries > 0 ? grp % resident_queries * tiles() / resident_queries * kKeys : 0;
+  }
+  // (From the count each time rather than kept: the latent backward has no register to spare.)
+  __device__ int tiles() const { return static_cast<int>(ceil_div(list.count, kKeys)); }
+  __device__ int key(int slot) const {
+    const int span = tiles() * kKeys;
+    if (slot >= span) return -1;
+    const int at = slot + first_slot;
+    return list.key(at >= span ? at - span : at);
+  }
+};
+
 // Warpgroup kWg's products of tile j once P and dS are visible: dq (+)= dS K over its column
 // blocks; then, K(j) free in both warpgroups, the gather of K(j + 1) starts; then its chunks of
 // the key gradient, each added into the key rows (kPaired: by this block or its partner).
 template <class Tr, int kWg, bool kPaired>
-__device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyList& list, int j,
-                                 int tiles, const LatentBwdTiles<Tr>& t,
-                                 float (&dq_pair)[Tr::kDqPairs][64], float (&dq_single)[32],
-                                 uint32_t& exchange_phases, int tid, int warp, int lane) {
+__device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g,
+                                 const RotatedKeys<Tr::kKeys>& list, int j,
+                                 const LatentBwdTiles<Tr>& t, float (&dq_pair)[Tr::kDqPairs][64],
+                                 float (&dq_single)[32], uint32_t& exchange_phases, int tid,
+                                 int warp, int lane) {
   constexpr int DQ = Tr::kDimQk, BK = Tr::kKeys, T = Tr::kThreads;
   constexpr int kFirstBlock = kWg == 0 ? 0 : Tr::kDqFirstBlocks;
   constexpr int kDqBlocks = kWg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks;
@@ -1851,7 +1877,7 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g, const KeyLi
   }
   named_barrier_sync(1, T);  // K(j) is no longer read
   if constexpr (kPaired) exchange.offer(lane);
-  if (j + 1 < tiles) {
+  if (j + 1 < list.tiles()) {
     gather_row_wgmma<DQ, BK, T>(t.key, p.key, t.tile_keys[(j + 1) % 3][tid / (T / BK)], tid, 0,
                                 Tr::kEarlyBlocks);
   }
@@ -1927,7 +1953,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const LatentBwdTiles<Tr> t(latent_bwd_raw);
   const int tid = threadIdx.x, wg = warpgroup_index(), warp = (tid % 128) / 32, lane = tid % 32;
   const auto [grp, h0] = block_tile(p);
-  const KeyList list = key_list(p, grp);
+  const RotatedKeys<BK> list(key_list(p, grp), grp, g.resident_queries);
   load_block_rows<DQ, T>(t.q, p.q, p, grp, h0, tid);
   load_block_rows<DV, T>(t.grad_out, g.grad_out, p, grp, h0, tid);
   // K's early blocks and its late blocks are separate copy groups, as in every later tile.
@@ -1948,8 +1974,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   clear_accumulators(dq_pair);
 #pragma unroll
   for (int i = 0; i < 32; ++i) dq_single[i] = 0.f;
-  const int tiles = static_cast<int>(ceil_div(list.count, BK));
-  for (int j = 0; j < tiles; ++j) {
+  for (int j = 0; j < list.tiles(); ++j) {
     cp_async_wait<1>();  // K(j)'s early blocks (and, first, Q and dO) have landed
     fence_async_shared();
     __syncthreads();  // and the previous tile's P and dS are no longer read
@@ -1961,17 +1986,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_async_shared();  // P and dS are read by wgmma
     __syncthreads();
     if (wg == 0) {
-      latent_bwd_grads<Tr, 0, kPaired>(p, g, list, j, tiles, t, dq_pair, dq_single, exchange_phases,
-                                       tid, warp, lane);
+      latent_bwd_grads<Tr, 0, kPaired>(p, g, list, j, t, dq_pair, dq_single, exchange_phases, tid,
+                                       warp, lane);
     } else {
-      latent_bwd_grads<Tr, 1, kPaired>(p, g, list, j, tiles, t, dq_pair, dq_single, exchange_phases,
-                                       tid, warp, lane);
+      latent_bwd_grads<Tr, 1, kPaired>(p, g, list, j, t, dq_pair, dq_single, exchange_phases, tid,
+                                       warp, lane);
     }
     // Every warp's reductions (or receptions) have read the staging: K(j + 1)'s late blocks can
     // come in.
     bulk_wait_read<0>();
     __syncthreads();
-    if (j + 1 < tiles) {
+    if (j + 1 < list.tiles()) {
       gather_row_wgmma<DQ, BK, T>(t.key, p.key, t.tile_keys[(j + 1) % 3][tid / (T / BK)], tid,
                                   Tr::kEarlyBlocks, Tr::kBlocks);
     }
@@ -2466,6 +2491,8 @@ void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const v
       check(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
           "backward smem");
+      g.resident_queries = static_cast<int>(resident_blocks(kernel, Tr::kThreads, Tr::kSmemBytes) /
+                                            ceil_div(shape.heads, Tr::kRows));
       cudaLaunchConfig_t config{};
       config.gridDim = grid_of(shape, p);
       config.blockDim = dim3(Tr::kThreads);
