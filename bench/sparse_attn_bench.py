@@ -5,8 +5,9 @@ DeepSeek-V3.2 absorbed shape (H = 128, d_qk = 576, d_v = 512, k = 2048, M = N ke
 selections of two kinds: "random" (each query's k keys spread uniformly over its causal window:
 an untrained indexer, adjacent queries share few keys) and "local" (half the slots the most recent
 k/2 keys, half spread over the rest with one draw per block of 16 queries: adjacent queries share
-most keys, as with a trained indexer); "shuffled" is the random kind's keys in no order per row
-(FlashTopK's rows are in key order, as the other kinds). For each N, kind and G:
+most keys, as with a trained indexer); "shuffled" is the random kind's keys in no order per row.
+FlashTopK returns rows in key order, as random's are; local's recent half runs backwards from
+t, its older half in key order. For each N, kind and G:
   fwd / bwd   medians of CUDA-event timings after a warm-up; TFLOP/s counted as useful work on the
               valid (query, slot) pairs: fwd 2 H (d_qk + d_v), bwd 2 H (3 d_qk + 2 d_v) per pair;
               fraction of the bf16 floor (that work at --peak-tflops)
@@ -66,7 +67,7 @@ def make_indices(n, topk, kind, seed):
         # one key per stratum of the window [0, t] (stride (t + 1) / k >= 1: distinct)
         u = torch.rand(n, topk, device="cuda", generator=g)
         idx = strata(u, t + 1, topk)
-        if kind == "shuffled":  # the same keys in no order (FlashTopK's are in score order)
+        if kind == "shuffled":  # the same keys in no order, as a score-ordered selection has them
             order = torch.rand(n, topk, device="cuda", generator=g).argsort(dim=1)
             idx = idx.gather(1, order)
     else:

@@ -31,7 +31,8 @@ struct Candidate {
   int32_t index;
 };
 
-// The selection order: higher score first; equal scores, lower key index first.
+// The rank that decides the selection (not its output order): higher score first; equal scores,
+// lower key index first.
 template <typename T>
 bool ranks_before(const Candidate<T>& a, const Candidate<T>& b) {
   return a.score > b.score || (a.score == b.score && a.index < b.index);

@@ -1816,7 +1816,6 @@ struct RotatedKeys {
     first_slot =
         resident_queries > 0 ? grp % resident_queries * tiles() / resident_queries * kKeys : 0;
   }
-  // (From the count each time rather than kept: the latent backward has no register to spare.)
   __device__ int tiles() const { return static_cast<int>(ceil_div(list.count, kKeys)); }
   __device__ int key(int slot) const {
     const int span = tiles() * kKeys;
