@@ -1153,24 +1153,27 @@ __device__ BwdRows bwd_rows(const Problem& p, const BwdArgs& g, int grp, int h0,
   return r;
 }
 
+// An m64nN accumulator of dq (n columns from col0) as bf16.
+template <int D>
+__device__ void store_dq_columns(const BwdArgs& g, const BwdRows& r, int lane, const float* acc,
+                                 int n, int col0) {
+  for (int i = 0; i < n / 2; i += 4) {
+    const int col = col0 + 8 * (i / 4) + 2 * (lane % 4);
+    store_pair(g.grad_q, r.row_a, D, col, acc[i], acc[i + 1]);
+    store_pair(g.grad_q, r.row_b, D, col, acc[i + 2], acc[i + 3]);
+  }
+}
 // Stores a warpgroup's dq accumulators as bf16: `blocks` 64-wide column blocks from first_block,
 // n128 pairs in `pairs`, then one n64 block in `single` when `blocks` is odd.
 template <int D, int kPairs>
 __device__ void store_dq(const BwdArgs& g, const BwdRows& r, int lane,
                          const float (&pairs)[kPairs][64], const float (&single)[32],
                          int first_block, int blocks) {
-  auto store = [&](const float* acc, int n, int col0) {
-    for (int i = 0; i < n / 2; i += 4) {
-      const int col = col0 + 8 * (i / 4) + 2 * (lane % 4);
-      store_pair(g.grad_q, r.row_a, D, col, acc[i], acc[i + 1]);
-      store_pair(g.grad_q, r.row_b, D, col, acc[i + 2], acc[i + 3]);
-    }
-  };
 #pragma unroll
   for (int c = 0; c < kPairs; ++c) {
-    if (c < blocks / 2) store(pairs[c], 128, (first_block + 2 * c) * 64);
+    if (c < blocks / 2) store_dq_columns<D>(g, r, lane, pairs[c], 128, (first_block + 2 * c) * 64);
   }
-  if (blocks % 2 == 1) store(single, 64, (first_block + blocks - 1) * 64);
+  if (blocks % 2 == 1) store_dq_columns<D>(g, r, lane, single, 64, (first_block + blocks - 1) * 64);
 }
 
 // The dkey (key) or dvalue scale, for fixed_to_float_kernel.
@@ -1831,12 +1834,12 @@ struct RotatedKeys {
 template <class Tr, int kWg, bool kPaired>
 __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g,
                                  const RotatedKeys<Tr::kKeys>& list, int j,
-                                 const LatentBwdTiles<Tr>& t, float (&dq_pair)[Tr::kDqPairs][64],
-                                 float (&dq_single)[32], uint32_t& exchange_phases, int tid,
-                                 int warp, int lane) {
+                                 const LatentBwdTiles<Tr>& t,
+                                 float (&dq_pair)[Tr::kDqPairArrays][64], float (&dq_single)[32],
+                                 float (&dq_half)[16], uint32_t& exchange_phases, int tid, int warp,
+                                 int lane) {
   constexpr int DQ = Tr::kDimQk, BK = Tr::kKeys, T = Tr::kThreads;
-  constexpr int kFirstBlock = kWg == 0 ? 0 : Tr::kDqFirstBlocks;
-  constexpr int kDqBlocks = kWg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks;
+  constexpr int kFirstBlock = kWg * Tr::kDqBlocksEach, kHalfCol = (Tr::kBlocks - 1) * 64 + 32 * kWg;
   constexpr int kFirstChunk = kWg == 0 ? 0 : Tr::kDkvFirstChunks;
   constexpr int kEndChunk = kWg == 0 ? Tr::kDkvFirstChunks : Tr::kBlocks;
   constexpr int kChunks = kEndChunk - kFirstChunk;
@@ -1845,29 +1848,34 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g,
   static_assert(BK <= 128, "warpgroup 0 holds a tile's slots");
   const bool loads_ahead = kWg == 0 && tid < BK;
   const int ahead = loads_ahead ? list.key((j + 2) * BK + tid) : -1;
+  auto fence_dq = [&] {
 #pragma unroll
-  for (int c = 0; c < Tr::kDqPairs; ++c) fence_accumulators(dq_pair[c]);
-  fence_accumulators(dq_single);
+    for (int c = 0; c < Tr::kDqPairs; ++c) fence_accumulators(dq_pair[c]);
+    if constexpr (Tr::kDqSingle) fence_accumulators(dq_single);
+    if constexpr (Tr::kDqHalf) fence_accumulators(dq_half);
+  };
+  fence_dq();
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < BK / 16; ++ks) {
     const uint64_t a = matrix_descriptor<64>(t.grad_score, 0, ks);
 #pragma unroll
-    for (int c = 0; c < kDqBlocks / 2; ++c) {
+    for (int c = 0; c < Tr::kDqPairs; ++c) {
       Wgmma<128, 1>::run(dq_pair[c], a,
                          mn_major_descriptor<BK>(t.key, (kFirstBlock + 2 * c) * 64, ks * 16), 1);
     }
-    if constexpr (kDqBlocks % 2 == 1) {
-      Wgmma<64, 1>::run(dq_single, a,
-                        mn_major_descriptor<BK>(t.key, (kFirstBlock + kDqBlocks - 1) * 64, ks * 16),
-                        1);
+    if constexpr (Tr::kDqSingle) {
+      Wgmma<64, 1>::run(
+          dq_single, a,
+          mn_major_descriptor<BK>(t.key, (kFirstBlock + Tr::kDqBlocksEach - 1) * 64, ks * 16), 1);
+    }
+    if constexpr (Tr::kDqHalf) {
+      Wgmma<32, 1>::run(dq_half, a, mn_major_descriptor<BK>(t.key, kHalfCol, ks * 16), 1);
     }
   }
   wgmma_commit();
   wgmma_wait<0>();
-#pragma unroll
-  for (int c = 0; c < Tr::kDqPairs; ++c) fence_accumulators(dq_pair[c]);
-  fence_accumulators(dq_single);
+  fence_dq();
   if (loads_ahead) {
     // (Read at tiles j + 1 and j + 2, past barriers; the slot's last reader, tile j - 1's
     // atomics, finished before this tile's first barrier.) Its rows are not prefetched into L2:
@@ -1969,10 +1977,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cluster_sync();  // the partner's mbarriers are initialized before any arrival on them
   }
 
-  float dq_pair[Tr::kDqPairs][64], dq_single[32];
+  float dq_pair[Tr::kDqPairArrays][64], dq_single[32], dq_half[16];
   clear_accumulators(dq_pair);
 #pragma unroll
   for (int i = 0; i < 32; ++i) dq_single[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) dq_half[i] = 0.f;
   for (int j = 0; j < list.tiles(); ++j) {
     cp_async_wait<1>();  // K(j)'s early blocks (and, first, Q and dO) have landed
     fence_async_shared();
@@ -1985,11 +1995,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_async_shared();  // P and dS are read by wgmma
     __syncthreads();
     if (wg == 0) {
-      latent_bwd_grads<Tr, 0, kPaired>(p, g, list, j, t, dq_pair, dq_single, exchange_phases, tid,
-                                       warp, lane);
+      latent_bwd_grads<Tr, 0, kPaired>(p, g, list, j, t, dq_pair, dq_single, dq_half,
+                                       exchange_phases, tid, warp, lane);
     } else {
-      latent_bwd_grads<Tr, 1, kPaired>(p, g, list, j, t, dq_pair, dq_single, exchange_phases, tid,
-                                       warp, lane);
+      latent_bwd_grads<Tr, 1, kPaired>(p, g, list, j, t, dq_pair, dq_single, dq_half,
+                                       exchange_phases, tid, warp, lane);
     }
     // Every warp's reductions (or receptions) have read the staging: K(j + 1)'s late blocks can
     // come in.
@@ -2004,8 +2014,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cp_async_wait<0>();
   bulk_wait_all();
 
-  store_dq<DQ>(g, r, lane, dq_pair, dq_single, wg == 0 ? 0 : Tr::kDqFirstBlocks,
-               wg == 0 ? Tr::kDqFirstBlocks : Tr::kBlocks - Tr::kDqFirstBlocks);
+  store_dq<DQ>(g, r, lane, dq_pair, dq_single, wg * Tr::kDqBlocksEach, Tr::kDqBlocksEach);
+  if constexpr (Tr::kDqHalf) {
+    store_dq_columns<DQ>(g, r, lane, dq_half, 32, (Tr::kBlocks - 1) * 64 + 32 * wg);
+  }
   if constexpr (kPaired) cluster_sync();  // the partner no longer arrives on this block's mbarriers
 }
 

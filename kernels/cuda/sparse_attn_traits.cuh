@@ -113,7 +113,7 @@ struct SparseAttnLatentTraits : WholeHeadTile<kDimQk_, kDimV_> {
 // whole gradient (sm_90a): a block is one query's 64 heads, two warpgroups, 64-key tiles gathered
 // into one K tile. Warpgroup w computes S and dP for keys 32w.. of a tile (m64n32), then P and dS
 // (bf16) go to shared memory, where both warpgroups read them: dq (+)= dS K into registers, the
-// 64-wide column blocks split between the warpgroups (the first takes the odd one), and the key
+// 64-wide column blocks split evenly between the warpgroups (an odd one by halves), and the key
 // gradient dS^T Q + P^T dO (the value part added into the first d_v columns) a 64-column chunk at
 // a time (m64n64, keys as M), added into the key rows with fp32 atomics. The next K tile streams
 // in while the key gradient is formed: only S, dP and dq read K.
@@ -124,14 +124,21 @@ struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
   static constexpr int kThreads = 256;
   static constexpr int kBlocks = kDimQk / 64;      // 64-column blocks of dq and chunks of dkv
   static constexpr int kValueBlocks = kDimV / 64;  // chunks that also take P^T dO
-  static constexpr int kDqFirstBlocks = (kBlocks + 1) / 2;  // warpgroup 0's; the rest to 1
-  static constexpr int kDqPairs = kDqFirstBlocks / 2;       // n128 accumulators at most
+  // dq: warpgroup w takes kDqBlocksEach whole column blocks from w * kDqBlocksEach (n128 pairs,
+  // then an n64 block if their count is odd) and, when kBlocks is odd, columns 32w .. 32w + 31 of
+  // the last block (n32), so that both hold the same number of accumulators: the kernel is at
+  // the register limit, and the warpgroup with more sets it.
+  static constexpr int kDqBlocksEach = kBlocks / 2;
+  static constexpr int kDqPairs = kDqBlocksEach / 2;
+  static constexpr int kDqPairArrays = kDqPairs > 0 ? kDqPairs : 1;  // no zero-length array
+  static constexpr bool kDqSingle = kDqBlocksEach % 2 == 1;
+  static constexpr bool kDqHalf = kBlocks % 2 == 1;
   // Warpgroup 0 takes the first key-gradient chunks, as many as balance the k16 steps of both
-  // warpgroups' dq and dkv products (4 a dq block, 4 or 8 a chunk).
+  // warpgroups' dq and dkv products (4 a dq block, 2 a half, 4 or 8 a chunk).
   static constexpr int dkv_first_chunks() {
     int best = 0, best_gap = 1 << 30;
     for (int split = 0; split <= kBlocks; ++split) {
-      int work[2] = {4 * kDqFirstBlocks, 4 * (kBlocks - kDqFirstBlocks)};
+      int work[2] = {4 * kDqBlocksEach + 2 * kDqHalf, 4 * kDqBlocksEach + 2 * kDqHalf};
       for (int c = 0; c < kBlocks; ++c) work[c < split ? 0 : 1] += c < kValueBlocks ? 8 : 4;
       const int gap = work[0] > work[1] ? work[0] - work[1] : work[1] - work[0];
       if (gap < best_gap) best = split, best_gap = gap;
@@ -179,7 +186,7 @@ struct SparseAttnLatentBwdTraits : WholeHeadTile<kDimQk_, kDimV_> {
   static constexpr int kSmemBytes =
       2 * (kRows * kDimQk + kRows * kDimV + kKeys * kDimQk + 2 * kRows * kKeys) + kStagePastTile +
       3 * kKeys * 4 + kExchangeBarriers * 8;
-  // kBlocks >= 3: warpgroup 0 holds at least one n128 pair of dq blocks.
+  // kBlocks >= 3: the shapes the GPU tests cover (d_qk = 128 takes the separate values' kernels).
   static constexpr bool kSupported = kDimQk % 64 == 0 && kDimV % 64 == 0 && kDimV <= kDimQk &&
                                      kBlocks >= 3 && kSmemBytes <= 227 * 1024;
 };

@@ -155,7 +155,10 @@ __device__ __forceinline__ uint64_t descriptor_here(uint64_t descriptor) {
 template <int kRows>
 __device__ __forceinline__ uint64_t mn_major_descriptor(const __nv_bfloat16* tile, int first_col,
                                                         int first_row) {
-  const __nv_bfloat16* start = tile + (first_col / 64) * (kRows * 64) + first_row * 64;
+  // first_col % 64 == 32 starts 64 bytes into the rows (an n32 operand over a block's second
+  // half): the hardware applies the swizzle to the final address.
+  const __nv_bfloat16* start =
+      tile + (first_col / 64) * (kRows * 64) + first_row * 64 + first_col % 64;
   constexpr uint64_t kLeadingBytes = kRows * 128;  // next 64 columns
   constexpr uint64_t kStrideBytes = 1024;          // next 8 rows
   constexpr uint64_t kSwizzle128B = uint64_t(1) << 62;
