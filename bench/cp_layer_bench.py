@@ -173,7 +173,7 @@ def cp_step(cfg, stack, ex, local, grad_out, pieces, mark):
             again = ex.gather(local, ["k_i"])
             pending["kv"] = ex.gather(local, ex.attention)
             ex.finish(again, mark, "k_i (recompute)")
-        elif name == "recompute selection":
+        elif name == "recompute selection" and "kv" in pending:  # the first row chunk
             ex.finish(pending.pop("kv"), mark, "key/value (recompute)")
 
     r = dsa.STEPS[stack](cfg, L, grad_out, stack_mark, pieces=pieces)

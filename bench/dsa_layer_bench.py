@@ -18,9 +18,9 @@ w [N, H_I], and the step's loss is sum(out * grad_out) + lambda * mean_t KL_t.
        megatron   naive selection, attention by gather in torch (fp32 softmax), torch target and
                   KL, re-selection on recompute; recompute + backward chunked over query rows
      medians of --runs (--baseline-runs) CUDA-event timings after a warm-up, per-phase times,
-     peak memory (torch.cuda.max_memory_allocated, reset before each), and the longest N each
-     trains on this GPU (doubling N from the largest size that ran until it runs out of memory,
-     at most --max-n).
+     peak memory (torch.cuda.max_memory_allocated, reset before each phase), and the longest N each
+     trains on this GPU, to --longest-step tokens (longest_n: predicted from the measured peaks,
+     confirmed by running the step there and one step beyond; at most --max-n; GPU only).
 The gate runs on fp32 inputs holding bf16 values (fp64 on the CPU); the timings on bf16 (fp32 on
 the CPU). At the default sizes the whole run takes about 6 minutes on an H200, mostly the
 baseline (its gather backward alone is ~5 s at 32K, bench/sparse_attn_bench.py).
@@ -74,7 +74,8 @@ class Clock:
 
 
 def timed_step(clock, step, runs, warmup):
-    """Median total and per-phase medians of `step(mark)`; mark(name) closes a phase."""
+    """Median total and per-phase medians of `step(mark)`; mark(name) closes a phase (a name
+    marked more than once in a step, as a phase of each row chunk, adds up)."""
     for _ in range(warmup):
         step(lambda name: None)
     clock.sync()
@@ -82,8 +83,11 @@ def timed_step(clock, step, runs, warmup):
     for _ in range(runs):
         marks = [("start", clock.now())]
         step(lambda name: marks.append((name, clock.now())))
+        run = {}
         for (_, a), (name, b) in zip(marks, marks[1:]):
-            phases.setdefault(name, []).append(clock.ms(a, b))
+            run[name] = run.get(name, 0.0) + clock.ms(a, b)
+        for name, ms in run.items():
+            phases.setdefault(name, []).append(ms)
         totals.append(clock.ms(marks[0][1], marks[-1][1]))
     return statistics.median(totals), {k: statistics.median(v) for k, v in phases.items()}
 
@@ -92,16 +96,23 @@ def timed(clock, fn, runs, warmup=1):
     return timed_step(clock, lambda mark: (fn(), mark("all")), runs, warmup)[0]
 
 
-def peak_gib(device, fn):
-    """Peak allocated memory during fn (inputs included); None on the CPU."""
+def phase_peaks_gib(device, step):
+    """Peak allocated memory (inputs included) in each phase of `step(mark)`, in GiB; {} on the
+    CPU. The step's peak is the largest; the phase holding it says what to shrink."""
     if device.type != "cuda":
-        fn()
-        return None
+        step(lambda name: None)
+        return {}
+    peaks = {}
+
+    def mark(name):
+        torch.cuda.synchronize()
+        peaks[name] = max(peaks.get(name, 0.0), torch.cuda.max_memory_allocated() / GiB)
+        torch.cuda.reset_peak_memory_stats()
+
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() / GiB
+    step(mark)
+    return peaks
 
 
 def is_oom(e):
@@ -164,37 +175,86 @@ def by_piece(L, pieces, fn):
 
 # ---- HyScale ---------------------------------------------------------------------------------
 
-def hyscale_attention(cfg, L, value, idx, scale):
+def hyscale_attention(cfg, q, key, value, idx, scale):
     """sparse_attn; for a latent sparse_attn_latent (one tensor, one gradient: its backward forms
     the key rows' whole gradient in one kernel)."""
     if value_in_key(cfg):
-        return torch.ops.hyscale.sparse_attn_latent(L["q"], L["key"], idx, scale, cfg.dv)
-    return torch.ops.hyscale.sparse_attn(L["q"], L["key"], value, idx, scale)
+        return torch.ops.hyscale.sparse_attn_latent(q, key, idx, scale, cfg.dv)
+    return torch.ops.hyscale.sparse_attn(q, key, value, idx, scale)
+
+
+def row_chunks(n, rows):
+    """Query rows [0, n) in chunks of `rows` (0: one chunk)."""
+    rows = rows or n
+    return [slice(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
+
+
+def chunk_pieces(pieces, n, rows):
+    """`pieces` (as in by_piece) cut to the row chunk `rows`, row numbers relative to it."""
+    cut = []
+    for lo, m, offset in pieces or [(0, n, 0)]:
+        a, b = max(lo, rows.start), min(lo + m, rows.stop)
+        if a < b:
+            cut.append((a - rows.start, b - a, offset + a - lo))
+    return cut
+
+
+def recompute_backward(cfg, L, grad_out, chunk_layer, rows, mark, done="backward"):
+    """Activation recomputation and backward, query-row chunk by chunk: each chunk's graph is
+    built by chunk_layer(c, leaves) -> (out, summed KL) and freed by its own backward, so one
+    chunk's activations are alive at a time. The query side's chunks are leaves of their own, their
+    gradients copied into place; the key side's leaves gather theirs over the chunks."""
+    n = L["q"].shape[0]
+    chunks = row_chunks(n, rows)
+    key_side = {name: L[name].detach().requires_grad_(True) for name in ("key", "value", "k_i")
+                if name in L}
+    query_side = ("q", "q_i", "w")
+    whole = len(chunks) == 1  # the chunk's gradients are the whole ones: no copy
+    grads = {} if whole else {name: torch.empty_like(L[name]) for name in query_side}
+    for c in chunks:
+        leaves = dict(key_side, **{name: L[name][c].detach().requires_grad_(True)
+                                   for name in query_side})
+        out, kl = chunk_layer(c, leaves)
+        torch.autograd.backward([out, kl * cfg.kl_weight / n], [grad_out[c], None])
+        for name in query_side:
+            if whole:
+                grads[name] = leaves[name].grad
+            else:
+                grads[name][c] = leaves[name].grad
+        mark(done)
+    grads.update({name: leaf.grad for name, leaf in key_side.items()})
+    for name, g in grads.items():
+        L[name].grad = g.to(L[name].dtype)
 
 
 def hyscale_step(cfg, L, grad_out, mark=lambda name: None, pieces=None):
-    ops, scale = torch.ops.hyscale, cfg.dqk ** -0.5
-    value = value_of(cfg, L["key"], L.get("value"))  # outside no_grad: recomputation needs it
+    """Recomputation and backward over chunks of cfg.recompute_rows query rows (0: all)."""
+    ops, scale, n = torch.ops.hyscale, cfg.dqk ** -0.5, L["q"].shape[0]
     with torch.no_grad():
         idx, scores = by_piece(L, pieces, lambda r, off: ops.flash_topk(
             L["q_i"][r], L["k_i"], L["w"][r], cfg.topk, off))
         mark("fwd selection")
-        out, lse = hyscale_attention(cfg, L, value, idx, scale)
+        value = value_of(cfg, L["key"], L.get("value"))
+        out, lse = hyscale_attention(cfg, L["q"], L["key"], value, idx, scale)
         mark("fwd attention")
         target = ops.selected_attention_mass(L["q"], L["key"], idx, lse, scale)
         loss = ops.indexer_kl(scores, target).mean()
         mark("fwd indexer loss")
+
     # Recomputation: the selection is replayed, only its scores are recomputed; the target is a
     # constant of the loss, kept from the forward like the indices (N * k fp32).
-    score = by_piece(L, pieces, lambda r, off: ops.index_score_gather(
-        L["q_i"][r], L["k_i"], L["w"][r], idx[r], off))
-    mark("recompute selection")
-    out, lse = hyscale_attention(cfg, L, value, idx, scale)
-    kl = ops.indexer_kl(score, target).mean()
-    mark("recompute attention + loss")
-    torch.autograd.backward([out, kl * cfg.kl_weight], [grad_out, None])
-    mark("backward")
-    return dict(idx=idx, out=out.detach(), lse=lse, loss=loss, target=target)
+    def chunk_layer(c, leaves):
+        score = by_piece(L, chunk_pieces(pieces, n, c), lambda r, off: ops.index_score_gather(
+            leaves["q_i"][r], leaves["k_i"], leaves["w"][r], idx[c][r], off))
+        mark("recompute selection")
+        value = value_of(cfg, leaves["key"], leaves.get("value"))
+        o, _ = hyscale_attention(cfg, leaves["q"], leaves["key"], value, idx[c], scale)
+        kl = ops.indexer_kl(score, target[c]).sum()
+        mark("recompute attention + loss")
+        return o, kl
+
+    recompute_backward(cfg, L, grad_out, chunk_layer, cfg.recompute_rows, mark)
+    return dict(idx=idx, out=out, lse=lse, loss=loss, target=target)
 
 
 # ---- Megatron-style (DESIGN.md section 4) ----------------------------------------------------
@@ -305,26 +365,14 @@ def megatron_step(cfg, L, grad_out, mark=lambda name: None, select=None, pieces=
     with torch.no_grad():  # selection is not differentiated; with grad on, autograd would keep
         idx, _ = select()  # every chunk's score table
     mark("recompute selection")
-    leaves = {name: L[name].detach().requires_grad_(True) for name in ("key", "value", "k_i")
-              if name in L}
-    key, k_i = leaves["key"], leaves["k_i"]
-    value = value_of(cfg, key, leaves.get("value"))
-    grads = {name: torch.empty_like(L[name]) for name in ("q", "q_i", "w")}
-    for lo in range(0, n, chunk):
-        hi = min(n, lo + chunk)
-        q = L["q"][lo:hi].detach().requires_grad_(True)
-        q_i = L["q_i"][lo:hi].detach().requires_grad_(True)
-        w = L["w"][lo:hi].detach().requires_grad_(True)
-        ii = idx[lo:hi]
-        score = torch_index_scores(q_i, k_i, w, ii)
-        o, _ = gather_attention(q, key, value, ii, scale)
-        kl = torch_kl(score, target[lo:hi]).sum() / n
-        torch.autograd.backward([o, kl * cfg.kl_weight], [grad_out[lo:hi], None])
-        grads["q"][lo:hi], grads["q_i"][lo:hi], grads["w"][lo:hi] = q.grad, q_i.grad, w.grad
-    mark("recompute + backward")
-    grads.update({name: leaf.grad for name, leaf in leaves.items()})
-    for name, g in grads.items():
-        L[name].grad = g.to(L[name].dtype)
+
+    def chunk_layer(c, leaves):
+        score = torch_index_scores(leaves["q_i"], leaves["k_i"], leaves["w"], idx[c])
+        value = value_of(cfg, leaves["key"], leaves.get("value"))
+        o, _ = gather_attention(leaves["q"], leaves["key"], value, idx[c], scale)
+        return o, torch_kl(score, target[c]).sum()
+
+    recompute_backward(cfg, L, grad_out, chunk_layer, chunk, mark, done="recompute + backward")
     return dict(idx=idx, out=out, lse=lse, loss=loss, target=target)
 
 
@@ -476,9 +524,10 @@ def run_step(cfg, device, dtype, clock, stack, n, runs):
                 v.grad = None
             return step(cfg, L, grad_out, mark)
 
-        peak = peak_gib(device, lambda: one(lambda name: None))  # also the warm-up
+        phase_peaks = phase_peaks_gib(device, one)  # also the warm-up
+        peak = max(phase_peaks.values(), default=None)
         if runs == 0:
-            return dict(n=n, stack=stack, peak_gib=peak), None
+            return dict(n=n, stack=stack, peak_gib=peak, phase_peaks_gib=phase_peaks), None
         pairs = causal_pairs(n, cfg.topk)
         total, phases = timed_step(clock, one, runs, warmup=0)
         flops, nbytes = step_work(cfg, n, pairs)
@@ -487,7 +536,8 @@ def run_step(cfg, device, dtype, clock, stack, n, runs):
         return dict(n=n, stack=stack, step_ms=total, fwd_ms=fwd, recompute_selection_ms=resel,
                     recompute_backward_ms=total - fwd - resel, phases_ms=phases, pairs=pairs,
                     flops=flops, bytes=nbytes, tflops=flops / total / 1e9,
-                    fraction_of_floor=floor_ms(cfg, flops, nbytes) / total, peak_gib=peak), None
+                    fraction_of_floor=floor_ms(cfg, flops, nbytes) / total, peak_gib=peak,
+                    phase_peaks_gib=phase_peaks), None
     except RuntimeError as e:
         if not is_oom(e):
             raise
@@ -498,17 +548,62 @@ def run_step(cfg, device, dtype, clock, stack, n, runs):
         free(device)
 
 
-def longest_n(cfg, device, dtype, clock, stack, start):
-    """Doubles N from `start` (which fit) until a step runs out of memory or passes --max-n."""
-    last, n, first_oom = start, start * 2, None
-    while n <= cfg.max_n:
-        r, err = run_step(cfg, device, dtype, clock, stack, n, runs=0)
-        if r is None:
-            first_oom = n
-            break
-        last, n = n, n * 2
-    return dict(stack=stack, longest_n=last, first_oom_n=first_oom,
-                bounded_by_max_n=first_oom is None)
+def affine_fit(points):
+    """Least-squares (fixed, per N) of peak = fixed + per_n * N; one point: a line through 0."""
+    if len(points) == 1:
+        (n, peak), = points
+        return 0.0, peak / n
+    mean_n = statistics.fmean(n for n, _ in points)
+    mean_p = statistics.fmean(p for _, p in points)
+    per_n = (sum((n - mean_n) * (p - mean_p) for n, p in points) /
+             sum((n - mean_n) ** 2 for n, _ in points))
+    return mean_p - per_n * mean_n, per_n
+
+
+def longest_n(cfg, device, dtype, clock, stack, peaks):
+    """The longest N whose step fits on this GPU, to --longest-step tokens, at most --max-n.
+    Every tensor of the step has N rows of a fixed width, so its peak memory is affine in N: the
+    line through the measured (N, peak GiB) points predicts the limit, and steps at the prediction
+    and one --longest-step beyond it usually decide. Where the line was off, the probes gallop
+    away from it (1, 2, 4... steps) until they bracket the limit, then bisect: the baseline's step
+    takes about a minute at 200K, so every probe counts."""
+    free(device)
+    available = torch.cuda.mem_get_info(device)[0] / GiB
+    fixed, per_n = affine_fit(peaks)
+    step = cfg.longest_step
+    top = cfg.max_n // step * step
+    predicted = int((available - fixed) / per_n) // step * step
+    probes = []
+
+    def fits(n):
+        r, _ = run_step(cfg, device, dtype, clock, stack, n, runs=0)
+        probes.append(dict(n=n, peak_gib=r["peak_gib"] if r else None))
+        return r is not None
+
+    lo, hi, gap = None, None, step  # lo fits (0: nothing does), hi ran out of memory
+    n = max(step, min(predicted, top))
+    if fits(n):
+        lo = n
+        while hi is None and lo < top:
+            n = min(lo + gap, top)
+            lo, hi = (n, None) if fits(n) else (lo, n)
+            gap *= 2
+    else:
+        hi = n
+        while lo is None:
+            n = hi - gap
+            if n < step:
+                lo = 0
+            elif fits(n):
+                lo = n
+            else:
+                hi, gap = n, gap * 2
+    while hi is not None and hi - lo > step:
+        n = (lo + hi) // 2 // step * step
+        lo, hi = (n, hi) if fits(n) else (lo, n)
+    return dict(stack=stack, longest_n=lo, first_oom_n=hi,
+                bounded_by_max_n=hi is None, predicted_n=predicted, fixed_gib=fixed,
+                kib_per_token=per_n * GiB / 1024, available_gib=available, probes=probes)
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -557,9 +652,11 @@ def summary(cfg, report):
     lines.append("megatron / hyscale step time (target >= 2.5x): " + ", ".join(
         f"N={r['n']}: {r['megatron_over_hyscale']:.2f}x" for r in report["speedups"]))
     for m in report["longest_n"]:
-        bound = f" (stopped at --max-n {cfg.max_n})" if m["bounded_by_max_n"] else \
-            f" (N={m['first_oom_n']} ran out of memory)"
-        lines.append(f"longest N that trains, {m['stack']}: {m['longest_n']}{bound}")
+        bound = f"stopped at --max-n {cfg.max_n}" if m["bounded_by_max_n"] else \
+            f"N={m['first_oom_n']} ran out of memory"
+        lines.append(f"longest N that trains, {m['stack']}: {m['longest_n']} ({bound}; peak "
+                     f"{m['fixed_gib']:.2f} GiB + {m['kib_per_token']:.1f} KiB a token predicted "
+                     f"{m['predicted_n']} of {m['available_gib']:.1f} GiB free)")
     return "\n".join(lines)
 
 
@@ -575,6 +672,9 @@ def add_layer_args(ap):
                     "cuda, fp32 on cpu)")
     ap.add_argument("--kl-weight", type=float, default=0.01, help="lambda of the indexer loss")
     ap.add_argument("--chunk", type=int, default=256, help="query rows per gather chunk (baseline)")
+    ap.add_argument("--recompute-rows", type=int, default=0,
+                    help="query rows per chunk of HyScale's recomputation + backward (0: all): "
+                    "less memory (one chunk's output alive, not the sequence's), more launches")
     ap.add_argument("--naive-chunk-gib", type=float, default=8.0,
                     help="score-table chunk of the naive selection")
     ap.add_argument("--value-in-key", action="store_true",
@@ -594,7 +694,13 @@ def main():
                     help="largest N for the naive re-selection in a)")
     ap.add_argument("--megatron-max", type=int, default=131072,
                     help="largest N for the baseline step in b)")
-    ap.add_argument("--max-n", type=int, default=1048576, help="bound of the longest-N search")
+    ap.add_argument("--max-n", type=int, default=1048576,
+                    help="bound of the longest-N search")
+    ap.add_argument("--longest-step", type=int, default=4096,
+                    help="resolution of the longest-N search, in tokens")
+    ap.add_argument("--longest-stacks", default="hyscale,megatron",
+                    help="the stacks whose longest N is searched (the baseline's probes take "
+                    "about a minute each near 200K)")
     ap.add_argument("--gate-n", type=int, default=3000)
     ap.add_argument("--gate-rows", type=int, default=48, help="sampled rows of the selection check")
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense rate (DESIGN.md)")
@@ -635,7 +741,6 @@ def main():
         print(f"replay N={n}: {r}", flush=True)
 
     report["step"], report["speedups"] = [], []
-    largest_fit = {}
     for n in sizes:
         for stack in ("hyscale", "megatron"):
             if stack == "megatron" and n > cfg.megatron_max:
@@ -644,12 +749,13 @@ def main():
             r, err = run_step(cfg, device, dtype, clock, stack, n, runs)
             if r is None:
                 r = dict(n=n, stack=stack, oom=err)
-            else:
-                largest_fit[stack] = n
             report["step"].append(r)
             print(f"step N={n} {stack}: " + ", ".join(
                 f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
-                if k != "phases_ms"), flush=True)
+                if k not in ("phases_ms", "phase_peaks_gib")), flush=True)
+            if r.get("phase_peaks_gib"):
+                print("  peak GiB by phase: " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in r["phase_peaks_gib"].items()), flush=True)
         both = {r["stack"]: r for r in report["step"] if r["n"] == n and "step_ms" in r}
         if len(both) == 2:
             report["speedups"].append(dict(n=n, megatron_over_hyscale=both["megatron"]["step_ms"] /
@@ -657,9 +763,10 @@ def main():
 
     report["longest_n"] = []
     for stack in ("hyscale", "megatron"):
-        if stack in largest_fit:
-            report["longest_n"].append(
-                longest_n(cfg, device, dtype, clock, stack, largest_fit[stack]))
+        peaks = [(r["n"], r["peak_gib"]) for r in report["step"]
+                 if r["stack"] == stack and r.get("peak_gib") is not None]
+        if peaks and stack in cfg.longest_stacks.split(","):  # the CPU: no peaks, no limit
+            report["longest_n"].append(longest_n(cfg, device, dtype, clock, stack, peaks))
 
     text = summary(cfg, report)
     print(text)
