@@ -578,6 +578,8 @@ def longest_n(cfg, device, dtype, clock, stack, peaks):
     def fits(n):
         r, _ = run_step(cfg, device, dtype, clock, stack, n, runs=0)
         probes.append(dict(n=n, peak_gib=r["peak_gib"] if r else None))
+        print(f"longest N, {stack}: N={n} " + (f"peak {r['peak_gib']:.2f} GiB" if r else
+                                               "out of memory"), flush=True)
         return r is not None
 
     lo, hi, gap = None, None, step  # lo fits (0: nothing does), hi ran out of memory
@@ -672,9 +674,9 @@ def add_layer_args(ap):
                     "cuda, fp32 on cpu)")
     ap.add_argument("--kl-weight", type=float, default=0.01, help="lambda of the indexer loss")
     ap.add_argument("--chunk", type=int, default=256, help="query rows per gather chunk (baseline)")
-    ap.add_argument("--recompute-rows", type=int, default=0,
+    ap.add_argument("--recompute-rows", type=int, default=8192,
                     help="query rows per chunk of HyScale's recomputation + backward (0: all): "
-                    "less memory (one chunk's output alive, not the sequence's), more launches")
+                    "one chunk's output and gradients alive, not the sequence's")
     ap.add_argument("--naive-chunk-gib", type=float, default=8.0,
                     help="score-table chunk of the naive selection")
     ap.add_argument("--value-in-key", action="store_true",
