@@ -14,13 +14,14 @@ w [N, H_I], and the step's loss is sum(out * grad_out) + lambda * mean_t KL_t.
   b) one training step = forward (selection, attention, indexer loss; no autograd graph kept),
      recomputation of the layer with autograd, backward --
        hyscale    flash_topk + sparse_attn + selected_attention_mass + indexer_kl; replay on
-                  recompute
+                  recompute; recompute + backward over chunks of --recompute-rows query rows
        megatron   naive selection, attention by gather in torch (fp32 softmax), torch target and
-                  KL, re-selection on recompute; recompute + backward chunked over query rows
+                  KL, re-selection on recompute; recompute + backward over chunks of --chunk rows
      medians of --runs (--baseline-runs) CUDA-event timings after a warm-up, per-phase times,
      peak memory (torch.cuda.max_memory_allocated, reset before each phase), and the longest N each
      trains on this GPU, to --longest-step tokens (longest_n: predicted from the measured peaks,
-     confirmed by running the step there and one step beyond; at most --max-n; GPU only).
+     decided by steps at the prediction and one beyond, bracketed and bisected where the
+     prediction was off; at most --max-n; GPU only).
 The gate runs on fp32 inputs holding bf16 values (fp64 on the CPU); the timings on bf16 (fp32 on
 the CPU). At the default sizes the whole run takes about 6 minutes on an H200, mostly the
 baseline (its gather backward alone is ~5 s at 32K, bench/sparse_attn_bench.py).
