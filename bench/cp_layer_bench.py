@@ -557,7 +557,7 @@ def main():
     ap.add_argument("--single-max", type=int, default=131072,
                     help="largest N for the one-GPU reference step (262144 does not fit an "
                     "H200, docs/performance.md section 9); 0: none")
-    dsa.add_layer_args(ap)
+    dsa.add_layer_args(ap, recompute_rows=0)  # as section 12 measured: a rank's rows at once
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before the runs")
     ap.add_argument("--runs", type=int, default=2, help="timed HyScale steps (median)")
     ap.add_argument("--long-n", type=int, default=524288,

@@ -657,14 +657,14 @@ def summary(cfg, report):
     for m in report["longest_n"]:
         bound = f"stopped at --max-n {cfg.max_n}" if m["bounded_by_max_n"] else \
             f"N={m['first_oom_n']} ran out of memory"
-        lines.append(f"longest N that trains, {m['stack']}: {m['longest_n']} ({bound}; peak "
-                     f"{m['fixed_gib']:.2f} GiB + {m['kib_per_token']:.1f} KiB a token predicted "
-                     f"{m['predicted_n']} of {m['available_gib']:.1f} GiB free)")
+        lines.append(f"longest N that trains, {m['stack']}: {m['longest_n']} ({bound}; the peaks' "
+                     f"line, {m['fixed_gib']:.2f} GiB + {m['kib_per_token']:.1f} KiB a token, "
+                     f"predicted {m['predicted_n']} in {m['available_gib']:.1f} GiB free)")
     return "\n".join(lines)
 
 
-def add_layer_args(ap):
-    """The layer's shape, dtype and the baseline's chunking (shared with cp_layer_bench)."""
+def add_layer_args(ap, recompute_rows=8192):
+    """The layer's shape, dtype and both stacks' chunking (shared with cp_layer_bench)."""
     ap.add_argument("--heads", type=int, default=128)
     ap.add_argument("--dqk", type=int, default=576)
     ap.add_argument("--dv", type=int, default=512)
@@ -675,7 +675,7 @@ def add_layer_args(ap):
                     "cuda, fp32 on cpu)")
     ap.add_argument("--kl-weight", type=float, default=0.01, help="lambda of the indexer loss")
     ap.add_argument("--chunk", type=int, default=256, help="query rows per gather chunk (baseline)")
-    ap.add_argument("--recompute-rows", type=int, default=8192,
+    ap.add_argument("--recompute-rows", type=int, default=recompute_rows,
                     help="query rows per chunk of HyScale's recomputation + backward (0: all): "
                     "one chunk's output and gradients alive, not the sequence's")
     ap.add_argument("--naive-chunk-gib", type=float, default=8.0,
@@ -697,8 +697,7 @@ def main():
                     help="largest N for the naive re-selection in a)")
     ap.add_argument("--megatron-max", type=int, default=131072,
                     help="largest N for the baseline step in b)")
-    ap.add_argument("--max-n", type=int, default=1048576,
-                    help="bound of the longest-N search")
+    ap.add_argument("--max-n", type=int, default=1048576, help="bound of the longest-N search")
     ap.add_argument("--longest-step", type=int, default=4096,
                     help="resolution of the longest-N search, in tokens")
     ap.add_argument("--longest-stacks", default="hyscale,megatron",
