@@ -15,6 +15,12 @@ inline bool cuda_indexer_shape_supported(int64_t heads, int64_t dim) {
   return (heads == 16 || heads == 32 || heads == 64) && (dim == 64 || dim == 128);
 }
 
+// Query-group sizes G of the sparse attention kernels (a group's G adjacent queries load the
+// union of their keys once); 0 in an op's `group` leaves the choice to the kernels.
+inline bool cuda_query_group_supported(int64_t group) {
+  return group == 1 || group == 2 || group == 4 || group == 8 || group == 16;
+}
+
 inline bool cuda_sparse_attn_dims_supported(int64_t dim_qk, int64_t dim_v) {
   bool ok = false;
 #define HYSCALE_SA_OK(DQ, DV) ok = ok || (dim_qk == DQ && dim_v == DV);
@@ -25,6 +31,7 @@ inline bool cuda_sparse_attn_dims_supported(int64_t dim_qk, int64_t dim_v) {
 
 // The same lists in words, for the errors of every place that checks them.
 inline constexpr const char* kCudaIndexerShapes = "H_I in {16, 32, 64} and d_I in {64, 128}";
+inline constexpr const char* kCudaQueryGroups = "G in {1, 2, 4, 8, 16}";
 inline constexpr const char* kCudaSparseAttnDims =
     "(d_qk, d_v) in {(64, 64), (128, 128), (192, 128), (576, 512)}";
 

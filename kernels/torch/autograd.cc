@@ -70,41 +70,46 @@ struct IndexScoreGather : torch::autograd::Function<IndexScoreGather> {
 
 struct SparseAttn : torch::autograd::Function<SparseAttn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& key,
-                               const at::Tensor& value, const at::Tensor& indices, double scale) {
+                               const at::Tensor& value, const at::Tensor& indices, double scale,
+                               int64_t group) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto attn = ops::sparse_attn(q, key, value, indices, scale);
+    auto attn = ops::sparse_attn(q, key, value, indices, scale, group);
     ctx->save_for_backward({q, key, value, indices, attn.out, attn.lse});
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["group"] = group;
     ctx->mark_non_differentiable({attn.lse});
     return {attn.out, attn.lse};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    if (!grads[0].defined()) return {Variable(), Variable(), Variable(), Variable(), Variable()};
+    if (!grads[0].defined()) return variable_list(6);
     const auto g = ops::sparse_attn_backward(grads[0], s[0], s[1], s[2], s[3],
-                                             ctx->saved_data["scale"].toDouble(), s[4], s[5]);
-    return {g.q, g.key, g.value, Variable(), Variable()};
+                                             ctx->saved_data["scale"].toDouble(), s[4], s[5],
+                                             ctx->saved_data["group"].toInt());
+    return {g.q, g.key, g.value, Variable(), Variable(), Variable()};
   }
 };
 
 struct SparseAttnLatent : torch::autograd::Function<SparseAttnLatent> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv,
-                               const at::Tensor& indices, double scale, int64_t dim_v) {
+                               const at::Tensor& indices, double scale, int64_t dim_v,
+                               int64_t group) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto attn = ops::sparse_attn_latent(q, kv, indices, scale, dim_v);
+    auto attn = ops::sparse_attn_latent(q, kv, indices, scale, dim_v, group);
     ctx->save_for_backward({q, kv, indices, attn.out, attn.lse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["dim_v"] = dim_v;
+    ctx->saved_data["group"] = group;
     ctx->mark_non_differentiable({attn.lse});
     return {attn.out, attn.lse};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    if (!grads[0].defined()) return {Variable(), Variable(), Variable(), Variable(), Variable()};
-    const auto g = ops::sparse_attn_latent_backward(grads[0], s[0], s[1], s[2],
-                                                    ctx->saved_data["scale"].toDouble(),
-                                                    ctx->saved_data["dim_v"].toInt(), s[3], s[4]);
-    return {g.q, g.kv, Variable(), Variable(), Variable()};
+    if (!grads[0].defined()) return variable_list(6);
+    const auto g = ops::sparse_attn_latent_backward(
+        grads[0], s[0], s[1], s[2], ctx->saved_data["scale"].toDouble(),
+        ctx->saved_data["dim_v"].toInt(), s[3], s[4], ctx->saved_data["group"].toInt());
+    return {g.q, g.kv, Variable(), Variable(), Variable(), Variable()};
   }
 };
 
@@ -137,15 +142,15 @@ at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at
 
 std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Tensor& key,
                                                const at::Tensor& value, const at::Tensor& indices,
-                                               double scale) {
-  auto r = SparseAttn::apply(q, key, value, indices, scale);
+                                               double scale, int64_t group) {
+  auto r = SparseAttn::apply(q, key, value, indices, scale, group);
   return {r[0], r[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor> sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv,
                                                       const at::Tensor& indices, double scale,
-                                                      int64_t dim_v) {
-  auto r = SparseAttnLatent::apply(q, kv, indices, scale, dim_v);
+                                                      int64_t dim_v, int64_t group) {
+  auto r = SparseAttnLatent::apply(q, kv, indices, scale, dim_v, group);
   return {r[0], r[1]};
 }
 

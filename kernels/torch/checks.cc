@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "kernels/cuda_shapes.h"
+
 namespace hyscale::torch_ops {
 namespace {
 
@@ -88,6 +90,11 @@ IndexerBackwardArgs check_index_score_backward(const char* op, const at::Tensor&
   TORCH_CHECK(grad_scores.device() == q.device(), op, ": grad_scores is on ", grad_scores.device(),
               " but q is on ", q.device());
   return a;
+}
+
+void check_query_group(const char* op, int64_t group) {
+  TORCH_CHECK(group == 0 || cuda_query_group_supported(group), op,
+              ": group must be 0 (the kernels' choice) or ", kCudaQueryGroups, ", got ", group);
 }
 
 SparseAttnArgs check_sparse_attn(const char* op, const at::Tensor& q, const at::Tensor& key,

@@ -49,6 +49,9 @@ int64_t check_indices(const char* op, const at::Tensor& indices, const Batching&
                       int64_t num_queries, const at::Tensor& q);
 
 // q [B?, N, H, d_qk], key [B?, M, d_qk], value [B?, M, d_v], indices [B?, N, topk] int32.
+// `group` of the sparse attention ops: 0 (the kernels' choice) or a supported G.
+void check_query_group(const char* op, int64_t group);
+
 SparseAttnArgs check_sparse_attn(const char* op, const at::Tensor& q, const at::Tensor& key,
                                  const at::Tensor& value, const at::Tensor& indices);
 

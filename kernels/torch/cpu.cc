@@ -158,8 +158,9 @@ void check_index_range(const char* op, const at::Tensor& indices, int64_t num_ke
 
 std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Tensor& key,
                                                const at::Tensor& value, const at::Tensor& indices,
-                                               double scale) {
+                                               double scale, int64_t group) {
   const char* op = "hyscale::sparse_attn";
+  check_query_group(op, group);
   const SparseAttnArgs a = check_sparse_attn(op, q, key, value, indices);
   check_index_range(op, indices, a.shape.num_keys);
   const auto dtype = cpu_compute_dtype(q);
@@ -184,8 +185,10 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Te
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
-    const at::Tensor& indices, double scale, const at::Tensor& out, const at::Tensor& lse) {
+    const at::Tensor& indices, double scale, const at::Tensor& out, const at::Tensor& lse,
+    int64_t group) {
   const char* op = "hyscale::sparse_attn_backward";
+  check_query_group(op, group);
   const SparseAttnArgs a = check_sparse_attn(op, q, key, value, indices);
   check_index_range(op, indices, a.shape.num_keys);
   check_sizes(op, "out", out, grad_out.sizes());
@@ -216,19 +219,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
 
 std::tuple<at::Tensor, at::Tensor> sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv,
                                                       const at::Tensor& indices, double scale,
-                                                      int64_t dim_v) {
-  return sparse_attn(q, kv, latent_values("hyscale::sparse_attn_latent", kv, dim_v), indices,
-                     scale);
+                                                      int64_t dim_v, int64_t group) {
+  return sparse_attn(q, kv, latent_values("hyscale::sparse_attn_latent", kv, dim_v), indices, scale,
+                     group);
 }
 
 std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
     const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
-    const at::Tensor& lse) {
+    const at::Tensor& lse, int64_t group) {
   return latent_backward_by_parts("hyscale::sparse_attn_latent_backward", kv, dim_v,
                                   [&](const at::Tensor& key, const at::Tensor& value) {
                                     return sparse_attn_backward(grad_out, q, key, value, indices,
-                                                                scale, out, lse);
+                                                                scale, out, lse, group);
                                   });
 }
 

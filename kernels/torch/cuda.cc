@@ -239,23 +239,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward_grouped(
           unbatch(grad_value, in.a.batching).to(value.scalar_type())};
 }
 
-int64_t default_group(const at::Tensor& q, const at::Tensor& indices) {
-  return cuda::sparse_attn_default_group(q.size(-2), indices.size(-1));
+// The op's `group`, or where it is 0 the G sparse_attn_default_group picks.
+int64_t group_or_default(int64_t group, const at::Tensor& q, const at::Tensor& indices) {
+  return group != 0 ? group : cuda::sparse_attn_default_group(q.size(-2), indices.size(-1));
 }
 
-// The schema's ops: G picked by sparse_attn_default_group; the backward is deterministic when
-// torch.use_deterministic_algorithms(True) is in effect, else it uses fp32 atomics.
+// The schema's ops; the backward is deterministic when torch.use_deterministic_algorithms(True)
+// is in effect, else it uses fp32 atomics.
 std::tuple<at::Tensor, at::Tensor> sparse_attn(const at::Tensor& q, const at::Tensor& key,
                                                const at::Tensor& value, const at::Tensor& indices,
-                                               double scale) {
-  return sparse_attn_grouped(q, key, value, indices, scale, default_group(q, indices));
+                                               double scale, int64_t group) {
+  return sparse_attn_grouped(q, key, value, indices, scale, group_or_default(group, q, indices));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
-    const at::Tensor& indices, double scale, const at::Tensor& out, const at::Tensor& lse) {
+    const at::Tensor& indices, double scale, const at::Tensor& out, const at::Tensor& lse,
+    int64_t group) {
   return sparse_attn_backward_grouped(grad_out, q, key, value, indices, scale, out, lse,
-                                      default_group(q, indices),
+                                      group_or_default(group, q, indices),
                                       at::globalContext().deterministicAlgorithms());
 }
 
@@ -264,20 +266,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_backward(
 // with the value gradient added into kv's.
 std::tuple<at::Tensor, at::Tensor> sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv,
                                                       const at::Tensor& indices, double scale,
-                                                      int64_t dim_v) {
+                                                      int64_t dim_v, int64_t group) {
   // bf16 first, so that the values stay a view of the rows the kernel gathers.
   const auto rows = kv.to(at::kBFloat16).contiguous();
   return sparse_attn(q, rows, latent_values("hyscale::sparse_attn_latent", rows, dim_v), indices,
-                     scale);
+                     scale, group);
 }
 
 std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
     const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
-    const at::Tensor& lse) {
+    const at::Tensor& lse, int64_t requested_group) {
   const char* op = "hyscale::sparse_attn_latent_backward";
   const auto value = latent_values(op, kv, dim_v);
-  const int64_t group = default_group(q, indices);
+  const int64_t group = group_or_default(requested_group, q, indices);
   const bool deterministic = at::globalContext().deterministicAlgorithms();
   if (!cuda::sparse_attn_bwd_latent_supported(check_sparse_attn(op, q, kv, value, indices).shape,
                                               group, deterministic)) {

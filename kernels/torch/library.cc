@@ -22,20 +22,23 @@ TORCH_LIBRARY(hyscale, m) {
       "index_score_backward(Tensor grad_scores, Tensor q, Tensor k, Tensor w, Tensor indices,"
       " int q_offset=0, int tokens_per_key=1) -> (Tensor grad_q, Tensor grad_k, Tensor grad_w)");
   m.def(
-      "sparse_attn(Tensor q, Tensor key, Tensor value, Tensor indices, float scale)"
+      "sparse_attn(Tensor q, Tensor key, Tensor value, Tensor indices, float scale, int group=0)"
       " -> (Tensor out, Tensor lse)");
   m.def(
       "sparse_attn_backward(Tensor grad_out, Tensor q, Tensor key, Tensor value, Tensor indices,"
-      " float scale, Tensor out, Tensor lse) -> (Tensor grad_q, Tensor grad_key, Tensor "
-      "grad_value)");
+      " float scale, Tensor out, Tensor lse, int group=0) -> (Tensor grad_q, Tensor grad_key,"
+      " Tensor grad_value)");
+  // `group`: the query-group size G of the CUDA kernels (1, 2, 4, 8, 16), 0 for the kernels'
+  // default (kernels/cuda/sparse_attn_cuda.h); the CPU reference checks it and computes the same.
   // Absorbed MLA: one tensor kv [.., M, d_qk] is both the keys and, in its first dim_v columns, the
   // values; the backward returns kv's whole gradient (both roles added).
   m.def(
-      "sparse_attn_latent(Tensor q, Tensor kv, Tensor indices, float scale, int dim_v)"
-      " -> (Tensor out, Tensor lse)");
+      "sparse_attn_latent(Tensor q, Tensor kv, Tensor indices, float scale, int dim_v,"
+      " int group=0) -> (Tensor out, Tensor lse)");
   m.def(
       "sparse_attn_latent_backward(Tensor grad_out, Tensor q, Tensor kv, Tensor indices,"
-      " float scale, int dim_v, Tensor out, Tensor lse) -> (Tensor grad_q, Tensor grad_kv)");
+      " float scale, int dim_v, Tensor out, Tensor lse, int group=0)"
+      " -> (Tensor grad_q, Tensor grad_kv)");
   // CUDA only: sparse_attn / its backward with an explicit query-group size G (1, 2, 4, 8, 16)
   // and, for the backward, the accumulation mode; for tests and benchmarks (no autograd).
   m.def(

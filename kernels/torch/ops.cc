@@ -39,20 +39,20 @@ at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 Attention sparse_attn(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
-                      const at::Tensor& indices, double scale) {
-  static const auto handle =
-      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            const at::Tensor&, double)>("hyscale::sparse_attn");
-  auto [out, lse] = handle.call(q, key, value, indices, scale);
+                      const at::Tensor& indices, double scale, int64_t group) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t)>(
+      "hyscale::sparse_attn");
+  auto [out, lse] = handle.call(q, key, value, indices, scale, group);
   return {out, lse};
 }
 
 Attention sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
-                             double scale, int64_t dim_v) {
-  static const auto handle =
-      op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            double, int64_t)>("hyscale::sparse_attn_latent");
-  auto [out, lse] = handle.call(q, kv, indices, scale, dim_v);
+                             double scale, int64_t dim_v, int64_t group) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, int64_t)>(
+      "hyscale::sparse_attn_latent");
+  auto [out, lse] = handle.call(q, kv, indices, scale, dim_v, group);
   return {out, lse};
 }
 
@@ -84,22 +84,22 @@ IndexScoreGrads index_score_backward(const at::Tensor& grad_scores, const at::Te
 AttentionGrads sparse_attn_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                     const at::Tensor& key, const at::Tensor& value,
                                     const at::Tensor& indices, double scale, const at::Tensor& out,
-                                    const at::Tensor& lse) {
+                                    const at::Tensor& lse, int64_t group) {
   static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      double, const at::Tensor&, const at::Tensor&)>("hyscale::sparse_attn_backward");
-  auto [gq, gk, gv] = handle.call(grad_out, q, key, value, indices, scale, out, lse);
+      double, const at::Tensor&, const at::Tensor&, int64_t)>("hyscale::sparse_attn_backward");
+  auto [gq, gk, gv] = handle.call(grad_out, q, key, value, indices, scale, out, lse, group);
   return {gq, gk, gv};
 }
 
 LatentAttentionGrads sparse_attn_latent_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                                  const at::Tensor& kv, const at::Tensor& indices,
                                                  double scale, int64_t dim_v, const at::Tensor& out,
-                                                 const at::Tensor& lse) {
+                                                 const at::Tensor& lse, int64_t group) {
   static const auto handle = op<std::tuple<at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
-      const at::Tensor&, const at::Tensor&)>("hyscale::sparse_attn_latent_backward");
-  auto [grad_q, grad_kv] = handle.call(grad_out, q, kv, indices, scale, dim_v, out, lse);
+      const at::Tensor&, const at::Tensor&, int64_t)>("hyscale::sparse_attn_latent_backward");
+  auto [grad_q, grad_kv] = handle.call(grad_out, q, kv, indices, scale, dim_v, out, lse, group);
   return {grad_q, grad_kv};
 }
 

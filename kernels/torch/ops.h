@@ -38,15 +38,17 @@ struct Attention {
   at::Tensor lse;  // [.., N, H], not differentiable
 };
 
+// `group`: the CUDA kernels' query-group size G (1, 2, 4, 8 or 16); 0 leaves it to them. The CPU
+// reference checks it and computes the same function at any G.
 Attention sparse_attn(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
-                      const at::Tensor& indices, double scale);
+                      const at::Tensor& indices, double scale, int64_t group = 0);
 
 // Absorbed MLA: kv [.., M, d_qk] is the keys and its first dim_v columns the values
 // (DeepSeek-V3.2's latent); differentiable w.r.t. q and kv, whose gradient holds both roles'. Equal
 // to sparse_attn(q, kv, kv.narrow(-1, 0, dim_v), ...), with one gather of each row and, on the GPU,
 // a backward that forms kv's gradient in one pass.
 Attention sparse_attn_latent(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
-                             double scale, int64_t dim_v);
+                             double scale, int64_t dim_v, int64_t group = 0);
 
 // Attention probabilities at `indices`, summed over heads and L1-normalised per row; the
 // indexer's sparse-stage target (not differentiable).
@@ -71,7 +73,7 @@ struct AttentionGrads {
 AttentionGrads sparse_attn_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                     const at::Tensor& key, const at::Tensor& value,
                                     const at::Tensor& indices, double scale, const at::Tensor& out,
-                                    const at::Tensor& lse);
+                                    const at::Tensor& lse, int64_t group = 0);
 
 struct LatentAttentionGrads {
   at::Tensor q, kv;
@@ -79,7 +81,7 @@ struct LatentAttentionGrads {
 LatentAttentionGrads sparse_attn_latent_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                                  const at::Tensor& kv, const at::Tensor& indices,
                                                  double scale, int64_t dim_v, const at::Tensor& out,
-                                                 const at::Tensor& lse);
+                                                 const at::Tensor& lse, int64_t group = 0);
 
 at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
                                const at::Tensor& target);

@@ -5,10 +5,17 @@
 
 const POLL_MS = 2000;
 const MAX_POINTS = 400;  // steps drawn per chart; longer runs are averaged into buckets
-const PHASE_ORDER = ["data", "selection", "attention_fwd", "attention_bwd", "indexer_loss",
-                     "recompute", "mlp", "optimizer", "comm"];
-const COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
-                "#ff9da7", "#9c755f", "#bab0ac"];
+// The trainer's phases (worker/trainer/phases.h) in step order: a layer's parts forward, in
+// recomputation, then backward.
+const LAYER_PHASES = ["lm_head", "attn_proj", "selection", "attention", "indexer_loss", "mlp",
+                      "comm"];
+const PHASE_ORDER = ["data"].concat(
+    ["fwd", "recompute", "bwd"].flatMap((pass) => LAYER_PHASES.map((p) => `${p}_${pass}`)),
+    ["optimizer", "other"]);
+const COLORS = ["#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b6992d",
+                "#f1ce63", "#499894", "#86bcb6", "#e15759", "#ff9d9a", "#79706e", "#bab0ac",
+                "#d37295", "#fabfd2", "#b07aa1", "#d4a6c8", "#9d7660", "#d7b5a6", "#17becf",
+                "#bcbd22", "#7f7f7f"];
 const SVG_NS = "http://www.w3.org/2000/svg";
 const W = 600, H = 260, PAD = {left: 48, right: 10, top: 10, bottom: 24};
 

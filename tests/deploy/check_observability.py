@@ -88,7 +88,7 @@ def main():
     # The dashboard covers what it is for: one query each.
     dashboard_text = "\n".join(e for w, e in exprs if not w.startswith("alerts.yml"))
     for needed in ["hyscale_jobs", "hyscale_job_step_phase_seconds_sum", "tokens_per_second",
-                   'phase="selection"', 'phase="comm"', "hyscale_job_indexer_recall",
+                   'phase=~"selection_.*"', 'phase=~"comm_.*"', "hyscale_job_indexer_recall",
                    "hyscale_job_predicted_memory_bytes", "hyscale_job_predicted_step_seconds",
                    "hyscale_job_step_seconds"]:
         check(needed in dashboard_text, f"dashboards: no panel queries {needed}")

@@ -62,7 +62,7 @@ while [ $i -le 40 ]; do
   sel=$(awk "BEGIN { printf \"%.4f\", 0.02 + $i * 0.0005 }")
   eval=""
   [ $i -eq 20 ] && eval=',"accuracy":0.5,"indexer_recall":0.8'
-  echo "{\"event\":\"step\",\"time\":1,\"step\":$i,\"total_steps\":40,\"loss\":$loss,\"step_seconds\":0.1,\"tokens_per_second\":5000,\"phase_seconds\":{\"data\":0.01,\"selection\":$sel,\"attention_fwd\":0.02,\"attention_bwd\":0.03,\"comm\":0.01}$eval}"
+  echo "{\"event\":\"step\",\"time\":1,\"step\":$i,\"total_steps\":40,\"loss\":$loss,\"step_seconds\":0.1,\"tokens_per_second\":5000,\"phase_seconds\":{\"data\":0.01,\"selection_fwd\":$sel,\"attention_fwd\":0.02,\"attention_bwd\":0.03,\"comm_fwd\":0.01}$eval}"
   i=$((i + 1))
 done
 echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
@@ -97,7 +97,7 @@ auth=(-H "Authorization: Bearer $token")
 jq -e --arg id "$job" '.jobs[] | select(.id == $id and .state == "succeeded" and .step == 40)' \
   "$work/body.json" >/dev/null || fail "jobs: $(cat "$work/body.json")"
 [[ $(api "${auth[@]}" "http://$web/api/v1/job?id=$job") == 200 ]] || fail "job detail"
-jq -e '(.steps | length) == 40 and .steps[0].phases.selection > 0 and
+jq -e '(.steps | length) == 40 and .steps[0].phases.selection_fwd > 0 and
        ([.states[].state] | index("succeeded")) != null and .more == false' \
   "$work/body.json" >/dev/null || fail "job detail: $(cat "$work/body.json")"
 last=$(jq '.after' "$work/body.json")
@@ -119,7 +119,7 @@ curl -sf "http://$web/metrics" >"$work/metrics.txt" || fail "GET /metrics"
 promtool check metrics <"$work/metrics.txt" >"$work/promtool.log" 2>&1 ||
   fail "promtool check metrics: $(cat "$work/promtool.log")"
 for series in "hyscale_job_running{job_id=\"$job\"} 0" "hyscale_job_predicted_memory_bytes{job_id=\"$job\"}" \
-  "hyscale_job_step_phase_seconds_count{job_id=\"$job\",phase=\"comm\"} 40"; do
+  "hyscale_job_step_phase_seconds_count{job_id=\"$job\",phase=\"comm_fwd\"} 40"; do
   grep -qF "$series" "$work/metrics.txt" || fail "/metrics lacks $series"
 done
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
 
@@ -193,6 +195,94 @@ TEST(ModelTest, SparseAttentionOverEveryKeyIsDenseAttention) {
       EXPECT_TRUE(torch::allclose(grad, s.grads.at(name), 1e-3, 1e-6)) << name;
     }
   }
+}
+
+TEST(ModelTest, QueryGroupReachesTheAttentionOps) {
+  // The job's G goes to the sparse attention ops: an unsupported one is refused there by name.
+  ForwardOptions options = sparse(true, true);
+  options.query_group = 4;
+  EXPECT_NO_THROW(run_once(small_config(), options));
+  options.query_group = 3;
+  try {
+    run_once(small_config(), options);
+    ADD_FAILURE() << "G = 3 reached no op";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group must be 0"), std::string::npos) << e.what();
+  }
+}
+
+// One training step's forward and backward with the clock running, as the trainer times it.
+std::map<std::string, double> timed_step(const ForwardOptions& options, double* wall_seconds) {
+  torch::manual_seed(7);
+  DsaModel model(small_config());
+  const auto tokens = torch::randint(32, {2, 19}, torch::kLong);
+  PhaseClock& clock = *options.clock;
+  const auto start = std::chrono::steady_clock::now();
+  clock.start();
+  torch::Tensor loss;
+  {
+    const auto result = model->forward(tokens, options);
+    PhaseClock::Scope scope(clock, Phase::kLmHead);
+    loss = torch::nn::functional::cross_entropy(result.logits.view({-1, 32}), tokens.view(-1)) +
+           result.indexer_loss;
+  }
+  {
+    PhaseClock::PassGuard pass(clock, Pass::kBackward);
+    PhaseClock::BackwardAttribution attribution(clock);
+    loss.backward();
+  }
+  auto phases = clock.take();
+  *wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return phases;
+}
+
+TEST(PhaseClockTest, PhasesAddUpToTheStepApartByPass) {
+  ForwardOptions options = sparse(true, true);
+  options.clock = c10::make_intrusive<PhaseClock>();
+  double wall = 0;
+  const auto phases = timed_step(options, &wall);
+  double sum = 0;
+  for (const auto& [name, seconds] : phases) {
+    sum += seconds;
+    EXPECT_NE(std::find(phase_names().begin(), phase_names().end(), name), phase_names().end())
+        << name;
+  }
+  EXPECT_NEAR(sum, wall, 0.03 * wall);
+  for (const char* name :
+       {"lm_head_fwd", "attn_proj_fwd", "selection_fwd", "attention_fwd", "indexer_loss_fwd",
+        "mlp_fwd", "attn_proj_recompute", "selection_recompute", "attention_recompute",
+        "indexer_loss_recompute", "mlp_recompute", "lm_head_bwd", "attn_proj_bwd", "attention_bwd",
+        "indexer_loss_bwd", "mlp_bwd"}) {
+    EXPECT_GT(phases.count(name), 0u) << name << " was not timed";
+  }
+}
+
+TEST(PhaseClockTest, BackwardWorkCountsForThePhaseThatCreatedIt) {
+  PhaseClock clock;
+  const auto weight = torch::randn({384, 384}, torch::requires_grad());
+  const auto x = torch::randn({384, 384});
+  clock.start();
+  torch::Tensor heavy, light;
+  {
+    PhaseClock::Scope scope(clock, Phase::kMlp);
+    heavy = x;
+    for (int i = 0; i < 24; ++i) heavy = torch::tanh(heavy.matmul(weight));
+  }
+  {
+    PhaseClock::Scope scope(clock, Phase::kAttention);
+    light = heavy.sum();
+  }
+  {
+    PhaseClock::PassGuard pass(clock, Pass::kBackward);
+    PhaseClock::BackwardAttribution attribution(clock);
+    light.backward();
+  }
+  const auto phases = clock.take();
+  ASSERT_GT(phases.count("mlp_bwd"), 0u);
+  ASSERT_GT(phases.count("attention_bwd"), 0u);
+  // The matmuls' backward (24 pairs of products) against one sum's.
+  EXPECT_GT(phases.at("mlp_bwd"), 5 * phases.at("attention_bwd"));
+  EXPECT_GT(phases.at("mlp_bwd"), 0.5 * phases.at("mlp_fwd"));
 }
 
 }  // namespace

@@ -69,6 +69,8 @@ void EventSink::JobStarted(const v1::JobSpec& spec, const std::string& device) {
   j["name"] = spec.name();
   j["total_steps"] = total;
   j["device"] = device;
+  // The sparse attention kernels' G (parallelism.query_group; 0: the kernels' own choice).
+  j["query_group"] = spec.parallelism().query_group();
   Emit(j.dump(), absl::StrCat("job ", spec.name(), ": ", total, " steps on ", device));
 }
 

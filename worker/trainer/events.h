@@ -4,12 +4,15 @@
 //
 // Every JSON event has "event" and "time" (Unix seconds). Events and their other fields:
 //   job_started      name, total_steps, device (where this process trains: "cpu", or "cuda:0"
-//                    and the GPU's name and PCI bus id, which tell the ranks' GPUs apart)
+//                    and the GPU's name and PCI bus id, which tell the ranks' GPUs apart),
+//                    query_group (the sparse attention kernels' G; 0: their own choice)
 //   stage_started    stage, name, step, steps, attention, trains
 //   step             step, total_steps, stage, loss, lm_loss, indexer_loss, lr, step_seconds,
 //                    tokens_per_second, peak_memory_bytes, eta_seconds,
-//                    phase_seconds {data, selection, attention_fwd, ...}, under context
-//                    parallelism comm_exposed_seconds and comm_overlapped_seconds,
+//                    phase_seconds {data, selection_fwd, attention_bwd, ..., other} (the
+//                    names of worker/trainer/phases.h; on a GPU timed on the device, and
+//                    adding up to the step), under context parallelism
+//                    comm_exposed_seconds and comm_overlapped_seconds,
 //                    and after an evaluation accuracy, indexer_recall
 //   stage_finished   stage, name, step
 //   checkpoint_written / checkpoint_loaded   step, path

@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   std::string config_path, events_path, checkpoint_dir, attention;
   bool resume = false;
   std::optional<bool> recompute, replay;
+  bool evaluate = true;
   int threads = -1;
   std::string device_name = "auto";
   app.add_option("-c,--config", config_path, "Job spec (.json, .yaml or .yml)")->required();
@@ -87,6 +88,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"dense", "sparse"}));
   app.add_option("--recompute", recompute, "Override recompute.enabled (true/false)");
   app.add_option("--selection-replay", replay, "Override recompute.selection_replay (true/false)");
+  app.add_option("--eval", evaluate,
+                 "Evaluate at stage ends and every eval_every steps (true/false; benchmarks "
+                 "time the steps alone)");
   app.add_option("--checkpoint-dir", checkpoint_dir, "Override checkpoint.dir");
   app.add_option("--events", events_path, "Also write JSON-line events to this file");
   app.add_option("--threads", threads, "CPU threads (overrides the spec's threads)");
@@ -165,6 +169,7 @@ int main(int argc, char** argv) {
   if (attention == "sparse") options.attention = hyscale::trainer::AttentionMode::kSparse;
   options.recompute = recompute;
   options.selection_replay = replay;
+  options.evaluate = evaluate;
   options.device = device;
 
   events.JobStarted(*spec, DescribeDevice(device));

@@ -195,7 +195,7 @@ DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
   const auto visible = visible_keys(positions, key.size(1));
   torch::Tensor probs;
   {
-    PhaseClock::Scope scope(*options.clock, Phase::kAttentionFwd);
+    PhaseClock::Scope scope(*options.clock, Phase::kAttention);
     const auto logits = torch::einsum("bthd,bsd->bhts", {q, key}) * scale_;
     probs = torch::softmax(
         logits.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity()), -1);
@@ -230,11 +230,12 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
   }
   torch::Tensor lse;
   {
-    PhaseClock::Scope scope(*options.clock, Phase::kAttentionFwd);
+    PhaseClock::Scope scope(*options.clock, Phase::kAttention);
     // A latent's values are its keys' first features: one tensor, one gradient.
     auto attn = config_.latent_kv
-                    ? ops::sparse_attn_latent(q, key, a.indices, scale_, config_.head_dim_v)
-                    : ops::sparse_attn(q, key, value, a.indices, scale_);
+                    ? ops::sparse_attn_latent(q, key, a.indices, scale_, config_.head_dim_v,
+                                              options.query_group)
+                    : ops::sparse_attn(q, key, value, a.indices, scale_, options.query_group);
     a.out = attn.out;
     lse = attn.lse;
   }
@@ -248,58 +249,57 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
 
 torch::Tensor DsaLayerImpl::mlp(const torch::Tensor& x, const ForwardOptions& options) {
   PhaseClock::Scope scope(*options.clock, Phase::kMlp);
-  const auto h = mark_region_input(mlp_norm_(x), options.clock, Phase::kMlp);
-  const auto out = w_down_(torch::silu(w_gate_(h)) * w_up_(h));
-  return mark_region_output(out, options.clock, Phase::kMlp);
+  const auto h = mlp_norm_(x);
+  return x + w_down_(torch::silu(w_gate_(h)) * w_up_(h));
 }
 
 LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& options,
                                   const torch::Tensor& replay_indices, SelectionStats& stats) {
-  const auto& clock = options.clock;
+  auto& clock = *options.clock;
   const int64_t b = x.size(0), t = x.size(1);
   const auto& exchange = options.key_exchange;
   const auto positions = exchange ? exchange->positions().to(x.device())
                                   : torch::arange(t, x.options().dtype(torch::kLong));
-  const auto h = attn_norm_(x);
-  torch::Tensor key, value;
+  torch::Tensor h, key, value;
   LightningIndexerImpl::Projections index;
   {
-    PhaseClock::Scope scope(*clock, Phase::kAttentionFwd);
+    PhaseClock::Scope scope(clock, Phase::kAttnProj);
+    h = attn_norm_(x);
     key = rope_.apply(wk_(h), positions);
     if (!config_.latent_kv) value = wv_(h);
   }
   {
     // The indexer's inputs are detached: it learns only from its KL loss.
-    PhaseClock::Scope scope(*clock, Phase::kSelection);
+    PhaseClock::Scope scope(clock, Phase::kSelection);
     index.k = indexer_->project_keys(h.detach(), positions);
   }
   // Under context parallelism the key side travels while the query side is projected; the
   // indexer keys either with the attention keys or on their own group, concurrently.
   const auto& indexer_exchange = options.indexer_key_exchange;
-  if (indexer_exchange) indexer_exchange->start(index.k);
-  if (exchange) {
-    // The key side: the keys, the values unless they are the keys' first features, and the
-    // indexer keys unless they travel on their own.
-    std::vector<torch::Tensor> side{key};
-    if (!config_.latent_kv) side.push_back(value);
-    if (!indexer_exchange) side.push_back(index.k);
-    exchange->start(torch::cat(side, -1));
+  if (indexer_exchange || exchange) {
+    PhaseClock::Scope scope(clock, Phase::kComm);
+    if (indexer_exchange) indexer_exchange->start(index.k);
+    if (exchange) {
+      // The key side: the keys, the values unless they are the keys' first features, and the
+      // indexer keys unless they travel on their own.
+      std::vector<torch::Tensor> side{key};
+      if (!config_.latent_kv) side.push_back(value);
+      if (!indexer_exchange) side.push_back(index.k);
+      exchange->start(torch::cat(side, -1));
+    }
   }
   torch::Tensor q;
   {
-    PhaseClock::Scope scope(*clock, Phase::kAttentionFwd);
+    PhaseClock::Scope scope(clock, Phase::kAttnProj);
     q = rope_.apply(wq_(h).view({b, t, config_.heads, config_.head_dim_qk}), positions);
   }
   {
-    PhaseClock::Scope scope(*clock, Phase::kSelection);
+    PhaseClock::Scope scope(clock, Phase::kSelection);
     indexer_->project_queries(h.detach(), positions, index);
   }
   if (exchange) {
-    torch::Tensor gathered;
-    {
-      PhaseClock::Scope scope(*clock, Phase::kComm);
-      gathered = exchange->finish();
-    }
+    PhaseClock::Scope scope(clock, Phase::kComm);
+    const torch::Tensor gathered = exchange->finish();
     std::vector<int64_t> widths{config_.head_dim_qk};
     if (!config_.latent_kv) widths.push_back(config_.head_dim_v);
     if (!indexer_exchange) widths.push_back(index.k.size(-1));
@@ -312,20 +312,20 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   }
   if (config_.latent_kv) value = key.narrow(-1, 0, config_.head_dim_v);
   if (indexer_exchange) {
-    PhaseClock::Scope scope(*clock, Phase::kComm);
+    PhaseClock::Scope scope(clock, Phase::kComm);
     index.k = indexer_exchange->finish();
   }
-  index.q = mark_region_input(index.q, clock, Phase::kIndexerLoss);
-  const auto q_marked = mark_region_input(q, clock, Phase::kAttentionBwd);
-  Attention a = options.attention == AttentionMode::kDense
-                    ? dense_attention(q_marked, key, value, index, positions, options)
-                    : sparse_attention(q_marked, key, value, index, positions, options,
-                                       replay_indices, stats);
+  Attention a =
+      options.attention == AttentionMode::kDense
+          ? dense_attention(q, key, value, index, positions, options)
+          : sparse_attention(q, key, value, index, positions, options, replay_indices, stats);
   LayerOutput out;
-  const auto attn = mark_region_output(a.out, clock, Phase::kAttentionBwd);
-  out.x = x + wo_(attn.reshape({b, t, config_.heads * config_.head_dim_v}));
-  out.x = out.x + mlp(out.x, options);
-  if (a.loss.defined()) out.indexer_loss = mark_region_output(a.loss, clock, Phase::kIndexerLoss);
+  {
+    PhaseClock::Scope scope(clock, Phase::kAttnProj);
+    out.x = x + wo_(a.out.reshape({b, t, config_.heads * config_.head_dim_v}));
+  }
+  out.x = mlp(out.x, options);
+  out.indexer_loss = a.loss;
   out.indices = a.indices;
   if (options.keep_probes) {
     out.probe.q = q.detach();
@@ -354,7 +354,12 @@ DsaModelImpl::DsaModelImpl(const ModelConfig& c) : config_(c) {
 
 ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOptions& options) {
   ForwardResult result;
-  auto x = embedding_(tokens);
+  auto& clock = *options.clock;
+  torch::Tensor x;
+  {
+    PhaseClock::Scope scope(clock, Phase::kLmHead);
+    x = embedding_(tokens);
+  }
   std::vector<torch::Tensor> losses;
   const bool recompute = options.recompute && torch::GradMode::is_enabled();
   for (auto& layer : layers_) {
@@ -364,7 +369,11 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
     if (out.indexer_loss.defined()) losses.push_back(out.indexer_loss);
     if (options.keep_probes) result.probes.push_back(out.probe);
   }
-  result.logits = lm_head_(final_norm_(x));
+  {
+    PhaseClock::Scope scope(clock, Phase::kLmHead);
+    result.logits = lm_head_(final_norm_(x));
+  }
+  PhaseClock::Scope scope(clock, Phase::kIndexerLoss);
   result.indexer_loss =
       losses.empty() ? torch::zeros({}, x.options()) : torch::stack(losses).mean();
   return result;

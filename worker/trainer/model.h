@@ -71,6 +71,7 @@ struct ForwardOptions {
   bool selection_replay = true;  // in recomputation, replay the forward's indices
   bool keep_probes = false;      // keep per-layer tensors for evaluation (indexer recall)
   bool bf16_autocast = false;    // CUDA: matmuls in bf16 (recomputation re-enters it)
+  int64_t query_group = 0;       // G of the sparse attention kernels (0: theirs by default)
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
   std::shared_ptr<KeyExchange> key_exchange;  // context parallelism; null: the whole sequence
   // The indexer keys' own exchange (a separate CP group); null: they travel with key_exchange.
@@ -175,6 +176,7 @@ class DsaLayerImpl : public torch::nn::Module {
                              const LightningIndexerImpl::Projections& index,
                              const torch::Tensor& positions, const ForwardOptions& options,
                              const torch::Tensor& replay_indices, SelectionStats& stats);
+  // x plus the MLP of x.
   torch::Tensor mlp(const torch::Tensor& x, const ForwardOptions& options);
 
   ModelConfig config_;

@@ -1,75 +1,127 @@
-// Step-phase timing: where a training step's seconds go (DESIGN.md section 6 asks for a
-// breakdown per phase). Forward phases are timed with scopes; backward phases with identity
-// markers whose backward opens and closes a region, since autograd runs them, not our code.
+// Step-phase timing: where a training step's seconds go (DESIGN.md section 6 asks for a breakdown
+// per phase), measured where the work runs. On a GPU every phase switch records a CUDA event on
+// the current stream and the events are resolved once, at the end of the step; on the CPU the
+// switches read the host clock. The intervals between switches are attributed to the phase that
+// was active, so the phases add up to the step's span, with `other` for what no phase claims.
+//
+// The forward and the recomputation are timed by scopes around the layer's parts. The backward is
+// run by autograd, not our code: while a BackwardAttribution is alive, each autograd node that
+// starts switches to the backward of the phase whose forward scope created it (recorded by the
+// autograd sequence numbers a scope spanned).
 #pragma once
 
+#include <ATen/record_function.h>
 #include <torch/custom_class.h>
 #include <torch/types.h>
 
-#include <array>
-#include <chrono>
-#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace hyscale::trainer {
 
-enum class Phase : std::size_t {
-  kData,
-  kSelection,
-  kAttentionFwd,
-  kAttentionBwd,
-  kIndexerLoss,
-  kRecompute,
-  kMlp,
-  kOptimizer,
-  kComm,
+enum class Phase : uint8_t {
+  kData,         // the batch: read, shard, copy to the device
+  kLmHead,       // embedding lookup, final norm, output projection, LM loss
+  kAttnProj,     // attention norm, q/key/value projections, RoPE, output projection, residual
+  kSelection,    // the indexer's projections and top-k (or, with replay, its scores at the top-k)
+  kAttention,    // the attention kernel (sparse or dense)
+  kIndexerLoss,  // the indexer's KL loss: its target and the KL
+  kMlp,          // MLP norm, SwiGLU, residual
+  kComm,         // context parallelism's exchanges and gradient sums
+  kOptimizer,    // gradient clipping and the AdamW step
+  kOther,        // what no phase claims
   kCount,
 };
-constexpr std::size_t kPhaseCount = static_cast<std::size_t>(Phase::kCount);
-const char* phase_name(Phase phase);
+// A layer's phases are timed apart in each pass; data, optimizer and other once a step.
+enum class Pass : uint8_t { kForward, kRecompute, kBackward };
 
-using PhaseSeconds = std::array<double, kPhaseCount>;
+// "attention_fwd", "mlp_recompute", "indexer_loss_bwd", "data", "optimizer", "other", ...
+std::string phase_name(Phase phase, Pass pass);
+// Every name phase_name can return, in step order (a layer's phases forward, then backward).
+const std::vector<std::string>& phase_names();
 
 class PhaseClock : public torch::CustomClassHolder {
  public:
-  using Clock = std::chrono::steady_clock;
+  // CUDA devices are timed with events on the current stream, anything else with the host clock.
+  explicit PhaseClock(torch::Device device = torch::kCPU);
+  ~PhaseClock() override;
+  PhaseClock(const PhaseClock&) = delete;
+  PhaseClock& operator=(const PhaseClock&) = delete;
 
-  // Times one forward phase; inside recomputation the whole recompute is one phase instead.
+  // Attributes the work issued in its lifetime to `phase` in the clock's current pass. Nested
+  // scopes take over until they end.
   class Scope {
    public:
-    Scope(PhaseClock& clock, Phase phase) : clock_(clock), phase_(phase), start_(Clock::now()) {}
+    Scope(PhaseClock& clock, Phase phase);
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 
    private:
     PhaseClock& clock_;
-    Phase phase_;
-    Clock::time_point start_;
+    int previous_slot_;
+    Phase previous_phase_;
   };
 
-  void add(Phase phase, double seconds) { seconds_[static_cast<std::size_t>(phase)] += seconds; }
-  void set_recomputing(bool recomputing) { recomputing_ = recomputing; }
-  bool recomputing() const { return recomputing_; }
+  // Sets the pass for its lifetime (recomputation inside the backward, say).
+  class PassGuard {
+   public:
+    PassGuard(PhaseClock& clock, Pass pass);
+    ~PassGuard();
+    PassGuard(const PassGuard&) = delete;
+    PassGuard& operator=(const PassGuard&) = delete;
 
-  // A backward region runs from its first open to its last close.
-  void open_backward(Phase phase);
-  void close_backward(Phase phase);
+   private:
+    PhaseClock& clock_;
+    Pass previous_;
+  };
 
-  // Returns the seconds gathered since the last call and starts over.
-  PhaseSeconds take();
+  // While alive, autograd nodes are timed as the backward of the phase that created them. One at
+  // a time in a process (autograd's callbacks are process-wide).
+  class BackwardAttribution {
+   public:
+    explicit BackwardAttribution(PhaseClock& clock);
+    ~BackwardAttribution();
+    BackwardAttribution(const BackwardAttribution&) = delete;
+    BackwardAttribution& operator=(const BackwardAttribution&) = delete;
+
+   private:
+    at::CallbackHandle handle_;
+  };
+
+  Pass pass() const { return pass_; }
+  bool recomputing() const { return pass_ == Pass::kRecompute; }
+
+  // Starts a step: forgets what was timed and stamps the step's start.
+  void start();
+  // Ends the step: stamps its end, waits for the device once, and returns the seconds of every
+  // phase that took any, by phase_name. The clock then waits for the next start().
+  std::map<std::string, double> take();
+
+  // Called by BackwardAttribution for each autograd node that starts (thread that created it,
+  // its sequence number).
+  void node_started(uint64_t forward_thread, int64_t sequence_number);
+
+  class Timeline;  // host clock or CUDA events (phases.cc)
 
  private:
-  PhaseSeconds seconds_{};
-  std::array<Clock::time_point, kPhaseCount> open_since_{};
-  std::array<bool, kPhaseCount> open_{};
-  bool recomputing_ = false;
-};
+  void enter(int slot, Phase phase);  // switches the slot and records where `phase` began
+  void switch_to(int slot);           // under mutex_
 
-// Identity on x. In backward: mark_region_output opens `phase`, mark_region_input closes it.
-// Place the first on a region's output and the second on its input.
-torch::Tensor mark_region_output(const torch::Tensor& x,
-                                 const c10::intrusive_ptr<PhaseClock>& clock, Phase phase);
-torch::Tensor mark_region_input(const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>& clock,
-                                Phase phase);
+  std::mutex mutex_;
+  std::unique_ptr<Timeline> timeline_;
+  bool started_ = false;
+  std::vector<int> slots_;  // the slot timed from each stamp to the next
+  Pass pass_ = Pass::kForward;
+  int slot_;
+  Phase phase_ = Phase::kOther;
+  // Per creating thread, the autograd sequence numbers at which a forward phase began, increasing.
+  std::map<uint64_t, std::vector<std::pair<uint64_t, Phase>>> created_by_;
+};
 
 }  // namespace hyscale::trainer

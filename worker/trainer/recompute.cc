@@ -3,8 +3,6 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <chrono>
-
 #include "kernels/torch/compat.h"
 
 namespace hyscale::trainer {
@@ -37,16 +35,14 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     auto state =
         c10::static_intrusive_pointer_cast<RecomputeState>(ctx->saved_data["state"].toCapsule());
     const auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    PhaseClock& clock = *state->options.clock;
     torch::AutoGradMode grad_mode(true);
     compat::CudaBf16Autocast autocast(state->options.bf16_autocast);
-    const auto start = std::chrono::steady_clock::now();
-    clock.set_recomputing(true);
-    const auto replay = state->options.selection_replay ? state->indices : torch::Tensor();
-    LayerOutput out = state->layer->forward(x, state->options, replay, *state->stats);
-    clock.set_recomputing(false);
-    clock.add(Phase::kRecompute,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    LayerOutput out;
+    {
+      PhaseClock::PassGuard pass(*state->options.clock, Pass::kRecompute);
+      const auto replay = state->options.selection_replay ? state->indices : torch::Tensor();
+      out = state->layer->forward(x, state->options, replay, *state->stats);
+    }
 
     std::vector<torch::Tensor> outputs, output_grads;
     const auto add = [&](const torch::Tensor& output, const torch::Tensor& grad) {

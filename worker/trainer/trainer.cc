@@ -82,7 +82,8 @@ class Trainer::Impl {
         data_(std::move(data)),
         model_(seeded_model(spec, options.device)),
         optimizer_(make_adamw(*model_, spec.optimizer())),
-        checkpoints_(spec.checkpoint().dir(), spec.checkpoint().keep()) {
+        checkpoints_(spec.checkpoint().dir(), spec.checkpoint().keep()),
+        clock_(c10::make_intrusive<PhaseClock>(options.device)) {
     for (const auto& p : model_->indexer_parameters())
       indexer_params_.insert(p.unsafeGetTensorImpl());
   }
@@ -134,7 +135,7 @@ class Trainer::Impl {
       step_ = step;
       const bool stage_end = step == plan_.last_step_of(position.stage);
       const int eval_every = spec_.eval_every();
-      if (stage_end || (eval_every > 0 && step % eval_every == 0)) {
+      if (options_.evaluate && (stage_end || (eval_every > 0 && step % eval_every == 0))) {
         metrics.eval = Evaluate(position);
       }
       events_.Step(metrics, total);
@@ -196,6 +197,7 @@ class Trainer::Impl {
     o.recompute = options_.recompute.value_or(spec_.recompute().enabled());
     o.selection_replay = options_.selection_replay.value_or(spec_.recompute().selection_replay());
     o.bf16_autocast = options_.device.is_cuda();
+    o.query_group = spec_.parallelism().query_group();
     return o;
   }
 
@@ -213,13 +215,13 @@ class Trainer::Impl {
     const bool main_trains = stage.trains() != v1::INDEXER_ONLY;
     for (auto& p : model_->parameters()) p.set_requires_grad(main_trains || is_indexer(p));
 
-    auto clock = c10::make_intrusive<PhaseClock>();
+    clock_->start();
     ForwardOptions options = forward_options(stage);
-    options.clock = clock;
+    options.clock = clock_;
     Shard batch;
     int64_t batch_tokens = 0, counted = 0;
     {
-      PhaseClock::Scope scope(*clock, Phase::kData);
+      PhaseClock::Scope scope(*clock_, Phase::kData);
       const Batch whole = data_->Get(Split::kTrain, step - 1, shape_of(stage));
       batch_tokens = whole.batch_size * whole.seq_len;
       for (int32_t t : whole.targets) counted += t >= 0 ? 1 : 0;
@@ -230,6 +232,7 @@ class Trainer::Impl {
     {
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
       const auto result = model_->forward(batch.inputs, options);
+      PhaseClock::Scope scope(*clock_, Phase::kLmHead);
       // Each rank's loss is its tokens' share of the whole batch's mean: the ranks' gradients
       // then add up to the gradient of the whole batch's loss.
       lm_loss = torch::nn::functional::cross_entropy(
@@ -242,14 +245,20 @@ class Trainer::Impl {
       loss =
           (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
     }
-    loss.backward();
-    if (cp()) {
-      PhaseClock::Scope scope(*clock, Phase::kComm);
-      throw_if_error(cp()->sum_gradients(model_->parameters()));
+    {
+      PhaseClock::PassGuard pass(*clock_, Pass::kBackward);
+      {
+        PhaseClock::BackwardAttribution attribution(*clock_);
+        loss.backward();
+      }
+      if (cp()) {
+        PhaseClock::Scope scope(*clock_, Phase::kComm);
+        throw_if_error(cp()->sum_gradients(model_->parameters()));
+      }
     }
     const double lr = plan_.learning_rate(step);
     {
-      PhaseClock::Scope scope(*clock, Phase::kOptimizer);
+      PhaseClock::Scope scope(*clock_, Phase::kOptimizer);
       if (spec_.optimizer().grad_clip() > 0) {
         torch::nn::utils::clip_grad_norm_(model_->parameters(), spec_.optimizer().grad_clip());
       }
@@ -258,6 +267,8 @@ class Trainer::Impl {
     }
     const auto losses =
         sum_over_ranks({lm_loss.item<double>(), indexer_loss.item<double>(), loss.item<double>()});
+    // The phases cover the step from start() to take(), which waits for the device.
+    auto phase_seconds = clock_->take();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -271,10 +282,7 @@ class Trainer::Impl {
     m.step_seconds = seconds;
     m.tokens_per_second = static_cast<double>(batch_tokens) / seconds;
     m.peak_memory_bytes = peak_memory_bytes(options_.device);
-    const auto phases = clock->take();
-    for (size_t i = 0; i < kPhaseCount; ++i) {
-      m.phase_seconds[phase_name(static_cast<Phase>(i))] = phases[i];
-    }
+    m.phase_seconds = std::move(phase_seconds);
     if (cp()) {
       const parallel::CommTimes times = cp()->take_times();
       m.comm = CommMetrics{times.exposed_s, times.overlapped_s};
@@ -334,6 +342,7 @@ class Trainer::Impl {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   TrainingCheckpoints checkpoints_;
   std::set<const void*> indexer_params_;
+  c10::intrusive_ptr<PhaseClock> clock_;  // every step's phases, on the training device
   int64_t step_ = 0;
 };
 

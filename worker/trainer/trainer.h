@@ -25,6 +25,7 @@ struct TrainerOptions {
   std::optional<AttentionMode> attention;  // overrides every stage's attention mode
   std::optional<bool> recompute;           // overrides spec.recompute.enabled
   std::optional<bool> selection_replay;    // overrides spec.recompute.selection_replay
+  bool evaluate = true;                    // evaluate at stage ends and every eval_every steps
   torch::Device device = torch::kCPU;      // where the model and its batches live
   // This rank's context-parallel group (spec.parallelism); null: one process per sequence.
   std::shared_ptr<parallel::ContextParallelGroup> context_parallel;
