@@ -35,6 +35,7 @@ struct TrainedOnce {
   std::map<std::string, torch::Tensor> grads;
   torch::Tensor logits;
   SelectionStats stats;
+  double indexer_loss = 0;  // the reported value, read after backward
 };
 
 // One forward + backward of lm_loss + indexer_loss on a fixed batch, from a fixed init.
@@ -56,6 +57,7 @@ TrainedOnce run_once(const ModelConfig& config, const ForwardOptions& options, b
     if (p.value().grad().defined()) run.grads[p.key()] = p.value().grad().clone();
   }
   run.logits = result.logits.detach();
+  run.indexer_loss = result.indexer_loss_value.item<double>();
   run.stats = model->selection_stats();
   return run;
 }
@@ -195,6 +197,16 @@ TEST(ModelTest, SparseAttentionOverEveryKeyIsDenseAttention) {
       EXPECT_TRUE(torch::allclose(grad, s.grads.at(name), 1e-3, 1e-6)) << name;
     }
   }
+}
+
+TEST(ModelTest, RecomputationReportsTheIndexerLossOfTheForward) {
+  // Under recomputation the forward skips the indexer loss; backward's recomputation reports it.
+  const TrainedOnce plain = run_once(small_config(), sparse(false, false));
+  const TrainedOnce replay = run_once(small_config(), sparse(true, true));
+  const TrainedOnce reselect = run_once(small_config(), sparse(true, false));
+  EXPECT_GT(plain.indexer_loss, 0);
+  EXPECT_DOUBLE_EQ(replay.indexer_loss, plain.indexer_loss);
+  EXPECT_DOUBLE_EQ(reselect.indexer_loss, plain.indexer_loss);
 }
 
 TEST(ModelTest, QueryGroupReachesTheAttentionOps) {

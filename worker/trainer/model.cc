@@ -52,10 +52,11 @@ std::vector<QueryRun> query_runs(const torch::Tensor& positions) {
 // The indexer's top-k of every query (or, given replay indices, their scores), run by run. `fp8`
 // selects on fp8 scores; the scores returned (the indexer loss's) are then rescored at the
 // selected keys in full precision, as replay rescores them, so that recomputation with replay,
-// with re-selection and without recomputation train alike.
+// with re-selection and without recomputation train alike (unless `loss_scores` says no loss
+// will use them).
 ops::Selection select(const LightningIndexerImpl::Projections& index,
                       const std::vector<QueryRun>& runs, int64_t topk, bool fp8,
-                      const torch::Tensor& replay_indices) {
+                      const torch::Tensor& replay_indices, bool loss_scores = true) {
   std::vector<torch::Tensor> indices, scores;
   for (const auto& run : runs) {
     const auto rows = [&run](const torch::Tensor& t) { return t.narrow(1, run.begin, run.length); };
@@ -66,7 +67,8 @@ ops::Selection select(const LightningIndexerImpl::Projections& index,
       auto selection =
           ops::flash_topk(rows(index.q), index.k, rows(index.w), topk, run.offset, 1, fp8);
       indices.push_back(selection.indices);
-      scores.push_back(fp8 ? ops::index_score_gather(rows(index.q), index.k, rows(index.w),
+      scores.push_back(fp8 && loss_scores
+                           ? ops::index_score_gather(rows(index.q), index.k, rows(index.w),
                                                      selection.indices, run.offset)
                            : selection.scores);
     }
@@ -223,8 +225,8 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
     } else {
       ++(options.clock->recomputing() ? stats.recompute_selections : stats.selections);
     }
-    auto selection =
-        select(index, query_runs(positions), config_.topk, config_.index_fp8, replay_indices);
+    auto selection = select(index, query_runs(positions), config_.topk, config_.index_fp8,
+                            replay_indices, options.indexer_loss);
     a.indices = selection.indices;
     scores = selection.scores;
   }
@@ -361,12 +363,19 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
     x = embedding_(tokens);
   }
   std::vector<torch::Tensor> losses;
+  result.indexer_loss_value = torch::zeros({}, x.options().dtype(torch::kFloat));
+  const double per_layer = 1.0 / static_cast<double>(layers_.size());
   const bool recompute = options.recompute && torch::GradMode::is_enabled();
   for (auto& layer : layers_) {
-    LayerOutput out = recompute ? checkpointed_layer(layer, x, options, stats_)
+    LayerOutput out = recompute ? checkpointed_layer(layer, x, options, stats_,
+                                                     result.indexer_loss_value, per_layer)
                                 : layer->forward(x, options, torch::Tensor(), stats_);
     x = out.x;
     if (out.indexer_loss.defined()) losses.push_back(out.indexer_loss);
+    if (out.indexer_loss.defined() && !recompute) {
+      torch::NoGradGuard no_grad;
+      result.indexer_loss_value.add_(out.indexer_loss.detach().to(torch::kFloat) * per_layer);
+    }
     if (options.keep_probes) result.probes.push_back(out.probe);
   }
   {

@@ -86,8 +86,13 @@ struct LayerProbe {
 };
 
 struct ForwardResult {
-  torch::Tensor logits;        // [B, T, vocab]
-  torch::Tensor indexer_loss;  // scalar: KL averaged over queries and layers (0 if disabled)
+  torch::Tensor logits;  // [B, T, vocab]
+  // Scalar, differentiable: KL averaged over queries and layers (0 if disabled). With
+  // recomputation only its gradient is right: its value is 0, since the loss is computed in the
+  // backward's recomputation.
+  torch::Tensor indexer_loss;
+  // The same loss's value, float, detached; with recomputation complete once backward has run.
+  torch::Tensor indexer_loss_value;
   std::vector<LayerProbe> probes;
 };
 

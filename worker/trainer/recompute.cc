@@ -16,19 +16,25 @@ struct RecomputeState : torch::CustomClassHolder {
   DsaLayer layer{nullptr};
   ForwardOptions options;
   SelectionStats* stats = nullptr;
-  torch::Tensor indices;  // the forward's selection, replayed in recomputation
+  torch::Tensor indices;      // the forward's selection, replayed in recomputation
+  torch::Tensor loss_report;  // the recomputed indexer loss is added here, times report_scale
+  double report_scale = 1;
 };
 
 struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
-  // Returns {x_out, indexer_loss}; runs with grad mode off, so no activation is kept.
+  // Returns {x_out, indexer_loss}; runs with grad mode off, so no activation is kept. The indexer
+  // loss's value does not shape any gradient (its gradient is the loss weight), so the forward
+  // skips it (its target costs as much as the attention's scores) and returns 0 in its place: the
+  // recomputation computes it, and reports its value.
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x,
                                const c10::intrusive_ptr<RecomputeState>& state) {
-    LayerOutput out = state->layer->forward(x, state->options, torch::Tensor(), *state->stats);
+    ForwardOptions options = state->options;
+    options.indexer_loss = false;
+    LayerOutput out = state->layer->forward(x, options, torch::Tensor(), *state->stats);
     state->indices = out.indices;
     ctx->save_for_backward({x});
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    const auto loss = out.indexer_loss.defined() ? out.indexer_loss : torch::zeros({}, x.options());
-    return {out.x, loss};
+    return {out.x, torch::zeros({}, x.options())};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -42,6 +48,10 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
       PhaseClock::PassGuard pass(*state->options.clock, Pass::kRecompute);
       const auto replay = state->options.selection_replay ? state->indices : torch::Tensor();
       out = state->layer->forward(x, state->options, replay, *state->stats);
+    }
+    if (out.indexer_loss.defined() && state->loss_report.defined()) {
+      torch::NoGradGuard no_grad;
+      state->loss_report.add_(out.indexer_loss.detach().to(torch::kFloat) * state->report_scale);
     }
 
     std::vector<torch::Tensor> outputs, output_grads;
@@ -61,12 +71,15 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
 }  // namespace
 
 LayerOutput checkpointed_layer(const DsaLayer& layer, const torch::Tensor& x,
-                               const ForwardOptions& options, SelectionStats& stats) {
+                               const ForwardOptions& options, SelectionStats& stats,
+                               const torch::Tensor& loss_report, double report_scale) {
   auto state = c10::make_intrusive<RecomputeState>();
   state->layer = layer;
   state->options = options;
   state->options.keep_probes = false;
   state->stats = &stats;
+  state->loss_report = loss_report;
+  state->report_scale = report_scale;
   // The function needs a differentiable input for its backward to run at all; when nothing
   // upstream trains (a frozen embedding), x becomes a leaf whose gradient goes nowhere.
   const auto input = x.requires_grad() ? x : x.detach().requires_grad_(true);

@@ -228,7 +228,7 @@ class Trainer::Impl {
       batch = shard(whole, options);
     }
     clear_gradients(*model_);
-    torch::Tensor lm_loss, indexer_loss, loss;
+    torch::Tensor lm_loss, indexer_loss, indexer_loss_value, loss;
     {
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
       const auto result = model_->forward(batch.inputs, options);
@@ -242,6 +242,7 @@ class Trainer::Impl {
                         torch::kSum)) /
                 static_cast<double>(std::max<int64_t>(counted, 1));
       indexer_loss = result.indexer_loss.to(torch::kFloat) / static_cast<double>(world_size());
+      indexer_loss_value = result.indexer_loss_value;
       loss =
           (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
     }
@@ -265,8 +266,12 @@ class Trainer::Impl {
       set_learning_rate(*optimizer_, lr);
       optimizer_->step();
     }
-    const auto losses =
-        sum_over_ranks({lm_loss.item<double>(), indexer_loss.item<double>(), loss.item<double>()});
+    // The indexer loss's value is known once backward ran (recomputation computes it).
+    const double lm_value = lm_loss.item<double>();
+    const double indexer_value =
+        indexer_loss_value.item<double>() / static_cast<double>(world_size());
+    const auto losses = sum_over_ranks(
+        {lm_value, indexer_value, lm_value + stage.indexer_loss_weight() * indexer_value});
     // The phases cover the step from start() to take(), which waits for the device.
     auto phase_seconds = clock_->take();
     const double seconds =
