@@ -216,27 +216,179 @@ __device__ void produce_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
   }
 }
 
-// Consumer warpgroup kWg (the schedule above), over the block's items. ptile[c] is where consumer
-// c's P goes for the other.
+// Consumer warpgroup kWg (the schedule above), over the block's items: per item its pairs of
+// blocks (consume_pairs_wg0 or _wg1), then its rows' output. The running state is
+// consume_latent_blocks' locals, held here by reference: as members of this struct it compiled
+// to different code.
 template <class Tr, int kWg>
-__device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&kbuf)[2],
-                                      bf16* const (&ptile)[2], LatentSync& sync, int items,
-                                      const FwdOut& o_) {
-  constexpr int DV = Tr::kDimV, BK = Tr::kKeys, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
+struct LatentConsumer {
+  static constexpr int DV = Tr::kDimV, BK = Tr::kKeys, kPvN = Tr::kPvN, kChunks = Tr::kPvChunks;
   static_assert(BK == 64, "LatentSync::valid holds 64-key blocks");
-  constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks, kPairThreads = Tr::kConsumerThreads;
-  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int ra = warp * 16 + lane / 4, rb = ra + 8;
-  const int columns = kWg * (DV / 2);  // this warpgroup's value columns
-  float m_a, m_b, l_a, l_b;
-  float o[kChunks][kPvN / 2];
-  float s[BK / 2];          // S, then P, of this warpgroup's block
-  uint32_t pa[BK / 16][4];  // P (bf16) as the A operands of the k16 steps of P V
+  static constexpr int L = Tr::kLeftBlocks, C = Tr::kColumnBlocks;
+  static constexpr int kPairThreads = Tr::kConsumerThreads;
+  static constexpr int kColumns = kWg * (DV / 2);  // this warpgroup's value columns
+  const Problem& p;
+  bf16* const sq;
+  bf16* const (&kbuf)[2];
+  bf16* const (&ptile)[2];  // where consumer c's P goes for the other
+  LatentSync& sync;
+  const int warp, lane, ra, rb;
+  float &m_a, &m_b, &l_a, &l_b;
+  float (&o)[kChunks][kPvN / 2];
+  float (&s)[BK / 2];          // S, then P, of this warpgroup's block
+  uint32_t (&pa)[BK / 16][4];  // P (bf16) as the A operands of the k16 steps of P V
+
+  __device__ void consume(int items, const FwdOut& o_) {
+    const int stride = static_cast<int>(gridDim.x);
+    // Warpgroup 0: the validity bits of an item's first pair, and whether its S already ran
+    // beside the previous item's end.
+    uint32_t selected = 0;
+    bool next_s_done = false;
+    int round = 0;  // pairs so far, over all items: the barriers' phases
+    // i counts the busy items (Q's phases).
+    for (int i = 0, item = static_cast<int>(blockIdx.x); item < items; item += stride) {
+      const int pairs = item_pairs<BK>(p, item);
+      m_a = m_b = -INFINITY;
+      l_a = l_b = 0.f;
+      // The zeros of o stay before the first wgmma (inside its stage they would serialize it).
+      clear_accumulators(o);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+      if constexpr (kWg == 0) {
+        consume_pairs_wg0(item, items, pairs, i, round, next_s_done, selected);
+      } else {
+        consume_pairs_wg1(pairs, i, round);
+      }
+
+      // Without pairs (every slot -1) the rows saw nothing: no sums to exchange.
+      const RowTotals totals =
+          pairs > 0 ? row_totals(sync.row_sum, kWg, ra, rb, lane, l_a, l_b, ConsumerBarrier{})
+                    : RowTotals{0.f, 0.f, 0.f, 0.f};
+      const auto [grp, h0] = tile_of(p, item);
+      const int64_t first_row = tile_row(p, grp, h0, 0);  // G = 1, whole head blocks: rows exist
+      if (kWg == 0 && lane % 4 == 0) {
+        write_lse(o_.lse, first_row + ra, m_a, totals.tot_a);
+        write_lse(o_.lse, first_row + rb, m_b, totals.tot_b);
+      }
+      store_output(o_.out + (first_row + ra) * DV, o_.out + (first_row + rb) * DV, totals.inv_a,
+                   totals.inv_b);
+      round += pairs;
+      i += pairs > 0;
+    }
+  }
+
+  // Warpgroup 0's part of item `item` (the schedule above): its `pairs` pairs, with i the busy
+  // items and round the pairs before it. next_s_done and selected carry on to the next item.
+  __device__ void consume_pairs_wg0(int item, int items, int pairs, int i, int round,
+                                    bool& next_s_done, uint32_t& selected) {
+    const bool busy_after = next_busy_item<BK>(p, item, items) < items;
+    // No wgmma is in flight across the loop's back edge or a merge of paths: ptxas serializes
+    // a stage in which a non-wgmma instruction reads or defines an accumulator, register moves
+    // at a merge included. So the loop leaves from its middle, and S of the next pair, issued
+    // while P1 V1 runs, is waited for before the back edge. The next pair may be the next
+    // item's first: its S then runs beside this item's last P1 V1, before the output.
+    if (pairs > 0) {
+      if (!next_s_done) {
+        mbarrier_wait(&sync.q_ready[0], i & 1);
+        issue_s_half(round, 0, true);
+        mbarrier_wait(&sync.q_ready[1], i & 1);
+        issue_s_half(round, 1, false);
+        selected = selected_columns(round);
+        wgmma_wait<0>();
+        fence_accumulators(s);
+      }
+      for (int pair = 0;; ++pair) {
+        const bool last = pair + 1 == pairs;
+        if (last) mbarrier_arrive(&sync.q_free);  // its last S has read Q
+        float mx_a, mx_b;
+        mask_scores(selected, mx_a, mx_b);
+        const float m0_a = raised_max(m_a, mx_a), m0_b = raised_max(m_b, mx_b);
+        publish_max(m0_a, m0_b);
+        named_barrier_arrive(kMax0Ready, kPairThreads);
+        softmax(m0_a, m0_b);
+        pv_own(0);
+        wgmma_wait<0>();
+        retire_pv();
+        mbarrier_arrive(&sync.free[0][0]);
+        named_barrier_sync(kMax1Ready, kPairThreads);
+        const float m1_a = sync.row_max[ra], m1_b = sync.row_max[rb];
+        const bool moved = warp_moved(m_a, m1_a, m_b, m1_b);
+        const float c_a = rescale_factor(m_a, m1_a), c_b = rescale_factor(m_b, m1_b);
+        m_a = m1_a;
+        m_b = m1_b;
+        if (moved) rescale_p(c_a, c_b);
+        store_p();
+        named_barrier_arrive(kP0Ready, kPairThreads);
+        l_a *= c_a;
+        l_b *= c_b;
+        if (moved) scale_rows(o, c_a, c_b);
+        named_barrier_sync(kP1Ready, kPairThreads);
+        if (last && !busy_after) {
+          pv_other(1);
+          wgmma_wait<0>();
+          mbarrier_arrive(&sync.free[1][0]);
+          next_s_done = false;
+          break;
+        }
+        pv_other(1);
+        if (last) mbarrier_wait(&sync.q_ready[0], (i + 1) & 1);
+        issue_s_half(round + pair + 1, 0, true);
+        wgmma_wait<1>();  // P1 V1: buffer 1's left half is free before S waits for the right
+        mbarrier_arrive(&sync.free[1][0]);
+        if (last) mbarrier_wait(&sync.q_ready[1], (i + 1) & 1);
+        issue_s_half(round + pair + 1, 1, false);
+        selected = selected_columns(round + pair + 1);
+        wgmma_wait<0>();
+        fence_accumulators(s);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
+        if (last) {
+          next_s_done = true;
+          break;
+        }
+      }
+    }
+  }
+
+  // Warpgroup 1's part of an item of `pairs` pairs (i and round as above).
+  __device__ void consume_pairs_wg1(int pairs, int i, int round) {
+    if (pairs > 0) {
+      mbarrier_wait(&sync.q_ready[0], i & 1);
+      mbarrier_wait(&sync.q_ready[1], i & 1);
+    }
+    for (int pair = 0; pair < pairs; ++pair) {
+      issue_s_half(round + pair, 1, true);
+      issue_s_half(round + pair, 0, false);
+      const uint32_t selected = selected_columns(round + pair);
+      wgmma_wait<0>();
+      fence_accumulators(s);
+      if (pair + 1 == pairs) mbarrier_arrive(&sync.q_free);
+      float mx_a, mx_b;
+      mask_scores(selected, mx_a, mx_b);
+      named_barrier_sync(kMax0Ready, kPairThreads);
+      const float m1_a = raised_max(sync.row_max[ra], mx_a);
+      const float m1_b = raised_max(sync.row_max[rb], mx_b);
+      __syncwarp();  // every lane has read M0 before its row's lane 0 overwrites it
+      publish_max(m1_a, m1_b);
+      named_barrier_arrive(kMax1Ready, kPairThreads);
+      softmax(m1_a, m1_b);
+      pv_own(1);
+      store_p();
+      named_barrier_sync(kP0Ready, kPairThreads);
+      pv_other(0);
+      named_barrier_arrive(kP1Ready, kPairThreads);
+      wgmma_wait<1>();  // the own P V (fences after the last wait, as in warpgroup 0)
+      mbarrier_arrive(&sync.free[1][1]);
+      wgmma_wait<0>();
+      retire_pv();
+      mbarrier_arrive(&sync.free[0][1]);
+    }
+  }
 
   // S of this warpgroup's block of `pair`, one half of the K buffer (0 left, 1 right) at a time,
   // each its own commit group: the half this warpgroup frees first is filled first, and the
   // first half's product runs while the second is still landing.
-  auto issue_s_half = [&](int pair, int half, bool overwrite) {
+  __device__ void issue_s_half(int pair, int half, bool overwrite) {
     const uint64_t q0 = descriptor_here(matrix_descriptor<64>(sq, 0, 0));
     const uint64_t k0 = descriptor_here(matrix_descriptor<BK>(kbuf[kWg], 0, 0));
     mbarrier_wait(&sync.ready[kWg][half], pair & 1);
@@ -251,10 +403,10 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
                      !(overwrite && ks == first * 4));
     }
     wgmma_commit();
-  };
+  }
   // Which of this thread's 16 score columns of the pair's block in its buffer its query
   // selected (bit 2 j + e: column 8 j + 2 (lane % 4) + e), from the bytes the producer wrote.
-  auto selected_columns = [&](int pair) {
+  __device__ uint32_t selected_columns(int pair) {
     mbarrier_wait(&sync.valid_ready, pair & 1);
     const uint4 bytes = *reinterpret_cast<const uint4*>(&sync.valid[kWg][16 * (lane % 4)]);
     const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
@@ -262,9 +414,9 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
 #pragma unroll
     for (int k = 0; k < 16; ++k) bits |= ((words[k / 4] >> (8 * (k % 4))) & 1u) << k;
     return bits;
-  };
+  }
   // Masks S (finished) by `selected` and takes it to log2 units; gives its row maxima.
-  auto mask_scores = [&](uint32_t selected, float& mx_a, float& mx_b) {
+  __device__ void mask_scores(uint32_t selected, float& mx_a, float& mx_b) {
     mx_a = -INFINITY;
     mx_b = -INFINITY;
 #pragma unroll
@@ -279,9 +431,9 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
     }
     mx_a = quad_max(mx_a);
     mx_b = quad_max(mx_b);
-  };
+  }
   // P against the new maxima (0 while a row has seen nothing); O and the sums follow them.
-  auto softmax = [&](float new_a, float new_b) {
+  __device__ void softmax(float new_a, float new_b) {
     const float alpha_a = rescale_factor(m_a, new_a), alpha_b = rescale_factor(m_b, new_b);
     const float base_a = softmax_base(new_a), base_b = softmax_base(new_b);
     float sum_a = 0.f, sum_b = 0.f;
@@ -304,17 +456,17 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
     if (warp_moved(m_a, new_a, m_b, new_b)) scale_rows(o, alpha_a, alpha_b);
     m_a = new_a;
     m_b = new_b;
-  };
+  }
   // The new maxima for the other consumer, before this one's exponentials: its softmax need not
   // wait for them.
-  auto publish_max = [&](float new_a, float new_b) {
+  __device__ void publish_max(float new_a, float new_b) {
     if (lane % 4 == 0) {
       sync.row_max[ra] = new_a;
       sync.row_max[rb] = new_b;
     }
-  };
+  }
   // pa again from P times per-row factors (once the own P V has read it).
-  auto rescale_p = [&](float c_a, float c_b) {
+  __device__ void rescale_p(float c_a, float c_b) {
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
 #pragma unroll
@@ -323,25 +475,25 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
         pa[ks][r] = pack_bf16(s[8 * ks + 2 * r] * c, s[8 * ks + 2 * r + 1] * c);
       }
     }
-  };
+  }
   // pa into this warpgroup's P tile for the other one, one stmatrix a k16 step: pa[ks][m] is the
   // 8 x 8 matrix of rows 16 warp + 8 (m % 2) .., columns 16 ks + 8 (m / 2) .., and lane gives
   // row lane % 8 of matrix lane / 8.
-  auto store_p = [&]() {
+  __device__ void store_p() {
     const int m = lane / 8, row = warp * 16 + (m % 2) * 8 + lane % 8;
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
       stmatrix_x4(ptile[kWg] + swizzled_offset<64>(row, 2 * ks + m / 2), pa[ks]);
     }
     fence_async_shared();  // read by the other warpgroup's wgmma
-  };
+  }
   // O += P V over buffer `buffer`'s rows and this warpgroup's value columns: P from registers
   // (own) or from the other warpgroup's tile.
-  auto pv_own = [&](int buffer) {
+  __device__ void pv_own(int buffer) {
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
     wgmma_fence();
-    const uint64_t v0 = descriptor_here(mn_major_descriptor<BK>(kbuf[buffer], columns, 0));
+    const uint64_t v0 = descriptor_here(mn_major_descriptor<BK>(kbuf[buffer], kColumns, 0));
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
 #pragma unroll
@@ -350,11 +502,11 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
       }
     }
     wgmma_commit();
-  };
-  auto pv_other = [&](int buffer) {
+  }
+  __device__ void pv_other(int buffer) {
     wgmma_fence();
     const uint64_t p0 = descriptor_here(matrix_descriptor<64>(ptile[1 - kWg], 0, 0));
-    const uint64_t v0 = descriptor_here(mn_major_descriptor<BK>(kbuf[buffer], columns, 0));
+    const uint64_t v0 = descriptor_here(mn_major_descriptor<BK>(kbuf[buffer], kColumns, 0));
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
 #pragma unroll
@@ -364,19 +516,18 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
       }
     }
     wgmma_commit();
-  };
-  auto retire_pv = [&]() {
+  }
+  __device__ void retire_pv() {
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) fence_operands(pa[ks]);
-  };
-
+  }
   // The item's output, straight from the accumulators (Q's tile, which staged it before, is
   // already loading the next item's Q): per 32 columns of a row the four lanes of a quad hold
   // 2 columns of each 8, and after a 4 x 4 transpose of those words across the quad (two
   // exchanges) each lane holds 8 adjacent columns, one 16-byte store.
-  auto store_output = [&](bf16* out_a, bf16* out_b, float inv_a, float inv_b) {
+  __device__ void store_output(bf16* out_a, bf16* out_b, float inv_a, float inv_b) {
     const bool hi = lane & 2, odd = lane & 1;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -391,7 +542,7 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
             const float* x = &o[c][16 * g + 4 * j + 2 * r];
             w[j] = pack_bf16(x[0] * inv, x[1] * inv);
           }
-          // Word j of lane q is columns 8 j + 2 q ..; afterwards word j is columns 8 q + 2 j ..
+          // Word j of lane q is kColumns 8 j + 2 q ..; afterwards word j is kColumns 8 q + 2 j ..
           uint32_t x0 = __shfl_xor_sync(0xffffffff, hi ? w[0] : w[2], 2);
           uint32_t x1 = __shfl_xor_sync(0xffffffff, hi ? w[1] : w[3], 2);
           if (hi) {
@@ -407,145 +558,29 @@ __device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&
             w[1] = x0, w[3] = x1;
           }
           bf16* row = r == 0 ? out_a : out_b;
-          *reinterpret_cast<uint4*>(row + columns + c * kPvN + 32 * g + 8 * (lane % 4)) =
+          *reinterpret_cast<uint4*>(row + kColumns + c * kPvN + 32 * g + 8 * (lane % 4)) =
               make_uint4(w[0], w[1], w[2], w[3]);
         }
       }
     }
-  };
-
-  const int stride = static_cast<int>(gridDim.x);
-  // Warpgroup 0: whether S of an item's first pair already ran beside the previous item's end,
-  // and that pair's validity bits.
-  bool next_s_done = false;
-  uint32_t selected = 0;
-  int round = 0;  // pairs so far, over all items: the barriers' phases
-  // i counts the busy items (Q's phases).
-  for (int i = 0, item = static_cast<int>(blockIdx.x); item < items; item += stride) {
-    const int pairs = item_pairs<BK>(p, item);
-    m_a = m_b = -INFINITY;
-    l_a = l_b = 0.f;
-    // The zeros of o stay before the first wgmma (inside its stage they would serialize it).
-    clear_accumulators(o);
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
-    if constexpr (kWg == 0) {
-      const bool busy_after = next_busy_item<BK>(p, item, items) < items;
-      // No wgmma is in flight across the loop's back edge or a merge of paths: ptxas serializes
-      // a stage in which a non-wgmma instruction reads or defines an accumulator, register moves
-      // at a merge included. So the loop leaves from its middle, and S of the next pair, issued
-      // while P1 V1 runs, is waited for before the back edge. The next pair may be the next
-      // item's first: its S then runs beside this item's last P1 V1, before the output.
-      if (pairs > 0) {
-        if (!next_s_done) {
-          mbarrier_wait(&sync.q_ready[0], i & 1);
-          issue_s_half(round, 0, true);
-          mbarrier_wait(&sync.q_ready[1], i & 1);
-          issue_s_half(round, 1, false);
-          selected = selected_columns(round);
-          wgmma_wait<0>();
-          fence_accumulators(s);
-        }
-        for (int pair = 0;; ++pair) {
-          const bool last = pair + 1 == pairs;
-          if (last) mbarrier_arrive(&sync.q_free);  // its last S has read Q
-          float mx_a, mx_b;
-          mask_scores(selected, mx_a, mx_b);
-          const float m0_a = raised_max(m_a, mx_a), m0_b = raised_max(m_b, mx_b);
-          publish_max(m0_a, m0_b);
-          named_barrier_arrive(kMax0Ready, kPairThreads);
-          softmax(m0_a, m0_b);
-          pv_own(0);
-          wgmma_wait<0>();
-          retire_pv();
-          mbarrier_arrive(&sync.free[0][0]);
-          named_barrier_sync(kMax1Ready, kPairThreads);
-          const float m1_a = sync.row_max[ra], m1_b = sync.row_max[rb];
-          const bool moved = warp_moved(m_a, m1_a, m_b, m1_b);
-          const float c_a = rescale_factor(m_a, m1_a), c_b = rescale_factor(m_b, m1_b);
-          m_a = m1_a;
-          m_b = m1_b;
-          if (moved) rescale_p(c_a, c_b);
-          store_p();
-          named_barrier_arrive(kP0Ready, kPairThreads);
-          l_a *= c_a;
-          l_b *= c_b;
-          if (moved) scale_rows(o, c_a, c_b);
-          named_barrier_sync(kP1Ready, kPairThreads);
-          if (last && !busy_after) {
-            pv_other(1);
-            wgmma_wait<0>();
-            mbarrier_arrive(&sync.free[1][0]);
-            next_s_done = false;
-            break;
-          }
-          pv_other(1);
-          if (last) mbarrier_wait(&sync.q_ready[0], (i + 1) & 1);
-          issue_s_half(round + pair + 1, 0, true);
-          wgmma_wait<1>();  // P1 V1: buffer 1's left half is free before S waits for the right
-          mbarrier_arrive(&sync.free[1][0]);
-          if (last) mbarrier_wait(&sync.q_ready[1], (i + 1) & 1);
-          issue_s_half(round + pair + 1, 1, false);
-          selected = selected_columns(round + pair + 1);
-          wgmma_wait<0>();
-          fence_accumulators(s);
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c) fence_accumulators(o[c]);
-          if (last) {
-            next_s_done = true;
-            break;
-          }
-        }
-      }
-    } else {
-      if (pairs > 0) {
-        mbarrier_wait(&sync.q_ready[0], i & 1);
-        mbarrier_wait(&sync.q_ready[1], i & 1);
-      }
-      for (int pair = 0; pair < pairs; ++pair) {
-        issue_s_half(round + pair, 1, true);
-        issue_s_half(round + pair, 0, false);
-        const uint32_t selected = selected_columns(round + pair);
-        wgmma_wait<0>();
-        fence_accumulators(s);
-        if (pair + 1 == pairs) mbarrier_arrive(&sync.q_free);
-        float mx_a, mx_b;
-        mask_scores(selected, mx_a, mx_b);
-        named_barrier_sync(kMax0Ready, kPairThreads);
-        const float m1_a = raised_max(sync.row_max[ra], mx_a);
-        const float m1_b = raised_max(sync.row_max[rb], mx_b);
-        __syncwarp();  // every lane has read M0 before its row's lane 0 overwrites it
-        publish_max(m1_a, m1_b);
-        named_barrier_arrive(kMax1Ready, kPairThreads);
-        softmax(m1_a, m1_b);
-        pv_own(1);
-        store_p();
-        named_barrier_sync(kP0Ready, kPairThreads);
-        pv_other(0);
-        named_barrier_arrive(kP1Ready, kPairThreads);
-        wgmma_wait<1>();  // the own P V (fences after the last wait, as in warpgroup 0)
-        mbarrier_arrive(&sync.free[1][1]);
-        wgmma_wait<0>();
-        retire_pv();
-        mbarrier_arrive(&sync.free[0][1]);
-      }
-    }
-
-    // Without pairs (every slot -1) the rows saw nothing: no sums to exchange.
-    const RowTotals totals =
-        pairs > 0 ? row_totals(sync.row_sum, kWg, ra, rb, lane, l_a, l_b, ConsumerBarrier{})
-                  : RowTotals{0.f, 0.f, 0.f, 0.f};
-    const auto [grp, h0] = tile_of(p, item);
-    const int64_t first_row = tile_row(p, grp, h0, 0);  // G = 1, whole head blocks: rows exist
-    if (kWg == 0 && lane % 4 == 0) {
-      write_lse(o_.lse, first_row + ra, m_a, totals.tot_a);
-      write_lse(o_.lse, first_row + rb, m_b, totals.tot_b);
-    }
-    store_output(o_.out + (first_row + ra) * DV, o_.out + (first_row + rb) * DV, totals.inv_a,
-                 totals.inv_b);
-    round += pairs;
-    i += pairs > 0;
   }
+};
+
+// Consumer warpgroup kWg over the block's items. ptile[c] is where consumer c's P goes for the
+// other.
+template <class Tr, int kWg>
+__device__ void consume_latent_blocks(const Problem& p, bf16* sq, bf16* const (&kbuf)[2],
+                                      bf16* const (&ptile)[2], LatentSync& sync, int items,
+                                      const FwdOut& o_) {
+  using Consumer = LatentConsumer<Tr, kWg>;
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int ra = warp * 16 + lane / 4, rb = ra + 8;
+  float m_a, m_b, l_a, l_b;
+  float o[Consumer::kChunks][Consumer::kPvN / 2];
+  float s[Consumer::BK / 2];
+  uint32_t pa[Consumer::BK / 16][4];
+  Consumer{p, sq, kbuf, ptile, sync, warp, lane, ra, rb, m_a, m_b, l_a, l_b, o, s, pa}.consume(
+      items, o_);
 }
 
 template <class Tr>
