@@ -6,7 +6,7 @@
 // device (no host sync): B * 2^e < 2^61, a factor 4 below int64's range, which covers the fp32
 // rounding of the bound and of the contributions and the half unit each rounding to an integer
 // adds. The resolution is 2^-e = 2^-61 of B (to within 2x); each contribution is off by at most
-// half of it, and the sum of the rounded contributions is exact. Used by sparse_attn.cu (dkey,
+// half of it, and the sum of the rounded contributions is exact. Used by sparse_attn/ (dkey,
 // dvalue) and indexer_loss.cu (grad_k); docs/sparse_attn.md has the bounds of each.
 #pragma once
 

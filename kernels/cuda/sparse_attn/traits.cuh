@@ -1,4 +1,4 @@
-// Tiling of the CUDA sparse MQA attention (sparse_attn.cu), in one place.
+// Tiling of the CUDA sparse MQA attention (kernels/cuda/sparse_attn/), in one place.
 //
 // A block owns a tile of kRows = 64 rows: G adjacent queries x HB heads of each (HB = min(H,
 // 64/G)), and walks the key list of its query group (the selected keys of its query for G = 1, the
