@@ -9,6 +9,8 @@
 #   HYSCALE_SA_BENCH_GROUPS  query-group sizes G it runs (default 1, 4, 16)
 #   HYSCALE_DSA_BENCH_SIZES  N values for the DSA layer benchmark (default 32K, 64K, 128K)
 #   HYSCALE_DSA_BENCH_MAX_N  bound of its longest-trainable-N search (default 1M)
+#   HYSCALE_TRAIN_BENCH_SIZES  N values for the trainer's benchmark (default 32K, 128K)
+#   HYSCALE_TRAIN_BENCH_MODELS its reference models (default both in examples/train-ref-*.yaml)
 #   HYSCALE_SANITIZE=1     also run the small GPU tests (FlashTopK, sparse attention) under
 #                          compute-sanitizer memcheck
 set -euo pipefail
@@ -16,6 +18,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${HYSCALE_BUILD_DIR:-$root/build-pytorch}
 out=${HYSCALE_GPU_OUT:-$build/gpu-check}
 mkdir -p "$out"
+# The deps' libraries load others of theirs (absl), which the binaries' run paths do not reach.
+if [[ -n ${HYSCALE_DEPS_PREFIX:-} ]]; then
+  export LD_LIBRARY_PATH="$HYSCALE_DEPS_PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
 HYSCALE_BUILD_DIR=$build HYSCALE_CUDA=ON "$root/scripts/build-with-pytorch.sh" \
@@ -48,3 +54,9 @@ python3 "$root/bench/dsa_layer_bench.py" --lib "$build/kernels/torch/libhyscale_
   --sizes "${HYSCALE_DSA_BENCH_SIZES:-32768,65536,131072}" \
   --max-n "${HYSCALE_DSA_BENCH_MAX_N:-1048576}" \
   --json "$out/dsa_layer.json" 2>&1 | tee "$out/dsa_layer.txt"
+
+# The trainer's benchmark of record: hyscale-train's whole step on the reference models.
+python3 "$root/bench/train_bench.py" --trainer "$build/worker/trainer/hyscale-train" \
+  --models "${HYSCALE_TRAIN_BENCH_MODELS:-$root/examples/train-ref-2048x4.yaml,$root/examples/train-ref-4096x2.yaml}" \
+  --sizes "${HYSCALE_TRAIN_BENCH_SIZES:-32768,131072}" --device cuda \
+  --json "$out/train_bench.json" 2>&1 | tee "$out/train_bench.txt"
