@@ -75,6 +75,14 @@ absl::StatusOr<std::shared_ptr<hyscale::parallel::ContextParallelGroup>> join_gr
 }
 
 int main(int argc, char** argv) {
+  // Long sequences allocate whole-sequence tensors of tens of GiB whose sizes change within a
+  // step; the caching allocator's expandable segments map them into one range instead of leaving
+  // freed blocks that fit nothing (issue #37: 34 GiB reserved but unusable at 128K). Read at its
+  // first allocation; a setting in the environment wins.
+  if (std::getenv("PYTORCH_CUDA_ALLOC_CONF") == nullptr &&
+      std::getenv("PYTORCH_ALLOC_CONF") == nullptr) {
+    setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", /*overwrite=*/0);
+  }
   CLI::App app{"hyscale-train: DSA sparse-attention training"};
   std::string config_path, events_path, checkpoint_dir, attention;
   bool resume = false;
