@@ -798,6 +798,13 @@ def run(cfg):
     if problems:
         print("train_bench: error: --smoke failed (see above the table)", file=sys.stderr)
         return 1
+    # The step breakdown's contract: its phases add up to the step (issue #37).
+    off = [f"{m['name']} N={r['n']}: {r['phase_sum_over_step']:.3f}" for m in report["models"]
+           for r in m["runs"] if r.get("ok") and r.get("phase_sum_within_target") is False]
+    if off:
+        print(f"train_bench: error: the phases do not add up to the step within "
+              f"{PHASE_SUM_TARGET:.0%}: {'; '.join(off)}", file=sys.stderr)
+        return 1
     return 0
 
 
