@@ -115,7 +115,7 @@ def model_dims(m):
 
 
 def parameter_counts(m):
-    """Parameters of the DSA model (worker/trainer/model.cc) by the spec: dense (all but the token
+    """Parameters of the DSA model (worker/model/model.cc) by the spec: dense (all but the token
     embedding), embedding, total."""
     x = model_dims(m)
     d, h, hi, di = x["d"], x["heads"], x["hi"], x["di"]

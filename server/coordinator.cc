@@ -15,7 +15,7 @@
 #include <utility>
 
 #include "proto/job_spec.h"
-#include "server/planner/planner.h"
+#include "planner/planner.h"
 #include "server/trainer_events.h"
 
 namespace hyscale::server {

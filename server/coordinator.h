@@ -41,7 +41,7 @@
 #include "hyscale/v1/service.pb.h"
 #include "server/assignment_queue.h"
 #include "server/clock.h"
-#include "server/planner/profile.h"
+#include "planner/profile.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
 #include "server/store.h"
@@ -59,7 +59,7 @@ struct CoordinatorOptions {
   // reconnect backoff plus their own, up to seconds), and declaring their healthy ranks lost would
   // restart jobs for nothing.
   absl::Duration recovery_grace = absl::Seconds(10);
-  // The planner's device profile for GPU jobs (server/planner/profile.h); CPU jobs and jobs
+  // The planner's device profile for GPU jobs (planner/profile.h); CPU jobs and jobs
   // that take any device are planned on "cpu".
   std::string gpu_profile = "h200";
   // A calibration file (hyscale-calibrate; empty: none) whose figures replace those of the

@@ -16,7 +16,7 @@
 #include "server/coordinator.h"
 #include "server/grpc_server.h"
 #include "server/metrics_http.h"
-#include "server/planner/profile.h"
+#include "planner/profile.h"
 #include "server/server_metrics.h"
 #include "server/web_ui.h"
 
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-root", flags.checkpoint_root,
                  "Where jobs' checkpoint directories go (default <data-dir>/checkpoints)");
   app.add_option("--gpu-profile", flags.gpu_profile,
-                 "Planner device profile of GPU jobs (server/planner/profile.h)")
+                 "Planner device profile of GPU jobs (planner/profile.h)")
       ->capture_default_str()
       ->check(CLI::IsMember(hyscale::server::planner::BuiltinProfileNames()));
   app.add_option("--calibration", flags.calibration,

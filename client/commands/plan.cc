@@ -6,7 +6,7 @@
 #include "client/commands/commands.h"
 #include "client/format.h"
 #include "proto/job_spec.h"
-#include "server/planner/planner.h"
+#include "planner/planner.h"
 
 namespace hyscale::cli {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "server/planner/profile.h"
+#include "planner/profile.h"
 #include "tests/client/tiny_spec.h"
 
 namespace hyscale::calibrate {

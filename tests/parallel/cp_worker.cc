@@ -12,10 +12,10 @@
 #include <string>
 #include <thread>
 
+#include "worker/model/recompute.h"
 #include "worker/parallel/gloo_communicator.h"
 #include "worker/parallel/key_exchange.h"
 #include "worker/parallel/rendezvous.h"
-#include "worker/trainer/recompute.h"
 
 namespace hyscale::parallel {
 namespace {
@@ -114,10 +114,13 @@ LayerRun forward_backward(trainer::DsaLayer& layer, const torch::Tensor& x,
   trainer::SelectionStats stats;
   const auto input = x.detach().requires_grad_(true);
   LayerRun run;
-  run.out = options.recompute ? trainer::checkpointed_layer(layer, input, options, stats)
+  // Under recomputation the loss's value comes from the backward's recomputation.
+  const auto recomputed_loss = torch::zeros({}, x.options());
+  run.out = options.recompute ? trainer::checkpointed_layer(layer, input, options, stats,
+                                                            recomputed_loss, /*report_scale=*/1.0)
                               : layer->forward(input, options, torch::Tensor(), stats);
-  run.loss = run.out.indexer_loss;
-  ((run.out.x * weight).sum() + loss_scale * run.loss).backward();
+  ((run.out.x * weight).sum() + loss_scale * run.out.indexer_loss).backward();
+  run.loss = options.recompute ? recomputed_loss.to(x.scalar_type()) : run.out.indexer_loss;
   run.x_grad = input.grad();
   for (const auto& p : layer->parameters()) {
     run.param_grads.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));

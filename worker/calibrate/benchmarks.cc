@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "kernels/torch/ops.h"
-#include "server/planner/flops.h"
+#include "planner/flops.h"
 #include "worker/calibrate/selection.h"
 
 #ifdef HYSCALE_HAVE_CUDA

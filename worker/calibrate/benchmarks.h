@@ -1,5 +1,5 @@
 // The micro-benchmarks behind each figure of a calibration file, with the FLOP counts of the
-// planner's cost model (server/planner/flops.h), so a rate here is the rate the model divides by.
+// planner's cost model (planner/flops.h), so a rate here is the rate the model divides by.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,4 @@
-// A calibration file (server/planner/profile.h, ApplyCalibration): the measured figures, and how
+// A calibration file (planner/profile.h, ApplyCalibration): the measured figures, and how
 // they were measured (device, commit, date, shapes, raw timings, notes).
 #pragma once
 

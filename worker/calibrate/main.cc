@@ -1,4 +1,4 @@
-// hyscale-calibrate: measures the planner's device figures (server/planner/profile.h) on this
+// hyscale-calibrate: measures the planner's device figures (planner/profile.h) on this
 // machine's device and writes them as a calibration file for `hyscale plan --calibration` and
 // `hyscaled --calibration`.
 //
@@ -205,7 +205,7 @@ int Run(const Flags& flags) {
 int main(int argc, char** argv) {
   hyscale::calibrate::Flags flags;
   CLI::App app{"hyscale-calibrate: measures the planner's device figures on this machine"};
-  app.add_option("--out", flags.out, "Calibration file to write (JSON, server/planner/profile.h)")
+  app.add_option("--out", flags.out, "Calibration file to write (JSON, planner/profile.h)")
       ->required();
   app.add_flag("--quick", flags.quick, "Tiny shapes (for tests): seconds, not representative");
   app.add_option("--device", flags.device, "auto (CUDA when built with it and present), cpu, cuda")

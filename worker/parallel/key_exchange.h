@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "worker/parallel/communicator.h"
 #include "worker/parallel/layout.h"
-#include "worker/trainer/model.h"
+#include "worker/model/model.h"
 
 namespace hyscale::parallel {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/trainer/model.h"
+#include "worker/model/model.h"
 
 namespace hyscale::trainer {
 

@@ -10,7 +10,7 @@
 //   step             step, total_steps, stage, loss, lm_loss, indexer_loss, lr, step_seconds,
 //                    tokens_per_second, peak_memory_bytes, eta_seconds,
 //                    phase_seconds {data, selection_fwd, attention_bwd, ..., other} (the
-//                    names of worker/trainer/phases.h; on a GPU timed on the device, and
+//                    names of worker/model/phases.h; on a GPU timed on the device, and
 //                    adding up to the step), under context parallelism
 //                    comm_exposed_seconds and comm_overlapped_seconds,
 //                    and after an evaluation accuracy, indexer_recall

@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "hyscale/v1/job.pb.h"
-#include "worker/trainer/model.h"
+#include "worker/model/model.h"
 
 namespace hyscale::parallel {
 class ContextParallelGroup;

@@ -1,4 +1,4 @@
-#include "server/planner/profile.h"
+#include "planner/profile.h"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>

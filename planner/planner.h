@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "hyscale/v1/job.pb.h"
-#include "server/planner/cost_model.h"
-#include "server/planner/profile.h"
+#include "planner/cost_model.h"
+#include "planner/profile.h"
 
 namespace hyscale::server::planner {
 

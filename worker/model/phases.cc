@@ -1,4 +1,4 @@
-#include "worker/trainer/phases.h"
+#include "worker/model/phases.h"
 
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/grad_mode.h>

@@ -1,4 +1,4 @@
-#include "server/planner/cost_model.h"
+#include "planner/cost_model.h"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "server/planner/flops.h"
-#include "server/planner/planner.h"
+#include "planner/flops.h"
+#include "planner/planner.h"
 
 namespace hyscale::server::planner {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "server/planner/planner.h"
+#include "planner/planner.h"
 
 namespace hyscale::server::planner {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/planner/planner.h"
+#include "planner/planner.h"
 
 #include <absl/strings/str_cat.h>
 #include <gtest/gtest.h>

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "hyscale/v1/job.pb.h"
-#include "worker/trainer/phases.h"
+#include "worker/model/phases.h"
 
 namespace hyscale::trainer {
 
@@ -91,7 +91,7 @@ struct ForwardResult {
   // recomputation only its gradient is right: its value is 0, since the loss is computed in the
   // backward's recomputation.
   torch::Tensor indexer_loss;
-  // The same loss's value, float, detached; with recomputation complete once backward has run.
+  // The same loss's value, detached; with recomputation complete once backward has run.
   torch::Tensor indexer_loss_value;
   std::vector<LayerProbe> probes;
 };

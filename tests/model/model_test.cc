@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "worker/trainer/model.h"
+#include "worker/model/model.h"
 
 namespace hyscale::trainer {
 namespace {

@@ -23,7 +23,7 @@
 #include <string>
 
 #include "hyscale/v1/job.pb.h"
-#include "server/planner/profile.h"
+#include "planner/profile.h"
 
 namespace hyscale::server::planner {
 

@@ -4,7 +4,7 @@
 
 #include <torch/types.h>
 
-#include "worker/trainer/model.h"
+#include "worker/model/model.h"
 
 namespace hyscale::trainer {
 
@@ -13,7 +13,7 @@ namespace hyscale::trainer {
 // recomputes index scores only at them; without it, selection runs again (the baseline).
 // The indexer loss is computed only by the recomputation: the output's value is 0 (its gradient
 // is the same), and the recomputed loss times `report_scale` is added into `loss_report` (a
-// float scalar) during backward.
+// scalar, in its dtype) during backward.
 LayerOutput checkpointed_layer(const DsaLayer& layer, const torch::Tensor& x,
                                const ForwardOptions& options, SelectionStats& stats,
                                const torch::Tensor& loss_report, double report_scale);

@@ -1,4 +1,4 @@
-#include "worker/trainer/model.h"
+#include "worker/model/model.h"
 
 #include <torch/nn/init.h>
 #include <torch/torch.h>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "kernels/torch/ops.h"
-#include "worker/trainer/recompute.h"
+#include "worker/model/recompute.h"
 
 namespace hyscale::trainer {
 namespace {
@@ -363,7 +363,7 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
     x = embedding_(tokens);
   }
   std::vector<torch::Tensor> losses;
-  result.indexer_loss_value = torch::zeros({}, x.options().dtype(torch::kFloat));
+  result.indexer_loss_value = torch::zeros({}, x.options());
   const double per_layer = 1.0 / static_cast<double>(layers_.size());
   const bool recompute = options.recompute && torch::GradMode::is_enabled();
   for (auto& layer : layers_) {
@@ -374,7 +374,7 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
     if (out.indexer_loss.defined()) losses.push_back(out.indexer_loss);
     if (out.indexer_loss.defined() && !recompute) {
       torch::NoGradGuard no_grad;
-      result.indexer_loss_value.add_(out.indexer_loss.detach().to(torch::kFloat) * per_layer);
+      result.indexer_loss_value.add_(out.indexer_loss.detach().to(x.scalar_type()) * per_layer);
     }
     if (options.keep_probes) result.probes.push_back(out.probe);
   }

@@ -1,4 +1,4 @@
-#include "worker/trainer/recompute.h"
+#include "worker/model/recompute.h"
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -51,7 +51,8 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     }
     if (out.indexer_loss.defined() && state->loss_report.defined()) {
       torch::NoGradGuard no_grad;
-      state->loss_report.add_(out.indexer_loss.detach().to(torch::kFloat) * state->report_scale);
+      state->loss_report.add_(out.indexer_loss.detach().to(state->loss_report.scalar_type()) *
+                              state->report_scale);
     }
 
     std::vector<torch::Tensor> outputs, output_grads;
