@@ -12,6 +12,8 @@
 #                      job is RESTARTING, then runs on the other worker and finishes
 #   bad-input          malformed and oversized specs, unknown fields, wrong or missing token,
 #                      unknown job id: each a clear error, and the server keeps serving
+#   port-in-use        a second hyscaled on the first one's gRPC or metrics port, and `hyscale up`
+#                      on a taken port, exit naming the port; the first keeps serving alone
 # Usage: service_e2e.sh BUILD_DIR SCENARIO
 set -euo pipefail
 
@@ -255,11 +257,32 @@ bad_input() {
   echo "bad-input: every bad request got a clear error; the server kept serving"
 }
 
+port_in_use() {
+  start_coordinator
+  local second=(--data-dir "$work/data2" --token-file "$work/token")
+  expect_exit 1 "a second hyscaled on the gRPC port" "$hyscaled" "${second[@]}" \
+    --listen "127.0.0.1:$grpc_port" --metrics-listen 127.0.0.1:0
+  grep -q "127.0.0.1:$grpc_port" "$work/last.out" || fail "port not named: $(cat "$work/last.out")"
+  expect_exit 1 "a second hyscaled on the metrics port" "$hyscaled" "${second[@]}" \
+    --listen "127.0.0.1:$(free_port)" --metrics-listen "127.0.0.1:$metrics_port"
+  grep -q "127.0.0.1:$metrics_port" "$work/last.out" || fail "port not named: $(cat "$work/last.out")"
+  # `hyscale up` on a port another server holds: its hyscaled cannot bind, and up says where.
+  expect_exit 7 "hyscale up on a taken port" "$cli" --server "127.0.0.1:$metrics_port" up \
+    --data-dir "$work/up" --metrics-listen 127.0.0.1:0 --start-timeout 20
+  grep -q "cannot serve on 127.0.0.1:$metrics_port" "$work/last.out" ||
+    fail "hyscale up did not name the port: $(cat "$work/last.out")"
+  # The first coordinator still answers every call (none went to a second one).
+  for _ in {1..10}; do expect_exit 3 "get on the first coordinator" hs get no-such-job; done
+  kill -0 "$coordinator" || fail "hyscaled died"
+  echo "port-in-use: each second server refused its port, naming it"
+}
+
 case $scenario in
   lifecycle) lifecycle ;;
   coordinator-crash) coordinator_crash ;;
   trainer-crash) trainer_crash ;;
   worker-loss) worker_loss ;;
   bad-input) bad_input ;;
+  port-in-use) port_in_use ;;
   *) fail "unknown scenario $scenario" ;;
 esac
