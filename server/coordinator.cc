@@ -605,6 +605,21 @@ absl::Status Coordinator::ValidateSubmit(const v1::SubmitJobRequest& request) co
       problems.push_back(absl::StrCat("spec.", problem));
     }
   }
+  // Workers resolve and confine these paths; what can be told without their file system is told
+  // here, at once.
+  const v1::JobSpec& spec = request.spec();
+  for (const auto& [field, path] :
+       {std::pair{"spec.data.token_file.path", spec.data().token_file().path()},
+        std::pair{"spec.data.text_file.path", spec.data().text_file().path()},
+        std::pair{"spec.checkpoint.dir", spec.checkpoint().dir()}}) {
+    if (path.empty()) continue;
+    const std::filesystem::path parts(path);
+    if (!parts.is_absolute() ||
+        std::find(parts.begin(), parts.end(), std::filesystem::path("..")) != parts.end()) {
+      problems.push_back(absl::StrCat(field, ": must be an absolute path without '..' (got '",
+                                      absl::CHexEscape(path), "')"));
+    }
+  }
   const auto& resources = request.resources();
   if (resources.ranks() < 0 || resources.ranks() > kMaxRanks) {
     problems.push_back(absl::StrCat("resources.ranks: must be in [1, ", kMaxRanks, "] (got ",

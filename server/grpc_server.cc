@@ -14,10 +14,10 @@ constexpr int kMaxMessageBytes = 4 << 20;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
-    Coordinator* coordinator, const std::string& token,
+    Coordinator* coordinator, const rpc::ServerTokens& tokens,
     std::shared_ptr<grpc::ServerCredentials> credentials, const std::string& listen,
     ServerMetrics* metrics) {
-  std::unique_ptr<GrpcServer> server(new GrpcServer(coordinator, token));
+  std::unique_ptr<GrpcServer> server(new GrpcServer(coordinator, tokens));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

@@ -18,10 +18,10 @@ namespace hyscale::server {
 
 class GrpcServer {
  public:
-  // Serves on `listen` (HOST:PORT, port 0: any free port). `token` empty: auth off. `metrics`
+  // Serves on `listen` (HOST:PORT, port 0: any free port). No full token: auth off. `metrics`
   // may be null.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
-      Coordinator* coordinator, const std::string& token,
+      Coordinator* coordinator, const rpc::ServerTokens& tokens,
       std::shared_ptr<grpc::ServerCredentials> credentials, const std::string& listen,
       ServerMetrics* metrics);
 
@@ -30,8 +30,8 @@ class GrpcServer {
   void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
-  GrpcServer(Coordinator* coordinator, const std::string& token)
-      : coordinator_(coordinator), jobs_(coordinator, token), workers_(coordinator, token) {}
+  GrpcServer(Coordinator* coordinator, const rpc::ServerTokens& tokens)
+      : coordinator_(coordinator), jobs_(coordinator, tokens), workers_(coordinator, tokens) {}
 
   Coordinator* const coordinator_;
   JobService jobs_;

@@ -1,19 +1,21 @@
 // JobService over the Coordinator: the gRPC boundary (auth, status mapping, streaming).
-// Submit and Cancel need the bearer token; reads are open.
+// Submit and Cancel need the full bearer token; reads (Get, List, Watch, StreamLogs, Plan) the
+// full or the read-only one.
 #pragma once
 
 #include <string>
 
 #include "hyscale/v1/service.grpc.pb.h"
+#include "proto/rpc.h"
 #include "server/coordinator.h"
 
 namespace hyscale::server {
 
 class JobService final : public v1::JobService::Service {
  public:
-  // `token`: the expected bearer token; empty turns auth off.
-  JobService(Coordinator* coordinator, std::string token)
-      : coordinator_(coordinator), token_(std::move(token)) {}
+  // No full token turns auth off.
+  JobService(Coordinator* coordinator, rpc::ServerTokens tokens)
+      : coordinator_(coordinator), tokens_(std::move(tokens)) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -32,7 +34,7 @@ class JobService final : public v1::JobService::Service {
 
  private:
   Coordinator* const coordinator_;
-  const std::string token_;
+  const rpc::ServerTokens tokens_;
 };
 
 }  // namespace hyscale::server

@@ -37,6 +37,7 @@ struct Flags {
   std::string data_dir;
   std::string metrics_listen = "127.0.0.1:9464";
   std::string token_file;
+  std::string read_token_file;
   std::string tls_cert;
   std::string tls_key;
   int64_t heartbeat_interval_ms = 1000;
@@ -56,10 +57,17 @@ int Fail(const absl::Status& status) {
 int Run(const Flags& flags) {
   auto token = rpc::ResolveToken("", flags.token_file, "HYSCALE_TOKEN");
   if (!token.ok()) return Fail(token.status());
+  auto read_token = rpc::ResolveToken("", flags.read_token_file, "HYSCALE_READ_TOKEN");
+  if (!read_token.ok()) return Fail(read_token.status());
   if (token->empty()) {
     std::fprintf(stderr,
                  "hyscaled: warning: no token (--token-file or HYSCALE_TOKEN): auth is off\n");
+    if (!read_token->empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "read_token_file: a read-only token needs a full one (--token-file)"));
+    }
   }
+  const rpc::ServerTokens tokens{*token, *read_token};
   auto credentials = rpc::ServerCredentials(flags.tls_cert, flags.tls_key);
   if (!credentials.ok()) return Fail(credentials.status());
   auto metrics_address = SplitHostPort(flags.metrics_listen, "metrics_listen");
@@ -83,10 +91,10 @@ int Run(const Flags& flags) {
   auto coordinator = Coordinator::Open(options, &clock, &metrics);
   if (!coordinator.ok()) return Fail(coordinator.status());
 
-  auto server = GrpcServer::Start(coordinator->get(), *token, *credentials, flags.listen, &metrics);
+  auto server = GrpcServer::Start(coordinator->get(), tokens, *credentials, flags.listen, &metrics);
   if (!server.ok()) return Fail(server.status());
 
-  const WebUi web_ui(coordinator->get(), *token);  // outlives the server that calls it
+  const WebUi web_ui(coordinator->get(), tokens);  // outlives the server that calls it
   MetricsHttpServer metrics_http([&metrics] { return metrics.Render(); });
   web_ui.Mount(&metrics_http);
   if (metrics_address->second != 0) {
@@ -157,6 +165,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--token-file", flags.token_file,
                  "File holding the bearer token (else env HYSCALE_TOKEN; none: auth off)");
+  app.add_option("--read-token-file", flags.read_token_file,
+                 "File holding a read-only bearer token: reads (get, list, watch, logs, plan, "
+                 "workers) but no submit, cancel or worker call (else env HYSCALE_READ_TOKEN)");
   app.add_option("--tls-cert", flags.tls_cert, "PEM certificate chain (TLS with --tls-key)");
   app.add_option("--tls-key", flags.tls_key, "PEM private key (TLS with --tls-cert)");
   app.add_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,

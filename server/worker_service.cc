@@ -15,7 +15,7 @@ constexpr absl::Duration kAssignmentPoll = absl::Milliseconds(200);
 grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) {
-  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  if (auto auth = rpc::CheckToken(*context, tokens_, rpc::Access::kWrite); !auth.ok()) return auth;
   auto result = coordinator_->RegisterWorker(*request);
   if (!result.ok()) return rpc::ToGrpc(result.status());
   *response = std::move(*result);
@@ -25,7 +25,7 @@ grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
 grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) {
-  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  if (auto auth = rpc::CheckToken(*context, tokens_, rpc::Access::kWrite); !auth.ok()) return auth;
   auto result = coordinator_->Heartbeat(*request);
   if (!result.ok()) return rpc::ToGrpc(result.status());
   *response = std::move(*result);
@@ -35,7 +35,7 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
 grpc::Status WorkerService::StreamAssignments(grpc::ServerContext* context,
                                               const v1::StreamAssignmentsRequest* request,
                                               grpc::ServerWriter<v1::Assignment>* writer) {
-  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  if (auto auth = rpc::CheckToken(*context, tokens_, rpc::Access::kWrite); !auth.ok()) return auth;
   auto queue = coordinator_->OpenAssignments(request->worker_id());
   if (!queue.ok()) return rpc::ToGrpc(queue.status());
   // Ends when the agent leaves, when a newer stream of the same worker replaces this one, or on
@@ -51,12 +51,13 @@ grpc::Status WorkerService::StreamAssignments(grpc::ServerContext* context,
 grpc::Status WorkerService::ReportStatus(grpc::ServerContext* context,
                                          const v1::ReportStatusRequest* request,
                                          v1::ReportStatusResponse*) {
-  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  if (auto auth = rpc::CheckToken(*context, tokens_, rpc::Access::kWrite); !auth.ok()) return auth;
   return rpc::ToGrpc(coordinator_->ReportStatus(*request));
 }
 
-grpc::Status WorkerService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status WorkerService::ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest*,
                                         v1::ListWorkersResponse* response) {
+  if (auto auth = rpc::CheckToken(*context, tokens_, rpc::Access::kRead); !auth.ok()) return auth;
   *response = coordinator_->ListWorkers();
   return grpc::Status::OK;
 }

@@ -12,6 +12,11 @@
 #                      job is RESTARTING, then runs on the other worker and finishes
 #   bad-input          malformed and oversized specs, unknown fields, wrong or missing token,
 #                      unknown job id: each a clear error, and the server keeps serving
+#   job-paths          (a script trainer) a relative data path is refused at submission; a job
+#                      reading /etc/passwd, or a link in the data folder to /etc/shadow, fails as
+#                      bad input naming the field (no restart, no file bytes in any error); one
+#                      in the data folder runs, as nobody when the worker runs as root; reads
+#                      without the token are refused
 #   port-in-use        a second hyscaled on the first one's gRPC or metrics port, and `hyscale up`
 #                      on a taken port, exit naming the port; the first keeps serving alone
 # Usage: service_e2e.sh BUILD_DIR SCENARIO
@@ -26,6 +31,8 @@ trainer=$build/worker/trainer/hyscale-train
 heartbeat_ms=250
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/hyscale-e2e-$scenario.XXXXXX")
+# Trainers of a worker run as root run as nobody: they must reach what is in here.
+chmod 755 "$work"
 pids=()
 cleanup() {
   local status=$?
@@ -61,7 +68,8 @@ declare -A workers
 start_worker() {
   local name=$1
   "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name "$name" \
-    --devices cpu:1 --work-dir "$work/$name" --trainer "$trainer" \
+    --devices cpu:1 --work-dir "$work/$name" --checkpoint-root "$work/data/checkpoints" \
+    --trainer "$trainer" \
     --heartbeat-interval-ms "$heartbeat_ms" >"$work/$name.log" 2>&1 &
   workers[$name]=$!
   pids+=("$!")
@@ -257,6 +265,56 @@ bad_input() {
   echo "bad-input: every bad request got a clear error; the server kept serving"
 }
 
+job_paths() {
+  cat >"$work/id-train.sh" <<'SH'
+#!/bin/sh
+echo '{"event":"job_started","time":1,"name":"paths","total_steps":1}'
+echo "trainer uid $(id -u)" >&2
+echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+SH
+  chmod +x "$work/id-train.sh"
+  trainer=$work/id-train.sh
+  start_coordinator
+  start_worker w1
+  wait_for 30 "the worker online" workers_online 1
+  mkdir -p "$work/w1/data"
+  echo "some text to train on" >"$work/w1/data/corpus.txt"
+  ln -s /etc/shadow "$work/w1/data/shadow"
+  text_job() {
+    write_job "$work/$1.yaml" "$1" 5
+    sed -i "s|recall: {[^}]*}|text_file: {path: $2}|; s/vocab_size: 64/vocab_size: 256/" \
+      "$work/$1.yaml"
+  }
+  text_job relative data/corpus.txt
+  expect_exit 2 "a relative data path" hs submit -f "$work/relative.yaml"
+  grep -q "spec.data.text_file.path: must be an absolute path" "$work/last.out" ||
+    fail "relative path: $(cat "$work/last.out")"
+  local job reason
+  for target in /etc/passwd "$work/w1/data/shadow"; do
+    text_job outside "$target"
+    job=$(submit "$work/outside.yaml" --max-restarts 2)
+    expect_exit 1 "a job reading $target fails" hs watch "$job"
+    reason=$(job_field "$job" '.reason')
+    [[ $reason == *"spec.data.text_file.path: '$target' is outside"* ]] ||
+      fail "reason of the job reading $target: $reason"
+    [[ $(job_field "$job" '.restarts // 0') == 0 ]] || fail "a job reading $target was retried"
+    hs logs "$job" >"$work/outside.out" 2>&1 || true
+    ! grep -q "root:" "$work/outside.out" "$work/w1.log" || fail "file bytes of $target shown"
+  done
+  text_job inside "$work/w1/data/corpus.txt"
+  job=$(submit "$work/inside.yaml")
+  expect_exit 0 "a job reading its data folder" hs watch "$job"
+  if (($(id -u) == 0)); then
+    hs logs "$job" | grep -q "trainer uid $(id -u nobody)" || fail "the trainer did not run as nobody"
+  fi
+  local anonymous=(env -u HYSCALE_TOKEN "$cli" --server "127.0.0.1:$grpc_port")
+  expect_exit 4 "get without the token" "${anonymous[@]}" get "$job"
+  expect_exit 4 "logs without the token" "${anonymous[@]}" logs "$job"
+  expect_exit 4 "list without the token" "${anonymous[@]}" list
+  expect_exit 4 "workers without the token" "${anonymous[@]}" workers
+  echo "job-paths: outside paths refused as bad input, the inside one ran; reads need the token"
+}
+
 port_in_use() {
   start_coordinator
   local second=(--data-dir "$work/data2" --token-file "$work/token")
@@ -284,5 +342,6 @@ case $scenario in
   worker-loss) worker_loss ;;
   bad-input) bad_input ;;
   port-in-use) port_in_use ;;
+  job-paths) job_paths ;;
   *) fail "unknown scenario $scenario" ;;
 esac

@@ -110,9 +110,12 @@ grpc::Status Submit(v1::JobService::Stub* jobs, const std::string& token, v1::Jo
   return jobs->SubmitJob(&context, testing::SubmitRequest(), job);
 }
 
-grpc::Status Get(v1::JobService::Stub* jobs, const std::string& id, v1::Job* job) {
+grpc::Status Get(v1::JobService::Stub* jobs, const std::string& id, v1::Job* job,
+                 const std::string& token = "") {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  rpc::ClientOptions options;
+  options.token = token;
+  rpc::PrepareCall(&context, options, std::chrono::seconds(10));
   v1::GetJobRequest request;
   request.set_job_id(id);
   return jobs->GetJob(&context, request, job);
@@ -187,7 +190,8 @@ TEST(HyscaledProcessTest, JobsSurviveSigkillAndTokenIsEnforced) {
   ASSERT_GT(port, 0);
   auto jobs = Jobs("127.0.0.1:" + std::to_string(port));
   v1::Job recovered;
-  ASSERT_TRUE(Get(jobs.get(), job.id(), &recovered).ok());
+  EXPECT_EQ(Get(jobs.get(), job.id(), &recovered).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  ASSERT_TRUE(Get(jobs.get(), job.id(), &recovered, "tok3n").ok());
   EXPECT_EQ(recovered.state(), v1::JOB_STATE_PENDING);
   // An idle client connection would hold the shutdown until the client polls it (its backup
   // poller runs every 5 s); closing it lets the daemon exit at once.

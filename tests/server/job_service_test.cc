@@ -15,6 +15,7 @@ namespace hyscale::server {
 namespace {
 
 constexpr char kToken[] = "s3cret";
+constexpr char kReadToken[] = "r3ad";
 
 class JobServiceTest : public ::testing::Test {
  protected:
@@ -24,8 +25,8 @@ class JobServiceTest : public ::testing::Test {
     auto coordinator = Coordinator::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     coordinator_ = std::move(*coordinator);
-    auto server = GrpcServer::Start(coordinator_.get(), kToken, grpc::InsecureServerCredentials(),
-                                    "127.0.0.1:0", &metrics_);
+    auto server = GrpcServer::Start(coordinator_.get(), {kToken, kReadToken},
+                                    grpc::InsecureServerCredentials(), "127.0.0.1:0", &metrics_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
@@ -68,15 +69,27 @@ TEST_F(JobServiceTest, MutationsNeedTheToken) {
   v1::Job cancelled;
   EXPECT_EQ(jobs_->CancelJob(Context(nullptr).get(), cancel, &cancelled).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  // Reads are open.
+  // The read-only token reads but does not mutate.
+  EXPECT_EQ(jobs_->CancelJob(Context(kReadToken).get(), cancel, &cancelled).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(
+      jobs_->SubmitJob(Context(kReadToken).get(), testing::SubmitRequest(), &job).error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+  v1::RegisterWorkerResponse as_reader;
+  EXPECT_EQ(
+      workers_
+          ->RegisterWorker(Context(kReadToken).get(), testing::WorkerRequest("w", 1), &as_reader)
+          .error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
   v1::GetJobRequest get;
   get.set_job_id(job.id());
   v1::Job got;
-  EXPECT_TRUE(jobs_->GetJob(Context(nullptr).get(), get, &got).ok());
+  EXPECT_TRUE(jobs_->GetJob(Context(kReadToken).get(), get, &got).ok());
+  EXPECT_TRUE(jobs_->GetJob(Context().get(), get, &got).ok());
   v1::ListJobsResponse list;
-  EXPECT_TRUE(jobs_->ListJobs(Context(nullptr).get(), {}, &list).ok());
+  EXPECT_TRUE(jobs_->ListJobs(Context(kReadToken).get(), {}, &list).ok());
   v1::ListWorkersResponse workers;
-  EXPECT_TRUE(workers_->ListWorkers(Context(nullptr).get(), {}, &workers).ok());
+  EXPECT_TRUE(workers_->ListWorkers(Context(kReadToken).get(), {}, &workers).ok());
   // Worker RPCs are not.
   v1::RegisterWorkerResponse registered;
   EXPECT_EQ(
@@ -90,6 +103,44 @@ TEST_F(JobServiceTest, MutationsNeedTheToken) {
   EXPECT_EQ(workers_->ReportStatus(Context(nullptr).get(), {}, &reported).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(jobs_->CancelJob(Context().get(), cancel, &cancelled).ok());
+}
+
+// Job specs name data paths and logs hold trainer output: with a token set, nothing is open.
+TEST_F(JobServiceTest, ReadsNeedATokenWhenOneIsSet) {
+  v1::Job job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context().get(), testing::SubmitRequest(), &job).ok());
+  for (const char* token : {static_cast<const char*>(nullptr), "wrong"}) {
+    v1::GetJobRequest get;
+    get.set_job_id(job.id());
+    v1::Job got;
+    EXPECT_EQ(jobs_->GetJob(Context(token).get(), get, &got).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListJobsResponse list;
+    EXPECT_EQ(jobs_->ListJobs(Context(token).get(), {}, &list).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::PlanJobRequest plan_request;
+    *plan_request.mutable_spec() = testing::SubmitRequest().spec();
+    v1::Plan plan;
+    EXPECT_EQ(jobs_->PlanJob(Context(token).get(), plan_request, &plan).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListWorkersResponse workers;
+    EXPECT_EQ(workers_->ListWorkers(Context(token).get(), {}, &workers).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::WatchJobRequest watch;
+    watch.set_job_id(job.id());
+    auto watch_context = Context(token);
+    auto events = jobs_->WatchJob(watch_context.get(), watch);
+    v1::JobEvent event;
+    EXPECT_FALSE(events->Read(&event));
+    EXPECT_EQ(events->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    v1::StreamLogsRequest logs;
+    logs.set_job_id(job.id());
+    auto logs_context = Context(token);
+    auto chunks = jobs_->StreamLogs(logs_context.get(), logs);
+    v1::LogChunk chunk;
+    EXPECT_FALSE(chunks->Read(&chunk));
+    EXPECT_EQ(chunks->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
 }
 
 TEST_F(JobServiceTest, ErrorsMapToCodesAndNameFields) {

@@ -18,6 +18,10 @@ constexpr size_t kMaxBatchBytes = 2 << 20;
 constexpr size_t kMaxQueuedBytes = 64 << 20;
 // Extra time, beyond the stop grace, for a killed trainer to be reaped.
 constexpr milliseconds kReapSlack{2000};
+// The exit code of a rank whose trainer did not start: 2 (bad input, not retried) when the job
+// itself is at fault (a path outside the allowed folders), else 127 (as a shell reports it).
+constexpr int kExitBadInput = 2;
+constexpr int kExitCannotStart = 127;
 
 // Agent log lines go to stderr; the integration tests and people read them.
 template <typename... Args>
@@ -38,6 +42,10 @@ std::string Describe(const grpc::Status& status) {
 
 Agent::Agent(AgentOptions options)
     : options_(std::move(options)),
+      paths_(options_.data_roots.empty() ? std::vector<std::string>{options_.work_dir + "/data"}
+                                         : options_.data_roots,
+             options_.checkpoint_roots.empty() ? std::vector<std::string>{options_.work_dir}
+                                               : options_.checkpoint_roots),
       reports_(kMaxBatchReports, kMaxBatchBytes, kMaxQueuedBytes),
       heartbeat_interval_(options_.heartbeat_interval) {}
 
@@ -328,7 +336,7 @@ void Agent::RunRank(const v1::RunRank& run) {
   for (const auto& process : superseded) process->WaitForExit(options_.stop_grace + kReapSlack);
 
   RankSetup setup{options_.work_dir, options_.trainer_path,
-                  SlotCount(options_.devices, v1::DEVICE_KIND_GPU) > 0};
+                  SlotCount(options_.devices, v1::DEVICE_KIND_GPU) > 0, paths_, options_.run_as};
   auto command = PrepareRank(run, setup);
   TrainerProcess::Callbacks callbacks;
   callbacks.on_start = [this, ref](pid_t pid) {
@@ -368,7 +376,8 @@ void Agent::RunRank(const v1::RunRank& run) {
   if (!started.ok()) {
     Log(Describe(ref), ": cannot start trainer: ", started.message());
     v1::RankReport report;
-    report.mutable_exited()->set_exit_code(127);
+    report.mutable_exited()->set_exit_code(absl::IsInvalidArgument(started) ? kExitBadInput
+                                                                            : kExitCannotStart);
     report.mutable_exited()->set_reason(absl::StrCat("cannot start trainer: ", started.message()));
     Report(ref, std::move(report));
     return;
