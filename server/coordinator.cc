@@ -1000,9 +1000,22 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
       return absl::InvalidArgumentError(absl::StrCat("devices[", i, "].kind: must be CPU or GPU"));
     }
   }
+  if (request.instance().size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("instance: must be at most ", kMaxNameBytes, " bytes"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = clock_->Now();
+  if (const auto held = workers_.find(request.name());
+      held != workers_.end() && held->second.info.state() == v1::WORKER_STATE_ONLINE &&
+      !held->second.instance.empty() && held->second.instance != request.instance()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "name: worker '", absl::CHexEscape(request.name()),
+        "' is held by another live agent; it is free once that one is lost (no heartbeat for ",
+        absl::FormatDuration(options_.heartbeat_timeout), ")"));
+  }
   WorkerEntry& worker = workers_[request.name()];
+  worker.instance = request.instance();
   worker.info.set_id(request.name());
   worker.info.set_address(request.address());
   worker.info.set_state(v1::WORKER_STATE_ONLINE);

@@ -162,6 +162,9 @@ class Coordinator {
 
   struct WorkerEntry {
     v1::WorkerInfo info;
+    // The registered agent's RegisterWorkerRequest.instance; empty after a coordinator restart
+    // until an agent registers (not stored: the first agent back takes the name).
+    std::string instance;
     absl::Time last_seen;
     std::vector<Slot> slots;
     std::map<RankKey, int> stopping;  // told to stop, slot (flat index) busy until gone

@@ -280,6 +280,41 @@ TEST_F(TrainerProcessTest, StopEscalatesToSigkill) {
   EXPECT_FALSE(Alive(child));
 }
 
+// A restarted agent ends what its predecessor left: the trainer's whole group, found by its pid
+// file, but neither a process that merely got a recorded pid nor what a trainer could write.
+TEST_F(TrainerProcessTest, LeftoverTrainersAreEnded) {
+  const TrainerCommand command = Prepare(MakeRun("sleep"));
+  Recorder recorder;
+  auto process = TrainerProcess::Start(command, recorder.Callbacks());
+  ASSERT_TRUE(process.ok()) << process.status();
+  const pid_t child = WaitForChildPid();
+  const std::string recorded = ReadAll(command.pid_path);
+  ASSERT_EQ(recorded.rfind(std::to_string((*process)->pid()) + " ", 0), 0u) << recorded;
+
+  const std::string work = dir_.path() + "/work";
+  std::filesystem::rename(command.pid_path, work + "/kept-aside");
+  std::filesystem::create_directories(work + "/job-2/0");
+  std::ofstream(work + "/job-2/0/rank0.pid") << getpid() << " 1\n";  // not our start time
+  std::filesystem::create_directories(work + "/job-1/checkpoints");
+  std::ofstream(work + "/job-1/checkpoints/rank0.pid") << recorded;  // a trainer's own file
+  EXPECT_TRUE(EndLeftoverTrainers(work).empty());
+  EXPECT_TRUE(Alive((*process)->pid()));
+  EXPECT_FALSE(std::filesystem::exists(work + "/job-2/0/rank0.pid"));
+  EXPECT_TRUE(std::filesystem::exists(work + "/job-1/checkpoints/rank0.pid"));
+
+  std::filesystem::rename(work + "/kept-aside", command.pid_path);
+  EXPECT_EQ(EndLeftoverTrainers(work), std::vector<pid_t>{(*process)->pid()});
+  ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
+  {
+    std::lock_guard<std::mutex> lock(recorder.mu);
+    ASSERT_EQ(recorder.exits.size(), 1u);
+    EXPECT_EQ(recorder.exits[0].signal, SIGKILL);
+  }
+  for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(Alive(child));
+  EXPECT_FALSE(std::filesystem::exists(command.pid_path));
+}
+
 TEST_F(TrainerProcessTest, MissingProgramIsAnError) {
   TrainerCommand command = Prepare(MakeRun("ok"));
   command.program = dir_.path() + "/no-such-trainer";

@@ -17,6 +17,10 @@
 #                      bad input naming the field (no restart, no file bytes in any error); one
 #                      in the data folder runs, as nobody when the worker runs as root; reads
 #                      without the token are refused
+#   agent-restart      (a script trainer with a child) a second agent under a live worker's name is
+#                      refused; kill -9 of the agent kills its trainer (parent-death signal); the
+#                      restarted agent ends the trainer's leftover group, registers once the old
+#                      one is lost, and the job's next attempt is the only trainer running
 #   port-in-use        a second hyscaled on the first one's gRPC or metrics port, and `hyscale up`
 #                      on a taken port, exit naming the port; the first keeps serving alone
 # Usage: service_e2e.sh BUILD_DIR SCENARIO
@@ -65,12 +69,13 @@ start_coordinator() {
 }
 
 declare -A workers
+# start_worker NAME [WORK_DIR [LOG]]
 start_worker() {
   local name=$1
   "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name "$name" \
-    --devices cpu:1 --work-dir "$work/$name" --checkpoint-root "$work/data/checkpoints" \
+    --devices cpu:1 --work-dir "${2:-$work/$name}" --checkpoint-root "$work/data/checkpoints" \
     --trainer "$trainer" \
-    --heartbeat-interval-ms "$heartbeat_ms" >"$work/$name.log" 2>&1 &
+    --heartbeat-interval-ms "$heartbeat_ms" >"${3:-$work/$name.log}" 2>&1 &
   workers[$name]=$!
   pids+=("$!")
 }
@@ -315,6 +320,52 @@ SH
   echo "job-paths: outside paths refused as bad input, the inside one ran; reads need the token"
 }
 
+agent_restart() {
+  cat >"$work/long-train.sh" <<EOF
+#!/bin/sh
+echo '{"event":"job_started","time":1,"name":"long","total_steps":1}'
+"$work/child.sh" &
+wait
+EOF
+  printf '#!/bin/sh\nsleep 600\n' >"$work/child.sh"
+  chmod +x "$work/long-train.sh" "$work/child.sh"
+  trainer=$work/long-train.sh
+  start_coordinator
+  start_worker w1
+  wait_for 30 "the worker online" workers_online 1
+  write_job "$work/job.yaml" agent-restart 5
+  local job first impostor
+  job=$(submit "$work/job.yaml" --max-restarts 3)
+  wait_for 30 "the job to run" state_is "$job" JOB_STATE_RUNNING
+  # Processes whose command line starts with a shell running SCRIPT (the agent's names it too).
+  count() { pgrep -fc "^/bin/sh $1" || true; }
+  wait_for 10 "the trainer's child" pgrep -f "$work/child.sh"
+  first=${workers[w1]}
+
+  # An impostor under the live name: refused, and it runs nothing.
+  start_worker w1 "$work/w1-impostor" "$work/impostor.log"
+  impostor=${workers[w1]}
+  wait_for 10 "the impostor's refusal" grep -q "held by another live agent" "$work/impostor.log"
+  kill -9 "$impostor"
+  [[ $(count "$work/long-train.sh") == 1 ]] || fail "not one trainer: $(count "$work/long-train.sh")"
+
+  kill -9 "$first"
+  trainer_gone() { [[ $(count "$work/long-train.sh") == 0 ]]; }
+  wait_for 5 "the trainer to die with its agent" trainer_gone
+  pgrep -f "$work/child.sh" >/dev/null || fail "the trainer's child died too: nothing left to end"
+  start_worker w1
+  wait_for 30 "the leftover group ended" grep -q "left by a previous agent" "$work/w1.log"
+  child_gone() { [[ $(count "$work/child.sh") == 0 ]]; }
+  wait_for 5 "the leftover child to be gone" child_gone
+  second_attempt() {
+    state_is "$job" JOB_STATE_RUNNING && (($(job_field "$job" '.restarts // 0') == 1))
+  }
+  wait_for 30 "the job's next attempt to run" second_attempt
+  [[ $(count "$work/long-train.sh") == 1 ]] || fail "not one trainer: $(count "$work/long-train.sh")"
+  expect_exit 0 "cancel" hs cancel "$job"
+  echo "agent-restart: the impostor was refused; one trainer per attempt throughout"
+}
+
 port_in_use() {
   start_coordinator
   local second=(--data-dir "$work/data2" --token-file "$work/token")
@@ -343,5 +394,6 @@ case $scenario in
   bad-input) bad_input ;;
   port-in-use) port_in_use ;;
   job-paths) job_paths ;;
+  agent-restart) agent_restart ;;
   *) fail "unknown scenario $scenario" ;;
 esac

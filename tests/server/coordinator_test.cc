@@ -728,6 +728,25 @@ TEST(TrainerEventsTest, StepCarriesContextParallelCommunication) {
   EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","comm_exposed_seconds":"x"})").ok());
 }
 
+// A worker name is a lease: another agent cannot take a live worker's identity (and its ranks);
+// the agent holding it may register again (a reconnect), and once it is lost anyone may.
+TEST_F(CoordinatorTest, WorkerNamesAreLeases) {
+  auto first = WorkerRequest("w1", 1);
+  first.set_instance("agent-a");
+  ASSERT_TRUE(c_->RegisterWorker(first).ok());
+  auto second = WorkerRequest("w1", 1);
+  second.set_instance("agent-b");
+  const auto refused = c_->RegisterWorker(second);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("held by another live agent"), std::string::npos);
+  EXPECT_TRUE(c_->RegisterWorker(first).ok());  // the holder reconnecting
+  clock_.Advance(absl::Seconds(4));             // silent for 4 s > 3 s: lost
+  c_->Tick();
+  ASSERT_EQ(c_->ListWorkers().workers(0).state(), v1::WORKER_STATE_LOST);
+  EXPECT_TRUE(c_->RegisterWorker(second).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(c_->RegisterWorker(first).status()));
+}
+
 TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
   auto q1 = Register("w1", 1);
   const v1::Job job = Submit(1, 0, 1);

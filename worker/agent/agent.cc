@@ -3,6 +3,7 @@
 #include <absl/strings/str_cat.h>
 
 #include <iostream>
+#include <random>
 #include <utility>
 
 #include "worker/agent/devices.h"
@@ -29,6 +30,14 @@ void Log(const Args&... args) {
   std::cerr << absl::StrCat("hyscale-worker: ", args...) << std::endl;
 }
 
+// 128 random bits in hex.
+std::string NewInstance() {
+  std::random_device random;
+  std::string instance;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&instance, absl::Hex(random(), absl::kZeroPad8));
+  return instance;
+}
+
 std::string Describe(const v1::RankRef& ref) {
   return absl::StrCat("job ", ref.job_id(), " rank ", ref.rank(), " attempt ", ref.attempt());
 }
@@ -46,6 +55,7 @@ Agent::Agent(AgentOptions options)
                                          : options_.data_roots,
              options_.checkpoint_roots.empty() ? std::vector<std::string>{options_.work_dir}
                                                : options_.checkpoint_roots),
+      instance_(NewInstance()),
       reports_(kMaxBatchReports, kMaxBatchBytes, kMaxQueuedBytes),
       heartbeat_interval_(options_.heartbeat_interval) {}
 
@@ -70,6 +80,10 @@ absl::Status Agent::Run() {
   auto channel = rpc::Connect(options_.client);
   if (!channel.ok()) return channel.status();
   stub_ = v1::WorkerService::NewStub(*channel);
+  // The coordinator places their ranks again: left running, they would train beside the new ones.
+  for (const pid_t pid : EndLeftoverTrainers(options_.work_dir)) {
+    Log("ended trainer process group ", pid, " left by a previous agent");
+  }
 
   std::thread heartbeat([this] { HeartbeatLoop(); });
   std::thread reporter([this] { ReportLoop(); });
@@ -139,6 +153,7 @@ absl::Status Agent::Register() {
   v1::RegisterWorkerRequest request;
   request.set_name(options_.name);
   request.set_address(options_.address);
+  request.set_instance(instance_);
   for (const auto& device : options_.devices) *request.add_devices() = device;
   const auto running = Running();
   for (const auto& ref : running) *request.add_running() = ref;

@@ -96,6 +96,7 @@ class Agent {
 
   const AgentOptions options_;
   const JobPaths paths_;
+  const std::string instance_;  // RegisterWorkerRequest.instance: this process's claim on the name
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   ReportQueue reports_;
 

@@ -1,5 +1,7 @@
 #include "worker/agent/trainer_process.h"
 
+#include <absl/strings/match.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
@@ -11,11 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 
 extern char** environ;
 
@@ -61,6 +66,22 @@ absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) 
   fs::rename(temporary, path, error);
   if (error) return absl::InternalError(absl::StrCat(path.string(), ": ", error.message()));
   return absl::OkStatus();
+}
+
+// Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot. Pids are
+// reused; a pid and its start time are not.
+std::optional<uint64_t> StartTime(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');  // the command name may hold spaces and parens
+  if (name_end == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(name_end + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    uint64_t value = 0;
+    if (i == 22 && absl::SimpleAtoi(field, &value)) return value;
+  }
+  return std::nullopt;
 }
 
 // Sets close-on-exec and non-blocking reads on a pipe end we keep.
@@ -148,6 +169,7 @@ absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSet
   if (setup.gpus)
     command.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(run.device_index()));
   command.log_path = (attempt_dir / absl::StrCat("rank", ref.rank(), ".log")).string();
+  command.pid_path = (attempt_dir / absl::StrCat("rank", ref.rank(), ".pid")).string();
   command.run_as = setup.run_as;
   return command;
 }
@@ -249,17 +271,52 @@ absl::StatusOr<std::unique_ptr<TrainerProcess>> TrainerProcess::Start(const Trai
   }
   PrepareReadEnd(out_pipe[0]);
   PrepareReadEnd(err_pipe[0]);
+  // Best effort: without it only an agent killed between fork and prctl leaves a trainer behind.
+  if (const auto started = StartTime(pid); started && !command.pid_path.empty()) {
+    (void)WriteFileAtomically(command.pid_path, absl::StrCat(pid, " ", *started, "\n"));
+  }
   if (callbacks.on_start) callbacks.on_start(pid);
-  return std::unique_ptr<TrainerProcess>(
-      new TrainerProcess(pid, out_pipe[0], err_pipe[0], log_fd, std::move(callbacks)));
+  return std::unique_ptr<TrainerProcess>(new TrainerProcess(
+      pid, out_pipe[0], err_pipe[0], log_fd, command.pid_path, std::move(callbacks)));
+}
+
+std::vector<pid_t> EndLeftoverTrainers(const std::string& work_dir) {
+  std::vector<pid_t> killed;
+  std::error_code error;
+  // <work_dir>/<job>/<attempt>/rank<N>.pid
+  for (fs::recursive_directory_iterator it(work_dir, error), end; !error && it != end;
+       it.increment(error)) {
+    if (it.depth() >= 2) it.disable_recursion_pending();
+    const fs::path& path = it->path();
+    // Only the agent's own files: trainers may write checkpoints under <job>/, not <attempt>/.
+    const std::string attempt = path.parent_path().filename().string();
+    const std::string name = path.filename().string();
+    if (it.depth() != 2 || attempt.empty() ||
+        !std::all_of(attempt.begin(), attempt.end(), ::isdigit) ||
+        !absl::StartsWith(name, "rank") || !absl::EndsWith(name, ".pid")) {
+      continue;
+    }
+    std::ifstream in(path);
+    pid_t pid = 0;
+    uint64_t recorded = 0;
+    if (in >> pid >> recorded && pid > 1) {
+      const std::optional<uint64_t> started = StartTime(pid);
+      // A live leader with another start time is an unrelated process that got the pid.
+      if ((!started || *started == recorded) && killpg(pid, SIGKILL) == 0) killed.push_back(pid);
+    }
+    fs::remove(path, error);
+    error.clear();
+  }
+  return killed;
 }
 
 TrainerProcess::TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd,
-                               Callbacks callbacks)
+                               std::string pid_path, Callbacks callbacks)
     : pid_(pid),
       stdout_fd_(stdout_fd),
       stderr_fd_(stderr_fd),
       log_fd_(log_fd),
+      pid_path_(std::move(pid_path)),
       callbacks_(std::move(callbacks)) {
   monitor_ = std::thread([this] { Monitor(); });
 }
@@ -349,6 +406,7 @@ void TrainerProcess::Monitor() {
   int wait_status = 0;
   while (waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
   }
+  if (!pid_path_.empty()) unlink(pid_path_.c_str());
   close(log_fd_);
   const TrainerExit exit = DescribeExit(wait_status);
   if (callbacks_.on_exit) callbacks_.on_exit(exit);

@@ -35,7 +35,8 @@ struct TrainerCommand {
   std::vector<std::string> args;                         // without argv[0]
   std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) ours
   std::string log_path;                                  // the rank's log file, appended to
-  std::optional<RunAs> run_as;                           // none: as the agent's user
+  std::string pid_path;  // "<pid> <start time>" while the trainer runs: see EndLeftoverTrainers
+  std::optional<RunAs> run_as;  // none: as the agent's user
 };
 
 // Where a rank's files go and what the worker knows about its devices.
@@ -56,10 +57,16 @@ struct RankSetup {
 //   <trainer> --config job.json --checkpoint-dir <dir, resolved> [--resume]
 // with HYSCALE_JOB_ID, HYSCALE_RANK, HYSCALE_ATTEMPT, HYSCALE_WORLD_SIZE, HYSCALE_RENDEZVOUS,
 // HYSCALE_DEVICE_INDEX (and CUDA_VISIBLE_DEVICES for GPUs) set, and the log at
-// <work_dir>/<job>/<attempt>/rank<N>.log. Without a checkpoint_dir the spec's checkpoint.dir is
-// used, and without that <work_dir>/<job>/checkpoints; the folder is created and, with
-// `setup.run_as`, given to that user.
+// <work_dir>/<job>/<attempt>/rank<N>.log (its pid file beside it, rank<N>.pid). Without a
+// checkpoint_dir the spec's checkpoint.dir is used, and without that <work_dir>/<job>/checkpoints;
+// the folder is created and, with `setup.run_as`, given to that user.
 absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSetup& setup);
+
+// Ends the trainers a previous agent on `work_dir` left running (it was killed before it could
+// stop them): for each pid file, SIGKILL to the trainer's process group when its leader is the
+// recorded process (same start time) or gone (what is left of the group), then the file goes.
+// Returns the pids of the groups it killed.
+std::vector<pid_t> EndLeftoverTrainers(const std::string& work_dir);
 
 // How a trainer ended.
 struct TrainerExit {
@@ -103,7 +110,8 @@ class TrainerProcess {
  private:
   using Clock = std::chrono::steady_clock;
 
-  TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd, Callbacks callbacks);
+  TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd, std::string pid_path,
+                 Callbacks callbacks);
   void Monitor();
   // Splits stdout into lines: events go to on_event (and all bytes to the log).
   void HandleStdout(const char* data, size_t size);
@@ -115,6 +123,7 @@ class TrainerProcess {
   int stdout_fd_;
   int stderr_fd_;
   const int log_fd_;
+  const std::string pid_path_;
   const Callbacks callbacks_;
   std::string partial_line_;         // monitor thread only
   std::string job_finished_reason_;  // monitor thread only
