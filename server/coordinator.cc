@@ -23,6 +23,9 @@ namespace {
 
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
+// A page also ends before it passes this many bytes (a job is at most ~1 MiB: SubmitJob's cap), so
+// it stays well inside a client's default 4 MiB message limit.
+constexpr size_t kMaxPageBytes = 2 << 20;
 constexpr int kEventBatch = 256;
 constexpr size_t kLogChunkBytes = 64 * 1024;
 // How often a waiting stream re-checks for a departed client.
@@ -34,6 +37,10 @@ void SetTime(google::protobuf::Timestamp* stamp, absl::Time time) {
   const int64_t nanos = absl::ToUnixNanos(time);
   stamp->set_seconds(nanos / 1'000'000'000);
   stamp->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
+}
+
+absl::Time FromTimestamp(const google::protobuf::Timestamp& stamp) {
+  return absl::FromUnixSeconds(stamp.seconds()) + absl::Nanoseconds(stamp.nanos());
 }
 
 std::string StateName(v1::JobState state) {
@@ -193,10 +200,17 @@ absl::Status Coordinator::Load() {
         entry.rendezvous_deadline = now + options_.recovery_grace + options_.rendezvous_timeout;
       }
     }
+    // Ranks sent but not started get their start timeout afresh, plus the recovery grace.
+    for (int rank = 0; rank < job.placement_size(); ++rank) {
+      if (job.state() == v1::JOB_STATE_SCHEDULED && !entry.ranks[rank].started &&
+          Sendable(job, rank)) {
+        entry.ranks[rank].start_by = now + options_.recovery_grace + options_.start_timeout;
+      }
+    }
     by_order_[entry.order] = job.id();
     if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
     Track(job.id(), job.state(), +1);
-    if (!IsTerminal(job.state())) ExportPlan(job);
+    if (!IsTerminal(job.state()) && job.state() != v1::JOB_STATE_PENDING) ExportPlan(job);
     entry.job = std::move(job);
   }
   RestartJobsOnLostWorkers();
@@ -320,7 +334,10 @@ std::vector<WorkerView> Coordinator::WorkerViews() const {
   std::vector<WorkerView> views;
   std::map<std::string, size_t> index;
   for (const auto& [id, worker] : workers_) {
-    if (worker.info.state() != v1::WORKER_STATE_ONLINE) continue;
+    // Excluded workers are left out as if offline.
+    if (worker.info.state() != v1::WORKER_STATE_ONLINE || worker.info.has_unhealthy_until()) {
+      continue;
+    }
     WorkerView view;
     view.id = id;
     view.slots = worker.slots;
@@ -406,6 +423,7 @@ bool Coordinator::Start(JobEntry& entry, std::vector<v1::RankPlacement> placemen
     return false;
   }
   entry.ranks.assign(entry.job.placement_size(), RankState{});
+  if (first_placement) ExportPlan(entry.job);  // per-job series start once a job is placed
   if (metrics_ != nullptr && first_placement) {
     metrics_->JobScheduled(absl::ToDoubleSeconds(clock_->Now() - entry.queued_at));
   }
@@ -439,8 +457,10 @@ v1::RunRank Coordinator::MakeRunRank(const JobEntry& entry,
 }
 
 void Coordinator::StartRanks(JobEntry& entry, int first, int last) {
+  const absl::Time start_by = clock_->Now() + options_.start_timeout;
   for (int rank = first; rank < last; ++rank) {
     const v1::RankPlacement& placement = entry.job.placement(rank);
+    entry.ranks[rank].start_by = start_by;
     v1::Assignment assignment;
     *assignment.mutable_run() = MakeRunRank(entry, placement);
     Send(placement.worker_id(), std::move(assignment));
@@ -504,6 +524,41 @@ void Coordinator::ExpireRendezvous() {
     (void)FailAttempt(entry,
                       absl::StrCat("rank 0 did not publish its rendezvous address within ",
                                    absl::ToDoubleSeconds(options_.rendezvous_timeout), " s"));
+  }
+}
+
+void Coordinator::ExpireStarts() {
+  const absl::Time now = clock_->Now();
+  for (auto& [id, worker] : workers_) {
+    if (worker.info.has_unhealthy_until() && FromTimestamp(worker.info.unhealthy_until()) <= now) {
+      worker.info.clear_unhealthy_until();
+      worker.info.clear_unhealthy_reason();
+      pass_needed_ = true;  // its devices are capacity again
+      (void)PersistWorker(worker);
+    }
+  }
+  // A copy: FailAttempt takes jobs out of placed_.
+  for (const std::string& id : std::vector<std::string>(placed_.begin(), placed_.end())) {
+    JobEntry& entry = jobs_.at(id);
+    if (entry.job.state() != v1::JOB_STATE_SCHEDULED) continue;
+    for (int rank = 0; rank < static_cast<int>(entry.ranks.size()); ++rank) {
+      if (entry.ranks[rank].started || now < entry.ranks[rank].start_by) continue;
+      const std::string worker_id = entry.job.placement(rank).worker_id();
+      const std::string why =
+          absl::StrCat("rank ", rank, " did not report its start on worker ", worker_id, " within ",
+                       absl::FormatDuration(options_.start_timeout));
+      if (const auto worker = workers_.find(worker_id); worker != workers_.end()) {
+        SetTime(worker->second.info.mutable_unhealthy_until(), now + options_.unhealthy_exclusion);
+        worker->second.info.set_unhealthy_reason(why);
+        (void)PersistWorker(worker->second);
+        std::fprintf(stderr, "hyscaled: worker %s excluded from placement for %s: %s\n",
+                     worker_id.c_str(), absl::FormatDuration(options_.unhealthy_exclusion).c_str(),
+                     why.c_str());
+      }
+      // A failed write leaves the job as it was; the next Tick tries again.
+      (void)FailAttempt(entry, why);
+      break;
+    }
   }
 }
 
@@ -751,7 +806,6 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   by_order_[entry.order] = job.id();
   if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
   Track(job.id(), job.state(), +1);
-  ExportPlan(job);
   if (metrics_ != nullptr) metrics_->JobSubmitted();
   changed_.notify_all();
   UpdateGauges();
@@ -800,16 +854,20 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
 
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListJobsResponse response;
+  size_t page_bytes = 0;
   for (auto it = std::make_reverse_iterator(by_order_.lower_bound(before)); it != by_order_.rend();
        ++it) {
     const v1::Job& job = jobs_.at(it->second).job;
     if (!states.empty() && states.count(job.state()) == 0) continue;
-    if (response.jobs_size() == page_size) {
+    const size_t job_bytes = job.ByteSizeLong();
+    if (response.jobs_size() == page_size ||
+        (response.jobs_size() > 0 && page_bytes + job_bytes > kMaxPageBytes)) {
       // More remain: the next page starts after the last job returned.
-      const int64_t last = jobs_.at(response.jobs(page_size - 1).id()).order;
+      const int64_t last = jobs_.at(response.jobs(response.jobs_size() - 1).id()).order;
       response.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat(last)));
       break;
     }
+    page_bytes += job_bytes;
     *response.add_jobs() = job;
   }
   return response;
@@ -1319,6 +1377,7 @@ void Coordinator::Tick() {
   }
   RestartJobsOnLostWorkers();
   ExpireRendezvous();
+  ExpireStarts();
   if (PassNeeded() || reasons_stale_) SchedulePass();
   if (metrics_ != nullptr) metrics_->Expire(now);
 }

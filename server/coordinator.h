@@ -68,6 +68,12 @@ struct CoordinatorOptions {
   // How long rank 0 of a context-parallel job gets, once placed, to publish its rendezvous
   // address before the attempt fails.
   absl::Duration rendezvous_timeout = absl::Seconds(120);
+  // How long a placed rank gets to report that its trainer started. Past it the attempt fails
+  // (restart elsewhere, as for a lost worker) and the worker is excluded from placement for
+  // `unhealthy_exclusion`: a worker that registers and heartbeats but starts nothing would
+  // otherwise hold every job placed on it, and attract more (it looks the most free).
+  absl::Duration start_timeout = absl::Seconds(60);
+  absl::Duration unhealthy_exclusion = absl::Minutes(10);
 };
 
 // Limits of SubmitJob's validation.
@@ -141,7 +147,8 @@ class Coordinator {
   struct RankState {
     bool started = false;
     bool exited = false;
-    bool succeeded = false;  // exited 0
+    bool succeeded = false;                        // exited 0
+    absl::Time start_by = absl::InfiniteFuture();  // sent: must report started by then
   };
   struct JobEntry {
     v1::Job job;
@@ -208,6 +215,9 @@ class Coordinator {
   void FinishPublished(bool committed);
   // Fails the attempts of context-parallel jobs whose rank 0 did not publish in time.
   void ExpireRendezvous();
+  // Fails the attempts of jobs with a rank that was sent but did not start in time, excluding
+  // its worker from placement for a while; ends exclusions that are over.
+  void ExpireStarts();
   // Sends StopRank to every placed rank of `job` (as it was before a transition) that has not
   // exited; their slots stay busy until their worker stops reporting them.
   void StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,

@@ -16,8 +16,8 @@ constexpr int kMaxMessageBytes = 4 << 20;
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     Coordinator* coordinator, const rpc::ServerTokens& tokens,
     std::shared_ptr<grpc::ServerCredentials> credentials, const std::string& listen,
-    ServerMetrics* metrics) {
-  std::unique_ptr<GrpcServer> server(new GrpcServer(coordinator, tokens));
+    ServerMetrics* metrics, int streams_per_host) {
+  std::unique_ptr<GrpcServer> server(new GrpcServer(coordinator, tokens, streams_per_host));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

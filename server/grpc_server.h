@@ -23,15 +23,17 @@ class GrpcServer {
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
       Coordinator* coordinator, const rpc::ServerTokens& tokens,
       std::shared_ptr<grpc::ServerCredentials> credentials, const std::string& listen,
-      ServerMetrics* metrics);
+      ServerMetrics* metrics, int streams_per_host = kDefaultStreamsPerHost);
 
   int port() const { return port_; }
   // Ends the coordinator's streams, then gives in-flight calls until `deadline`.
   void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
-  GrpcServer(Coordinator* coordinator, const rpc::ServerTokens& tokens)
-      : coordinator_(coordinator), jobs_(coordinator, tokens), workers_(coordinator, tokens) {}
+  GrpcServer(Coordinator* coordinator, const rpc::ServerTokens& tokens, int streams_per_host)
+      : coordinator_(coordinator),
+        jobs_(coordinator, tokens, streams_per_host),
+        workers_(coordinator, tokens) {}
 
   Coordinator* const coordinator_;
   JobService jobs_;

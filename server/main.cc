@@ -44,6 +44,9 @@ struct Flags {
   int64_t heartbeat_timeout_ms = 0;  // 0: 3 x the interval
   int64_t restart_backoff_ms = 1000;
   int64_t rendezvous_timeout_ms = 120'000;
+  int64_t start_timeout_ms = 60'000;
+  int streams_per_host = kDefaultStreamsPerHost;
+  int64_t unhealthy_exclusion_ms = 600'000;
   std::string checkpoint_root;
   std::string gpu_profile = "h200";
   std::string calibration;
@@ -86,12 +89,15 @@ int Run(const Flags& flags) {
                                                         : 3 * flags.heartbeat_interval_ms);
   options.restart_backoff = absl::Milliseconds(flags.restart_backoff_ms);
   options.rendezvous_timeout = absl::Milliseconds(flags.rendezvous_timeout_ms);
+  options.start_timeout = absl::Milliseconds(flags.start_timeout_ms);
+  options.unhealthy_exclusion = absl::Milliseconds(flags.unhealthy_exclusion_ms);
   SystemClock clock;
   ServerMetrics metrics(kJobMetricsRetention);
   auto coordinator = Coordinator::Open(options, &clock, &metrics);
   if (!coordinator.ok()) return Fail(coordinator.status());
 
-  auto server = GrpcServer::Start(coordinator->get(), tokens, *credentials, flags.listen, &metrics);
+  auto server = GrpcServer::Start(coordinator->get(), tokens, *credentials, flags.listen, &metrics,
+                                  flags.streams_per_host);
   if (!server.ok()) return Fail(server.status());
 
   const WebUi web_ui(coordinator->get(), tokens);  // outlives the server that calls it
@@ -186,6 +192,19 @@ int main(int argc, char** argv) {
                  "the attempt fails")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
+  app.add_option("--start-timeout-ms", flags.start_timeout_ms,
+                 "Time a placed rank gets to report its trainer started before the attempt fails "
+                 "and its worker is excluded from placement")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
+  app.add_option("--unhealthy-exclusion-ms", flags.unhealthy_exclusion_ms,
+                 "How long a worker that did not start a rank in time gets no placements")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
+  app.add_option("--max-streams-per-host", flags.streams_per_host,
+                 "Watch and log streams one client host may hold open at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100'000));
   app.add_option("--checkpoint-root", flags.checkpoint_root,
                  "Where jobs' checkpoint directories go (default <data-dir>/checkpoints)");
   app.add_option("--gpu-profile", flags.gpu_profile,

@@ -141,7 +141,7 @@ int Cancel(const Context& context, const std::string& job_id, const std::string&
     PrintJson(context, job);
   } else {
     *context.out << "job " << job.id() << " " << StateName(job.state())
-                 << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
+                 << (job.reason().empty() ? "" : ": " + Printable(job.reason())) << "\n";
   }
   return kExitOk;
 }

@@ -21,6 +21,8 @@
 #                      refused; kill -9 of the agent kills its trainer (parent-death signal); the
 #                      restarted agent ends the trainer's leftover group, registers once the old
 #                      one is lost, and the job's next attempt is the only trainer running
+#   bounded            a 100 KB cancel reason is refused naming the field; a job name with terminal
+#                      controls is listed escaped; a queued job exports no per-job series
 #   port-in-use        a second hyscaled on the first one's gRPC or metrics port, and `hyscale up`
 #                      on a taken port, exit naming the port; the first keeps serving alone
 # Usage: service_e2e.sh BUILD_DIR SCENARIO
@@ -366,6 +368,31 @@ EOF
   echo "agent-restart: the impostor was refused; one trainer per attempt throughout"
 }
 
+bounded() {
+  start_coordinator
+  write_job "$work/job.yaml" bounded 5
+  local job
+  job=$(submit "$work/job.yaml")
+  # A 100 KB cancel reason is refused by name; the job stays as it was.
+  expect_exit 2 "a 100 KB cancel reason" \
+    hs cancel "$job" --reason "$(head -c 100000 /dev/zero | tr '\0' r)"
+  grep -q "reason: 100000 bytes exceeds the limit of 4096" "$work/last.out" ||
+    fail "oversized reason: $(head -c 300 "$work/last.out")"
+  [[ $(job_state "$job") == JOB_STATE_PENDING ]] || fail "the job changed: $(job_state "$job")"
+  # A name with terminal controls is shown escaped, never raw.
+  sed -i "s/^name: bounded/name: \"evil\\\\e]0;pwned\\\\a\"/" "$work/job.yaml"
+  job=$(submit "$work/job.yaml")
+  hs list >"$work/list.out" || fail "hyscale list failed"
+  grep -q 'evil\\x1b]0;pwned\\x07' "$work/list.out" ||
+    fail "the name is not escaped: $(cat -v "$work/list.out")"
+  ! grep -q $'\e' "$work/list.out" || fail "a raw escape reached the terminal"
+  hs get "$job" | grep -q 'evil\\x1b' || fail "get does not escape the name"
+  # Queued jobs add no per-job series.
+  curl -sf "http://127.0.0.1:$metrics_port/metrics" >"$work/metrics.txt" || fail "GET /metrics"
+  ! grep -q "job_id=\"$job\"" "$work/metrics.txt" || fail "a queued job has series"
+  echo "bounded: oversized fields refused by name, names escaped, no series for queued jobs"
+}
+
 port_in_use() {
   start_coordinator
   local second=(--data-dir "$work/data2" --token-file "$work/token")
@@ -395,5 +422,6 @@ case $scenario in
   port-in-use) port_in_use ;;
   job-paths) job_paths ;;
   agent-restart) agent_restart ;;
+  bounded) bounded ;;
   *) fail "unknown scenario $scenario" ;;
 esac

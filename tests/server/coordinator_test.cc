@@ -36,10 +36,13 @@ class CoordinatorTest : public ::testing::Test {
     options.heartbeat_timeout = absl::Seconds(3);
     options.restart_backoff = absl::Seconds(1);
     options.recovery_grace = absl::Seconds(5);
+    options.start_timeout = start_timeout_;
     auto coordinator = Coordinator::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     c_ = std::move(*coordinator);
   }
+
+  absl::Duration start_timeout_ = absl::Seconds(60);
 
   v1::Job Submit(int ranks = 1, int priority = 0, int max_restarts = 0) {
     auto job = c_->SubmitJob(SubmitRequest(ranks, priority, max_restarts));
@@ -554,7 +557,8 @@ TEST_F(CoordinatorTest, PublishedAddressSurvivesCoordinatorRestart) {
   Started(w0, ref0);
   Publish(w0, ref0, "10.0.0.7:29400");
 
-  c_.reset();  // rank 1's RunRank is lost with the queues
+  c_.reset();                          // rank 1's RunRank is lost with the queues
+  start_timeout_ = absl::Minutes(10);  // rank 1 stays unstarted past the rendezvous timeout
   Open();
   auto reloaded = c_->GetJob(job.id());
   EXPECT_EQ(reloaded->state(), v1::JOB_STATE_SCHEDULED);
@@ -745,6 +749,41 @@ TEST_F(CoordinatorTest, WorkerNamesAreLeases) {
   ASSERT_EQ(c_->ListWorkers().workers(0).state(), v1::WORKER_STATE_LOST);
   EXPECT_TRUE(c_->RegisterWorker(second).ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(c_->RegisterWorker(first).status()));
+}
+
+// A worker that heartbeats but never starts what it is given: after the start timeout (60 s) the
+// job goes elsewhere and the worker gets no placements until its exclusion (10 min) ends.
+TEST_F(CoordinatorTest, RankThatNeverStartsMovesAndExcludesItsWorker) {
+  auto q1 = Register("w1", 1);
+  const v1::Job job = Submit(1, 0, 1);
+  ASSERT_EQ(Drain(q1).size(), 1u);  // placed on w1, which never reports it started
+  auto q2 = Register("w2", 1);
+  Pass(absl::Seconds(59), {{"w1", {}}, {"w2", {}}});
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  Pass(absl::Seconds(1), {{"w1", {}}, {"w2", {}}});
+  auto restarted = c_->GetJob(job.id());
+  EXPECT_EQ(restarted->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(restarted->restarts(), 1);
+  EXPECT_NE(restarted->reason().find("rank 0 did not report its start on worker w1 within 1m"),
+            std::string::npos)
+      << restarted->reason();
+  const auto workers = c_->ListWorkers();
+  ASSERT_EQ(workers.workers(0).id(), "w1");
+  EXPECT_TRUE(workers.workers(0).has_unhealthy_until());
+  EXPECT_EQ(workers.workers(0).state(), v1::WORKER_STATE_ONLINE);
+  Pass(absl::Seconds(2), {{"w1", {}}, {"w2", {}}});
+  auto placed = c_->GetJob(job.id());
+  ASSERT_EQ(placed->placement_size(), 1);
+  EXPECT_EQ(placed->placement(0).worker_id(), "w2");
+  Started("w2", Drain(q2).at(0).run().ref());
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
+  // Excluded: a new job waits rather than go to w1, until the exclusion ends.
+  const v1::Job waiting = Submit();
+  Pass(absl::Minutes(9), {{"w1", {}}, {"w2", {Ref(job.id(), 0, 1)}}});
+  EXPECT_EQ(State(waiting.id()), v1::JOB_STATE_PENDING);
+  Pass(absl::Minutes(1), {{"w1", {}}, {"w2", {Ref(job.id(), 0, 1)}}});
+  EXPECT_EQ(State(waiting.id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_FALSE(c_->ListWorkers().workers(0).has_unhealthy_until());
 }
 
 TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
@@ -994,6 +1033,26 @@ TEST_F(CoordinatorTest, WatchFollowsLiveEventsAndEndsOnShutdown) {
   EXPECT_EQ(c_->WatchJob(request, nullptr, nullptr).code(), absl::StatusCode::kNotFound);
 }
 
+// Pages end by bytes too, so big jobs never make one answer exceed a client's message limit.
+TEST_F(CoordinatorTest, ListJobsPagesByBytes) {
+  for (int i = 0; i < 5; ++i) {
+    auto request = SubmitRequest();
+    request.mutable_spec()->set_name(std::string(4000, 'a' + i));
+    request.mutable_spec()->mutable_stages(0)->set_name(std::string(4000, 'x'));
+    for (int stage = 0; stage < 200; ++stage) {  // ~800 KB a job
+      *request.mutable_spec()->add_stages() = request.spec().stages(0);
+    }
+    ASSERT_TRUE(c_->SubmitJob(request).ok());
+  }
+  v1::ListJobsRequest request;
+  auto page = c_->ListJobs(request);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_LT(page->ByteSizeLong(), size_t{2} << 20);
+  EXPECT_GT(page->jobs_size(), 0);
+  EXPECT_LT(page->jobs_size(), 5);
+  EXPECT_FALSE(page->next_page_token().empty());
+}
+
 TEST_F(CoordinatorTest, ListJobsPagesNewestFirst) {
   std::vector<std::string> ids;
   for (int i = 0; i < 5; ++i) ids.push_back(Submit().id());
@@ -1088,8 +1147,9 @@ TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
   }
   EXPECT_TRUE(hyscale::ValidateJobSpec(job->spec()).ok()) << hyscale::ValidateJobSpec(job->spec());
   EXPECT_EQ(job->resources().ranks(), planned.context_parallel());  // what the plan uses
+  // Queued (no workers): its per-job series start once it is placed.
   const std::string text = metrics_.Render();
-  EXPECT_NE(text.find("hyscale_job_predicted_step_seconds{job_id=\"" + job->id() + "\"} "),
+  EXPECT_EQ(text.find("hyscale_job_predicted_step_seconds{job_id=\"" + job->id() + "\"} "),
             std::string::npos);
 
   // Nothing fits: the submission fails and says why.
