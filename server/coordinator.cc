@@ -75,6 +75,22 @@ planner::PlanOptions PlannerOptions(const v1::Resources& resources,
   return options;
 }
 
+// The planner's peak memory of one rank for the job's own settings. INVALID_ARGUMENT, with the
+// planner's reason, when they cannot run on the profile's devices at all: such a job would only
+// crash-loop through its restarts.
+absl::StatusOr<int64_t> MemoryPerRank(const v1::JobSpec& spec, const v1::Resources& resources,
+                                      const planner::DeviceProfile& profile) {
+  const planner::PlanOptions options = PlannerOptions(resources, profile);
+  const planner::Prediction own = planner::Predict(
+      planner::Workload::Of(spec), planner::CandidateOf(spec), options.profile, options.gpus);
+  if (!own.rejected.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: does not fit ", options.gpus, " ",
+                                                   options.profile.name,
+                                                   " device(s): ", own.rejected));
+  }
+  return static_cast<int64_t>(own.memory.total);
+}
+
 // `parallelism: {mode: AUTO}`: the fastest plan that fits, written into the spec the trainer
 // gets (CP degree, layout, G, recomputation policy).
 absl::Status ApplyPlan(const v1::Resources& resources, const planner::DeviceProfile& profile,
@@ -743,6 +759,13 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     // The plan may use fewer of the offered devices than asked for; the job holds what it uses.
     job.mutable_resources()->set_ranks(job.spec().parallelism().context_parallel());
   }
+  auto memory = MemoryPerRank(job.spec(), job.resources(), ProfileFor(job.resources()));
+  if (!memory.ok()) return memory.status();
+  // Placed only on devices the estimate fits, as PlanJob places it; where none does, the job
+  // waits and its reason says so.
+  if (job.resources().memory_bytes_per_rank() == 0) {
+    job.mutable_resources()->set_memory_bytes_per_rank(*memory);
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
   if (!request.request_id().empty()) {
@@ -1299,11 +1322,18 @@ absl::Status Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankEx
                       absl::StrCat("all ", entry.ranks.size(), " rank(s) finished"));
   }
   const std::string why = DescribeExit(rank, exit);
-  if (exit.exit_code() == 2) {
-    // Bad input fails the same way on every attempt: no restart.
+  if (exit.exit_code() == v1::TRAINER_EXIT_BAD_INPUT ||
+      exit.exit_code() == v1::TRAINER_EXIT_OUT_OF_MEMORY) {
+    // Bad input, or a job too big for its devices, fails the same way on every attempt: no
+    // restart.
     const v1::Job before = entry.job;
     const std::vector<RankState> ranks = entry.ranks;
-    auto status = Transition(entry, v1::JOB_STATE_FAILED, absl::StrCat(why, " (bad input)"));
+    auto status = Transition(
+        entry, v1::JOB_STATE_FAILED,
+        absl::StrCat(why, exit.exit_code() == v1::TRAINER_EXIT_BAD_INPUT
+                              ? " (bad input)"
+                              : " (out of memory: not restarted; give each rank more memory or "
+                                "the job more ranks)"));
     if (status.ok()) StopRanks(before, ranks, why);
     return status;
   }

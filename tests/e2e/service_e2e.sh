@@ -23,6 +23,9 @@
 #                      one is lost, and the job's next attempt is the only trainer running
 #   bounded            a 100 KB cancel reason is refused naming the field; a job name with terminal
 #                      controls is listed escaped; a queued job exports no per-job series
+#   out-of-memory      a job no device holds is refused at submission with the planner's reason;
+#                      the real trainer held to 1.5 GB runs out of memory, exits 3, and the job
+#                      fails without a restart
 #   port-in-use        a second hyscaled on the first one's gRPC or metrics port, and `hyscale up`
 #                      on a taken port, exit naming the port; the first keeps serving alone
 # Usage: service_e2e.sh BUILD_DIR SCENARIO
@@ -312,7 +315,8 @@ SH
   job=$(submit "$work/inside.yaml")
   expect_exit 0 "a job reading its data folder" hs watch "$job"
   if (($(id -u) == 0)); then
-    hs logs "$job" | grep -q "trainer uid $(id -u nobody)" || fail "the trainer did not run as nobody"
+    hs logs "$job" | grep -q "trainer uid $(id -u nobody)" ||
+      fail "the trainer did not run as nobody"
   fi
   local anonymous=(env -u HYSCALE_TOKEN "$cli" --server "127.0.0.1:$grpc_port")
   expect_exit 4 "get without the token" "${anonymous[@]}" get "$job"
@@ -349,7 +353,8 @@ EOF
   impostor=${workers[w1]}
   wait_for 10 "the impostor's refusal" grep -q "held by another live agent" "$work/impostor.log"
   kill -9 "$impostor"
-  [[ $(count "$work/long-train.sh") == 1 ]] || fail "not one trainer: $(count "$work/long-train.sh")"
+  [[ $(count "$work/long-train.sh") == 1 ]] ||
+    fail "not one trainer: $(count "$work/long-train.sh")"
 
   kill -9 "$first"
   trainer_gone() { [[ $(count "$work/long-train.sh") == 0 ]]; }
@@ -359,11 +364,13 @@ EOF
   wait_for 30 "the leftover group ended" grep -q "left by a previous agent" "$work/w1.log"
   child_gone() { [[ $(count "$work/child.sh") == 0 ]]; }
   wait_for 5 "the leftover child to be gone" child_gone
+  # One read of both fields: two would race with the loss of the old agent.
   second_attempt() {
-    state_is "$job" JOB_STATE_RUNNING && (($(job_field "$job" '.restarts // 0') == 1))
+    [[ $(job_field "$job" '"\(.state) \(.restarts // 0)"') == "JOB_STATE_RUNNING 1" ]]
   }
   wait_for 30 "the job's next attempt to run" second_attempt
-  [[ $(count "$work/long-train.sh") == 1 ]] || fail "not one trainer: $(count "$work/long-train.sh")"
+  [[ $(count "$work/long-train.sh") == 1 ]] ||
+    fail "not one trainer: $(count "$work/long-train.sh")"
   expect_exit 0 "cancel" hs cancel "$job"
   echo "agent-restart: the impostor was refused; one trainer per attempt throughout"
 }
@@ -393,15 +400,50 @@ bounded() {
   echo "bounded: oversized fields refused by name, names escaped, no series for queued jobs"
 }
 
+out_of_memory() {
+  start_coordinator
+  # Past what any device holds: refused at submission with the planner's reason.
+  write_job "$work/huge.yaml" huge 5
+  sed -i 's/vocab_size: 64/vocab_size: 16777216/; s/seq_len: 64/seq_len: 65536/' "$work/huge.yaml"
+  expect_exit 2 "a job no device holds" hs submit -f "$work/huge.yaml"
+  grep -q "spec: does not fit 1 cpu device(s): memory" "$work/last.out" ||
+    fail "infeasible job: $(cat "$work/last.out")"
+  # Fits the devices, but its trainer is held to 1.5 GB of address space: it runs out of memory,
+  # exits 3, and the job fails without using its restarts.
+  printf '#!/bin/sh\nulimit -v 1500000\nexec %s "$@"\n' "$build/worker/trainer/hyscale-train" \
+    >"$work/small-train.sh"
+  chmod +x "$work/small-train.sh"
+  trainer=$work/small-train.sh
+  start_worker w1
+  wait_for 30 "the worker online" workers_online 1
+  cat >"$work/big.yaml" <<EOF
+name: big
+model: {vocab_size: 64, d_model: 1024, layers: 8, heads: 8, head_dim_qk: 128, rope_dim: 64,
+        head_dim_v: 128, d_ff: 4096, indexer: {heads: 4, dim: 64, rope_dim: 32, topk: 64}}
+data: {seq_len: 1024, batch_size: 8, recall: {pairs: 4, queries: 4, key_vocab: 16, value_vocab: 16}}
+stages: [{name: dense, steps: 2, lr: 0.003, warmup_steps: 1, attention: DENSE}]
+threads: 1
+EOF
+  local job reason
+  job=$(submit "$work/big.yaml" --max-restarts 2)
+  expect_exit 1 "the out-of-memory job fails" hs watch "$job"
+  reason=$(job_field "$job" '.reason')
+  [[ $reason == *"exited with code 3"*"out of memory"* ]] || fail "reason: $reason"
+  [[ $(job_field "$job" '.restarts // 0') == 0 ]] || fail "the out-of-memory job was restarted"
+  echo "out-of-memory: the infeasible job was refused; the one out of memory failed once: $reason"
+}
+
 port_in_use() {
   start_coordinator
   local second=(--data-dir "$work/data2" --token-file "$work/token")
   expect_exit 1 "a second hyscaled on the gRPC port" "$hyscaled" "${second[@]}" \
     --listen "127.0.0.1:$grpc_port" --metrics-listen 127.0.0.1:0
-  grep -q "127.0.0.1:$grpc_port" "$work/last.out" || fail "port not named: $(cat "$work/last.out")"
+  grep -q "127.0.0.1:$grpc_port" "$work/last.out" ||
+    fail "port not named: $(cat "$work/last.out")"
   expect_exit 1 "a second hyscaled on the metrics port" "$hyscaled" "${second[@]}" \
     --listen "127.0.0.1:$(free_port)" --metrics-listen "127.0.0.1:$metrics_port"
-  grep -q "127.0.0.1:$metrics_port" "$work/last.out" || fail "port not named: $(cat "$work/last.out")"
+  grep -q "127.0.0.1:$metrics_port" "$work/last.out" ||
+    fail "port not named: $(cat "$work/last.out")"
   # `hyscale up` on a port another server holds: its hyscaled cannot bind, and up says where.
   expect_exit 7 "hyscale up on a taken port" "$cli" --server "127.0.0.1:$metrics_port" up \
     --data-dir "$work/up" --metrics-listen 127.0.0.1:0 --start-timeout 20
@@ -423,5 +465,6 @@ case $scenario in
   job-paths) job_paths ;;
   agent-restart) agent_restart ;;
   bounded) bounded ;;
+  out-of-memory) out_of_memory ;;
   *) fail "unknown scenario $scenario" ;;
 esac

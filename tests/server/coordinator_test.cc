@@ -786,6 +786,40 @@ TEST_F(CoordinatorTest, RankThatNeverStartsMovesAndExcludesItsWorker) {
   EXPECT_FALSE(c_->ListWorkers().workers(0).has_unhealthy_until());
 }
 
+// A job its devices cannot hold is refused at submission (the planner says why); one that fits the
+// profile is placed only where its estimated memory fits, and otherwise waits, saying so.
+TEST_F(CoordinatorTest, JobsThatCannotFitAreRefusedOrWait) {
+  auto huge = SubmitRequest(1, 0, 2);
+  huge.mutable_spec()->mutable_model()->set_vocab_size(1 << 24);
+  huge.mutable_spec()->mutable_data()->set_seq_len(65536);
+  const auto refused = c_->SubmitJob(huge);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("spec: does not fit 1 "), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("device(s): memory"), std::string::npos);
+
+  auto small = WorkerRequest("small", 1);
+  small.mutable_devices(0)->set_memory_bytes(1000);
+  ASSERT_TRUE(c_->RegisterWorker(small).ok());
+  const v1::Job job = Submit();
+  EXPECT_GT(job.resources().memory_bytes_per_rank(), 1000);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("bytes each"), std::string::npos) << job.reason();
+}
+
+// Out of memory fails the same way on every attempt: the job fails without a restart.
+TEST_F(CoordinatorTest, OutOfMemoryIsNotRestarted) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit(1, 0, 2);
+  const v1::RankRef ref = Drain(queue).at(0).run().ref();
+  Started("w1", ref);
+  Exited("w1", ref, v1::TRAINER_EXIT_OUT_OF_MEMORY);
+  const auto failed = c_->GetJob(job.id());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->restarts(), 0);
+  EXPECT_NE(failed->reason().find("out of memory"), std::string::npos) << failed->reason();
+}
+
 TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
   auto q1 = Register("w1", 1);
   const v1::Job job = Submit(1, 0, 1);
