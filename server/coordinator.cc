@@ -193,8 +193,15 @@ absl::Status Coordinator::Load() {
     worker.info = std::move(info);
     worker.last_seen = now + options_.recovery_grace;  // time to come back after our restart
   }
-  auto jobs = store_->LoadJobs();
+  std::vector<std::string> set_aside;
+  auto jobs = store_->LoadJobs(&set_aside);
   if (!jobs.ok()) return jobs.status();
+  for (const std::string& id : set_aside) {
+    std::fprintf(stderr,
+                 "hyscaled: job %s: its stored record cannot be read; set aside in table "
+                 "jobs_set_aside of hyscale.db (every other job is served)\n",
+                 absl::CHexEscape(id).c_str());
+  }
   for (auto& job : *jobs) {
     auto last = store_->LastSequence(job.id());
     if (!last.ok()) return last.status();

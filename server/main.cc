@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "server/metrics_http.h"
 #include "server/planner/profile.h"
 #include "server/server_metrics.h"
+#include "server/store.h"
 #include "server/web_ui.h"
 
 namespace hyscale::server {
@@ -150,10 +152,35 @@ int Run(const Flags& flags) {
   return kExitOk;
 }
 
+// `hyscaled backup --data-dir D --to FILE`: a consistent copy of D/hyscale.db, also while a
+// coordinator serves from it.
+int Backup(int argc, char** argv) {
+  std::string data_dir, to;
+  CLI::App app{"hyscaled backup: a consistent snapshot of the store, also while it is served"};
+  app.add_option("--data-dir", data_dir, "The coordinator's --data-dir")->required();
+  app.add_option("--to", to, "The copy to write (replaced once complete)")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitBadFlags;
+  }
+  const std::string path = (std::filesystem::path(data_dir) / "hyscale.db").string();
+  if (!std::filesystem::exists(path)) {
+    return Fail(absl::NotFoundError(absl::StrCat("data_dir: no ", path)));
+  }
+  if (auto status = Store::Backup(path, to); !status.ok()) return Fail(status);
+  std::printf("hyscaled: backed up %s to %s\n", path.c_str(), to.c_str());
+  return kExitOk;
+}
+
 }  // namespace
 }  // namespace hyscale::server
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "backup") {
+    return hyscale::server::Backup(argc - 1, argv + 1);
+  }
   // Block the shutdown signals before any thread starts, so only sigwait in Run sees them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -215,6 +242,8 @@ int main(int argc, char** argv) {
                  "Calibration file from hyscale-calibrate: replaces figures of the profile it was "
                  "measured on (cpu, else --gpu-profile) for AUTO planning");
   app.footer(
+      "Also: hyscaled backup --data-dir D --to FILE (a consistent copy of the store, while it is "
+      "served)\n"
       "Exit codes:\n  0  shut down by SIGTERM/SIGINT (or --help)\n"
       "  1  cannot start: store, TLS files, token file, calibration file or ports\n"
       "  2  bad flags");

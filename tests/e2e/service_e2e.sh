@@ -26,6 +26,9 @@
 #   out-of-memory      a job no device holds is refused at submission with the planner's reason;
 #                      the real trainer held to 1.5 GB runs out of memory, exits 3, and the job
 #                      fails without a restart
+#   store              `hyscaled backup` while serving; a damaged job record is set aside (named
+#                      in the log, the others served); the backup serves every job; a damaged
+#                      file is refused (exit 1, "integrity check failed")
 #   port-in-use        a second hyscaled on the first one's gRPC or metrics port, and `hyscale up`
 #                      on a taken port, exit naming the port; the first keeps serving alone
 # Usage: service_e2e.sh BUILD_DIR SCENARIO
@@ -433,6 +436,62 @@ EOF
   echo "out-of-memory: the infeasible job was refused; the one out of memory failed once: $reason"
 }
 
+store() {
+  start_coordinator
+  write_job "$work/job.yaml" kept 5
+  local first second third
+  first=$(submit "$work/job.yaml")
+  second=$(submit "$work/job.yaml")
+  third=$(submit "$work/job.yaml")
+  # A consistent snapshot while it serves.
+  expect_exit 0 "backup while serving" "$hyscaled" backup --data-dir "$work/data" \
+    --to "$work/backup.db"
+  grep -q "backed up" "$work/last.out" || fail "backup: $(cat "$work/last.out")"
+  # One damaged job record: set aside with a line naming it; the others are served.
+  kill -9 "$coordinator"
+  python3 - "$work/data/hyscale.db" "$second" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("UPDATE jobs SET job = x'ffffffff' WHERE id = ?", (sys.argv[2],))
+db.commit()
+PY
+  start_coordinator
+  grep -q "job $second: its stored record cannot be read; set aside" "$work/hyscaled.$starts.log" ||
+    fail "the damaged record is not named: $(cat "$work/hyscaled.$starts.log")"
+  [[ $(hs list -o json | jq -r '[.jobs[].id] | sort | join(" ")') == \
+    "$(printf '%s\n' "$first" "$third" | sort | paste -sd ' ')" ]] || fail "list: $(hs list)"
+  [[ $(python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute(
+    "select id from jobs_set_aside").fetchone()[0])' "$work/data/hyscale.db") == "$second" ]] ||
+    fail "the damaged record is not in jobs_set_aside"
+  # The backup serves all three.
+  mkdir -p "$work/restored"
+  cp "$work/backup.db" "$work/restored/hyscale.db"
+  local port
+  port=$(free_port)
+  "$hyscaled" --listen "127.0.0.1:$port" --data-dir "$work/restored" --metrics-listen 127.0.0.1:0 \
+    --token-file "$work/token" >"$work/restored.log" 2>&1 &
+  pids+=("$!")
+  wait_for 30 "the restored coordinator to listen" grep -q "listening on" "$work/restored.log"
+  [[ $("$cli" --server "127.0.0.1:$port" --token-file "$work/token" list -o json |
+    jq '.jobs | length') == 3 ]] || fail "the backup does not hold the three jobs"
+  # A damaged file is refused, saying so. (Stopped cleanly, so the write-ahead log is folded in
+  # and every page but the header is in the file.)
+  kill -TERM "$coordinator"
+  wait_for 10 "hyscaled to stop" eval '! kill -0 "$coordinator"'
+  python3 - "$work/data/hyscale.db" <<'PY'
+import os, sys
+with open(sys.argv[1], "r+b") as f:
+    size = os.path.getsize(sys.argv[1])
+    f.seek(4096)
+    f.write(b"\x55" * (size - 4096))
+PY
+  expect_exit 1 "hyscaled on a damaged database" timeout 20 "$hyscaled" \
+    --listen "127.0.0.1:$grpc_port" \
+    --data-dir "$work/data" --metrics-listen 127.0.0.1:0 --token-file "$work/token"
+  grep -q "integrity check failed" "$work/last.out" || fail "damaged: $(cat "$work/last.out")"
+  echo "store: backup while serving, a damaged record set aside, a damaged file refused"
+}
+
 port_in_use() {
   start_coordinator
   local second=(--data-dir "$work/data2" --token-file "$work/token")
@@ -465,6 +524,7 @@ case $scenario in
   job-paths) job_paths ;;
   agent-restart) agent_restart ;;
   bounded) bounded ;;
+  store) store ;;
   out-of-memory) out_of_memory ;;
   *) fail "unknown scenario $scenario" ;;
 esac
