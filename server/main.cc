@@ -203,31 +203,30 @@ int main(int argc, char** argv) {
                  "workers) but no submit, cancel or worker call (else env HYSCALE_READ_TOKEN)");
   app.add_option("--tls-cert", flags.tls_cert, "PEM certificate chain (TLS with --tls-key)");
   app.add_option("--tls-key", flags.tls_key, "PEM private key (TLS with --tls-cert)");
-  app.add_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,
-                 "Heartbeat interval told to workers")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{10}, int64_t{3'600'000}));
+  // A duration in milliseconds within [min, max], shown with its default.
+  const auto milliseconds_option = [&app](const char* name, int64_t& value, const char* help,
+                                          int64_t min, int64_t max) {
+    app.add_option(name, value, help)->capture_default_str()->check(CLI::Range(min, max));
+  };
+  milliseconds_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,
+                      "Heartbeat interval told to workers", 10, 3'600'000);
   app.add_option("--heartbeat-timeout-ms", flags.heartbeat_timeout_ms,
                  "Silence after which a worker is lost (default 3 x interval)")
       ->check(CLI::Range(int64_t{10}, int64_t{86'400'000}));
-  app.add_option("--restart-backoff-ms", flags.restart_backoff_ms,
-                 "Wait before the first restart of a failed job; doubles per restart")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
-  app.add_option("--rendezvous-timeout-ms", flags.rendezvous_timeout_ms,
-                 "Time rank 0 of a multi-rank job gets to publish its rendezvous address before "
-                 "the attempt fails")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
-  app.add_option("--start-timeout-ms", flags.start_timeout_ms,
-                 "Time a placed rank gets to report its trainer started before the attempt fails "
-                 "and its worker is excluded from placement")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
-  app.add_option("--unhealthy-exclusion-ms", flags.unhealthy_exclusion_ms,
-                 "How long a worker that did not start a rank in time gets no placements")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
+  milliseconds_option("--restart-backoff-ms", flags.restart_backoff_ms,
+                      "Wait before the first restart of a failed job; doubles per restart", 0,
+                      3'600'000);
+  milliseconds_option("--rendezvous-timeout-ms", flags.rendezvous_timeout_ms,
+                      "Time rank 0 of a multi-rank job gets to publish its rendezvous address "
+                      "before the attempt fails",
+                      100, 86'400'000);
+  milliseconds_option("--start-timeout-ms", flags.start_timeout_ms,
+                      "Time a placed rank gets to report its trainer started before the attempt "
+                      "fails and its worker is excluded from placement",
+                      100, 86'400'000);
+  milliseconds_option("--unhealthy-exclusion-ms", flags.unhealthy_exclusion_ms,
+                      "How long a worker that did not start a rank in time gets no placements", 0,
+                      86'400'000);
   app.add_option("--max-streams-per-host", flags.streams_per_host,
                  "Watch and log streams one client host may hold open at once")
       ->capture_default_str()

@@ -76,6 +76,17 @@ struct Recorder {
   }
 };
 
+// The trainer was reported killed by SIGKILL, and `child` (of its process group) is gone too.
+void ExpectKilledWithItsChild(Recorder& recorder, pid_t child) {
+  {
+    std::lock_guard<std::mutex> lock(recorder.mu);
+    ASSERT_EQ(recorder.exits.size(), 1u);
+    EXPECT_EQ(recorder.exits[0].signal, SIGKILL);
+  }
+  for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(Alive(child));
+}
+
 class TrainerProcessTest : public ::testing::Test {
  protected:
   // The pid the fake trainer's background child writes (the "sleep" and "stubborn" scripts).
@@ -271,13 +282,7 @@ TEST_F(TrainerProcessTest, StopEscalatesToSigkill) {
   const pid_t child = WaitForChildPid();
   (*process)->Stop("cancelled", milliseconds(300));
   ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
-  {
-    std::lock_guard<std::mutex> lock(recorder.mu);
-    ASSERT_EQ(recorder.exits.size(), 1u);
-    EXPECT_EQ(recorder.exits[0].signal, SIGKILL);
-  }
-  for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
-  EXPECT_FALSE(Alive(child));
+  ExpectKilledWithItsChild(recorder, child);
 }
 
 // A restarted agent ends what its predecessor left: the trainer's whole group, found by its pid
@@ -305,13 +310,7 @@ TEST_F(TrainerProcessTest, LeftoverTrainersAreEnded) {
   std::filesystem::rename(work + "/kept-aside", command.pid_path);
   EXPECT_EQ(EndLeftoverTrainers(work), std::vector<pid_t>{(*process)->pid()});
   ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
-  {
-    std::lock_guard<std::mutex> lock(recorder.mu);
-    ASSERT_EQ(recorder.exits.size(), 1u);
-    EXPECT_EQ(recorder.exits[0].signal, SIGKILL);
-  }
-  for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
-  EXPECT_FALSE(Alive(child));
+  ExpectKilledWithItsChild(recorder, child);
   EXPECT_FALSE(std::filesystem::exists(command.pid_path));
 }
 

@@ -227,8 +227,8 @@ worker_loss() {
   killed_ns=$(date +%s%N)
   kill -9 "${workers[$lost]}"
   pkill -9 -f "hyscale-train.*$work/$lost/" || true
-  restarted_and_running() {
-    state_is "$job" JOB_STATE_RUNNING && (($(job_field "$job" '.restarts') >= 1))
+  restarted_and_running() {  # one read of both fields, so they belong together
+    [[ $(job_field "$job" '"\(.state) \(.restarts // 0)"') =~ ^JOB_STATE_RUNNING\ [1-9] ]]
   }
   wait_for 60 "the job to run again" restarted_and_running
   local moved
