@@ -579,7 +579,7 @@ void Coordinator::ExpireStarts() {
                      why.c_str());
       }
       // A failed write leaves the job as it was; the next Tick tries again.
-      (void)FailAttempt(entry, why);
+      (void)FailAttempt(entry, why, AttemptEnd::kNotStarted);
       break;
     }
   }
@@ -626,10 +626,11 @@ bool Coordinator::Wanted(const v1::RankRef& ref, const std::string& worker_id) c
   return job.placement(ref.rank()).worker_id() == worker_id;
 }
 
-absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
+absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why, AttemptEnd end) {
   const v1::Job before = entry.job;
   const std::vector<RankState> ranks = entry.ranks;
-  if (before.restarts() >= before.max_restarts()) {
+  const int used = before.restarts() - before.start_timeouts();
+  if (end == AttemptEnd::kFailed && used >= before.max_restarts()) {
     const std::string reason =
         before.max_restarts() == 0
             ? absl::StrCat(why, " (max_restarts is 0)")
@@ -642,8 +643,13 @@ absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
     updated.set_restarts(before.restarts() + 1);
     updated.clear_placement();
     updated.clear_rendezvous();  // the next attempt's rank 0 publishes its own
-    const std::string reason =
-        absl::StrCat(why, " (restart ", updated.restarts(), " of ", before.max_restarts(), ")");
+    std::string reason;
+    if (end == AttemptEnd::kNotStarted) {
+      updated.set_start_timeouts(before.start_timeouts() + 1);
+      reason = absl::StrCat(why, " (placed again; not counted against max_restarts)");
+    } else {
+      reason = absl::StrCat(why, " (restart ", used + 1, " of ", before.max_restarts(), ")");
+    }
     if (auto status = TransitionWith(entry, std::move(updated), v1::JOB_STATE_RESTARTING, reason);
         !status.ok()) {
       return status;

@@ -222,8 +222,12 @@ class Coordinator {
   // exited; their slots stay busy until their worker stops reporting them.
   void StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,
                  const std::string& reason);
-  // A rank failed or was lost: restart the job if restarts remain, else fail it.
-  absl::Status FailAttempt(JobEntry& entry, const std::string& why);
+  // Why an attempt ended: the job (a rank failed or was lost), or a worker that did not start
+  // it, which is not counted against max_restarts.
+  enum class AttemptEnd { kFailed, kNotStarted };
+  // Restarts the job if restarts remain (always for kNotStarted), else fails it.
+  absl::Status FailAttempt(JobEntry& entry, const std::string& why,
+                           AttemptEnd end = AttemptEnd::kFailed);
   absl::Status MarkStarted(JobEntry& entry, int rank);
   // Errors are the store's: the report was not applied and should be sent again.
   absl::Status HandleReport(WorkerEntry& worker, const v1::RankReport& report);
