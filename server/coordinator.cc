@@ -328,6 +328,16 @@ void Coordinator::UpdateGauges() {
   metrics_->SetWorkerCounts(workers);
 }
 
+Coordinator::WorkerEntry* Coordinator::Holder(const std::string& worker_id,
+                                              const std::string& instance) {
+  const auto found = workers_.find(worker_id);
+  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+    return nullptr;
+  }
+  WorkerEntry& worker = found->second;
+  return worker.instance.empty() || worker.instance == instance ? &worker : nullptr;
+}
+
 absl::Status Coordinator::PersistWorker(const WorkerEntry& worker) {
   auto status = store_->PutWorker(worker.info);
   if (!status.ok()) {
@@ -1170,12 +1180,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::HeartbeatResponse response;
-  const auto found = workers_.find(request.worker_id());
-  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+  WorkerEntry* const holder = Holder(request.worker_id(), request.instance());
+  if (holder == nullptr) {
     response.set_registered(false);
     return response;
   }
-  WorkerEntry& worker = found->second;
+  WorkerEntry& worker = *holder;
   response.set_registered(true);
   const absl::Time now = clock_->Now();
   worker.last_seen = now;
@@ -1212,21 +1222,21 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 }
 
 absl::StatusOr<std::shared_ptr<AssignmentQueue>> Coordinator::OpenAssignments(
-    const std::string& worker_id) {
+    const v1::StreamAssignmentsRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto found = workers_.find(worker_id);
-  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker_id: ", worker_id, " is not registered; call RegisterWorker first"));
+  WorkerEntry* const holder = Holder(request.worker_id(), request.instance());
+  if (holder == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker_id: ", request.worker_id(), " is not registered; call RegisterWorker first"));
   }
-  WorkerEntry& worker = found->second;
+  WorkerEntry& worker = *holder;
   if (worker.queue) worker.queue->Close();
   worker.queue = std::make_shared<AssignmentQueue>();
   if (shutdown_) worker.queue->Close();
   for (const std::string& id : placed_) {
     const JobEntry& entry = jobs_.at(id);
     for (const auto& placement : entry.job.placement()) {
-      if (placement.worker_id() != worker_id || !Sendable(entry.job, placement.rank())) continue;
+      if (placement.worker_id() != request.worker_id() || !Sendable(entry.job, placement.rank())) continue;
       v1::RunRank run = MakeRunRank(entry, placement);
       const bool running =
           std::any_of(worker.info.running().begin(), worker.info.running().end(),
@@ -1242,15 +1252,15 @@ absl::StatusOr<std::shared_ptr<AssignmentQueue>> Coordinator::OpenAssignments(
 
 absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto found = workers_.find(request.worker_id());
-  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+  WorkerEntry* const holder = Holder(request.worker_id(), request.instance());
+  if (holder == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker_id: ", request.worker_id(), " is not registered; call RegisterWorker first"));
   }
-  found->second.last_seen = clock_->Now();
+  holder->last_seen = clock_->Now();
   Store::Batch batch(*store_);
   for (const auto& report : request.reports()) {
-    if (auto status = HandleReport(found->second, report); !status.ok()) {
+    if (auto status = HandleReport(*holder, report); !status.ok()) {
       // Not stored, so not applied: the agent keeps the batch and sends it again.
       FinishPublished(false);
       Schedule();

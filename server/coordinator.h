@@ -129,7 +129,8 @@ class Coordinator {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   // A new assignment queue for the worker (closing its previous one), holding a RunRank for each
   // rank the coordinator wants there that the worker does not report running.
-  absl::StatusOr<std::shared_ptr<AssignmentQueue>> OpenAssignments(const std::string& worker_id);
+  absl::StatusOr<std::shared_ptr<AssignmentQueue>> OpenAssignments(
+      const v1::StreamAssignmentsRequest& request);
   absl::Status ReportStatus(const v1::ReportStatusRequest& request);
   v1::ListWorkersResponse ListWorkers();
 
@@ -238,6 +239,10 @@ class Coordinator {
   // Restarts (or fails) every SCHEDULED/RUNNING job with a rank on a worker that is not online.
   void RestartJobsOnLostWorkers();
   absl::Status PersistWorker(const WorkerEntry& worker);
+  // The ONLINE worker `worker_id` when `instance` holds its name (or no agent has registered
+  // since this coordinator started), else null: a caller with the token but not the lease gets
+  // nothing of a live worker.
+  WorkerEntry* Holder(const std::string& worker_id, const std::string& instance);
   void Send(const std::string& worker_id, v1::Assignment assignment);
   bool Wanted(const v1::RankRef& ref, const std::string& worker_id) const;
   std::vector<WorkerView> WorkerViews() const;

@@ -43,7 +43,7 @@ grpc::Status WorkerService::StreamAssignments(grpc::ServerContext* context,
   if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
     return admitted;
   }
-  auto queue = coordinator_->OpenAssignments(request->worker_id());
+  auto queue = coordinator_->OpenAssignments(*request);
   if (!queue.ok()) return rpc::ToGrpc(queue.status());
   // Ends when the agent leaves, when a newer stream of the same worker replaces this one, or on
   // shutdown (the queue is closed then).

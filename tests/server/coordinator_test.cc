@@ -58,9 +58,17 @@ class CoordinatorTest : public ::testing::Test {
     auto registered = c_->RegisterWorker(request);
     EXPECT_TRUE(registered.ok()) << registered.status();
     if (response != nullptr) *response = *registered;
-    auto queue = c_->OpenAssignments(name);
+    auto queue = c_->OpenAssignments(Assignments(name));
     EXPECT_TRUE(queue.ok()) << queue.status();
     return *queue;
+  }
+
+  static v1::StreamAssignmentsRequest Assignments(const std::string& worker,
+                                                  const std::string& instance = "") {
+    v1::StreamAssignmentsRequest request;
+    request.set_worker_id(worker);
+    request.set_instance(instance);
+    return request;
   }
 
   static std::vector<v1::Assignment> Drain(const std::shared_ptr<AssignmentQueue>& queue) {
@@ -528,8 +536,8 @@ TEST_F(CoordinatorTest, ContextParallelJobStartsRankZeroFirst) {
   EXPECT_TRUE(Drain(q_rank0).empty());
   EXPECT_TRUE(Drain(q_rank1).empty());
   // A reopened stream resends rank 1 (not running yet), never rank 0 (it has run).
-  q_rank0 = *c_->OpenAssignments(w0);
-  q_rank1 = *c_->OpenAssignments(w1);
+  q_rank0 = *c_->OpenAssignments(Assignments(w0));
+  q_rank1 = *c_->OpenAssignments(Assignments(w1));
   EXPECT_TRUE(Drain(q_rank0).empty());
   ASSERT_EQ(Drain(q_rank1).at(0).run().rendezvous(), w0 + ".local:29400");
 
@@ -743,6 +751,19 @@ TEST_F(CoordinatorTest, WorkerNamesAreLeases) {
   const auto refused = c_->RegisterWorker(second);
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   EXPECT_NE(refused.status().message().find("held by another live agent"), std::string::npos);
+  // Nor can it act as the worker without registering.
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("w1");
+  beat.set_instance("agent-b");
+  EXPECT_FALSE(c_->Heartbeat(beat)->registered());
+  v1::ReportStatusRequest report;
+  report.set_worker_id("w1");
+  report.set_instance("agent-b");
+  EXPECT_TRUE(absl::IsFailedPrecondition(c_->ReportStatus(report)));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(c_->OpenAssignments(Assignments("w1", "agent-b")).status()));
+  beat.set_instance("agent-a");
+  EXPECT_TRUE(c_->Heartbeat(beat)->registered());
   EXPECT_TRUE(c_->RegisterWorker(first).ok());  // the holder reconnecting
   clock_.Advance(absl::Seconds(4));             // silent for 4 s > 3 s: lost
   c_->Tick();
@@ -941,15 +962,16 @@ TEST_F(CoordinatorTest, ReopenedStreamResendsRanksNotRunning) {
   auto queue = Register("w1", 1);
   const v1::Job job = Submit();
   ASSERT_EQ(Drain(queue).size(), 1u);  // delivered, but the agent never started it
-  queue = *c_->OpenAssignments("w1");
+  queue = *c_->OpenAssignments(Assignments("w1"));
   auto resent = Drain(queue);
   ASSERT_EQ(resent.size(), 1u);
   EXPECT_EQ(resent[0].run().ref().job_id(), job.id());
   Heartbeat("w1", {resent[0].run().ref()});
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);  // the heartbeat shows it started
-  queue = *c_->OpenAssignments("w1");
+  queue = *c_->OpenAssignments(Assignments("w1"));
   EXPECT_TRUE(Drain(queue).empty());
-  EXPECT_EQ(c_->OpenAssignments("ghost").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->OpenAssignments(Assignments("ghost")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(CoordinatorTest, RegisterWorkerValidates) {

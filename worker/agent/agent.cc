@@ -203,6 +203,7 @@ std::chrono::steady_clock::duration Agent::ServeAssignments() {
     if (shutting_down_ || !registered_) return {};
     stream_context_ = &context;
     request.set_worker_id(worker_id_);
+    request.set_instance(instance_);
   }
   auto reader = stub_->StreamAssignments(&context, request);
   v1::Assignment assignment;
@@ -249,6 +250,7 @@ void Agent::HeartbeatLoop() {
     }
     v1::HeartbeatRequest request;
     request.set_worker_id(worker_id);
+    request.set_instance(instance_);
     for (const auto& ref : Running()) *request.add_running() = ref;
     grpc::ClientContext context;
     rpc::PrepareCall(&context, options_.client, std::min(options_.client.timeout, interval * 2));
@@ -285,6 +287,7 @@ void Agent::ReportLoop() {
 
     v1::ReportStatusRequest request;
     request.set_worker_id(worker_id);
+    request.set_instance(instance_);
     for (const auto& report : batch) *request.add_reports() = report;
     grpc::ClientContext context;
     PrepareCall(&context);
