@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "proto/rpc.h"
-#include "server/request_limits.h"
+#include "server/admission.h"
 
 namespace hyscale::server {
 namespace {

@@ -71,10 +71,4 @@ absl::Status CheckFieldSizes(const Message& request) {
   return Check(request, "");
 }
 
-grpc::Status Admit(const grpc::ServerContext& context, const rpc::ServerTokens& tokens,
-                   rpc::Access access, const Message& request) {
-  if (auto auth = rpc::CheckToken(context, tokens, access); !auth.ok()) return auth;
-  return rpc::ToGrpc(CheckFieldSizes(request));
-}
-
 }  // namespace hyscale::server

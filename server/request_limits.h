@@ -5,11 +5,8 @@
 
 #include <absl/status/status.h>
 #include <google/protobuf/message.h>
-#include <grpcpp/grpcpp.h>
 
 #include <cstddef>
-
-#include "proto/rpc.h"
 
 namespace hyscale::server {
 
@@ -20,10 +17,5 @@ inline constexpr int kMaxRepeatedEntries = 4096;         // a repeated or map fi
 // OK, or INVALID_ARGUMENT naming the first field over its cap by its path ("spec.stages[2].name:
 // 5000 bytes exceeds the limit of 4096").
 absl::Status CheckFieldSizes(const google::protobuf::Message& request);
-
-// What every call passes before it reaches the coordinator: the token grants `access`, then
-// CheckFieldSizes.
-grpc::Status Admit(const grpc::ServerContext& context, const rpc::ServerTokens& tokens,
-                   rpc::Access access, const google::protobuf::Message& request);
 
 }  // namespace hyscale::server
