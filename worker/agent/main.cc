@@ -4,9 +4,11 @@
 //
 // Exit codes: 0 after a signal-initiated shutdown; 2 bad flags; 1 setup failed.
 #include <absl/strings/str_cat.h>
+#include <grp.h>
 #include <limits.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -80,6 +82,38 @@ absl::StatusOr<std::optional<hyscale::agent::RunAs>> ResolveRunAs(std::string na
         absl::StrCat("--run-as: starting trainers as '", name, "' needs root"));
   }
   return hyscale::agent::RunAs{name, user->pw_uid, user->pw_gid};
+}
+
+// Whether `user` can execute the trainer and enter the work dir (each rank's job.json is there),
+// checked in a child that takes the user's ids: without this every rank would fail to start,
+// one restart after another.
+absl::Status CheckRunAs(const hyscale::agent::RunAs& user, const std::string& trainer,
+                        const std::string& work_dir) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, nullptr) != 0 || setgid(user.gid) != 0 || setuid(user.uid) != 0) _exit(2);
+    if (access(trainer.c_str(), X_OK) != 0) _exit(3);
+    _exit(access(work_dir.c_str(), X_OK) != 0 ? 4 : 0);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
+    return absl::InternalError("--run-as: cannot check the user's access");
+  }
+  switch (WEXITSTATUS(status)) {
+    case 0:
+      return absl::OkStatus();
+    case 3:
+      return absl::FailedPreconditionError(
+          absl::StrCat("--run-as: ", user.name, " cannot execute the trainer ", trainer,
+                       " (it, and every folder above it, must be open to that user)"));
+    case 4:
+      return absl::FailedPreconditionError(
+          absl::StrCat("--run-as: ", user.name, " cannot enter the work dir ", work_dir,
+                       " (it, and every folder above it, must be searchable by that user)"));
+    default:
+      return absl::FailedPreconditionError(
+          absl::StrCat("--run-as: cannot take the ids of ", user.name));
+  }
 }
 
 }  // namespace
@@ -170,6 +204,13 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   options.run_as = *trainer_user;
+  if (options.run_as) {
+    if (auto status = CheckRunAs(*options.run_as, options.trainer_path, options.work_dir);
+        !status.ok()) {
+      std::cerr << "hyscale-worker: " << status.message() << "\n";
+      return kExitSetup;
+    }
+  }
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.stop_grace = std::chrono::milliseconds(stop_grace_ms);
 
