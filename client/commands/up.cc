@@ -287,6 +287,7 @@ int Up(const Context& context, const UpArgs& args) {
                                           (data_dir / "checkpoints").string()};
   if (!args.devices.empty()) worker_args.insert(worker_args.end(), {"--devices", args.devices});
   if (!args.trainer.empty()) worker_args.insert(worker_args.end(), {"--trainer", args.trainer});
+  if (!args.run_as.empty()) worker_args.insert(worker_args.end(), {"--run-as", args.run_as});
   auto worker = Spawn("hyscale-worker", *worker_binary, worker_args, context.client.token,
                       (data_dir / "hyscale-worker.log").string());
   if (!worker.ok()) {
