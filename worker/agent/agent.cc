@@ -38,6 +38,17 @@ std::string NewInstance() {
   return instance;
 }
 
+// An exit reason cut to what the coordinator takes (4096 bytes a field, server/request_limits.h):
+// a longer one (a long stop reason, a trainer's long error) would get the whole report batch,
+// exit included, refused.
+constexpr size_t kMaxReasonBytes = 2048;
+std::string Shortened(const std::string& reason) {
+  if (reason.size() <= kMaxReasonBytes) return reason;
+  size_t cut = kMaxReasonBytes;
+  while (cut > 0 && (static_cast<unsigned char>(reason[cut]) & 0xC0) == 0x80) --cut;  // UTF-8
+  return reason.substr(0, cut) + "...";
+}
+
 std::string Describe(const v1::RankRef& ref) {
   return absl::StrCat("job ", ref.job_id(), " rank ", ref.rank(), " attempt ", ref.attempt());
 }
@@ -378,7 +389,7 @@ void Agent::RunRank(const v1::RunRank& run) {
     v1::RankReport report;
     report.mutable_exited()->set_exit_code(exit.exit_code);
     report.mutable_exited()->set_signal(exit.signal);
-    report.mutable_exited()->set_reason(exit.reason);
+    report.mutable_exited()->set_reason(Shortened(exit.reason));
     Report(ref, std::move(report));
   };
 
@@ -396,7 +407,8 @@ void Agent::RunRank(const v1::RunRank& run) {
     v1::RankReport report;
     report.mutable_exited()->set_exit_code(absl::IsInvalidArgument(started) ? kExitBadInput
                                                                             : kExitCannotStart);
-    report.mutable_exited()->set_reason(absl::StrCat("cannot start trainer: ", started.message()));
+    report.mutable_exited()->set_reason(
+        Shortened(absl::StrCat("cannot start trainer: ", started.message())));
     Report(ref, std::move(report));
     return;
   }
