@@ -23,6 +23,14 @@ namespace {
 
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
+// A list RPC's page size: 0 means the default, more than the maximum means the maximum.
+absl::StatusOr<int> PageSize(int requested) {
+  if (requested < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be >= 0 (got ", requested, ")"));
+  }
+  return requested == 0 ? kDefaultPageSize : std::min(requested, kMaxPageSize);
+}
 // A page also ends before it passes this many bytes (a job is at most ~1 MiB: SubmitJob's cap), so
 // it stays well inside a client's default 4 MiB message limit.
 constexpr size_t kMaxPageBytes = 2 << 20;
@@ -880,12 +888,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::JobEvents(const std::stri
 }
 
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
-  if (request.page_size() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size: must be >= 0 (got ", request.page_size(), ")"));
-  }
-  const int page_size =
-      request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
+  auto page_size = PageSize(request.page_size());
+  if (!page_size.ok()) return page_size.status();
   // The token is the submission order of the last job returned, opaque to clients.
   int64_t before = INT64_MAX;
   if (!request.page_token().empty()) {
@@ -906,7 +910,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
     const v1::Job& job = jobs_.at(it->second).job;
     if (!states.empty() && states.count(job.state()) == 0) continue;
     const size_t job_bytes = job.ByteSizeLong();
-    if (response.jobs_size() == page_size ||
+    if (response.jobs_size() == *page_size ||
         (response.jobs_size() > 0 && page_bytes + job_bytes > kMaxPageBytes)) {
       // More remain: the next page starts after the last job returned.
       const int64_t last = jobs_.at(response.jobs(response.jobs_size() - 1).id()).order;
@@ -1096,6 +1100,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
       return absl::InvalidArgumentError(absl::StrCat("devices[", i, "].count: must be in [1, ",
                                                      kMaxRanks, "] (got ", device.count(), ")"));
     }
+    if (device.name().size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices[", i, "].name: must be at most ", kMaxNameBytes, " bytes"));
+    }
     if (device.memory_bytes() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("devices[", i, "].memory_bytes: must be >= 0"));
@@ -1236,7 +1244,8 @@ absl::StatusOr<std::shared_ptr<AssignmentQueue>> Coordinator::OpenAssignments(
   for (const std::string& id : placed_) {
     const JobEntry& entry = jobs_.at(id);
     for (const auto& placement : entry.job.placement()) {
-      if (placement.worker_id() != request.worker_id() || !Sendable(entry.job, placement.rank())) continue;
+      if (placement.worker_id() != request.worker_id() || !Sendable(entry.job, placement.rank()))
+        continue;
       v1::RunRank run = MakeRunRank(entry, placement);
       const bool running =
           std::any_of(worker.info.running().begin(), worker.info.running().end(),
@@ -1376,10 +1385,30 @@ void Coordinator::AppendLog(const std::string& job_id, int rank, const std::stri
   changed_.notify_all();
 }
 
-v1::ListWorkersResponse Coordinator::ListWorkers() {
+absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
+    const v1::ListWorkersRequest& request) {
+  auto page_size = PageSize(request.page_size());
+  if (!page_size.ok()) return page_size.status();
+  // The token is the id of the last worker returned, opaque to clients.
+  std::string after;
+  if (!request.page_token().empty() && !absl::WebSafeBase64Unescape(request.page_token(), &after)) {
+    return absl::InvalidArgumentError("page_token: not a token from ListWorkers");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListWorkersResponse response;
-  for (const auto& [id, worker] : workers_) *response.add_workers() = worker.info;
+  size_t page_bytes = 0;
+  for (auto it = after.empty() ? workers_.begin() : workers_.upper_bound(after);
+       it != workers_.end(); ++it) {
+    const size_t worker_bytes = it->second.info.ByteSizeLong();
+    if (response.workers_size() == *page_size ||
+        (response.workers_size() > 0 && page_bytes + worker_bytes > kMaxPageBytes)) {
+      const std::string& last = response.workers(response.workers_size() - 1).id();
+      response.set_next_page_token(absl::WebSafeBase64Escape(last));
+      break;
+    }
+    page_bytes += worker_bytes;
+    *response.add_workers() = it->second.info;
+  }
   return response;
 }
 

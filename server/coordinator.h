@@ -132,7 +132,7 @@ class Coordinator {
   absl::StatusOr<std::shared_ptr<AssignmentQueue>> OpenAssignments(
       const v1::StreamAssignmentsRequest& request);
   absl::Status ReportStatus(const v1::ReportStatusRequest& request);
-  v1::ListWorkersResponse ListWorkers();
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
 
   // Declares silent workers lost, restarts jobs whose backoff ended, expires metrics.
   void Tick();

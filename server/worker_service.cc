@@ -70,7 +70,9 @@ grpc::Status WorkerService::ListWorkers(grpc::ServerContext* context,
   if (auto admitted = Admit(*context, tokens_, rpc::Access::kRead, *request); !admitted.ok()) {
     return admitted;
   }
-  *response = coordinator_->ListWorkers();
+  auto listed = coordinator_->ListWorkers(*request);
+  if (!listed.ok()) return rpc::ToGrpc(listed.status());
+  *response = std::move(*listed);
   return grpc::Status::OK;
 }
 

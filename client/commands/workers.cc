@@ -10,13 +10,18 @@ namespace hyscale::cli {
 int Workers(const Context& context) {
   auto stub = WorkerStub(context);
   if (!stub.ok()) return Fail(context, "workers", stub.status());
-  v1::ListWorkersResponse response;
-  grpc::ClientContext call;
-  rpc::PrepareCall(&call, context.client);
-  if (auto status = (*stub)->ListWorkers(&call, v1::ListWorkersRequest(), &response);
-      !status.ok()) {
-    return Fail(context, "workers", status);
-  }
+  v1::ListWorkersRequest request;
+  v1::ListWorkersResponse response;  // every page
+  do {
+    v1::ListWorkersResponse page;
+    grpc::ClientContext call;
+    rpc::PrepareCall(&call, context.client);
+    if (auto status = (*stub)->ListWorkers(&call, request, &page); !status.ok()) {
+      return Fail(context, "workers", status);
+    }
+    for (auto& worker : *page.mutable_workers()) *response.add_workers() = std::move(worker);
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
   if (context.json()) {
     PrintJson(context, response);
     return kExitOk;

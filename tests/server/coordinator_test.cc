@@ -767,7 +767,7 @@ TEST_F(CoordinatorTest, WorkerNamesAreLeases) {
   EXPECT_TRUE(c_->RegisterWorker(first).ok());  // the holder reconnecting
   clock_.Advance(absl::Seconds(4));             // silent for 4 s > 3 s: lost
   c_->Tick();
-  ASSERT_EQ(c_->ListWorkers().workers(0).state(), v1::WORKER_STATE_LOST);
+  ASSERT_EQ(c_->ListWorkers({})->workers(0).state(), v1::WORKER_STATE_LOST);
   EXPECT_TRUE(c_->RegisterWorker(second).ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(c_->RegisterWorker(first).status()));
 }
@@ -790,7 +790,7 @@ TEST_F(CoordinatorTest, RankThatNeverStartsMovesAndExcludesItsWorker) {
   EXPECT_EQ(restarted->reason(),
             "rank 0 did not report its start on worker w1 within 1m (placed again; not counted "
             "against max_restarts)");
-  const auto workers = c_->ListWorkers();
+  const auto workers = *c_->ListWorkers({});
   ASSERT_EQ(workers.workers(0).id(), "w1");
   EXPECT_TRUE(workers.workers(0).has_unhealthy_until());
   EXPECT_EQ(workers.workers(0).state(), v1::WORKER_STATE_ONLINE);
@@ -806,7 +806,7 @@ TEST_F(CoordinatorTest, RankThatNeverStartsMovesAndExcludesItsWorker) {
   EXPECT_EQ(State(waiting.id()), v1::JOB_STATE_PENDING);
   Pass(absl::Minutes(1), {{"w1", {}}, {"w2", {Ref(job.id(), 0, 1)}}});
   EXPECT_EQ(State(waiting.id()), v1::JOB_STATE_SCHEDULED);
-  EXPECT_FALSE(c_->ListWorkers().workers(0).has_unhealthy_until());
+  EXPECT_FALSE(c_->ListWorkers({})->workers(0).has_unhealthy_until());
 }
 
 // A job its devices cannot hold is refused at submission (the planner says why); one that fits the
@@ -853,7 +853,7 @@ TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
   clock_.Advance(absl::Seconds(2));  // w1 silent for 4 s > 3 s
   Heartbeat("w2", {});
   c_->Tick();
-  EXPECT_EQ(c_->ListWorkers().workers(0).state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(c_->ListWorkers({})->workers(0).state(), v1::WORKER_STATE_LOST);
   auto restarting = c_->GetJob(job.id());
   EXPECT_EQ(restarting->state(), v1::JOB_STATE_RESTARTING);
   EXPECT_NE(restarting->reason().find("worker w1 lost"), std::string::npos);
@@ -987,7 +987,7 @@ TEST_F(CoordinatorTest, RegisterWorkerValidates) {
   request = WorkerRequest("w", 1);
   request.mutable_devices(0)->set_kind(v1::DEVICE_KIND_UNSPECIFIED);
   EXPECT_EQ(c_->RegisterWorker(request).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(c_->ListWorkers().workers().empty());
+  EXPECT_TRUE(c_->ListWorkers({})->workers().empty());
 }
 
 TEST_F(CoordinatorTest, HeartbeatStopsUnwantedRanks) {
@@ -1109,6 +1109,40 @@ TEST_F(CoordinatorTest, ListJobsPagesByBytes) {
   EXPECT_GT(page->jobs_size(), 0);
   EXPECT_LT(page->jobs_size(), 5);
   EXPECT_FALSE(page->next_page_token().empty());
+}
+
+// Workers come in pages by id, by count and by bytes.
+TEST_F(CoordinatorTest, ListWorkersPages) {
+  for (int i = 0; i < 5; ++i) {
+    auto request = WorkerRequest("w" + std::to_string(i), 1);
+    for (int slot = 0; slot < 2000; ++slot) {  // ~600 KB of running ranks a worker
+      auto* ref = request.add_running();
+      ref->set_job_id(std::string(256, 'j'));
+      ref->set_rank(slot);
+    }
+    ASSERT_TRUE(c_->RegisterWorker(request).ok());
+  }
+  v1::ListWorkersRequest request;
+  request.set_page_size(2);
+  std::vector<std::string> seen;
+  for (int page = 0; page < 10; ++page) {
+    auto response = c_->ListWorkers(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_LE(response->workers_size(), 2);
+    EXPECT_LT(response->ByteSizeLong(), size_t{2} << 20);
+    for (const auto& worker : response->workers()) seen.push_back(worker.id());
+    if (response->next_page_token().empty()) break;
+    request.set_page_token(response->next_page_token());
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"w0", "w1", "w2", "w3", "w4"}));
+  request.set_page_size(0);
+  request.clear_page_token();
+  auto by_bytes = c_->ListWorkers(request);
+  ASSERT_TRUE(by_bytes.ok());
+  EXPECT_LT(by_bytes->workers_size(), 5);  // 5 x ~600 KB passes 2 MiB
+  EXPECT_FALSE(by_bytes->next_page_token().empty());
+  request.set_page_size(-1);
+  EXPECT_TRUE(absl::IsInvalidArgument(c_->ListWorkers(request).status()));
 }
 
 TEST_F(CoordinatorTest, ListJobsPagesNewestFirst) {
