@@ -10,18 +10,15 @@ namespace hyscale::cli {
 int Workers(const Context& context) {
   auto stub = WorkerStub(context);
   if (!stub.ok()) return Fail(context, "workers", stub.status());
-  v1::ListWorkersRequest request;
-  v1::ListWorkersResponse response;  // every page
-  do {
-    v1::ListWorkersResponse page;
-    grpc::ClientContext call;
-    rpc::PrepareCall(&call, context.client);
-    if (auto status = (*stub)->ListWorkers(&call, request, &page); !status.ok()) {
-      return Fail(context, "workers", status);
-    }
-    for (auto& worker : *page.mutable_workers()) *response.add_workers() = std::move(worker);
-    request.set_page_token(page.next_page_token());
-  } while (!request.page_token().empty());
+  v1::ListWorkersResponse response;
+  if (auto status = ReadEveryPage<v1::ListWorkersRequest, v1::ListWorkersResponse>(
+          context, {}, &response,
+          [&](grpc::ClientContext* call, const auto& page_request, auto* page) {
+            return (*stub)->ListWorkers(call, page_request, page);
+          });
+      !status.ok()) {
+    return Fail(context, "workers", status);
+  }
   if (context.json()) {
     PrintJson(context, response);
     return kExitOk;
