@@ -7,6 +7,7 @@
 #include <google/protobuf/message.h>
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -42,6 +43,24 @@ void PrintJson(const Context& context, const google::protobuf::Message& message,
 
 absl::StatusOr<std::unique_ptr<v1::JobService::Stub>> JobStub(const Context& context);
 absl::StatusOr<std::unique_ptr<v1::WorkerService::Stub>> WorkerStub(const Context& context);
+
+// Every page of a list RPC (ListJobs, ListWorkers): `list` is called with `request` and each next
+// page token, and the pages' items are appended into `all`.
+template <typename Request, typename Response>
+grpc::Status ReadEveryPage(
+    const Context& context, Request request, Response* all,
+    const std::function<grpc::Status(grpc::ClientContext*, const Request&, Response*)>& list) {
+  do {
+    Response page;
+    grpc::ClientContext call;
+    rpc::PrepareCall(&call, context.client);
+    if (auto status = list(&call, request, &page); !status.ok()) return status;
+    request.set_page_token(page.next_page_token());
+    page.clear_next_page_token();
+    all->MergeFrom(page);
+  } while (!request.page_token().empty());
+  return grpc::Status::OK;
+}
 
 // Reads, then validates a job spec file (as it will run, with defaults), so a bad spec fails
 // here with the field named rather than after a round trip.

@@ -19,12 +19,34 @@ constexpr char kPhaseSymbols[] = "#=+-:*~o%@";
 
 }  // namespace
 
+std::string Printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    // C1 controls (U+0080..U+009F, e.g. CSI) are 0xC2 0x80..0x9F in UTF-8.
+    const bool c1 = byte == 0xC2 && i + 1 < text.size() &&
+                    static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(text[i + 1]) <= 0x9F;
+    if (byte < 0x20 || byte == 0x7F) {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    } else if (c1) {
+      absl::StrAppend(&out, "\\xc2\\x",
+                      absl::Hex(static_cast<unsigned char>(text[++i]), absl::kZeroPad2));
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
 Table::Table(std::vector<std::string> headers) {
   rows_.push_back(std::move(headers));
 }
 
 void Table::AddRow(std::vector<std::string> cells) {
   cells.resize(rows_.front().size());
+  for (auto& cell : cells) cell = Printable(cell);
   rows_.push_back(std::move(cells));
 }
 
@@ -201,7 +223,7 @@ std::string DescribeEvent(const v1::JobEvent& event) {
                                                    " -> ", StateName(change.to()))
                                     : absl::StrCat(when, " state ", StateName(change.to()));
       if (change.restarts() > 0) absl::StrAppend(&line, " (restart ", change.restarts(), ")");
-      if (!change.reason().empty()) absl::StrAppend(&line, ": ", change.reason());
+      if (!change.reason().empty()) absl::StrAppend(&line, ": ", Printable(change.reason()));
       return line;
     }
     case v1::JobEvent::kStep: {
@@ -245,7 +267,8 @@ std::string DescribeEvent(const v1::JobEvent& event) {
                                 json.value("trains", ""));
         }
       }
-      return absl::StrCat(when, " rank ", trainer.rank(), " ", trainer.event(), ": ", detail);
+      return Printable(
+          absl::StrCat(when, " rank ", trainer.rank(), " ", trainer.event(), ": ", detail));
     }
     default:
       return absl::StrCat(when, " event ", event.sequence());

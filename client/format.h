@@ -26,6 +26,10 @@ class Table {
   std::vector<std::vector<std::string>> rows_;  // headers first
 };
 
+// `text` safe for a terminal: control characters (C0, DEL, C1) as \xNN, so a job name or reason
+// cannot move the cursor, recolour or retitle the user's terminal. Other UTF-8 passes as is.
+std::string Printable(std::string_view text);
+
 std::string StateName(v1::JobState state);  // "RUNNING"
 // Accepts "running", "RUNNING" or "JOB_STATE_RUNNING"; errors name the flag.
 absl::StatusOr<v1::JobState> ParseState(const std::string& text);

@@ -40,8 +40,18 @@ nlohmann::json plain_scalar(const std::string& text) {
   return text;
 }
 
+// Nodes a spec may expand to. Aliases share nodes in yaml-cpp's tree but are copied into the
+// JSON, so a few lines of nested aliases ("billion laughs") would expand to gigabytes; a real spec
+// has a few hundred nodes.
+constexpr int64_t kMaxYamlNodes = 100'000;
+
 // Throws YAML::ParserException (like yaml-cpp itself) so every YAML error carries a position.
-nlohmann::json yaml_to_json(const YAML::Node& node) {
+// `nodes_left`: the expansion budget, shared by the whole document.
+nlohmann::json yaml_to_json(const YAML::Node& node, int64_t& nodes_left) {
+  if (--nodes_left < 0) {
+    throw YAML::ParserException(
+        node.Mark(), absl::StrCat("more than ", kMaxYamlNodes, " nodes once aliases are expanded"));
+  }
   switch (node.Type()) {
     case YAML::NodeType::Map: {
       auto out = nlohmann::json::object();
@@ -53,13 +63,13 @@ nlohmann::json yaml_to_json(const YAML::Node& node) {
         if (out.contains(key)) {
           throw YAML::ParserException(entry.first.Mark(), "duplicate key '" + key + "'");
         }
-        out[key] = yaml_to_json(entry.second);
+        out[key] = yaml_to_json(entry.second, nodes_left);
       }
       return out;
     }
     case YAML::NodeType::Sequence: {
       auto out = nlohmann::json::array();
-      for (const auto& item : node) out.push_back(yaml_to_json(item));
+      for (const auto& item : node) out.push_back(yaml_to_json(item, nodes_left));
       return out;
     }
     case YAML::NodeType::Scalar:
@@ -76,7 +86,8 @@ absl::StatusOr<std::string> yaml_to_json_text(std::string_view text) {
   try {
     const YAML::Node root = YAML::Load(std::string(text));
     if (root.IsNull()) return absl::InvalidArgumentError("job spec is empty");
-    return yaml_to_json(root).dump();
+    int64_t nodes_left = kMaxYamlNodes;
+    return yaml_to_json(root, nodes_left).dump();
   } catch (const YAML::Exception& e) {
     if (e.mark.is_null()) return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.msg));
     return absl::InvalidArgumentError(

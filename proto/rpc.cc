@@ -91,18 +91,29 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
-grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& expected) {
-  if (expected.empty()) return grpc::Status::OK;
+bool Authorized(const std::string& authorization, const ServerTokens& tokens, Access access) {
+  if (tokens.full.empty()) return true;
+  constexpr std::string_view kPrefix = "Bearer ";
+  if (authorization.compare(0, kPrefix.size(), kPrefix) != 0) return false;
+  const std::string given = authorization.substr(kPrefix.size());
+  // Both comparisons always run, so timing does not tell which token was close.
+  const bool full = SameSecret(given, tokens.full);
+  const bool read = !tokens.read.empty() && SameSecret(given, tokens.read);
+  return full || (access == Access::kRead && read);
+}
+
+grpc::Status CheckToken(const grpc::ServerContext& context, const ServerTokens& tokens,
+                        Access access) {
+  if (tokens.full.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
   const auto found = metadata.find(kAuthorizationHeader);
   if (found == metadata.end()) {
     return {grpc::StatusCode::UNAUTHENTICATED, "authorization: bearer token required"};
   }
-  const std::string value(found->second.data(), found->second.size());
-  constexpr std::string_view kPrefix = "Bearer ";
-  if (value.compare(0, kPrefix.size(), kPrefix) != 0 ||
-      !SameSecret(value.substr(kPrefix.size()), expected)) {
-    return {grpc::StatusCode::UNAUTHENTICATED, "authorization: wrong bearer token"};
+  if (!Authorized(std::string(found->second.data(), found->second.size()), tokens, access)) {
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            access == Access::kRead ? "authorization: wrong bearer token"
+                                    : "authorization: wrong bearer token (or a read-only one)"};
   }
   return grpc::Status::OK;
 }

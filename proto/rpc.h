@@ -50,9 +50,21 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
 // hyscaled's web view, server/web_ui.h).
 bool SameSecret(const std::string& a, const std::string& b);
 
-// Checks "authorization: Bearer <expected>" on a server call. OK when `expected` is empty (auth
-// off).
-grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& expected);
+// The bearer tokens a server accepts: `full` on every call, `read` (when set) on reads only.
+// Without a `full` token auth is off.
+struct ServerTokens {
+  std::string full;
+  std::string read;
+};
+enum class Access { kRead, kWrite };
+
+// Whether an Authorization header value ("Bearer <token>") grants `access`.
+bool Authorized(const std::string& authorization, const ServerTokens& tokens, Access access);
+
+// Checks the "authorization" metadata of a server call: UNAUTHENTICATED when it does not grant
+// `access`.
+grpc::Status CheckToken(const grpc::ServerContext& context, const ServerTokens& tokens,
+                        Access access);
 
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status);

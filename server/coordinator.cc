@@ -23,6 +23,17 @@ namespace {
 
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
+// A list RPC's page size: 0 means the default, more than the maximum means the maximum.
+absl::StatusOr<int> PageSize(int requested) {
+  if (requested < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be >= 0 (got ", requested, ")"));
+  }
+  return requested == 0 ? kDefaultPageSize : std::min(requested, kMaxPageSize);
+}
+// A page also ends before it passes this many bytes (a job is at most ~1 MiB: SubmitJob's cap), so
+// it stays well inside a client's default 4 MiB message limit.
+constexpr size_t kMaxPageBytes = 2 << 20;
 constexpr int kEventBatch = 256;
 constexpr size_t kLogChunkBytes = 64 * 1024;
 // How often a waiting stream re-checks for a departed client.
@@ -34,6 +45,10 @@ void SetTime(google::protobuf::Timestamp* stamp, absl::Time time) {
   const int64_t nanos = absl::ToUnixNanos(time);
   stamp->set_seconds(nanos / 1'000'000'000);
   stamp->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
+}
+
+absl::Time FromTimestamp(const google::protobuf::Timestamp& stamp) {
+  return absl::FromUnixSeconds(stamp.seconds()) + absl::Nanoseconds(stamp.nanos());
 }
 
 std::string StateName(v1::JobState state) {
@@ -66,6 +81,22 @@ planner::PlanOptions PlannerOptions(const v1::Resources& resources,
   options.gpus = RanksOf(resources);
   options.profile = profile;  // every indexer group: hyscale-train runs both
   return options;
+}
+
+// The planner's peak memory of one rank for the job's own settings. INVALID_ARGUMENT, with the
+// planner's reason, when they cannot run on the profile's devices at all: such a job would only
+// crash-loop through its restarts.
+absl::StatusOr<int64_t> MemoryPerRank(const v1::JobSpec& spec, const v1::Resources& resources,
+                                      const planner::DeviceProfile& profile) {
+  const planner::PlanOptions options = PlannerOptions(resources, profile);
+  const planner::Prediction own = planner::Predict(
+      planner::Workload::Of(spec), planner::CandidateOf(spec), options.profile, options.gpus);
+  if (!own.rejected.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: does not fit ", options.gpus, " ",
+                                                   options.profile.name,
+                                                   " device(s): ", own.rejected));
+  }
+  return static_cast<int64_t>(own.memory.total);
 }
 
 // `parallelism: {mode: AUTO}`: the fastest plan that fits, written into the spec the trainer
@@ -170,8 +201,15 @@ absl::Status Coordinator::Load() {
     worker.info = std::move(info);
     worker.last_seen = now + options_.recovery_grace;  // time to come back after our restart
   }
-  auto jobs = store_->LoadJobs();
+  std::vector<std::string> set_aside;
+  auto jobs = store_->LoadJobs(&set_aside);
   if (!jobs.ok()) return jobs.status();
+  for (const std::string& id : set_aside) {
+    std::fprintf(stderr,
+                 "hyscaled: job %s: its stored record cannot be read; set aside in table "
+                 "jobs_set_aside of hyscale.db (every other job is served)\n",
+                 absl::CHexEscape(id).c_str());
+  }
   for (auto& job : *jobs) {
     auto last = store_->LastSequence(job.id());
     if (!last.ok()) return last.status();
@@ -193,10 +231,17 @@ absl::Status Coordinator::Load() {
         entry.rendezvous_deadline = now + options_.recovery_grace + options_.rendezvous_timeout;
       }
     }
+    // Ranks sent but not started get their start timeout afresh, plus the recovery grace.
+    for (int rank = 0; rank < job.placement_size(); ++rank) {
+      if (job.state() == v1::JOB_STATE_SCHEDULED && !entry.ranks[rank].started &&
+          Sendable(job, rank)) {
+        entry.ranks[rank].start_by = now + options_.recovery_grace + options_.start_timeout;
+      }
+    }
     by_order_[entry.order] = job.id();
     if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
     Track(job.id(), job.state(), +1);
-    if (!IsTerminal(job.state())) ExportPlan(job);
+    if (!IsTerminal(job.state()) && job.state() != v1::JOB_STATE_PENDING) ExportPlan(job);
     entry.job = std::move(job);
   }
   RestartJobsOnLostWorkers();
@@ -291,6 +336,16 @@ void Coordinator::UpdateGauges() {
   metrics_->SetWorkerCounts(workers);
 }
 
+Coordinator::WorkerEntry* Coordinator::Holder(const std::string& worker_id,
+                                              const std::string& instance) {
+  const auto found = workers_.find(worker_id);
+  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+    return nullptr;
+  }
+  WorkerEntry& worker = found->second;
+  return worker.instance.empty() || worker.instance == instance ? &worker : nullptr;
+}
+
 absl::Status Coordinator::PersistWorker(const WorkerEntry& worker) {
   auto status = store_->PutWorker(worker.info);
   if (!status.ok()) {
@@ -320,7 +375,10 @@ std::vector<WorkerView> Coordinator::WorkerViews() const {
   std::vector<WorkerView> views;
   std::map<std::string, size_t> index;
   for (const auto& [id, worker] : workers_) {
-    if (worker.info.state() != v1::WORKER_STATE_ONLINE) continue;
+    // Excluded workers are left out as if offline.
+    if (worker.info.state() != v1::WORKER_STATE_ONLINE || worker.info.has_unhealthy_until()) {
+      continue;
+    }
     WorkerView view;
     view.id = id;
     view.slots = worker.slots;
@@ -406,6 +464,7 @@ bool Coordinator::Start(JobEntry& entry, std::vector<v1::RankPlacement> placemen
     return false;
   }
   entry.ranks.assign(entry.job.placement_size(), RankState{});
+  if (first_placement) ExportPlan(entry.job);  // per-job series start once a job is placed
   if (metrics_ != nullptr && first_placement) {
     metrics_->JobScheduled(absl::ToDoubleSeconds(clock_->Now() - entry.queued_at));
   }
@@ -439,8 +498,10 @@ v1::RunRank Coordinator::MakeRunRank(const JobEntry& entry,
 }
 
 void Coordinator::StartRanks(JobEntry& entry, int first, int last) {
+  const absl::Time start_by = clock_->Now() + options_.start_timeout;
   for (int rank = first; rank < last; ++rank) {
     const v1::RankPlacement& placement = entry.job.placement(rank);
+    entry.ranks[rank].start_by = start_by;
     v1::Assignment assignment;
     *assignment.mutable_run() = MakeRunRank(entry, placement);
     Send(placement.worker_id(), std::move(assignment));
@@ -507,6 +568,41 @@ void Coordinator::ExpireRendezvous() {
   }
 }
 
+void Coordinator::ExpireStarts() {
+  const absl::Time now = clock_->Now();
+  for (auto& [id, worker] : workers_) {
+    if (worker.info.has_unhealthy_until() && FromTimestamp(worker.info.unhealthy_until()) <= now) {
+      worker.info.clear_unhealthy_until();
+      worker.info.clear_unhealthy_reason();
+      pass_needed_ = true;  // its devices are capacity again
+      (void)PersistWorker(worker);
+    }
+  }
+  // A copy: FailAttempt takes jobs out of placed_.
+  for (const std::string& id : std::vector<std::string>(placed_.begin(), placed_.end())) {
+    JobEntry& entry = jobs_.at(id);
+    if (entry.job.state() != v1::JOB_STATE_SCHEDULED) continue;
+    for (int rank = 0; rank < static_cast<int>(entry.ranks.size()); ++rank) {
+      if (entry.ranks[rank].started || now < entry.ranks[rank].start_by) continue;
+      const std::string worker_id = entry.job.placement(rank).worker_id();
+      const std::string why =
+          absl::StrCat("rank ", rank, " did not report its start on worker ", worker_id, " within ",
+                       absl::FormatDuration(options_.start_timeout));
+      if (const auto worker = workers_.find(worker_id); worker != workers_.end()) {
+        SetTime(worker->second.info.mutable_unhealthy_until(), now + options_.unhealthy_exclusion);
+        worker->second.info.set_unhealthy_reason(why);
+        (void)PersistWorker(worker->second);
+        std::fprintf(stderr, "hyscaled: worker %s excluded from placement for %s: %s\n",
+                     worker_id.c_str(), absl::FormatDuration(options_.unhealthy_exclusion).c_str(),
+                     why.c_str());
+      }
+      // A failed write leaves the job as it was; the next Tick tries again.
+      (void)FailAttempt(entry, why, AttemptEnd::kNotStarted);
+      break;
+    }
+  }
+}
+
 void Coordinator::StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,
                             const std::string& reason) {
   for (const auto& placement : job.placement()) {
@@ -548,10 +644,11 @@ bool Coordinator::Wanted(const v1::RankRef& ref, const std::string& worker_id) c
   return job.placement(ref.rank()).worker_id() == worker_id;
 }
 
-absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
+absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why, AttemptEnd end) {
   const v1::Job before = entry.job;
   const std::vector<RankState> ranks = entry.ranks;
-  if (before.restarts() >= before.max_restarts()) {
+  const int used = before.restarts() - before.start_timeouts();
+  if (end == AttemptEnd::kFailed && used >= before.max_restarts()) {
     const std::string reason =
         before.max_restarts() == 0
             ? absl::StrCat(why, " (max_restarts is 0)")
@@ -564,8 +661,13 @@ absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why) {
     updated.set_restarts(before.restarts() + 1);
     updated.clear_placement();
     updated.clear_rendezvous();  // the next attempt's rank 0 publishes its own
-    const std::string reason =
-        absl::StrCat(why, " (restart ", updated.restarts(), " of ", before.max_restarts(), ")");
+    std::string reason;
+    if (end == AttemptEnd::kNotStarted) {
+      updated.set_start_timeouts(before.start_timeouts() + 1);
+      reason = absl::StrCat(why, " (placed again; not counted against max_restarts)");
+    } else {
+      reason = absl::StrCat(why, " (restart ", used + 1, " of ", before.max_restarts(), ")");
+    }
     if (auto status = TransitionWith(entry, std::move(updated), v1::JOB_STATE_RESTARTING, reason);
         !status.ok()) {
       return status;
@@ -603,6 +705,21 @@ absl::Status Coordinator::ValidateSubmit(const v1::SubmitJobRequest& request) co
   } else if (auto status = ValidateJobSpec(request.spec()); !status.ok()) {
     for (absl::string_view problem : absl::StrSplit(status.message(), "; ")) {
       problems.push_back(absl::StrCat("spec.", problem));
+    }
+  }
+  // Workers resolve and confine these paths; what can be told without their file system is told
+  // here, at once.
+  const v1::JobSpec& spec = request.spec();
+  for (const auto& [field, path] :
+       {std::pair{"spec.data.token_file.path", spec.data().token_file().path()},
+        std::pair{"spec.data.text_file.path", spec.data().text_file().path()},
+        std::pair{"spec.checkpoint.dir", spec.checkpoint().dir()}}) {
+    if (path.empty()) continue;
+    const std::filesystem::path parts(path);
+    if (!parts.is_absolute() ||
+        std::find(parts.begin(), parts.end(), std::filesystem::path("..")) != parts.end()) {
+      problems.push_back(absl::StrCat(field, ": must be an absolute path without '..' (got '",
+                                      absl::CHexEscape(path), "')"));
     }
   }
   const auto& resources = request.resources();
@@ -673,6 +790,13 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     // The plan may use fewer of the offered devices than asked for; the job holds what it uses.
     job.mutable_resources()->set_ranks(job.spec().parallelism().context_parallel());
   }
+  auto memory = MemoryPerRank(job.spec(), job.resources(), ProfileFor(job.resources()));
+  if (!memory.ok()) return memory.status();
+  // Placed only on devices the estimate fits, as PlanJob places it; where none does, the job
+  // waits and its reason says so.
+  if (job.resources().memory_bytes_per_rank() == 0) {
+    job.mutable_resources()->set_memory_bytes_per_rank(*memory);
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
   if (!request.request_id().empty()) {
@@ -736,7 +860,6 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   by_order_[entry.order] = job.id();
   if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
   Track(job.id(), job.state(), +1);
-  ExportPlan(job);
   if (metrics_ != nullptr) metrics_->JobSubmitted();
   changed_.notify_all();
   UpdateGauges();
@@ -765,12 +888,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::JobEvents(const std::stri
 }
 
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
-  if (request.page_size() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size: must be >= 0 (got ", request.page_size(), ")"));
-  }
-  const int page_size =
-      request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
+  auto page_size = PageSize(request.page_size());
+  if (!page_size.ok()) return page_size.status();
   // The token is the submission order of the last job returned, opaque to clients.
   int64_t before = INT64_MAX;
   if (!request.page_token().empty()) {
@@ -785,16 +904,20 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
 
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListJobsResponse response;
+  size_t page_bytes = 0;
   for (auto it = std::make_reverse_iterator(by_order_.lower_bound(before)); it != by_order_.rend();
        ++it) {
     const v1::Job& job = jobs_.at(it->second).job;
     if (!states.empty() && states.count(job.state()) == 0) continue;
-    if (response.jobs_size() == page_size) {
+    const size_t job_bytes = job.ByteSizeLong();
+    if (response.jobs_size() == *page_size ||
+        (response.jobs_size() > 0 && page_bytes + job_bytes > kMaxPageBytes)) {
       // More remain: the next page starts after the last job returned.
-      const int64_t last = jobs_.at(response.jobs(page_size - 1).id()).order;
+      const int64_t last = jobs_.at(response.jobs(response.jobs_size() - 1).id()).order;
       response.set_next_page_token(absl::WebSafeBase64Escape(absl::StrCat(last)));
       break;
     }
+    page_bytes += job_bytes;
     *response.add_jobs() = job;
   }
   return response;
@@ -977,6 +1100,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
       return absl::InvalidArgumentError(absl::StrCat("devices[", i, "].count: must be in [1, ",
                                                      kMaxRanks, "] (got ", device.count(), ")"));
     }
+    if (device.name().size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices[", i, "].name: must be at most ", kMaxNameBytes, " bytes"));
+    }
     if (device.memory_bytes() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("devices[", i, "].memory_bytes: must be >= 0"));
@@ -985,9 +1112,22 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
       return absl::InvalidArgumentError(absl::StrCat("devices[", i, "].kind: must be CPU or GPU"));
     }
   }
+  if (request.instance().size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("instance: must be at most ", kMaxNameBytes, " bytes"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = clock_->Now();
+  if (const auto held = workers_.find(request.name());
+      held != workers_.end() && held->second.info.state() == v1::WORKER_STATE_ONLINE &&
+      !held->second.instance.empty() && held->second.instance != request.instance()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "name: worker '", absl::CHexEscape(request.name()),
+        "' is held by another live agent; it is free once that one is lost (no heartbeat for ",
+        absl::FormatDuration(options_.heartbeat_timeout), ")"));
+  }
   WorkerEntry& worker = workers_[request.name()];
+  worker.instance = request.instance();
   worker.info.set_id(request.name());
   worker.info.set_address(request.address());
   worker.info.set_state(v1::WORKER_STATE_ONLINE);
@@ -1048,12 +1188,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::HeartbeatResponse response;
-  const auto found = workers_.find(request.worker_id());
-  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+  WorkerEntry* const holder = Holder(request.worker_id(), request.instance());
+  if (holder == nullptr) {
     response.set_registered(false);
     return response;
   }
-  WorkerEntry& worker = found->second;
+  WorkerEntry& worker = *holder;
   response.set_registered(true);
   const absl::Time now = clock_->Now();
   worker.last_seen = now;
@@ -1090,21 +1230,22 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 }
 
 absl::StatusOr<std::shared_ptr<AssignmentQueue>> Coordinator::OpenAssignments(
-    const std::string& worker_id) {
+    const v1::StreamAssignmentsRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto found = workers_.find(worker_id);
-  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker_id: ", worker_id, " is not registered; call RegisterWorker first"));
+  WorkerEntry* const holder = Holder(request.worker_id(), request.instance());
+  if (holder == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker_id: ", request.worker_id(), " is not registered; call RegisterWorker first"));
   }
-  WorkerEntry& worker = found->second;
+  WorkerEntry& worker = *holder;
   if (worker.queue) worker.queue->Close();
   worker.queue = std::make_shared<AssignmentQueue>();
   if (shutdown_) worker.queue->Close();
   for (const std::string& id : placed_) {
     const JobEntry& entry = jobs_.at(id);
     for (const auto& placement : entry.job.placement()) {
-      if (placement.worker_id() != worker_id || !Sendable(entry.job, placement.rank())) continue;
+      if (placement.worker_id() != request.worker_id() || !Sendable(entry.job, placement.rank()))
+        continue;
       v1::RunRank run = MakeRunRank(entry, placement);
       const bool running =
           std::any_of(worker.info.running().begin(), worker.info.running().end(),
@@ -1120,15 +1261,15 @@ absl::StatusOr<std::shared_ptr<AssignmentQueue>> Coordinator::OpenAssignments(
 
 absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto found = workers_.find(request.worker_id());
-  if (found == workers_.end() || found->second.info.state() != v1::WORKER_STATE_ONLINE) {
+  WorkerEntry* const holder = Holder(request.worker_id(), request.instance());
+  if (holder == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker_id: ", request.worker_id(), " is not registered; call RegisterWorker first"));
   }
-  found->second.last_seen = clock_->Now();
+  holder->last_seen = clock_->Now();
   Store::Batch batch(*store_);
   for (const auto& report : request.reports()) {
-    if (auto status = HandleReport(found->second, report); !status.ok()) {
+    if (auto status = HandleReport(*holder, report); !status.ok()) {
       // Not stored, so not applied: the agent keeps the batch and sends it again.
       FinishPublished(false);
       Schedule();
@@ -1213,11 +1354,18 @@ absl::Status Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankEx
                       absl::StrCat("all ", entry.ranks.size(), " rank(s) finished"));
   }
   const std::string why = DescribeExit(rank, exit);
-  if (exit.exit_code() == 2) {
-    // Bad input fails the same way on every attempt: no restart.
+  if (exit.exit_code() == v1::TRAINER_EXIT_BAD_INPUT ||
+      exit.exit_code() == v1::TRAINER_EXIT_OUT_OF_MEMORY) {
+    // Bad input, or a job too big for its devices, fails the same way on every attempt: no
+    // restart.
     const v1::Job before = entry.job;
     const std::vector<RankState> ranks = entry.ranks;
-    auto status = Transition(entry, v1::JOB_STATE_FAILED, absl::StrCat(why, " (bad input)"));
+    auto status = Transition(
+        entry, v1::JOB_STATE_FAILED,
+        absl::StrCat(why, exit.exit_code() == v1::TRAINER_EXIT_BAD_INPUT
+                              ? " (bad input)"
+                              : " (out of memory: not restarted; give each rank more memory or "
+                                "the job more ranks)"));
     if (status.ok()) StopRanks(before, ranks, why);
     return status;
   }
@@ -1237,10 +1385,30 @@ void Coordinator::AppendLog(const std::string& job_id, int rank, const std::stri
   changed_.notify_all();
 }
 
-v1::ListWorkersResponse Coordinator::ListWorkers() {
+absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
+    const v1::ListWorkersRequest& request) {
+  auto page_size = PageSize(request.page_size());
+  if (!page_size.ok()) return page_size.status();
+  // The token is the id of the last worker returned, opaque to clients.
+  std::string after;
+  if (!request.page_token().empty() && !absl::WebSafeBase64Unescape(request.page_token(), &after)) {
+    return absl::InvalidArgumentError("page_token: not a token from ListWorkers");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListWorkersResponse response;
-  for (const auto& [id, worker] : workers_) *response.add_workers() = worker.info;
+  size_t page_bytes = 0;
+  for (auto it = after.empty() ? workers_.begin() : workers_.upper_bound(after);
+       it != workers_.end(); ++it) {
+    const size_t worker_bytes = it->second.info.ByteSizeLong();
+    if (response.workers_size() == *page_size ||
+        (response.workers_size() > 0 && page_bytes + worker_bytes > kMaxPageBytes)) {
+      const std::string& last = response.workers(response.workers_size() - 1).id();
+      response.set_next_page_token(absl::WebSafeBase64Escape(last));
+      break;
+    }
+    page_bytes += worker_bytes;
+    *response.add_workers() = it->second.info;
+  }
   return response;
 }
 
@@ -1291,6 +1459,7 @@ void Coordinator::Tick() {
   }
   RestartJobsOnLostWorkers();
   ExpireRendezvous();
+  ExpireStarts();
   if (PassNeeded() || reasons_stale_) SchedulePass();
   if (metrics_ != nullptr) metrics_->Expire(now);
 }

@@ -68,6 +68,12 @@ struct CoordinatorOptions {
   // How long rank 0 of a context-parallel job gets, once placed, to publish its rendezvous
   // address before the attempt fails.
   absl::Duration rendezvous_timeout = absl::Seconds(120);
+  // How long a placed rank gets to report that its trainer started. Past it the attempt fails
+  // (restart elsewhere, as for a lost worker) and the worker is excluded from placement for
+  // `unhealthy_exclusion`: a worker that registers and heartbeats but starts nothing would
+  // otherwise hold every job placed on it, and attract more (it looks the most free).
+  absl::Duration start_timeout = absl::Seconds(60);
+  absl::Duration unhealthy_exclusion = absl::Minutes(10);
 };
 
 // Limits of SubmitJob's validation.
@@ -123,9 +129,10 @@ class Coordinator {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   // A new assignment queue for the worker (closing its previous one), holding a RunRank for each
   // rank the coordinator wants there that the worker does not report running.
-  absl::StatusOr<std::shared_ptr<AssignmentQueue>> OpenAssignments(const std::string& worker_id);
+  absl::StatusOr<std::shared_ptr<AssignmentQueue>> OpenAssignments(
+      const v1::StreamAssignmentsRequest& request);
   absl::Status ReportStatus(const v1::ReportStatusRequest& request);
-  v1::ListWorkersResponse ListWorkers();
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
 
   // Declares silent workers lost, restarts jobs whose backoff ended, expires metrics.
   void Tick();
@@ -141,7 +148,8 @@ class Coordinator {
   struct RankState {
     bool started = false;
     bool exited = false;
-    bool succeeded = false;  // exited 0
+    bool succeeded = false;                        // exited 0
+    absl::Time start_by = absl::InfiniteFuture();  // sent: must report started by then
   };
   struct JobEntry {
     v1::Job job;
@@ -162,6 +170,9 @@ class Coordinator {
 
   struct WorkerEntry {
     v1::WorkerInfo info;
+    // The registered agent's RegisterWorkerRequest.instance; empty after a coordinator restart
+    // until an agent registers (not stored: the first agent back takes the name).
+    std::string instance;
     absl::Time last_seen;
     std::vector<Slot> slots;
     std::map<RankKey, int> stopping;  // told to stop, slot (flat index) busy until gone
@@ -205,12 +216,19 @@ class Coordinator {
   void FinishPublished(bool committed);
   // Fails the attempts of context-parallel jobs whose rank 0 did not publish in time.
   void ExpireRendezvous();
+  // Fails the attempts of jobs with a rank that was sent but did not start in time, excluding
+  // its worker from placement for a while; ends exclusions that are over.
+  void ExpireStarts();
   // Sends StopRank to every placed rank of `job` (as it was before a transition) that has not
   // exited; their slots stay busy until their worker stops reporting them.
   void StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,
                  const std::string& reason);
-  // A rank failed or was lost: restart the job if restarts remain, else fail it.
-  absl::Status FailAttempt(JobEntry& entry, const std::string& why);
+  // Why an attempt ended: the job (a rank failed or was lost), or a worker that did not start
+  // it, which is not counted against max_restarts.
+  enum class AttemptEnd { kFailed, kNotStarted };
+  // Restarts the job if restarts remain (always for kNotStarted), else fails it.
+  absl::Status FailAttempt(JobEntry& entry, const std::string& why,
+                           AttemptEnd end = AttemptEnd::kFailed);
   absl::Status MarkStarted(JobEntry& entry, int rank);
   // Errors are the store's: the report was not applied and should be sent again.
   absl::Status HandleReport(WorkerEntry& worker, const v1::RankReport& report);
@@ -221,6 +239,10 @@ class Coordinator {
   // Restarts (or fails) every SCHEDULED/RUNNING job with a rank on a worker that is not online.
   void RestartJobsOnLostWorkers();
   absl::Status PersistWorker(const WorkerEntry& worker);
+  // The ONLINE worker `worker_id` when `instance` holds its name (or no agent has registered
+  // since this coordinator started), else null: a caller with the token but not the lease gets
+  // nothing of a live worker.
+  WorkerEntry* Holder(const std::string& worker_id, const std::string& instance);
   void Send(const std::string& worker_id, v1::Assignment assignment);
   bool Wanted(const v1::RankRef& ref, const std::string& worker_id) const;
   std::vector<WorkerView> WorkerViews() const;

@@ -14,10 +14,10 @@ constexpr int kMaxMessageBytes = 4 << 20;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
-    Coordinator* coordinator, const std::string& token,
+    Coordinator* coordinator, const rpc::ServerTokens& tokens,
     std::shared_ptr<grpc::ServerCredentials> credentials, const std::string& listen,
-    ServerMetrics* metrics) {
-  std::unique_ptr<GrpcServer> server(new GrpcServer(coordinator, token));
+    ServerMetrics* metrics, int streams_per_host) {
+  std::unique_ptr<GrpcServer> server(new GrpcServer(coordinator, tokens, streams_per_host));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -25,12 +25,16 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.RegisterService(&server->jobs_);
   builder.RegisterService(&server->workers_);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // gRPC sets SO_REUSEPORT by default: a second coordinator on this port would then start too,
+  // and clients would alternate between the two.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (metrics != nullptr) {
     builder.experimental().SetInterceptorCreators(RpcMetricsInterceptors(metrics));
   }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", listen));
+    return absl::UnavailableError(
+        absl::StrCat("listen: cannot serve on ", listen, " (is the port in use?)"));
   }
   return server;
 }

@@ -18,20 +18,22 @@ namespace hyscale::server {
 
 class GrpcServer {
  public:
-  // Serves on `listen` (HOST:PORT, port 0: any free port). `token` empty: auth off. `metrics`
+  // Serves on `listen` (HOST:PORT, port 0: any free port). No full token: auth off. `metrics`
   // may be null.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
-      Coordinator* coordinator, const std::string& token,
+      Coordinator* coordinator, const rpc::ServerTokens& tokens,
       std::shared_ptr<grpc::ServerCredentials> credentials, const std::string& listen,
-      ServerMetrics* metrics);
+      ServerMetrics* metrics, int streams_per_host = kDefaultStreamsPerHost);
 
   int port() const { return port_; }
   // Ends the coordinator's streams, then gives in-flight calls until `deadline`.
   void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
-  GrpcServer(Coordinator* coordinator, const std::string& token)
-      : coordinator_(coordinator), jobs_(coordinator, token), workers_(coordinator, token) {}
+  GrpcServer(Coordinator* coordinator, const rpc::ServerTokens& tokens, int streams_per_host)
+      : coordinator_(coordinator),
+        jobs_(coordinator, tokens, streams_per_host),
+        workers_(coordinator, tokens) {}
 
   Coordinator* const coordinator_;
   JobService jobs_;

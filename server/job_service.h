@@ -1,19 +1,22 @@
 // JobService over the Coordinator: the gRPC boundary (auth, status mapping, streaming).
-// Submit and Cancel need the bearer token; reads are open.
+// Submit and Cancel need the full bearer token; reads (Get, List, Watch, StreamLogs, Plan) the
+// full or the read-only one. Every request passes the field size caps (request_limits.h).
 #pragma once
 
 #include <string>
 
 #include "hyscale/v1/service.grpc.pb.h"
+#include "proto/rpc.h"
 #include "server/coordinator.h"
+#include "server/stream_limiter.h"
 
 namespace hyscale::server {
 
 class JobService final : public v1::JobService::Service {
  public:
-  // `token`: the expected bearer token; empty turns auth off.
-  JobService(Coordinator* coordinator, std::string token)
-      : coordinator_(coordinator), token_(std::move(token)) {}
+  // No full token turns auth off. A host may hold `streams_per_host` watch and log streams.
+  JobService(Coordinator* coordinator, rpc::ServerTokens tokens, int streams_per_host)
+      : coordinator_(coordinator), tokens_(std::move(tokens)), streams_(streams_per_host) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -32,7 +35,8 @@ class JobService final : public v1::JobService::Service {
 
  private:
   Coordinator* const coordinator_;
-  const std::string token_;
+  const rpc::ServerTokens tokens_;
+  StreamLimiter streams_;
 };
 
 }  // namespace hyscale::server

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "server/metrics_http.h"
 #include "planner/profile.h"
 #include "server/server_metrics.h"
+#include "server/store.h"
 #include "server/web_ui.h"
 
 namespace hyscale::server {
@@ -37,12 +39,16 @@ struct Flags {
   std::string data_dir;
   std::string metrics_listen = "127.0.0.1:9464";
   std::string token_file;
+  std::string read_token_file;
   std::string tls_cert;
   std::string tls_key;
   int64_t heartbeat_interval_ms = 1000;
   int64_t heartbeat_timeout_ms = 0;  // 0: 3 x the interval
   int64_t restart_backoff_ms = 1000;
   int64_t rendezvous_timeout_ms = 120'000;
+  int64_t start_timeout_ms = 60'000;
+  int streams_per_host = kDefaultStreamsPerHost;
+  int64_t unhealthy_exclusion_ms = 600'000;
   std::string checkpoint_root;
   std::string gpu_profile = "h200";
   std::string calibration;
@@ -56,10 +62,17 @@ int Fail(const absl::Status& status) {
 int Run(const Flags& flags) {
   auto token = rpc::ResolveToken("", flags.token_file, "HYSCALE_TOKEN");
   if (!token.ok()) return Fail(token.status());
+  auto read_token = rpc::ResolveToken("", flags.read_token_file, "HYSCALE_READ_TOKEN");
+  if (!read_token.ok()) return Fail(read_token.status());
   if (token->empty()) {
     std::fprintf(stderr,
                  "hyscaled: warning: no token (--token-file or HYSCALE_TOKEN): auth is off\n");
+    if (!read_token->empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "read_token_file: a read-only token needs a full one (--token-file)"));
+    }
   }
+  const rpc::ServerTokens tokens{*token, *read_token};
   auto credentials = rpc::ServerCredentials(flags.tls_cert, flags.tls_key);
   if (!credentials.ok()) return Fail(credentials.status());
   auto metrics_address = SplitHostPort(flags.metrics_listen, "metrics_listen");
@@ -78,15 +91,18 @@ int Run(const Flags& flags) {
                                                         : 3 * flags.heartbeat_interval_ms);
   options.restart_backoff = absl::Milliseconds(flags.restart_backoff_ms);
   options.rendezvous_timeout = absl::Milliseconds(flags.rendezvous_timeout_ms);
+  options.start_timeout = absl::Milliseconds(flags.start_timeout_ms);
+  options.unhealthy_exclusion = absl::Milliseconds(flags.unhealthy_exclusion_ms);
   SystemClock clock;
   ServerMetrics metrics(kJobMetricsRetention);
   auto coordinator = Coordinator::Open(options, &clock, &metrics);
   if (!coordinator.ok()) return Fail(coordinator.status());
 
-  auto server = GrpcServer::Start(coordinator->get(), *token, *credentials, flags.listen, &metrics);
+  auto server = GrpcServer::Start(coordinator->get(), tokens, *credentials, flags.listen, &metrics,
+                                  flags.streams_per_host);
   if (!server.ok()) return Fail(server.status());
 
-  const WebUi web_ui(coordinator->get(), *token);  // outlives the server that calls it
+  const WebUi web_ui(coordinator->get(), tokens);  // outlives the server that calls it
   MetricsHttpServer metrics_http([&metrics] { return metrics.Render(); });
   web_ui.Mount(&metrics_http);
   if (metrics_address->second != 0) {
@@ -136,10 +152,35 @@ int Run(const Flags& flags) {
   return kExitOk;
 }
 
+// `hyscaled backup --data-dir D --to FILE`: a consistent copy of D/hyscale.db, also while a
+// coordinator serves from it.
+int Backup(int argc, char** argv) {
+  std::string data_dir, to;
+  CLI::App app{"hyscaled backup: a consistent snapshot of the store, also while it is served"};
+  app.add_option("--data-dir", data_dir, "The coordinator's --data-dir")->required();
+  app.add_option("--to", to, "The copy to write (replaced once complete)")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitBadFlags;
+  }
+  const std::string path = (std::filesystem::path(data_dir) / "hyscale.db").string();
+  if (!std::filesystem::exists(path)) {
+    return Fail(absl::NotFoundError(absl::StrCat("data_dir: no ", path)));
+  }
+  if (auto status = Store::Backup(path, to); !status.ok()) return Fail(status);
+  std::printf("hyscaled: backed up %s to %s\n", path.c_str(), to.c_str());
+  return kExitOk;
+}
+
 }  // namespace
 }  // namespace hyscale::server
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "backup") {
+    return hyscale::server::Backup(argc - 1, argv + 1);
+  }
   // Block the shutdown signals before any thread starts, so only sigwait in Run sees them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -157,24 +198,39 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--token-file", flags.token_file,
                  "File holding the bearer token (else env HYSCALE_TOKEN; none: auth off)");
+  app.add_option("--read-token-file", flags.read_token_file,
+                 "File holding a read-only bearer token: reads (get, list, watch, logs, plan, "
+                 "workers) but no submit, cancel or worker call (else env HYSCALE_READ_TOKEN)");
   app.add_option("--tls-cert", flags.tls_cert, "PEM certificate chain (TLS with --tls-key)");
   app.add_option("--tls-key", flags.tls_key, "PEM private key (TLS with --tls-cert)");
-  app.add_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,
-                 "Heartbeat interval told to workers")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{10}, int64_t{3'600'000}));
+  // A duration in milliseconds within [min, max], shown with its default.
+  const auto milliseconds_option = [&app](const char* name, int64_t& value, const char* help,
+                                          int64_t min, int64_t max) {
+    app.add_option(name, value, help)->capture_default_str()->check(CLI::Range(min, max));
+  };
+  milliseconds_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,
+                      "Heartbeat interval told to workers", 10, 3'600'000);
   app.add_option("--heartbeat-timeout-ms", flags.heartbeat_timeout_ms,
                  "Silence after which a worker is lost (default 3 x interval)")
       ->check(CLI::Range(int64_t{10}, int64_t{86'400'000}));
-  app.add_option("--restart-backoff-ms", flags.restart_backoff_ms,
-                 "Wait before the first restart of a failed job; doubles per restart")
+  milliseconds_option("--restart-backoff-ms", flags.restart_backoff_ms,
+                      "Wait before the first restart of a failed job; doubles per restart", 0,
+                      3'600'000);
+  milliseconds_option("--rendezvous-timeout-ms", flags.rendezvous_timeout_ms,
+                      "Time rank 0 of a multi-rank job gets to publish its rendezvous address "
+                      "before the attempt fails",
+                      100, 86'400'000);
+  milliseconds_option("--start-timeout-ms", flags.start_timeout_ms,
+                      "Time a placed rank gets to report its trainer started before the attempt "
+                      "fails and its worker is excluded from placement",
+                      100, 86'400'000);
+  milliseconds_option("--unhealthy-exclusion-ms", flags.unhealthy_exclusion_ms,
+                      "How long a worker that did not start a rank in time gets no placements", 0,
+                      86'400'000);
+  app.add_option("--max-streams-per-host", flags.streams_per_host,
+                 "Watch and log streams one client host may hold open at once")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
-  app.add_option("--rendezvous-timeout-ms", flags.rendezvous_timeout_ms,
-                 "Time rank 0 of a multi-rank job gets to publish its rendezvous address before "
-                 "the attempt fails")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
+      ->check(CLI::Range(1, 100'000));
   app.add_option("--checkpoint-root", flags.checkpoint_root,
                  "Where jobs' checkpoint directories go (default <data-dir>/checkpoints)");
   app.add_option("--gpu-profile", flags.gpu_profile,
@@ -185,6 +241,8 @@ int main(int argc, char** argv) {
                  "Calibration file from hyscale-calibrate: replaces figures of the profile it was "
                  "measured on (cpu, else --gpu-profile) for AUTO planning");
   app.footer(
+      "Also: hyscaled backup --data-dir D --to FILE (a consistent copy of the store, while it is "
+      "served)\n"
       "Exit codes:\n  0  shut down by SIGTERM/SIGINT (or --help)\n"
       "  1  cannot start: store, TLS files, token file, calibration file or ports\n"
       "  2  bad flags");

@@ -3,6 +3,7 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <utility>
 
@@ -34,6 +35,12 @@ MetricsHttpServer::MetricsHttpServer(std::function<std::string()> render)
   // Bounded waits, so a stuck scraper cannot hold a thread forever.
   http_->set_read_timeout(5, 0);
   http_->set_write_timeout(5, 0);
+  // cpp-httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and
+  // take half its requests. SO_REUSEADDR alone still allows a quick restart after TIME_WAIT.
+  http_->set_socket_options([](int socket) {
+    const int yes = 1;
+    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
 }
 
 void MetricsHttpServer::Get(const std::string& path, HttpHandler handler) {
@@ -64,7 +71,8 @@ absl::StatusOr<int> MetricsHttpServer::Start(const std::string& host, int port) 
                     : http_->bind_to_port(host, port) ? port
                                                       : -1;
   if (bound <= 0) {
-    return absl::UnavailableError(absl::StrCat("metrics_listen: cannot bind ", host, ":", port));
+    return absl::UnavailableError(
+        absl::StrCat("metrics_listen: cannot bind ", host, ":", port, " (is the port in use?)"));
   }
   thread_ = std::thread([this] { http_->listen_after_bind(); });
   return bound;

@@ -1,5 +1,7 @@
 #include "server/rpc_metrics.h"
 
+#include <google/protobuf/descriptor.h>
+
 #include <chrono>
 #include <string>
 
@@ -22,11 +24,20 @@ class RpcMetricsInterceptor : public grpc::experimental::Interceptor {
   }
 
  private:
-  // "/hyscale.v1.JobService/SubmitJob" -> "hyscale.v1.JobService/SubmitJob".
+  // "/hyscale.v1.JobService/SubmitJob" -> "hyscale.v1.JobService/SubmitJob" for a method this
+  // binary knows (compiled-in protos, and gRPC's health service, which is not built on them);
+  // "other" for anything else a client makes up: each name would be a new series.
   static std::string Method(const char* path) {
-    std::string method = path == nullptr ? "unknown" : path;
+    std::string method = path == nullptr ? "" : path;
     if (!method.empty() && method[0] == '/') method.erase(0, 1);
-    return method;
+    const size_t slash = method.find('/');
+    if (slash == std::string::npos) return "other";
+    const std::string full_name = method.substr(0, slash) + "." + method.substr(slash + 1);
+    const bool known =
+        google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(full_name) !=
+            nullptr ||
+        method == "grpc.health.v1.Health/Check" || method == "grpc.health.v1.Health/Watch";
+    return known ? method : "other";
   }
 
   const std::string method_;

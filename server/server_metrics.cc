@@ -1,5 +1,7 @@
 #include "server/server_metrics.h"
 
+#include <algorithm>
+
 namespace hyscale::server {
 namespace {
 
@@ -16,6 +18,15 @@ std::vector<double> RpcBuckets() {
 
 std::vector<double> SchedulingBuckets() {
   return {0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400};
+}
+
+// ^[a-z][a-z0-9_]{0,31}$: the trainer's phase names are identifiers, and a label value that is
+// not one came from a worker making names up.
+bool PhaseName(const std::string& name) {
+  if (name.empty() || name.size() > 32 || name[0] < 'a' || name[0] > 'z') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
 }
 
 std::string StateLabel(const std::string& enum_name, size_t prefix) {
@@ -102,8 +113,17 @@ void ServerMetrics::JobScheduled(double latency_seconds) {
 
 void ServerMetrics::Step(const std::string& job_id, const v1::StepProgress& step) {
   if (step.rank() != 0) return;  // one series per job, not per rank
-  for (const auto& [phase, seconds] : step.phase_seconds()) {
-    step_phase_->Observe({job_id, phase}, seconds);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<std::string>& phases = phases_[job_id];
+    for (const auto& [phase, seconds] : step.phase_seconds()) {
+      if (!PhaseName(phase)) continue;
+      if (phases.count(phase) == 0) {
+        if (phases.size() >= kMaxPhasesPerJob) continue;
+        phases.insert(phase);
+      }
+      step_phase_->Observe({job_id, phase}, seconds);
+    }
   }
   if (step.has_comm_exposed_seconds()) {
     comm_seconds_->Observe({job_id, "exposed"}, step.comm_exposed_seconds());
@@ -126,6 +146,7 @@ void ServerMetrics::JobPlanned(const std::string& job_id, int64_t predicted_memo
 }
 
 void ServerMetrics::JobState(const std::string& job_id, v1::JobState state) {
+  if (state == v1::JOB_STATE_PENDING) return;  // queued jobs get series once placed
   running_->Set({job_id}, state == v1::JOB_STATE_RUNNING ? 1 : 0);
   // Exported as 0 from the start: a counter that first appears at 1 hides that restart from
   // increase(), and the restart-loop alert would see one restart too few.
@@ -150,6 +171,7 @@ void ServerMetrics::Expire(absl::Time now) {
       continue;
     }
     registry_.RemoveWhere("job_id", it->first);
+    phases_.erase(it->first);
     it = ended_.erase(it);
   }
 }

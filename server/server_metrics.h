@@ -8,6 +8,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "hyscale/v1/service.pb.h"
@@ -24,13 +25,16 @@ class ServerMetrics {
   void SetWorkerCounts(const std::map<v1::WorkerState, int>& counts);
   void JobSubmitted();
   void JobScheduled(double latency_seconds);  // PENDING -> SCHEDULED
+  // Phases: only names matching ^[a-z][a-z0-9_]{0,31}$, the first kMaxPhasesPerJob per job.
   void Step(const std::string& job_id, const v1::StepProgress& step);
+  static constexpr size_t kMaxPhasesPerJob = 32;
   // The predicted peak memory of one rank (planner::EstimateMemory), beside the measured peak,
   // and the predicted step time (planner::Predict; 0 when unknown) beside the measured one.
   void JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes,
                   double predicted_step_seconds);
   // A non-terminal state the job entered (or was loaded in): whether it is RUNNING, so alerts on
-  // a stalled step counter do not fire for jobs that wait, restart or ended.
+  // a stalled step counter do not fire for jobs that wait, restart or ended. PENDING jobs get no
+  // series: every queued job would add some.
   void JobState(const std::string& job_id, v1::JobState state);
   void JobRestarted(const std::string& job_id);
   void JobEnded(const std::string& job_id, absl::Time when);
@@ -63,7 +67,8 @@ class ServerMetrics {
   Gauge* predicted_step_;
 
   std::mutex mu_;
-  std::map<std::string, absl::Time> ended_;  // job id -> when it ended
+  std::map<std::string, absl::Time> ended_;              // job id -> when it ended
+  std::map<std::string, std::set<std::string>> phases_;  // job id -> phase labels exported
 };
 
 }  // namespace hyscale::server

@@ -3,6 +3,9 @@
 #include <absl/strings/str_cat.h>
 #include <sqlite3.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <utility>
 
 namespace hyscale::server {
@@ -29,6 +32,15 @@ constexpr const char* kMigrations[] = {
       CREATE TABLE workers (
         id TEXT PRIMARY KEY,
         worker BLOB NOT NULL);
+    )sql",
+    // 2: job records that could not be read when loaded, kept for a person to look at.
+    R"sql(
+      CREATE TABLE jobs_set_aside (
+        seq INTEGER NOT NULL,
+        id TEXT NOT NULL,
+        job BLOB,
+        reason TEXT NOT NULL,
+        set_aside_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP);
     )sql",
 };
 
@@ -118,6 +130,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
       return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
     }
   }
+  if (auto status = store->CheckIntegrity(); !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  }
   auto mode = store->JournalMode();
   if (!mode.ok()) return mode.status();
   if (*mode != "wal") {
@@ -136,6 +151,69 @@ Store::~Store() {
 
 absl::Status Store::Error(const char* what) const {
   return absl::InternalError(absl::StrCat(what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::Status Store::CheckIntegrity() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement check(db_, "PRAGMA integrity_check(20)");
+  if (!check.ok()) return DamagedError(sqlite3_errmsg(db_));
+  std::string findings;
+  while (check.Step() == SQLITE_ROW) {
+    const std::string line = check.Text(0);
+    if (line != "ok") absl::StrAppend(&findings, findings.empty() ? "" : "; ", line);
+  }
+  if (check.rc() != SQLITE_DONE) return DamagedError(sqlite3_errmsg(db_));
+  if (!findings.empty()) return DamagedError(findings);
+  return absl::OkStatus();
+}
+
+absl::Status Store::DamagedError(const std::string& findings) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "integrity check failed (", findings,
+      "): the database is damaged and is not served; restore a backup (hyscaled backup) or move "
+      "it aside to start empty"));
+}
+
+absl::Status Store::Backup(const std::string& path, const std::string& to) {
+  sqlite3* source = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &source, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    const std::string message = source != nullptr ? sqlite3_errmsg(source) : "cannot open";
+    sqlite3_close(source);
+    return absl::UnavailableError(absl::StrCat(path, ": ", message));
+  }
+  sqlite3_busy_timeout(source, kBusyTimeoutMs);
+  const std::string partial = to + ".partial";
+  std::remove(partial.c_str());
+  sqlite3* copy = nullptr;
+  absl::Status status;
+  if (sqlite3_open(partial.c_str(), &copy) != SQLITE_OK) {
+    status = absl::UnavailableError(absl::StrCat(partial, ": ", sqlite3_errmsg(copy)));
+  } else if (sqlite3_backup* backup = sqlite3_backup_init(copy, "main", source, "main");
+             backup == nullptr) {
+    status = absl::InternalError(absl::StrCat("backup: ", sqlite3_errmsg(copy)));
+  } else {
+    // All pages in one step: one read transaction on the source, so one consistent snapshot.
+    int rc;
+    while ((rc = sqlite3_backup_step(backup, -1)) == SQLITE_BUSY || rc == SQLITE_LOCKED) {
+      sqlite3_sleep(50);
+    }
+    sqlite3_backup_finish(backup);
+    if (rc != SQLITE_DONE) {
+      status = absl::InternalError(absl::StrCat("backup: ", sqlite3_errstr(rc)));
+    }
+  }
+  sqlite3_close(copy);
+  sqlite3_close(source);
+  if (status.ok()) {
+    // Checked before it replaces anything at `to`.
+    auto checked = Open(partial);
+    if (!checked.ok()) status = checked.status();
+  }
+  if (status.ok() && std::rename(partial.c_str(), to.c_str()) != 0) {
+    status = absl::InternalError(absl::StrCat(to, ": cannot write: ", std::strerror(errno)));
+  }
+  if (!status.ok()) std::remove(partial.c_str());
+  return status;
 }
 
 absl::Status Store::Exec(const char* sql) {
@@ -253,20 +331,39 @@ absl::Status Store::UpdateJob(const v1::Job& job, const std::vector<v1::JobEvent
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::Job>> Store::LoadJobs() {
+absl::StatusOr<std::vector<v1::Job>> Store::LoadJobs(std::vector<std::string>* set_aside) {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement select(db_, "SELECT id, job FROM jobs ORDER BY seq");
-  if (!select.ok()) return Error("load jobs");
   std::vector<v1::Job> jobs;
-  int rc;
-  while ((rc = select.Step()) == SQLITE_ROW) {
-    v1::Job job;
-    if (!job.ParseFromString(select.Blob(1))) {
-      return absl::DataLossError("job " + select.Text(0) + ": stored record does not parse");
+  std::vector<int64_t> unreadable;  // seq of each record that does not parse
+  {
+    Statement select(db_, "SELECT seq, id, job FROM jobs ORDER BY seq");
+    if (!select.ok()) return Error("load jobs");
+    int rc;
+    while ((rc = select.Step()) == SQLITE_ROW) {
+      v1::Job job;
+      if (!job.ParseFromString(select.Blob(2)) || job.id() != select.Text(1)) {
+        unreadable.push_back(select.Int(0));
+        set_aside->push_back(select.Text(1));
+        continue;
+      }
+      jobs.push_back(std::move(job));
     }
-    jobs.push_back(std::move(job));
+    if (rc != SQLITE_DONE) return Error("load jobs");
   }
-  if (rc != SQLITE_DONE) return Error("load jobs");
+  for (const int64_t seq : unreadable) {
+    Transaction tx(db_);
+    if (!tx.ok()) return Error("begin set aside");
+    Statement move(
+        db_,
+        "INSERT INTO jobs_set_aside (seq, id, job, reason) SELECT seq, id, job, "
+        "'the stored record does not parse as a hyscale.v1.Job' FROM jobs WHERE seq = ?");
+    move.Bind(1, seq);
+    if (move.Step() != SQLITE_DONE) return Error("set aside job");
+    Statement remove(db_, "DELETE FROM jobs WHERE seq = ?");
+    remove.Bind(1, seq);
+    if (remove.Step() != SQLITE_DONE) return Error("set aside job");
+    if (!tx.Commit()) return Error("commit set aside");
+  }
   return jobs;
 }
 

@@ -20,8 +20,15 @@ namespace hyscale::server {
 
 class Store {
  public:
-  // Opens (creating if needed) `path` and brings its schema up to the newest version.
+  // Opens (creating if needed) `path`, checks it (PRAGMA integrity_check: a damaged database is
+  // refused, FAILED_PRECONDITION quoting SQLite's findings, rather than served) and brings its
+  // schema up to the newest version.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+
+  // Copies the database at `path` to `to` with SQLite's online backup: one read transaction, so
+  // a consistent snapshot even while a coordinator writes. The copy is checked and appears at
+  // `to` only when complete.
+  static absl::Status Backup(const std::string& path, const std::string& to);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -31,8 +38,10 @@ class Store {
   absl::Status InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events);
   // Replaces a stored job and appends `events`, in one transaction.
   absl::Status UpdateJob(const v1::Job& job, const std::vector<v1::JobEvent>& events);
-  // Every job, oldest first (the order they were inserted).
-  absl::StatusOr<std::vector<v1::Job>> LoadJobs();
+  // Every job, oldest first (the order they were inserted). A record that does not parse is
+  // moved, whole, to the table jobs_set_aside (with why) and its id added to `set_aside`, so one
+  // damaged record neither stops the coordinator nor disappears unnoticed.
+  absl::StatusOr<std::vector<v1::Job>> LoadJobs(std::vector<std::string>* set_aside);
   // A job's events with sequence > `after_sequence`, in order, at most `limit`.
   absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(const std::string& job_id,
                                                        int64_t after_sequence, int limit);
@@ -67,6 +76,8 @@ class Store {
  private:
   explicit Store(sqlite3* db) : db_(db) {}
   absl::Status Migrate();
+  absl::Status CheckIntegrity();
+  static absl::Status DamagedError(const std::string& findings);
   absl::Status Exec(const char* sql);
   absl::Status AppendEvents(const std::vector<v1::JobEvent>& events);
   absl::Status Error(const char* what) const;

@@ -70,8 +70,8 @@ json StepRow(const v1::StepProgress& step) {
 
 }  // namespace
 
-WebUi::WebUi(Coordinator* coordinator, std::string token)
-    : coordinator_(coordinator), token_(std::move(token)) {}
+WebUi::WebUi(Coordinator* coordinator, rpc::ServerTokens tokens)
+    : coordinator_(coordinator), tokens_(std::move(tokens)) {}
 
 void WebUi::Mount(MetricsHttpServer* http) const {
   http->Get("/", [](const HttpRequest&) {
@@ -84,15 +84,9 @@ void WebUi::Mount(MetricsHttpServer* http) const {
   http->Get("/api/v1/job", [this](const HttpRequest& request) { return Job(request); });
 }
 
-bool WebUi::Authorized(const HttpRequest& request) const {
-  if (token_.empty()) return true;
-  constexpr std::string_view kPrefix = "Bearer ";
-  return request.authorization.compare(0, kPrefix.size(), kPrefix) == 0 &&
-         rpc::SameSecret(request.authorization.substr(kPrefix.size()), token_);
-}
-
 HttpResponse WebUi::Jobs(const HttpRequest& request) const {
-  if (!Authorized(request)) return Error(401, "authorization: bearer token required");
+  if (!rpc::Authorized(request.authorization, tokens_, rpc::Access::kRead))
+    return Error(401, "authorization: bearer token required");
   v1::ListJobsRequest list;
   list.set_page_size(1000);
   auto jobs = coordinator_->ListJobs(list);
@@ -103,7 +97,8 @@ HttpResponse WebUi::Jobs(const HttpRequest& request) const {
 }
 
 HttpResponse WebUi::Job(const HttpRequest& request) const {
-  if (!Authorized(request)) return Error(401, "authorization: bearer token required");
+  if (!rpc::Authorized(request.authorization, tokens_, rpc::Access::kRead))
+    return Error(401, "authorization: bearer token required");
   const auto id = request.params.find("id");
   if (id == request.params.end() || id->second.empty()) return Error(400, "id: required");
   int64_t after = 0;

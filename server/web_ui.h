@@ -18,6 +18,7 @@
 
 #include <string>
 
+#include "proto/rpc.h"
 #include "server/coordinator.h"
 #include "server/metrics_http.h"
 
@@ -27,8 +28,9 @@ class WebUi {
  public:
   static constexpr int kEventsPerPoll = 2000;
 
-  // `token`: "" serves the JSON to anyone (as the gRPC API does without a token).
-  WebUi(Coordinator* coordinator, std::string token);
+  // No full token serves the JSON to anyone (as the gRPC API does without one); else the full or
+  // the read-only token is needed.
+  WebUi(Coordinator* coordinator, rpc::ServerTokens tokens);
 
   // Mounts the routes above on `http` (before it starts).
   void Mount(MetricsHttpServer* http) const;
@@ -37,11 +39,8 @@ class WebUi {
   HttpResponse Job(const HttpRequest& request) const;
 
  private:
-  // Whether the request carries the token (always, when none is configured).
-  bool Authorized(const HttpRequest& request) const;
-
   Coordinator* const coordinator_;
-  const std::string token_;
+  const rpc::ServerTokens tokens_;
 };
 
 }  // namespace hyscale::server

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "proto/rpc.h"
+#include "server/admission.h"
 
 namespace hyscale::server {
 namespace {
@@ -15,7 +16,9 @@ constexpr absl::Duration kAssignmentPoll = absl::Milliseconds(200);
 grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) {
-  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
+    return admitted;
+  }
   auto result = coordinator_->RegisterWorker(*request);
   if (!result.ok()) return rpc::ToGrpc(result.status());
   *response = std::move(*result);
@@ -25,7 +28,9 @@ grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
 grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) {
-  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
+    return admitted;
+  }
   auto result = coordinator_->Heartbeat(*request);
   if (!result.ok()) return rpc::ToGrpc(result.status());
   *response = std::move(*result);
@@ -35,8 +40,10 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
 grpc::Status WorkerService::StreamAssignments(grpc::ServerContext* context,
                                               const v1::StreamAssignmentsRequest* request,
                                               grpc::ServerWriter<v1::Assignment>* writer) {
-  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
-  auto queue = coordinator_->OpenAssignments(request->worker_id());
+  if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
+    return admitted;
+  }
+  auto queue = coordinator_->OpenAssignments(*request);
   if (!queue.ok()) return rpc::ToGrpc(queue.status());
   // Ends when the agent leaves, when a newer stream of the same worker replaces this one, or on
   // shutdown (the queue is closed then).
@@ -51,13 +58,21 @@ grpc::Status WorkerService::StreamAssignments(grpc::ServerContext* context,
 grpc::Status WorkerService::ReportStatus(grpc::ServerContext* context,
                                          const v1::ReportStatusRequest* request,
                                          v1::ReportStatusResponse*) {
-  if (auto auth = rpc::CheckToken(*context, token_); !auth.ok()) return auth;
+  if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
+    return admitted;
+  }
   return rpc::ToGrpc(coordinator_->ReportStatus(*request));
 }
 
-grpc::Status WorkerService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status WorkerService::ListWorkers(grpc::ServerContext* context,
+                                        const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) {
-  *response = coordinator_->ListWorkers();
+  if (auto admitted = Admit(*context, tokens_, rpc::Access::kRead, *request); !admitted.ok()) {
+    return admitted;
+  }
+  auto listed = coordinator_->ListWorkers(*request);
+  if (!listed.ok()) return rpc::ToGrpc(listed.status());
+  *response = std::move(*listed);
   return grpc::Status::OK;
 }
 

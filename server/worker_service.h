@@ -1,18 +1,19 @@
-// WorkerService over the Coordinator, for worker agents. Every RPC but ListWorkers needs the
-// bearer token.
+// WorkerService over the Coordinator, for worker agents. Every RPC needs the full bearer token but
+// ListWorkers, which the read-only one also passes.
 #pragma once
 
 #include <string>
 
 #include "hyscale/v1/service.grpc.pb.h"
+#include "proto/rpc.h"
 #include "server/coordinator.h"
 
 namespace hyscale::server {
 
 class WorkerService final : public v1::WorkerService::Service {
  public:
-  WorkerService(Coordinator* coordinator, std::string token)
-      : coordinator_(coordinator), token_(std::move(token)) {}
+  WorkerService(Coordinator* coordinator, rpc::ServerTokens tokens)
+      : coordinator_(coordinator), tokens_(std::move(tokens)) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
@@ -29,7 +30,7 @@ class WorkerService final : public v1::WorkerService::Service {
 
  private:
   Coordinator* const coordinator_;
-  const std::string token_;
+  const rpc::ServerTokens tokens_;
 };
 
 }  // namespace hyscale::server

@@ -63,6 +63,7 @@ struct UpArgs {
   std::string worker_name = "local";
   std::string devices;  // the worker's --devices; empty: detect
   std::string trainer;  // the worker's --trainer; empty: its default
+  std::string run_as;   // the worker's --run-as; empty: its default
   std::string metrics_listen;
   std::chrono::seconds start_timeout{30};
 };

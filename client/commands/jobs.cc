@@ -78,16 +78,14 @@ int List(const Context& context, const std::vector<std::string>& states) {
   auto stub = JobStub(context);
   if (!stub.ok()) return Fail(context, "list", stub.status());
   v1::ListJobsResponse all;
-  do {
-    v1::ListJobsResponse page;
-    grpc::ClientContext call;
-    rpc::PrepareCall(&call, context.client);
-    if (auto status = (*stub)->ListJobs(&call, request, &page); !status.ok()) {
-      return Fail(context, "list", status);
-    }
-    for (auto& job : *page.mutable_jobs()) *all.add_jobs() = std::move(job);
-    request.set_page_token(page.next_page_token());
-  } while (!request.page_token().empty());
+  if (auto status = ReadEveryPage<v1::ListJobsRequest, v1::ListJobsResponse>(
+          context, request, &all,
+          [&](grpc::ClientContext* call, const auto& page_request, auto* page) {
+            return (*stub)->ListJobs(call, page_request, page);
+          });
+      !status.ok()) {
+    return Fail(context, "list", status);
+  }
 
   if (context.json()) {
     PrintJson(context, all);
@@ -141,7 +139,7 @@ int Cancel(const Context& context, const std::string& job_id, const std::string&
     PrintJson(context, job);
   } else {
     *context.out << "job " << job.id() << " " << StateName(job.state())
-                 << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
+                 << (job.reason().empty() ? "" : ": " + Printable(job.reason())) << "\n";
   }
   return kExitOk;
 }

@@ -31,7 +31,7 @@ int Submit(const Context& context, const SubmitArgs& args) {
     // With --watch the job is the first JSON line, its events the following ones.
     PrintJson(context, job, /*one_line=*/args.watch);
   } else {
-    *context.out << "job " << job.id() << " submitted (" << job.name() << ", "
+    *context.out << "job " << job.id() << " submitted (" << Printable(job.name()) << ", "
                  << StateName(job.state()) << ")\n"
                  << std::flush;
   }

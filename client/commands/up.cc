@@ -240,7 +240,8 @@ int Up(const Context& context, const UpArgs& args) {
       context.client.server, grpc::InsecureChannelCredentials(), probe_arguments);
   const auto jobs = v1::JobService::NewStub(probe_channel);
   const auto workers = v1::WorkerService::NewStub(probe_channel);
-  // Healthy once it answers: an unknown job is NOT_FOUND. Waiting for the channel to be ready
+  // Healthy once it answers: an unknown job is NOT_FOUND (UNAUTHENTICATED from one with another
+  // token). Waiting for the channel to be ready
   // (rather than failing fast with the last connection error) notices the coordinator as soon
   // as it listens.
   const auto coordinator_answers = [&](bool wait_for_ready) {
@@ -251,7 +252,8 @@ int Up(const Context& context, const UpArgs& args) {
     request.set_job_id("hyscale-up-probe");
     v1::Job job;
     const auto code = jobs->GetJob(&call, request, &job).error_code();
-    return code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::OK;
+    return code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::OK ||
+           code == grpc::StatusCode::UNAUTHENTICATED;
   };
   // Our worker must not register with some other coordinator that already has the address.
   if (coordinator_answers(/*wait_for_ready=*/false)) {
@@ -273,11 +275,19 @@ int Up(const Context& context, const UpArgs& args) {
     return Fail(context, "up", status);
   }
 
-  std::vector<std::string> worker_args = {
-      "--server",  context.client.server, "--name",     args.worker_name,
-      "--address", "127.0.0.1",           "--work-dir", (data_dir / "worker").string()};
+  std::vector<std::string> worker_args = {"--server",
+                                          context.client.server,
+                                          "--name",
+                                          args.worker_name,
+                                          "--address",
+                                          "127.0.0.1",
+                                          "--work-dir",
+                                          (data_dir / "worker").string(),
+                                          "--checkpoint-root",
+                                          (data_dir / "checkpoints").string()};
   if (!args.devices.empty()) worker_args.insert(worker_args.end(), {"--devices", args.devices});
   if (!args.trainer.empty()) worker_args.insert(worker_args.end(), {"--trainer", args.trainer});
+  if (!args.run_as.empty()) worker_args.insert(worker_args.end(), {"--run-as", args.run_as});
   auto worker = Spawn("hyscale-worker", *worker_binary, worker_args, context.client.token,
                       (data_dir / "hyscale-worker.log").string());
   if (!worker.ok()) {

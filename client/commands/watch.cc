@@ -79,7 +79,7 @@ int WatchJob(const Context& context, v1::JobService::Stub& stub, const std::stri
   view.Finish();
   if (!context.json()) {
     *context.out << "job " << job_id << " " << StateName(state)
-                 << (reason.empty() ? "" : ": " + reason) << "\n"
+                 << (reason.empty() ? "" : ": " + Printable(reason)) << "\n"
                  << std::flush;
   }
   return state == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobFailed;

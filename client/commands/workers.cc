@@ -11,9 +11,11 @@ int Workers(const Context& context) {
   auto stub = WorkerStub(context);
   if (!stub.ok()) return Fail(context, "workers", stub.status());
   v1::ListWorkersResponse response;
-  grpc::ClientContext call;
-  rpc::PrepareCall(&call, context.client);
-  if (auto status = (*stub)->ListWorkers(&call, v1::ListWorkersRequest(), &response);
+  if (auto status = ReadEveryPage<v1::ListWorkersRequest, v1::ListWorkersResponse>(
+          context, {}, &response,
+          [&](grpc::ClientContext* call, const auto& page_request, auto* page) {
+            return (*stub)->ListWorkers(call, page_request, page);
+          });
       !status.ok()) {
     return Fail(context, "workers", status);
   }
@@ -28,8 +30,13 @@ int Workers(const Context& context) {
     for (const auto& ref : worker.running()) {
       running.push_back(absl::StrCat(ref.job_id(), "/", ref.rank()));
     }
-    table.AddRow({worker.id(), worker.address(), WorkerStateName(worker.state()),
-                  FormatDevices(worker.devices()),
+    // An excluded worker (a rank placed on it did not start in time) gets no placements yet.
+    const std::string state =
+        worker.has_unhealthy_until()
+            ? absl::StrCat(WorkerStateName(worker.state()), " (excluded until ",
+                           FormatTimestamp(worker.unhealthy_until()), ")")
+            : WorkerStateName(worker.state());
+    table.AddRow({worker.id(), worker.address(), state, FormatDevices(worker.devices()),
                   running.empty() ? "-" : absl::StrJoin(running, ","),
                   absl::StrCat(FormatAge(worker.last_heartbeat(), now), " ago")});
   }

@@ -166,12 +166,14 @@ TEST_F(AgentTest, StopRankKillsTrainer) {
     }
     return false;
   }));
-  service().Push(StopAssignment("job-stop", "cancelled"));
+  // A stop reason longer than the coordinator takes in a field comes back shortened.
+  const std::string reason = "cancelled: " + std::string(5000, 'x');
+  service().Push(StopAssignment("job-stop", reason));
   ASSERT_TRUE(WaitForExit("job-stop"));
   const auto reports = ReportsOf(service().reports(), "job-stop");
   EXPECT_EQ(reports.back().exited().exit_code(), -1);
   EXPECT_EQ(reports.back().exited().signal(), SIGTERM);
-  EXPECT_EQ(reports.back().exited().reason(), "cancelled");
+  EXPECT_EQ(reports.back().exited().reason(), reason.substr(0, 2048) + "...");
   // The rank is forgotten once the coordinator acknowledged its exit.
   for (int i = 0; i < 100 && !agent_->Running().empty(); ++i) {
     std::this_thread::sleep_for(milliseconds(20));

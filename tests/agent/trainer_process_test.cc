@@ -76,6 +76,17 @@ struct Recorder {
   }
 };
 
+// The trainer was reported killed by SIGKILL, and `child` (of its process group) is gone too.
+void ExpectKilledWithItsChild(Recorder& recorder, pid_t child) {
+  {
+    std::lock_guard<std::mutex> lock(recorder.mu);
+    ASSERT_EQ(recorder.exits.size(), 1u);
+    EXPECT_EQ(recorder.exits[0].signal, SIGKILL);
+  }
+  for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(Alive(child));
+}
+
 class TrainerProcessTest : public ::testing::Test {
  protected:
   // The pid the fake trainer's background child writes (the "sleep" and "stubborn" scripts).
@@ -90,9 +101,17 @@ class TrainerProcessTest : public ::testing::Test {
   TrainerProcessTest() : trainer_(testing::WriteFakeTrainer(dir_.path())) {}
 
   TrainerCommand Prepare(const v1::RunRank& run, bool gpus = false) {
-    auto command = PrepareRank(run, {dir_.path() + "/work", trainer_, gpus});
+    auto command = PrepareRank(run, Setup(gpus));
     EXPECT_TRUE(command.ok()) << command.status();
     return *command;
+  }
+
+  // Jobs may read <dir>/data and write under <dir>/work and <dir>/shared/ckpt.
+  RankSetup Setup(bool gpus = false) const {
+    return {
+        dir_.path() + "/work", trainer_, gpus,
+        JobPaths({dir_.path() + "/data"}, {dir_.path() + "/work", dir_.path() + "/shared/ckpt"}),
+        std::nullopt};
   }
 
   TempDir dir_;
@@ -101,13 +120,13 @@ class TrainerProcessTest : public ::testing::Test {
 
 TEST_F(TrainerProcessTest, PrepareWritesSpecAndCommand) {
   v1::RunRank run = MakeRun("ok", 1, 2);
-  run.set_checkpoint_dir("/shared/ckpt/job-1");
+  run.set_checkpoint_dir(dir_.path() + "/shared/ckpt/job-1");
   run.set_resume(true);
   const TrainerCommand command = Prepare(run, /*gpus=*/true);
   const std::string rank_dir = dir_.path() + "/work/job-1/2/rank1";
-  EXPECT_EQ(command.args,
-            (std::vector<std::string>{"--config", rank_dir + "/job.json", "--checkpoint-dir",
-                                      "/shared/ckpt/job-1", "--resume", "--device", "cuda"}));
+  EXPECT_EQ(command.args, (std::vector<std::string>{
+                              "--config", rank_dir + "/job.json", "--checkpoint-dir",
+                              dir_.path() + "/shared/ckpt/job-1", "--resume", "--device", "cuda"}));
   EXPECT_EQ(command.log_path, dir_.path() + "/work/job-1/2/rank1.log");
   const std::string json = ReadAll(rank_dir + "/job.json");
   EXPECT_NE(json.find("\"seq_len\": 64"), std::string::npos) << json;  // proto field names
@@ -119,6 +138,7 @@ TEST_F(TrainerProcessTest, PrepareWritesSpecAndCommand) {
   };
   EXPECT_EQ(env("HYSCALE_JOB_ID"), "job-1");
   EXPECT_EQ(env("HYSCALE_RANK"), "1");
+  EXPECT_EQ(env("HYSCALE_ATTEMPT"), "2");
   EXPECT_EQ(env("HYSCALE_WORLD_SIZE"), "2");
   EXPECT_EQ(env("HYSCALE_RENDEZVOUS"), "127.0.0.1:29500");
   EXPECT_EQ(env("HYSCALE_DEVICE_INDEX"), "1");
@@ -133,17 +153,65 @@ TEST_F(TrainerProcessTest, PrepareDefaultsCheckpointDirAndSkipsCudaOnCpu) {
 
 TEST_F(TrainerProcessTest, PrepareKeepsTheSpecsCheckpointDir) {
   v1::RunRank run = MakeRun("ok");
-  run.mutable_spec()->mutable_checkpoint()->set_dir("/data/mine");
+  run.mutable_spec()->mutable_checkpoint()->set_dir(dir_.path() + "/shared/ckpt/mine");
   const TrainerCommand command = Prepare(run);
   EXPECT_EQ(command.args,
             (std::vector<std::string>{"--config", dir_.path() + "/work/job-1/0/rank0/job.json",
+                                      "--checkpoint-dir", dir_.path() + "/shared/ckpt/mine",
                                       "--device", "cpu"}));
+}
+
+// A job names its own files: only those in the worker's folders pass, symlinks resolved, and
+// the error names the field but shows nothing of the file.
+TEST_F(TrainerProcessTest, PrepareConfinesDataAndCheckpointPaths) {
+  std::filesystem::create_directories(dir_.path() + "/data");
+  std::ofstream(dir_.path() + "/data/text.txt") << "hello";
+  std::filesystem::create_symlink("/etc/passwd", dir_.path() + "/data/link");
+  const auto refused = [&](auto edit) {
+    v1::RunRank run = MakeRun("ok");
+    edit(run);
+    auto command = PrepareRank(run, Setup());
+    EXPECT_TRUE(absl::IsInvalidArgument(command.status())) << command.status();
+    return std::string(command.status().message());
+  };
+  EXPECT_NE(refused([](v1::RunRank& run) {
+              run.mutable_spec()->mutable_data()->mutable_text_file()->set_path("/etc/passwd");
+            }).find("spec.data.text_file.path: '/etc/passwd' is outside"),
+            std::string::npos);
+  const std::string link = dir_.path() + "/data/link";
+  EXPECT_NE(refused([&](v1::RunRank& run) {
+              run.mutable_spec()->mutable_data()->mutable_token_file()->set_path(link);
+            }).find("spec.data.token_file.path"),
+            std::string::npos);
+  EXPECT_NE(refused([&](v1::RunRank& run) {
+              run.mutable_spec()->mutable_data()->mutable_text_file()->set_path(dir_.path() +
+                                                                                "/data/../work/x");
+            }).find("--data-root"),
+            std::string::npos);
+  EXPECT_NE(refused([](v1::RunRank& run) {
+              run.mutable_spec()->mutable_data()->mutable_text_file()->set_path("data/text.txt");
+            }).find("must be an absolute path"),
+            std::string::npos);
+  EXPECT_NE(refused([](v1::RunRank& run) { run.set_checkpoint_dir("/etc/cron.d"); })
+                .find("run.checkpoint_dir: '/etc/cron.d' is outside the folders this worker "
+                      "allows (--checkpoint-root"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/work/job-1/0/rank0/job.json"));
+
+  v1::RunRank run = MakeRun("ok");
+  run.mutable_spec()->mutable_data()->mutable_text_file()->set_path(dir_.path() +
+                                                                    "/data/./text.txt");
+  Prepare(run);
+  EXPECT_NE(ReadAll(dir_.path() + "/work/job-1/0/rank0/job.json")
+                .find("\"path\": \"" + std::filesystem::canonical(dir_.path()).string() +
+                      "/data/text.txt\""),
+            std::string::npos);
 }
 
 TEST_F(TrainerProcessTest, PrepareRejectsUnsafeJobId) {
   v1::RunRank run = MakeRun("ok");
   run.mutable_ref()->set_job_id("../escape");
-  auto command = PrepareRank(run, {dir_.path(), trainer_, false});
+  auto command = PrepareRank(run, Setup());
   ASSERT_FALSE(command.ok());
   EXPECT_NE(command.status().message().find("job_id"), std::string::npos);
 }
@@ -214,13 +282,36 @@ TEST_F(TrainerProcessTest, StopEscalatesToSigkill) {
   const pid_t child = WaitForChildPid();
   (*process)->Stop("cancelled", milliseconds(300));
   ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
-  {
-    std::lock_guard<std::mutex> lock(recorder.mu);
-    ASSERT_EQ(recorder.exits.size(), 1u);
-    EXPECT_EQ(recorder.exits[0].signal, SIGKILL);
-  }
-  for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
-  EXPECT_FALSE(Alive(child));
+  ExpectKilledWithItsChild(recorder, child);
+}
+
+// A restarted agent ends what its predecessor left: the trainer's whole group, found by its pid
+// file, but neither a process that merely got a recorded pid nor what a trainer could write.
+TEST_F(TrainerProcessTest, LeftoverTrainersAreEnded) {
+  const TrainerCommand command = Prepare(MakeRun("sleep"));
+  Recorder recorder;
+  auto process = TrainerProcess::Start(command, recorder.Callbacks());
+  ASSERT_TRUE(process.ok()) << process.status();
+  const pid_t child = WaitForChildPid();
+  const std::string recorded = ReadAll(command.pid_path);
+  ASSERT_EQ(recorded.rfind(std::to_string((*process)->pid()) + " ", 0), 0u) << recorded;
+
+  const std::string work = dir_.path() + "/work";
+  std::filesystem::rename(command.pid_path, work + "/kept-aside");
+  std::filesystem::create_directories(work + "/job-2/0");
+  std::ofstream(work + "/job-2/0/rank0.pid") << getpid() << " 1\n";  // not our start time
+  std::filesystem::create_directories(work + "/job-1/checkpoints");
+  std::ofstream(work + "/job-1/checkpoints/rank0.pid") << recorded;  // a trainer's own file
+  EXPECT_TRUE(EndLeftoverTrainers(work).empty());
+  EXPECT_TRUE(Alive((*process)->pid()));
+  EXPECT_FALSE(std::filesystem::exists(work + "/job-2/0/rank0.pid"));
+  EXPECT_TRUE(std::filesystem::exists(work + "/job-1/checkpoints/rank0.pid"));
+
+  std::filesystem::rename(work + "/kept-aside", command.pid_path);
+  EXPECT_EQ(EndLeftoverTrainers(work), std::vector<pid_t>{(*process)->pid()});
+  ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
+  ExpectKilledWithItsChild(recorder, child);
+  EXPECT_FALSE(std::filesystem::exists(command.pid_path));
 }
 
 TEST_F(TrainerProcessTest, MissingProgramIsAnError) {

@@ -21,7 +21,8 @@ class FakeJobService final : public v1::JobService::Service {
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override {
-    if (auto status = rpc::CheckToken(*context, token_); !status.ok()) return status;
+    if (auto status = rpc::CheckToken(*context, {token_, ""}, rpc::Access::kWrite); !status.ok())
+      return status;
     std::lock_guard<std::mutex> lock(mu_);
     submissions_.push_back(*request);
     if (request->request_id().empty()) {
@@ -79,7 +80,8 @@ class FakeJobService final : public v1::JobService::Service {
 
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override {
-    if (auto status = rpc::CheckToken(*context, token_); !status.ok()) return status;
+    if (auto status = rpc::CheckToken(*context, {token_, ""}, rpc::Access::kWrite); !status.ok())
+      return status;
     std::lock_guard<std::mutex> lock(mu_);
     v1::Job* job = Find(request->job_id());
     if (job == nullptr)

@@ -21,6 +21,18 @@ TEST(FormatTest, TableAlignsColumns) {
             "job-22  b\n");
 }
 
+// Names and reasons come from other users and from trainers: no terminal control gets through.
+TEST(FormatTest, PrintableEscapesControlCharacters) {
+  EXPECT_EQ(Printable("plain caf\xc3\xa9"), "plain caf\xc3\xa9");
+  EXPECT_EQ(Printable("a\x1b[2Jb\nc\x7f"), "a\\x1b[2Jb\\x0ac\\x7f");
+  EXPECT_EQ(Printable("csi \xc2\x9b"), "csi \\xc2\\x9b");
+  Table table({"NAME"});
+  table.AddRow({"evil\x1b]0;title\x07"});
+  std::ostringstream out;
+  table.Print(out);
+  EXPECT_EQ(out.str(), "NAME\nevil\\x1b]0;title\\x07\n");
+}
+
 TEST(FormatTest, States) {
   EXPECT_EQ(StateName(v1::JOB_STATE_RUNNING), "RUNNING");
   EXPECT_EQ(*ParseState("running"), v1::JOB_STATE_RUNNING);

@@ -71,6 +71,8 @@ class UpTest : public ::testing::Test {
   UpTest() {
     std::string pattern = (std::filesystem::temp_directory_path() / "hyscale-up-XXXXXX").string();
     dir_ = mkdtemp(pattern.data());
+    // A worker run as root starts trainers as nobody: they must reach the script.
+    chmod(dir_.c_str(), 0755);
     std::ofstream(dir_ + "/job.yaml") << kSpec;
     std::ofstream(dir_ + "/train.sh") << kTrainer;
     chmod((dir_ + "/train.sh").c_str(), 0755);

@@ -73,7 +73,7 @@ class WebUiTest : public ::testing::Test {
 
 TEST_F(WebUiTest, ListsJobsAndPollsTheirSteps) {
   const std::string id = RunningJob(0);
-  const WebUi ui(c_.get(), "");
+  const WebUi ui(c_.get(), {});
   const HttpResponse list = ui.Jobs({});
   ASSERT_EQ(list.status, 200) << list.body;
   const json jobs = Body(list)["jobs"];
@@ -102,7 +102,7 @@ TEST_F(WebUiTest, ListsJobsAndPollsTheirSteps) {
 
 TEST_F(WebUiTest, BadParametersAreJsonErrors) {
   const std::string id = RunningJob(0);
-  const WebUi ui(c_.get(), "");
+  const WebUi ui(c_.get(), {});
   for (const char* after : {"-1", "x", "1.5", "99999999999999999999"}) {
     const HttpResponse response = ui.Job({{{"id", id}, {"after", after}}, ""});
     EXPECT_EQ(response.status, 400) << after;
@@ -116,8 +116,9 @@ TEST_F(WebUiTest, BadParametersAreJsonErrors) {
 
 TEST_F(WebUiTest, TokenGuardsTheJson) {
   RunningJob(0);
-  const WebUi ui(c_.get(), "s3cret");
+  const WebUi ui(c_.get(), {"s3cret", "r3ad"});
   EXPECT_EQ(ui.Jobs({}).status, 401);
+  EXPECT_EQ(ui.Jobs({{}, "Bearer r3ad"}).status, 200);  // the read-only token reads
   EXPECT_EQ(ui.Jobs({{}, "Bearer wrong"}).status, 401);
   EXPECT_EQ(ui.Jobs({{}, "s3cret"}).status, 401);
   EXPECT_EQ(ui.Job({{{"id", "x"}}, "Bearer s3cre"}).status, 401);

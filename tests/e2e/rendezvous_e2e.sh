@@ -29,6 +29,8 @@ trainer=${3:-$build/worker/trainer/hyscale-train}
 heartbeat_ms=250
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/hyscale-rdv-$scenario.XXXXXX")
+# Trainers of a worker run as root run as nobody: they must reach what is in here.
+chmod 755 "$work"
 pids=()
 cleanup() {
   local status=$?
@@ -68,7 +70,8 @@ start() {
   # Trainers inherit the agent's environment: their rendezvous and collectives give up after 60 s,
   # so a broken rendezvous fails the job instead of hanging the test.
   HYSCALE_COMM_TIMEOUT_S=60 "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name w1 \
-    --address 127.0.0.1 "${device_flags[@]}" --work-dir "$work/w1" --trainer "$2" \
+    --address 127.0.0.1 "${device_flags[@]}" --work-dir "$work/w1" \
+    --checkpoint-root "$work/data/checkpoints" --trainer "$2" \
     --heartbeat-interval-ms "$heartbeat_ms" --stop-grace-ms 2000 >"$work/w1.log" 2>&1 &
   pids+=("$!")
   wait_for 30 "the worker online" workers_online

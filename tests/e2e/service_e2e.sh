@@ -12,6 +12,25 @@
 #                      job is RESTARTING, then runs on the other worker and finishes
 #   bad-input          malformed and oversized specs, unknown fields, wrong or missing token,
 #                      unknown job id: each a clear error, and the server keeps serving
+#   job-paths          (a script trainer) a relative data path is refused at submission; a job
+#                      reading /etc/passwd, or a link in the data folder to /etc/shadow, fails as
+#                      bad input naming the field (no restart, no file bytes in any error); one
+#                      in the data folder runs, as nobody when the worker runs as root; reads
+#                      without the token are refused
+#   agent-restart      (a script trainer with a child) a second agent under a live worker's name is
+#                      refused; kill -9 of the agent kills its trainer (parent-death signal); the
+#                      restarted agent ends the trainer's leftover group, registers once the old
+#                      one is lost, and the job's next attempt is the only trainer running
+#   bounded            a 100 KB cancel reason is refused naming the field; a job name with terminal
+#                      controls is listed escaped; a queued job exports no per-job series
+#   out-of-memory      a job no device holds is refused at submission with the planner's reason;
+#                      the real trainer held to 1.5 GB runs out of memory, exits 3, and the job
+#                      fails without a restart
+#   store              `hyscaled backup` while serving; a damaged job record is set aside (named
+#                      in the log, the others served); the backup serves every job; a damaged
+#                      file is refused (exit 1, "integrity check failed")
+#   port-in-use        a second hyscaled on the first one's gRPC or metrics port, and `hyscale up`
+#                      on a taken port, exit naming the port; the first keeps serving alone
 # Usage: service_e2e.sh BUILD_DIR SCENARIO
 set -euo pipefail
 
@@ -24,6 +43,8 @@ trainer=$build/worker/trainer/hyscale-train
 heartbeat_ms=250
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/hyscale-e2e-$scenario.XXXXXX")
+# Trainers of a worker run as root run as nobody: they must reach what is in here.
+chmod 755 "$work"
 pids=()
 cleanup() {
   local status=$?
@@ -56,11 +77,13 @@ start_coordinator() {
 }
 
 declare -A workers
+# start_worker NAME [WORK_DIR [LOG]]
 start_worker() {
   local name=$1
   "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name "$name" \
-    --devices cpu:1 --work-dir "$work/$name" --trainer "$trainer" \
-    --heartbeat-interval-ms "$heartbeat_ms" >"$work/$name.log" 2>&1 &
+    --devices cpu:1 --work-dir "${2:-$work/$name}" --checkpoint-root "$work/data/checkpoints" \
+    --trainer "$trainer" \
+    --heartbeat-interval-ms "$heartbeat_ms" >"${3:-$work/$name.log}" 2>&1 &
   workers[$name]=$!
   pids+=("$!")
 }
@@ -204,8 +227,8 @@ worker_loss() {
   killed_ns=$(date +%s%N)
   kill -9 "${workers[$lost]}"
   pkill -9 -f "hyscale-train.*$work/$lost/" || true
-  restarted_and_running() {
-    state_is "$job" JOB_STATE_RUNNING && (($(job_field "$job" '.restarts') >= 1))
+  restarted_and_running() {  # one read of both fields, so they belong together
+    [[ $(job_field "$job" '"\(.state) \(.restarts // 0)"') =~ ^JOB_STATE_RUNNING\ [1-9] ]]
   }
   wait_for 60 "the job to run again" restarted_and_running
   local moved
@@ -255,11 +278,253 @@ bad_input() {
   echo "bad-input: every bad request got a clear error; the server kept serving"
 }
 
+job_paths() {
+  cat >"$work/id-train.sh" <<'SH'
+#!/bin/sh
+echo '{"event":"job_started","time":1,"name":"paths","total_steps":1}'
+echo "trainer uid $(id -u)" >&2
+echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+SH
+  chmod +x "$work/id-train.sh"
+  trainer=$work/id-train.sh
+  start_coordinator
+  start_worker w1
+  wait_for 30 "the worker online" workers_online 1
+  mkdir -p "$work/w1/data"
+  echo "some text to train on" >"$work/w1/data/corpus.txt"
+  ln -s /etc/shadow "$work/w1/data/shadow"
+  text_job() {
+    write_job "$work/$1.yaml" "$1" 5
+    sed -i "s|recall: {[^}]*}|text_file: {path: $2}|; s/vocab_size: 64/vocab_size: 256/" \
+      "$work/$1.yaml"
+  }
+  text_job relative data/corpus.txt
+  expect_exit 2 "a relative data path" hs submit -f "$work/relative.yaml"
+  grep -q "spec.data.text_file.path: must be an absolute path" "$work/last.out" ||
+    fail "relative path: $(cat "$work/last.out")"
+  local job reason
+  for target in /etc/passwd "$work/w1/data/shadow"; do
+    text_job outside "$target"
+    job=$(submit "$work/outside.yaml" --max-restarts 2)
+    expect_exit 1 "a job reading $target fails" hs watch "$job"
+    reason=$(job_field "$job" '.reason')
+    [[ $reason == *"spec.data.text_file.path: '$target' is outside"* ]] ||
+      fail "reason of the job reading $target: $reason"
+    [[ $(job_field "$job" '.restarts // 0') == 0 ]] || fail "a job reading $target was retried"
+    hs logs "$job" >"$work/outside.out" 2>&1 || true
+    ! grep -q "root:" "$work/outside.out" "$work/w1.log" || fail "file bytes of $target shown"
+  done
+  text_job inside "$work/w1/data/corpus.txt"
+  job=$(submit "$work/inside.yaml")
+  expect_exit 0 "a job reading its data folder" hs watch "$job"
+  if (($(id -u) == 0)); then
+    hs logs "$job" | grep -q "trainer uid $(id -u nobody)" ||
+      fail "the trainer did not run as nobody"
+  fi
+  local anonymous=(env -u HYSCALE_TOKEN "$cli" --server "127.0.0.1:$grpc_port")
+  expect_exit 4 "get without the token" "${anonymous[@]}" get "$job"
+  expect_exit 4 "logs without the token" "${anonymous[@]}" logs "$job"
+  expect_exit 4 "list without the token" "${anonymous[@]}" list
+  expect_exit 4 "workers without the token" "${anonymous[@]}" workers
+  echo "job-paths: outside paths refused as bad input, the inside one ran; reads need the token"
+}
+
+agent_restart() {
+  cat >"$work/long-train.sh" <<EOF
+#!/bin/sh
+echo '{"event":"job_started","time":1,"name":"long","total_steps":1}'
+"$work/child.sh" &
+wait
+EOF
+  printf '#!/bin/sh\nsleep 600\n' >"$work/child.sh"
+  chmod +x "$work/long-train.sh" "$work/child.sh"
+  trainer=$work/long-train.sh
+  start_coordinator
+  start_worker w1
+  wait_for 30 "the worker online" workers_online 1
+  write_job "$work/job.yaml" agent-restart 5
+  local job first impostor
+  job=$(submit "$work/job.yaml" --max-restarts 3)
+  wait_for 30 "the job to run" state_is "$job" JOB_STATE_RUNNING
+  # Processes whose command line starts with a shell running SCRIPT (the agent's names it too).
+  count() { pgrep -fc "^/bin/sh $1" || true; }
+  wait_for 10 "the trainer's child" pgrep -f "$work/child.sh"
+  first=${workers[w1]}
+
+  # An impostor under the live name: refused, and it runs nothing.
+  start_worker w1 "$work/w1-impostor" "$work/impostor.log"
+  impostor=${workers[w1]}
+  wait_for 10 "the impostor's refusal" grep -q "held by another live agent" "$work/impostor.log"
+  kill -9 "$impostor"
+  [[ $(count "$work/long-train.sh") == 1 ]] ||
+    fail "not one trainer: $(count "$work/long-train.sh")"
+
+  kill -9 "$first"
+  trainer_gone() { [[ $(count "$work/long-train.sh") == 0 ]]; }
+  wait_for 5 "the trainer to die with its agent" trainer_gone
+  pgrep -f "$work/child.sh" >/dev/null || fail "the trainer's child died too: nothing left to end"
+  start_worker w1
+  wait_for 30 "the leftover group ended" grep -q "left by a previous agent" "$work/w1.log"
+  child_gone() { [[ $(count "$work/child.sh") == 0 ]]; }
+  wait_for 5 "the leftover child to be gone" child_gone
+  # One read of both fields: two would race with the loss of the old agent.
+  second_attempt() {
+    [[ $(job_field "$job" '"\(.state) \(.restarts // 0)"') == "JOB_STATE_RUNNING 1" ]]
+  }
+  wait_for 30 "the job's next attempt to run" second_attempt
+  [[ $(count "$work/long-train.sh") == 1 ]] ||
+    fail "not one trainer: $(count "$work/long-train.sh")"
+  expect_exit 0 "cancel" hs cancel "$job"
+  echo "agent-restart: the impostor was refused; one trainer per attempt throughout"
+}
+
+bounded() {
+  start_coordinator
+  write_job "$work/job.yaml" bounded 5
+  local job
+  job=$(submit "$work/job.yaml")
+  # A 100 KB cancel reason is refused by name; the job stays as it was.
+  expect_exit 2 "a 100 KB cancel reason" \
+    hs cancel "$job" --reason "$(head -c 100000 /dev/zero | tr '\0' r)"
+  grep -q "reason: 100000 bytes exceeds the limit of 4096" "$work/last.out" ||
+    fail "oversized reason: $(head -c 300 "$work/last.out")"
+  [[ $(job_state "$job") == JOB_STATE_PENDING ]] || fail "the job changed: $(job_state "$job")"
+  # A name with terminal controls is shown escaped, never raw.
+  sed -i "s/^name: bounded/name: \"evil\\\\e]0;pwned\\\\a\"/" "$work/job.yaml"
+  job=$(submit "$work/job.yaml")
+  hs list >"$work/list.out" || fail "hyscale list failed"
+  grep -q 'evil\\x1b]0;pwned\\x07' "$work/list.out" ||
+    fail "the name is not escaped: $(cat -v "$work/list.out")"
+  ! grep -q $'\e' "$work/list.out" || fail "a raw escape reached the terminal"
+  hs get "$job" | grep -q 'evil\\x1b' || fail "get does not escape the name"
+  # Queued jobs add no per-job series.
+  curl -sf "http://127.0.0.1:$metrics_port/metrics" >"$work/metrics.txt" || fail "GET /metrics"
+  ! grep -q "job_id=\"$job\"" "$work/metrics.txt" || fail "a queued job has series"
+  echo "bounded: oversized fields refused by name, names escaped, no series for queued jobs"
+}
+
+out_of_memory() {
+  start_coordinator
+  # Past what any device holds: refused at submission with the planner's reason.
+  write_job "$work/huge.yaml" huge 5
+  sed -i 's/vocab_size: 64/vocab_size: 16777216/; s/seq_len: 64/seq_len: 65536/' "$work/huge.yaml"
+  expect_exit 2 "a job no device holds" hs submit -f "$work/huge.yaml"
+  grep -q "spec: does not fit 1 cpu device(s): memory" "$work/last.out" ||
+    fail "infeasible job: $(cat "$work/last.out")"
+  # Fits the devices, but its trainer is held to 1.5 GB of address space: it runs out of memory,
+  # exits 3, and the job fails without using its restarts.
+  printf '#!/bin/sh\nulimit -v 1500000\nexec %s "$@"\n' "$build/worker/trainer/hyscale-train" \
+    >"$work/small-train.sh"
+  chmod +x "$work/small-train.sh"
+  trainer=$work/small-train.sh
+  start_worker w1
+  wait_for 30 "the worker online" workers_online 1
+  cat >"$work/big.yaml" <<EOF
+name: big
+model: {vocab_size: 64, d_model: 1024, layers: 8, heads: 8, head_dim_qk: 128, rope_dim: 64,
+        head_dim_v: 128, d_ff: 4096, indexer: {heads: 4, dim: 64, rope_dim: 32, topk: 64}}
+data: {seq_len: 1024, batch_size: 8, recall: {pairs: 4, queries: 4, key_vocab: 16, value_vocab: 16}}
+stages: [{name: dense, steps: 2, lr: 0.003, warmup_steps: 1, attention: DENSE}]
+threads: 1
+EOF
+  local job reason
+  job=$(submit "$work/big.yaml" --max-restarts 2)
+  expect_exit 1 "the out-of-memory job fails" hs watch "$job"
+  reason=$(job_field "$job" '.reason')
+  [[ $reason == *"exited with code 3"*"out of memory"* ]] || fail "reason: $reason"
+  [[ $(job_field "$job" '.restarts // 0') == 0 ]] || fail "the out-of-memory job was restarted"
+  echo "out-of-memory: the infeasible job was refused; the one out of memory failed once: $reason"
+}
+
+store() {
+  start_coordinator
+  write_job "$work/job.yaml" kept 5
+  local first second third
+  first=$(submit "$work/job.yaml")
+  second=$(submit "$work/job.yaml")
+  third=$(submit "$work/job.yaml")
+  # A consistent snapshot while it serves.
+  expect_exit 0 "backup while serving" "$hyscaled" backup --data-dir "$work/data" \
+    --to "$work/backup.db"
+  grep -q "backed up" "$work/last.out" || fail "backup: $(cat "$work/last.out")"
+  # One damaged job record: set aside with a line naming it; the others are served.
+  kill -9 "$coordinator"
+  python3 - "$work/data/hyscale.db" "$second" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("UPDATE jobs SET job = x'ffffffff' WHERE id = ?", (sys.argv[2],))
+db.commit()
+PY
+  start_coordinator
+  grep -q "job $second: its stored record cannot be read; set aside" "$work/hyscaled.$starts.log" ||
+    fail "the damaged record is not named: $(cat "$work/hyscaled.$starts.log")"
+  [[ $(hs list -o json | jq -r '[.jobs[].id] | sort | join(" ")') == \
+    "$(printf '%s\n' "$first" "$third" | sort | paste -sd ' ')" ]] || fail "list: $(hs list)"
+  [[ $(python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute(
+    "select id from jobs_set_aside").fetchone()[0])' "$work/data/hyscale.db") == "$second" ]] ||
+    fail "the damaged record is not in jobs_set_aside"
+  # The backup serves all three.
+  mkdir -p "$work/restored"
+  cp "$work/backup.db" "$work/restored/hyscale.db"
+  local port
+  port=$(free_port)
+  "$hyscaled" --listen "127.0.0.1:$port" --data-dir "$work/restored" --metrics-listen 127.0.0.1:0 \
+    --token-file "$work/token" >"$work/restored.log" 2>&1 &
+  pids+=("$!")
+  wait_for 30 "the restored coordinator to listen" grep -q "listening on" "$work/restored.log"
+  [[ $("$cli" --server "127.0.0.1:$port" --token-file "$work/token" list -o json |
+    jq '.jobs | length') == 3 ]] || fail "the backup does not hold the three jobs"
+  # A damaged file is refused, saying so. (Stopped cleanly, so the write-ahead log is folded in
+  # and every page but the header is in the file.)
+  kill -TERM "$coordinator"
+  wait_for 10 "hyscaled to stop" eval '! kill -0 "$coordinator"'
+  python3 - "$work/data/hyscale.db" <<'PY'
+import os, sys
+with open(sys.argv[1], "r+b") as f:
+    size = os.path.getsize(sys.argv[1])
+    f.seek(4096)
+    f.write(b"\x55" * (size - 4096))
+PY
+  expect_exit 1 "hyscaled on a damaged database" timeout 20 "$hyscaled" \
+    --listen "127.0.0.1:$grpc_port" \
+    --data-dir "$work/data" --metrics-listen 127.0.0.1:0 --token-file "$work/token"
+  grep -q "integrity check failed" "$work/last.out" || fail "damaged: $(cat "$work/last.out")"
+  echo "store: backup while serving, a damaged record set aside, a damaged file refused"
+}
+
+port_in_use() {
+  start_coordinator
+  local second=(--data-dir "$work/data2" --token-file "$work/token")
+  expect_exit 1 "a second hyscaled on the gRPC port" "$hyscaled" "${second[@]}" \
+    --listen "127.0.0.1:$grpc_port" --metrics-listen 127.0.0.1:0
+  grep -q "127.0.0.1:$grpc_port" "$work/last.out" ||
+    fail "port not named: $(cat "$work/last.out")"
+  expect_exit 1 "a second hyscaled on the metrics port" "$hyscaled" "${second[@]}" \
+    --listen "127.0.0.1:$(free_port)" --metrics-listen "127.0.0.1:$metrics_port"
+  grep -q "127.0.0.1:$metrics_port" "$work/last.out" ||
+    fail "port not named: $(cat "$work/last.out")"
+  # `hyscale up` on a port another server holds: its hyscaled cannot bind, and up says where.
+  expect_exit 7 "hyscale up on a taken port" "$cli" --server "127.0.0.1:$metrics_port" up \
+    --data-dir "$work/up" --metrics-listen 127.0.0.1:0 --start-timeout 20
+  grep -q "cannot serve on 127.0.0.1:$metrics_port" "$work/last.out" ||
+    fail "hyscale up did not name the port: $(cat "$work/last.out")"
+  # The first coordinator still answers every call (none went to a second one).
+  for _ in {1..10}; do expect_exit 3 "get on the first coordinator" hs get no-such-job; done
+  kill -0 "$coordinator" || fail "hyscaled died"
+  echo "port-in-use: each second server refused its port, naming it"
+}
+
 case $scenario in
   lifecycle) lifecycle ;;
   coordinator-crash) coordinator_crash ;;
   trainer-crash) trainer_crash ;;
   worker-loss) worker_loss ;;
   bad-input) bad_input ;;
+  port-in-use) port_in_use ;;
+  job-paths) job_paths ;;
+  agent-restart) agent_restart ;;
+  bounded) bounded ;;
+  store) store ;;
+  out-of-memory) out_of_memory ;;
   *) fail "unknown scenario $scenario" ;;
 esac

@@ -20,6 +20,8 @@ chromium=$(command -v chromium || true)
 [[ -n $chromium ]] || { echo "FAIL: chromium not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/hyscale-web-ui.XXXXXX")
+# Trainers of a worker run as root run as nobody: they must reach what is in here.
+chmod 755 "$work"
 pids=()
 cleanup() {
   local status=$?
@@ -69,7 +71,8 @@ echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
 SH
 chmod +x "$work/fake-train.sh"
 "$agent" --server "$grpc" --token-file "$work/token" --name w1 --devices cpu:1 \
-  --work-dir "$work/w1" --trainer "$work/fake-train.sh" --heartbeat-interval-ms 250 \
+  --work-dir "$work/w1" --checkpoint-root "$work/data/checkpoints" --trainer "$work/fake-train.sh" \
+  --heartbeat-interval-ms 250 \
   >"$work/worker.log" 2>&1 &
 pids+=("$!")
 

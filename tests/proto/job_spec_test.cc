@@ -175,6 +175,18 @@ TEST(ParseJobSpec, YamlThatIsNotUtf8IsAnError) {
   EXPECT_THAT(parse_error("model:\n  \xa0 d_model: 1\n", SpecFormat::kYaml), HasSubstr("UTF-8"));
 }
 
+// "Billion laughs": nine levels of nine aliases each expand to 9^9 nodes; the cap stops it early.
+TEST(ParseJobSpec, YamlAliasExpansionIsCapped) {
+  std::string yaml = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n";
+  for (int level = 1; level <= 8; ++level) {
+    const std::string prev = "*a" + std::to_string(level - 1);
+    yaml += "a" + std::to_string(level) + ": &a" + std::to_string(level) + " [" + prev;
+    for (int i = 1; i < 9; ++i) yaml += ", " + prev;
+    yaml += "]\n";
+  }
+  EXPECT_THAT(parse_error(yaml, SpecFormat::kYaml), HasSubstr("nodes once aliases are expanded"));
+}
+
 TEST(ParseJobSpec, EmptyYamlIsAnError) {
   EXPECT_THAT(parse_error("# nothing\n", SpecFormat::kYaml), HasSubstr("empty"));
 }

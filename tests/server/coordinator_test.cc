@@ -36,10 +36,13 @@ class CoordinatorTest : public ::testing::Test {
     options.heartbeat_timeout = absl::Seconds(3);
     options.restart_backoff = absl::Seconds(1);
     options.recovery_grace = absl::Seconds(5);
+    options.start_timeout = start_timeout_;
     auto coordinator = Coordinator::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     c_ = std::move(*coordinator);
   }
+
+  absl::Duration start_timeout_ = absl::Seconds(60);
 
   v1::Job Submit(int ranks = 1, int priority = 0, int max_restarts = 0) {
     auto job = c_->SubmitJob(SubmitRequest(ranks, priority, max_restarts));
@@ -55,9 +58,17 @@ class CoordinatorTest : public ::testing::Test {
     auto registered = c_->RegisterWorker(request);
     EXPECT_TRUE(registered.ok()) << registered.status();
     if (response != nullptr) *response = *registered;
-    auto queue = c_->OpenAssignments(name);
+    auto queue = c_->OpenAssignments(Assignments(name));
     EXPECT_TRUE(queue.ok()) << queue.status();
     return *queue;
+  }
+
+  static v1::StreamAssignmentsRequest Assignments(const std::string& worker,
+                                                  const std::string& instance = "") {
+    v1::StreamAssignmentsRequest request;
+    request.set_worker_id(worker);
+    request.set_instance(instance);
+    return request;
   }
 
   static std::vector<v1::Assignment> Drain(const std::shared_ptr<AssignmentQueue>& queue) {
@@ -525,8 +536,8 @@ TEST_F(CoordinatorTest, ContextParallelJobStartsRankZeroFirst) {
   EXPECT_TRUE(Drain(q_rank0).empty());
   EXPECT_TRUE(Drain(q_rank1).empty());
   // A reopened stream resends rank 1 (not running yet), never rank 0 (it has run).
-  q_rank0 = *c_->OpenAssignments(w0);
-  q_rank1 = *c_->OpenAssignments(w1);
+  q_rank0 = *c_->OpenAssignments(Assignments(w0));
+  q_rank1 = *c_->OpenAssignments(Assignments(w1));
   EXPECT_TRUE(Drain(q_rank0).empty());
   ASSERT_EQ(Drain(q_rank1).at(0).run().rendezvous(), w0 + ".local:29400");
 
@@ -554,7 +565,8 @@ TEST_F(CoordinatorTest, PublishedAddressSurvivesCoordinatorRestart) {
   Started(w0, ref0);
   Publish(w0, ref0, "10.0.0.7:29400");
 
-  c_.reset();  // rank 1's RunRank is lost with the queues
+  c_.reset();                          // rank 1's RunRank is lost with the queues
+  start_timeout_ = absl::Minutes(10);  // rank 1 stays unstarted past the rendezvous timeout
   Open();
   auto reloaded = c_->GetJob(job.id());
   EXPECT_EQ(reloaded->state(), v1::JOB_STATE_SCHEDULED);
@@ -728,6 +740,109 @@ TEST(TrainerEventsTest, StepCarriesContextParallelCommunication) {
   EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","comm_exposed_seconds":"x"})").ok());
 }
 
+// A worker name is a lease: another agent cannot take a live worker's identity (and its ranks);
+// the agent holding it may register again (a reconnect), and once it is lost anyone may.
+TEST_F(CoordinatorTest, WorkerNamesAreLeases) {
+  auto first = WorkerRequest("w1", 1);
+  first.set_instance("agent-a");
+  ASSERT_TRUE(c_->RegisterWorker(first).ok());
+  auto second = WorkerRequest("w1", 1);
+  second.set_instance("agent-b");
+  const auto refused = c_->RegisterWorker(second);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("held by another live agent"), std::string::npos);
+  // Nor can it act as the worker without registering.
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("w1");
+  beat.set_instance("agent-b");
+  EXPECT_FALSE(c_->Heartbeat(beat)->registered());
+  v1::ReportStatusRequest report;
+  report.set_worker_id("w1");
+  report.set_instance("agent-b");
+  EXPECT_TRUE(absl::IsFailedPrecondition(c_->ReportStatus(report)));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(c_->OpenAssignments(Assignments("w1", "agent-b")).status()));
+  beat.set_instance("agent-a");
+  EXPECT_TRUE(c_->Heartbeat(beat)->registered());
+  EXPECT_TRUE(c_->RegisterWorker(first).ok());  // the holder reconnecting
+  clock_.Advance(absl::Seconds(4));             // silent for 4 s > 3 s: lost
+  c_->Tick();
+  ASSERT_EQ(c_->ListWorkers({})->workers(0).state(), v1::WORKER_STATE_LOST);
+  EXPECT_TRUE(c_->RegisterWorker(second).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(c_->RegisterWorker(first).status()));
+}
+
+// A worker that heartbeats but never starts what it is given: after the start timeout (60 s) the
+// job goes elsewhere, without using its restarts (max_restarts 0 here), and the worker gets no
+// placements until its exclusion (10 min) ends.
+TEST_F(CoordinatorTest, RankThatNeverStartsMovesAndExcludesItsWorker) {
+  auto q1 = Register("w1", 1);
+  const v1::Job job = Submit();
+  ASSERT_EQ(Drain(q1).size(), 1u);  // placed on w1, which never reports it started
+  auto q2 = Register("w2", 1);
+  Pass(absl::Seconds(59), {{"w1", {}}, {"w2", {}}});
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  Pass(absl::Seconds(1), {{"w1", {}}, {"w2", {}}});
+  auto restarted = c_->GetJob(job.id());
+  EXPECT_EQ(restarted->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(restarted->restarts(), 1);  // the attempt number
+  EXPECT_EQ(restarted->start_timeouts(), 1);
+  EXPECT_EQ(restarted->reason(),
+            "rank 0 did not report its start on worker w1 within 1m (placed again; not counted "
+            "against max_restarts)");
+  const auto workers = *c_->ListWorkers({});
+  ASSERT_EQ(workers.workers(0).id(), "w1");
+  EXPECT_TRUE(workers.workers(0).has_unhealthy_until());
+  EXPECT_EQ(workers.workers(0).state(), v1::WORKER_STATE_ONLINE);
+  Pass(absl::Seconds(2), {{"w1", {}}, {"w2", {}}});
+  auto placed = c_->GetJob(job.id());
+  ASSERT_EQ(placed->placement_size(), 1);
+  EXPECT_EQ(placed->placement(0).worker_id(), "w2");
+  Started("w2", Drain(q2).at(0).run().ref());
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
+  // Excluded: a new job waits rather than go to w1, until the exclusion ends.
+  const v1::Job waiting = Submit();
+  Pass(absl::Minutes(9), {{"w1", {}}, {"w2", {Ref(job.id(), 0, 1)}}});
+  EXPECT_EQ(State(waiting.id()), v1::JOB_STATE_PENDING);
+  Pass(absl::Minutes(1), {{"w1", {}}, {"w2", {Ref(job.id(), 0, 1)}}});
+  EXPECT_EQ(State(waiting.id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_FALSE(c_->ListWorkers({})->workers(0).has_unhealthy_until());
+}
+
+// A job its devices cannot hold is refused at submission (the planner says why); one that fits the
+// profile is placed only where its estimated memory fits, and otherwise waits, saying so.
+TEST_F(CoordinatorTest, JobsThatCannotFitAreRefusedOrWait) {
+  auto huge = SubmitRequest(1, 0, 2);
+  huge.mutable_spec()->mutable_model()->set_vocab_size(1 << 24);
+  huge.mutable_spec()->mutable_data()->set_seq_len(65536);
+  const auto refused = c_->SubmitJob(huge);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("spec: does not fit 1 "), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("device(s): memory"), std::string::npos);
+
+  auto small = WorkerRequest("small", 1);
+  small.mutable_devices(0)->set_memory_bytes(1000);
+  ASSERT_TRUE(c_->RegisterWorker(small).ok());
+  const v1::Job job = Submit();
+  EXPECT_GT(job.resources().memory_bytes_per_rank(), 1000);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("bytes each"), std::string::npos) << job.reason();
+}
+
+// Out of memory fails the same way on every attempt: the job fails without a restart.
+TEST_F(CoordinatorTest, OutOfMemoryIsNotRestarted) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit(1, 0, 2);
+  const v1::RankRef ref = Drain(queue).at(0).run().ref();
+  Started("w1", ref);
+  Exited("w1", ref, v1::TRAINER_EXIT_OUT_OF_MEMORY);
+  const auto failed = c_->GetJob(job.id());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->restarts(), 0);
+  EXPECT_NE(failed->reason().find("out of memory"), std::string::npos) << failed->reason();
+}
+
 TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
   auto q1 = Register("w1", 1);
   const v1::Job job = Submit(1, 0, 1);
@@ -738,7 +853,7 @@ TEST_F(CoordinatorTest, LostWorkerRestartsItsJobsElsewhere) {
   clock_.Advance(absl::Seconds(2));  // w1 silent for 4 s > 3 s
   Heartbeat("w2", {});
   c_->Tick();
-  EXPECT_EQ(c_->ListWorkers().workers(0).state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(c_->ListWorkers({})->workers(0).state(), v1::WORKER_STATE_LOST);
   auto restarting = c_->GetJob(job.id());
   EXPECT_EQ(restarting->state(), v1::JOB_STATE_RESTARTING);
   EXPECT_NE(restarting->reason().find("worker w1 lost"), std::string::npos);
@@ -847,15 +962,16 @@ TEST_F(CoordinatorTest, ReopenedStreamResendsRanksNotRunning) {
   auto queue = Register("w1", 1);
   const v1::Job job = Submit();
   ASSERT_EQ(Drain(queue).size(), 1u);  // delivered, but the agent never started it
-  queue = *c_->OpenAssignments("w1");
+  queue = *c_->OpenAssignments(Assignments("w1"));
   auto resent = Drain(queue);
   ASSERT_EQ(resent.size(), 1u);
   EXPECT_EQ(resent[0].run().ref().job_id(), job.id());
   Heartbeat("w1", {resent[0].run().ref()});
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);  // the heartbeat shows it started
-  queue = *c_->OpenAssignments("w1");
+  queue = *c_->OpenAssignments(Assignments("w1"));
   EXPECT_TRUE(Drain(queue).empty());
-  EXPECT_EQ(c_->OpenAssignments("ghost").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->OpenAssignments(Assignments("ghost")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(CoordinatorTest, RegisterWorkerValidates) {
@@ -871,7 +987,7 @@ TEST_F(CoordinatorTest, RegisterWorkerValidates) {
   request = WorkerRequest("w", 1);
   request.mutable_devices(0)->set_kind(v1::DEVICE_KIND_UNSPECIFIED);
   EXPECT_EQ(c_->RegisterWorker(request).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(c_->ListWorkers().workers().empty());
+  EXPECT_TRUE(c_->ListWorkers({})->workers().empty());
 }
 
 TEST_F(CoordinatorTest, HeartbeatStopsUnwantedRanks) {
@@ -975,6 +1091,60 @@ TEST_F(CoordinatorTest, WatchFollowsLiveEventsAndEndsOnShutdown) {
   EXPECT_EQ(c_->WatchJob(request, nullptr, nullptr).code(), absl::StatusCode::kNotFound);
 }
 
+// Pages end by bytes too, so big jobs never make one answer exceed a client's message limit.
+TEST_F(CoordinatorTest, ListJobsPagesByBytes) {
+  for (int i = 0; i < 5; ++i) {
+    auto request = SubmitRequest();
+    request.mutable_spec()->set_name(std::string(4000, 'a' + i));
+    request.mutable_spec()->mutable_stages(0)->set_name(std::string(4000, 'x'));
+    for (int stage = 0; stage < 200; ++stage) {  // ~800 KB a job
+      *request.mutable_spec()->add_stages() = request.spec().stages(0);
+    }
+    ASSERT_TRUE(c_->SubmitJob(request).ok());
+  }
+  v1::ListJobsRequest request;
+  auto page = c_->ListJobs(request);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_LT(page->ByteSizeLong(), size_t{2} << 20);
+  EXPECT_GT(page->jobs_size(), 0);
+  EXPECT_LT(page->jobs_size(), 5);
+  EXPECT_FALSE(page->next_page_token().empty());
+}
+
+// Workers come in pages by id, by count and by bytes.
+TEST_F(CoordinatorTest, ListWorkersPages) {
+  for (int i = 0; i < 5; ++i) {
+    auto request = WorkerRequest("w" + std::to_string(i), 1);
+    for (int slot = 0; slot < 2000; ++slot) {  // ~600 KB of running ranks a worker
+      auto* ref = request.add_running();
+      ref->set_job_id(std::string(256, 'j'));
+      ref->set_rank(slot);
+    }
+    ASSERT_TRUE(c_->RegisterWorker(request).ok());
+  }
+  v1::ListWorkersRequest request;
+  request.set_page_size(2);
+  std::vector<std::string> seen;
+  for (int page = 0; page < 10; ++page) {
+    auto response = c_->ListWorkers(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_LE(response->workers_size(), 2);
+    EXPECT_LT(response->ByteSizeLong(), size_t{2} << 20);
+    for (const auto& worker : response->workers()) seen.push_back(worker.id());
+    if (response->next_page_token().empty()) break;
+    request.set_page_token(response->next_page_token());
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"w0", "w1", "w2", "w3", "w4"}));
+  request.set_page_size(0);
+  request.clear_page_token();
+  auto by_bytes = c_->ListWorkers(request);
+  ASSERT_TRUE(by_bytes.ok());
+  EXPECT_LT(by_bytes->workers_size(), 5);  // 5 x ~600 KB passes 2 MiB
+  EXPECT_FALSE(by_bytes->next_page_token().empty());
+  request.set_page_size(-1);
+  EXPECT_TRUE(absl::IsInvalidArgument(c_->ListWorkers(request).status()));
+}
+
 TEST_F(CoordinatorTest, ListJobsPagesNewestFirst) {
   std::vector<std::string> ids;
   for (int i = 0; i < 5; ++i) ids.push_back(Submit().id());
@@ -1069,8 +1239,9 @@ TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
   }
   EXPECT_TRUE(hyscale::ValidateJobSpec(job->spec()).ok()) << hyscale::ValidateJobSpec(job->spec());
   EXPECT_EQ(job->resources().ranks(), planned.context_parallel());  // what the plan uses
+  // Queued (no workers): its per-job series start once it is placed.
   const std::string text = metrics_.Render();
-  EXPECT_NE(text.find("hyscale_job_predicted_step_seconds{job_id=\"" + job->id() + "\"} "),
+  EXPECT_EQ(text.find("hyscale_job_predicted_step_seconds{job_id=\"" + job->id() + "\"} "),
             std::string::npos);
 
   // Nothing fits: the submission fails and says why.

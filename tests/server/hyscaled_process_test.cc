@@ -110,9 +110,12 @@ grpc::Status Submit(v1::JobService::Stub* jobs, const std::string& token, v1::Jo
   return jobs->SubmitJob(&context, testing::SubmitRequest(), job);
 }
 
-grpc::Status Get(v1::JobService::Stub* jobs, const std::string& id, v1::Job* job) {
+grpc::Status Get(v1::JobService::Stub* jobs, const std::string& id, v1::Job* job,
+                 const std::string& token = "") {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  rpc::ClientOptions options;
+  options.token = token;
+  rpc::PrepareCall(&context, options, std::chrono::seconds(10));
   v1::GetJobRequest request;
   request.set_job_id(id);
   return jobs->GetJob(&context, request, job);
@@ -187,12 +190,82 @@ TEST(HyscaledProcessTest, JobsSurviveSigkillAndTokenIsEnforced) {
   ASSERT_GT(port, 0);
   auto jobs = Jobs("127.0.0.1:" + std::to_string(port));
   v1::Job recovered;
-  ASSERT_TRUE(Get(jobs.get(), job.id(), &recovered).ok());
+  EXPECT_EQ(Get(jobs.get(), job.id(), &recovered).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  ASSERT_TRUE(Get(jobs.get(), job.id(), &recovered, "tok3n").ok());
   EXPECT_EQ(recovered.state(), v1::JOB_STATE_PENDING);
   // An idle client connection would hold the shutdown until the client polls it (its backup
   // poller runs every 5 s); closing it lets the daemon exit at once.
   jobs.reset();
   EXPECT_EQ(daemon.Stop(SIGINT, std::chrono::seconds(3)), 0);
+}
+
+// A worker that registers and heartbeats but never starts what it is given (a fake agent here):
+// after --start-timeout-ms its job runs on the other worker, and it is excluded from placement.
+TEST(HyscaledProcessTest, WorkerThatNeverStartsIsExcludedAndItsJobMoves) {
+  const std::string dir = testing::ScratchDir();
+  Daemon daemon({"--data-dir", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                 "--heartbeat-interval-ms", "200", "--start-timeout-ms", "1000",
+                 "--restart-backoff-ms", "100"});
+  const int port = daemon.WaitForPort();
+  ASSERT_GT(port, 0);
+  rpc::ClientOptions client;
+  client.server = "127.0.0.1:" + std::to_string(port);
+  auto channel = rpc::Connect(client);
+  ASSERT_TRUE(channel.ok());
+  auto workers = v1::WorkerService::NewStub(*channel);
+  auto jobs = v1::JobService::NewStub(*channel);
+  const auto call = [](grpc::ClientContext* context) {
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  };
+  const auto register_worker = [&](const std::string& name) {
+    grpc::ClientContext context;
+    call(&context);
+    v1::RegisterWorkerResponse response;
+    return workers->RegisterWorker(&context, testing::WorkerRequest(name, 1), &response).ok();
+  };
+  ASSERT_TRUE(register_worker("stuck"));
+  v1::Job job;
+  ASSERT_TRUE(Submit(jobs.get(), "", &job).ok());
+  ASSERT_EQ(job.placement(0).worker_id(), "stuck");
+  ASSERT_TRUE(register_worker("good"));
+
+  // Both heartbeat; "good" starts what it is sent (it reports the rank in its heartbeats).
+  v1::Job moved;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(Get(jobs.get(), job.id(), &moved).ok());
+    for (const std::string name : {"stuck", "good"}) {
+      grpc::ClientContext context;
+      call(&context);
+      v1::HeartbeatRequest beat;
+      beat.set_worker_id(name);
+      if (name == "good" && moved.placement_size() == 1 &&
+          moved.placement(0).worker_id() == "good") {
+        auto* ref = beat.add_running();
+        ref->set_job_id(job.id());
+        ref->set_attempt(moved.restarts());
+      }
+      v1::HeartbeatResponse response;
+      ASSERT_TRUE(workers->Heartbeat(&context, beat, &response).ok());
+    }
+    if (moved.state() == v1::JOB_STATE_RUNNING) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(moved.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(moved.placement_size(), 1);
+  EXPECT_EQ(moved.placement(0).worker_id(), "good");
+  EXPECT_EQ(moved.restarts(), 1);
+  grpc::ClientContext context;
+  call(&context);
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(workers->ListWorkers(&context, {}, &listed).ok());
+  for (const auto& worker : listed.workers()) {
+    EXPECT_EQ(worker.has_unhealthy_until(), worker.id() == "stuck") << worker.id();
+  }
+  workers.reset();
+  jobs.reset();
+  channel->reset();
+  EXPECT_EQ(daemon.Stop(SIGTERM, std::chrono::seconds(5)), 0);
 }
 
 TEST(HyscaledProcessTest, ServesTls) {

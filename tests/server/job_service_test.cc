@@ -9,12 +9,47 @@
 #include "proto/rpc.h"
 #include "server/coordinator.h"
 #include "server/grpc_server.h"
+#include "server/stream_limiter.h"
 #include "tests/server/test_util.h"
 
 namespace hyscale::server {
 namespace {
 
 constexpr char kToken[] = "s3cret";
+constexpr char kReadToken[] = "r3ad";
+
+// How a server stream ends, read to its end.
+template <typename Message, typename Reader>
+grpc::StatusCode EndOf(Reader reader) {
+  Message message;
+  while (reader->Read(&message)) {
+  }
+  return reader->Finish().error_code();
+}
+
+// A unary call by method name with an empty request, waited for.
+grpc::Status GenericUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                              grpc::ClientContext* context, const std::string& method,
+                              grpc::ByteBuffer* response) {
+  grpc::GenericStub generic(channel);
+  grpc::Slice empty("", 0);
+  grpc::ByteBuffer request(&empty, 1);
+  std::mutex mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  grpc::Status status;
+  generic.UnaryCall(context, method, grpc::StubOptions(), &request, response, [&](grpc::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    status = s;
+    done = true;
+    done_cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  if (!done_cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; })) {
+    return {grpc::StatusCode::DEADLINE_EXCEEDED, "no answer"};
+  }
+  return status;
+}
 
 class JobServiceTest : public ::testing::Test {
  protected:
@@ -24,8 +59,8 @@ class JobServiceTest : public ::testing::Test {
     auto coordinator = Coordinator::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     coordinator_ = std::move(*coordinator);
-    auto server = GrpcServer::Start(coordinator_.get(), kToken, grpc::InsecureServerCredentials(),
-                                    "127.0.0.1:0", &metrics_);
+    auto server = GrpcServer::Start(coordinator_.get(), {kToken, kReadToken},
+                                    grpc::InsecureServerCredentials(), "127.0.0.1:0", &metrics_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
@@ -68,15 +103,27 @@ TEST_F(JobServiceTest, MutationsNeedTheToken) {
   v1::Job cancelled;
   EXPECT_EQ(jobs_->CancelJob(Context(nullptr).get(), cancel, &cancelled).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  // Reads are open.
+  // The read-only token reads but does not mutate.
+  EXPECT_EQ(jobs_->CancelJob(Context(kReadToken).get(), cancel, &cancelled).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(
+      jobs_->SubmitJob(Context(kReadToken).get(), testing::SubmitRequest(), &job).error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+  v1::RegisterWorkerResponse as_reader;
+  EXPECT_EQ(
+      workers_
+          ->RegisterWorker(Context(kReadToken).get(), testing::WorkerRequest("w", 1), &as_reader)
+          .error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
   v1::GetJobRequest get;
   get.set_job_id(job.id());
   v1::Job got;
-  EXPECT_TRUE(jobs_->GetJob(Context(nullptr).get(), get, &got).ok());
+  EXPECT_TRUE(jobs_->GetJob(Context(kReadToken).get(), get, &got).ok());
+  EXPECT_TRUE(jobs_->GetJob(Context().get(), get, &got).ok());
   v1::ListJobsResponse list;
-  EXPECT_TRUE(jobs_->ListJobs(Context(nullptr).get(), {}, &list).ok());
+  EXPECT_TRUE(jobs_->ListJobs(Context(kReadToken).get(), {}, &list).ok());
   v1::ListWorkersResponse workers;
-  EXPECT_TRUE(workers_->ListWorkers(Context(nullptr).get(), {}, &workers).ok());
+  EXPECT_TRUE(workers_->ListWorkers(Context(kReadToken).get(), {}, &workers).ok());
   // Worker RPCs are not.
   v1::RegisterWorkerResponse registered;
   EXPECT_EQ(
@@ -90,6 +137,94 @@ TEST_F(JobServiceTest, MutationsNeedTheToken) {
   EXPECT_EQ(workers_->ReportStatus(Context(nullptr).get(), {}, &reported).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(jobs_->CancelJob(Context().get(), cancel, &cancelled).ok());
+}
+
+// Job specs name data paths and logs hold trainer output: with a token set, nothing is open.
+TEST_F(JobServiceTest, ReadsNeedATokenWhenOneIsSet) {
+  v1::Job job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context().get(), testing::SubmitRequest(), &job).ok());
+  for (const char* token : {static_cast<const char*>(nullptr), "wrong"}) {
+    v1::GetJobRequest get;
+    get.set_job_id(job.id());
+    v1::Job got;
+    EXPECT_EQ(jobs_->GetJob(Context(token).get(), get, &got).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListJobsResponse list;
+    EXPECT_EQ(jobs_->ListJobs(Context(token).get(), {}, &list).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::PlanJobRequest plan_request;
+    *plan_request.mutable_spec() = testing::SubmitRequest().spec();
+    v1::Plan plan;
+    EXPECT_EQ(jobs_->PlanJob(Context(token).get(), plan_request, &plan).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListWorkersResponse workers;
+    EXPECT_EQ(workers_->ListWorkers(Context(token).get(), {}, &workers).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::WatchJobRequest watch;
+    watch.set_job_id(job.id());
+    EXPECT_EQ(EndOf<v1::JobEvent>(jobs_->WatchJob(Context(token).get(), watch)),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::StreamLogsRequest logs;
+    logs.set_job_id(job.id());
+    EXPECT_EQ(EndOf<v1::LogChunk>(jobs_->StreamLogs(Context(token).get(), logs)),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+}
+
+TEST(StreamLimiterTest, CapsStreamsPerHost) {
+  StreamLimiter limiter(2);
+  auto first = limiter.Acquire("ipv4:10.0.0.1:1000");
+  auto second = limiter.Acquire("ipv4:10.0.0.1:1001");  // another connection, same host
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(limiter.Acquire("ipv4:10.0.0.1:1002").status()));
+  EXPECT_TRUE(limiter.Acquire("ipv4:10.0.0.2:1000").ok());
+  first->reset();
+  EXPECT_TRUE(limiter.Acquire("ipv4:10.0.0.1:1003").ok());
+}
+
+// One oversized field is refused by name before it can be stored.
+TEST_F(JobServiceTest, OversizedFieldsAreRefusedByName) {
+  v1::Job job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context().get(), testing::SubmitRequest(), &job).ok());
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  cancel.set_reason(std::string(4 << 20 >> 1, 'r'));  // 2 MiB
+  v1::Job cancelled;
+  const grpc::Status status = jobs_->CancelJob(Context().get(), cancel, &cancelled);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "reason: 2097152 bytes exceeds the limit of 4096");
+  v1::ListJobsRequest list;
+  for (int i = 0; i < 5000; ++i) list.add_states(v1::JOB_STATE_RUNNING);
+  v1::ListJobsResponse listed;
+  const grpc::Status many = jobs_->ListJobs(Context().get(), list, &listed);
+  EXPECT_EQ(many.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(many.error_message(), "states: 5000 entries exceeds the limit of 4096");
+  auto request = testing::SubmitRequest();
+  request.mutable_spec()->mutable_stages(0)->set_name(std::string(5000, 's'));
+  const grpc::Status nested = jobs_->SubmitJob(Context().get(), request, &job);
+  EXPECT_EQ(nested.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(nested.error_message(), "spec.stages[0].name: 5000 bytes exceeds the limit of 4096");
+}
+
+// Made-up method names all count under one label; real ones under their own.
+TEST_F(JobServiceTest, RpcMetricsLabelOnlyKnownMethods) {
+  for (int i = 0; i < 20; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::ByteBuffer response;
+    EXPECT_EQ(GenericUnaryCall(channel_, &context, "/made.up.Service/Method" + std::to_string(i),
+                               &response)
+                  .error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
+  v1::GetJobRequest get;
+  get.set_job_id("job-none");
+  v1::Job got;
+  jobs_->GetJob(Context().get(), get, &got);
+  const std::string text = metrics_.Render();
+  EXPECT_EQ(text.find("made.up"), std::string::npos);
+  EXPECT_NE(text.find("method=\"other\""), std::string::npos) << text;
+  EXPECT_NE(text.find("method=\"hyscale.v1.JobService/GetJob\""), std::string::npos);
 }
 
 TEST_F(JobServiceTest, ErrorsMapToCodesAndNameFields) {
@@ -241,23 +376,9 @@ TEST_F(JobServiceTest, HealthServiceIsOn) {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   // grpc.health.v1.Health/Check with an empty request (service "" = the whole server): the reply
   // is a HealthCheckResponse whose status field 1 is SERVING (1), i.e. bytes 08 01.
-  grpc::GenericStub generic(channel_);
-  grpc::Slice empty("", 0);
-  grpc::ByteBuffer request(&empty, 1);
   grpc::ByteBuffer response;
-  std::mutex mu;
-  std::condition_variable done_cv;
-  bool done = false;
-  grpc::Status status;
-  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) {
-                      std::lock_guard<std::mutex> lock(mu);
-                      status = s;
-                      done = true;
-                      done_cv.notify_all();
-                    });
-  std::unique_lock<std::mutex> lock(mu);
-  ASSERT_TRUE(done_cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; }));
+  const grpc::Status status =
+      GenericUnaryCall(channel_, &context, "/grpc.health.v1.Health/Check", &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(response.Dump(&slices).ok());

@@ -111,6 +111,31 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
   EXPECT_EQ(metrics.Render().find("job-1"), std::string::npos);
 }
 
+// Label values a worker or a queue could grow without bound are not exported: made-up phase
+// names, phases past 32 per job, and per-job series of jobs that only wait.
+TEST(MetricsTest, PerJobSeriesStayBounded) {
+  ServerMetrics metrics(absl::Minutes(1));
+  v1::StepProgress step;
+  (*step.mutable_phase_seconds())["forward"] = 0.1;
+  (*step.mutable_phase_seconds())["Bad-Name"] = 0.1;
+  (*step.mutable_phase_seconds())[std::string(33, 'a')] = 0.1;
+  metrics.Step("job-1", step);
+  for (int i = 0; i < 40; ++i) (*step.mutable_phase_seconds())["p" + std::to_string(i)] = 0.1;
+  metrics.Step("job-1", step);
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("phase=\"forward\""), std::string::npos);
+  EXPECT_EQ(text.find("Bad-Name"), std::string::npos);
+  EXPECT_EQ(text.find(std::string(33, 'a')), std::string::npos);
+  size_t phases = 0;
+  for (size_t at = text.find("hyscale_job_step_phase_seconds_count{"); at != std::string::npos;
+       at = text.find("hyscale_job_step_phase_seconds_count{", at + 1)) {
+    ++phases;
+  }
+  EXPECT_EQ(phases, ServerMetrics::kMaxPhasesPerJob);
+  metrics.JobState("job-queued", v1::JOB_STATE_PENDING);
+  EXPECT_EQ(metrics.Render().find("job-queued"), std::string::npos);
+}
+
 TEST(MetricsTest, ServedOverHttp) {
   MetricsHttpServer server([] { return std::string("x_total 1\n"); });
   auto port = server.Start("127.0.0.1", 0);

@@ -38,6 +38,7 @@ class StoreTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::string path_;
+  std::vector<std::string> set_aside_;  // LoadJobs' unreadable records
 };
 
 TEST_F(StoreTest, FreshStoreIsMigratedAndInWalMode) {
@@ -66,7 +67,7 @@ TEST_F(StoreTest, JobsEventsAndWorkersSurviveReopen) {
   }
   auto store = Store::Open(path_);
   ASSERT_TRUE(store.ok());
-  auto jobs = (*store)->LoadJobs();
+  auto jobs = (*store)->LoadJobs(&set_aside_);
   ASSERT_TRUE(jobs.ok());
   ASSERT_EQ(jobs->size(), 2u);
   EXPECT_EQ((*jobs)[0].id(), "a");  // insertion order
@@ -92,7 +93,7 @@ TEST_F(StoreTest, RequestIdIsUniqueWhenSet) {
   EXPECT_TRUE((*store)->InsertJob(MakeJob("c", ""), {}).ok());
   EXPECT_TRUE((*store)->InsertJob(MakeJob("d", ""), {}).ok());
   // The failed insert left nothing behind.
-  EXPECT_EQ((*store)->LoadJobs()->size(), 3u);
+  EXPECT_EQ((*store)->LoadJobs(&set_aside_)->size(), 3u);
 }
 
 TEST_F(StoreTest, EventAndJobAreOneTransaction) {
@@ -103,7 +104,7 @@ TEST_F(StoreTest, EventAndJobAreOneTransaction) {
   a.set_state(v1::JOB_STATE_RUNNING);
   // Sequence 1 exists: the event insert fails, and the job update must roll back with it.
   EXPECT_FALSE((*store)->UpdateJob(a, {Event("a", 1, v1::JOB_STATE_RUNNING)}).ok());
-  EXPECT_EQ((*store)->LoadJobs()->at(0).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ((*store)->LoadJobs(&set_aside_)->at(0).state(), v1::JOB_STATE_PENDING);
 }
 
 TEST_F(StoreTest, OlderSchemaIsMigratedAndNewerRefused) {
@@ -134,6 +135,90 @@ TEST_F(StoreTest, OlderSchemaIsMigratedAndNewerRefused) {
   }
   auto store = Store::Open(path_);
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// One damaged job record neither stops loading nor vanishes: it moves to jobs_set_aside.
+TEST_F(StoreTest, UnreadableJobRecordIsSetAside) {
+  {
+    auto store = Store::Open(path_);
+    ASSERT_TRUE(store.ok());
+    for (const char* id : {"a", "b", "c"})
+      ASSERT_TRUE((*store)->InsertJob(MakeJob(id, ""), {}).ok());
+  }
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE jobs SET job = x'ffffffffff' WHERE id = 'b'", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto store = Store::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->LoadJobs(&set_aside_);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ(jobs->at(0).id(), "a");
+  EXPECT_EQ(jobs->at(1).id(), "c");
+  EXPECT_EQ(set_aside_, std::vector<std::string>{"b"});
+  set_aside_.clear();
+  EXPECT_EQ((*store)->LoadJobs(&set_aside_)->size(), 2u);
+  EXPECT_TRUE(set_aside_.empty());  // moved once
+  store->reset();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* select = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT id, hex(job) FROM jobs_set_aside", -1, &select, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(select), SQLITE_ROW);
+  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(select, 0)), "b");
+  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(select, 1)), "FFFFFFFFFF");
+  sqlite3_finalize(select);
+  sqlite3_close(db);
+}
+
+TEST_F(StoreTest, DamagedDatabaseIsRefused) {
+  {
+    auto store = Store::Open(path_);
+    ASSERT_TRUE(store.ok());
+    for (int i = 0; i < 200; ++i) {
+      v1::Job job = MakeJob("job-" + std::to_string(i), "");
+      job.set_reason(std::string(1000, 'r'));
+      ASSERT_TRUE((*store)->InsertJob(job, {}).ok());
+    }
+  }
+  {
+    // Garbage over a page in the middle of the jobs table.
+    FILE* file = std::fopen(path_.c_str(), "r+b");
+    ASSERT_NE(file, nullptr);
+    std::fseek(file, 20 * 4096, SEEK_SET);
+    const std::string garbage(4096, '\x55');
+    std::fwrite(garbage.data(), 1, garbage.size(), file);
+    std::fclose(file);
+  }
+  auto store = Store::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_NE(store.status().message().find("integrity check failed"), std::string::npos)
+      << store.status();
+}
+
+// A backup taken while the store is open and written is a complete, consistent copy.
+TEST_F(StoreTest, BackupWhileServing) {
+  auto store = Store::Open(path_);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->InsertJob(MakeJob("a", ""), {Event("a", 1, v1::JOB_STATE_PENDING)}).ok());
+  const std::string copy = (dir_ / "backup.db").string();
+  ASSERT_TRUE(Store::Backup(path_, copy).ok());
+  ASSERT_TRUE((*store)->InsertJob(MakeJob("b", ""), {}).ok());  // after the snapshot
+  auto restored = Store::Open(copy);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  auto jobs = (*restored)->LoadJobs(&set_aside_);
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ(jobs->at(0).id(), "a");
+  EXPECT_EQ((*restored)->LastSequence("a").value(), 1);
+  EXPECT_FALSE(std::filesystem::exists(copy + ".partial"));
+  EXPECT_FALSE(Store::Backup((dir_ / "none.db").string(), copy).ok());
 }
 
 TEST_F(StoreTest, UnwritableLocationIsAnError) {

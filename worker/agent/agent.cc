@@ -3,6 +3,7 @@
 #include <absl/strings/str_cat.h>
 
 #include <iostream>
+#include <random>
 #include <utility>
 
 #include "worker/agent/devices.h"
@@ -18,11 +19,34 @@ constexpr size_t kMaxBatchBytes = 2 << 20;
 constexpr size_t kMaxQueuedBytes = 64 << 20;
 // Extra time, beyond the stop grace, for a killed trainer to be reaped.
 constexpr milliseconds kReapSlack{2000};
+// The exit code of a rank whose trainer did not start: 2 (bad input, not retried) when the job
+// itself is at fault (a path outside the allowed folders), else 127 (as a shell reports it).
+constexpr int kExitBadInput = 2;
+constexpr int kExitCannotStart = 127;
 
 // Agent log lines go to stderr; the integration tests and people read them.
 template <typename... Args>
 void Log(const Args&... args) {
   std::cerr << absl::StrCat("hyscale-worker: ", args...) << std::endl;
+}
+
+// 128 random bits in hex.
+std::string NewInstance() {
+  std::random_device random;
+  std::string instance;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&instance, absl::Hex(random(), absl::kZeroPad8));
+  return instance;
+}
+
+// An exit reason cut to what the coordinator takes (4096 bytes a field, server/request_limits.h):
+// a longer one (a long stop reason, a trainer's long error) would get the whole report batch,
+// exit included, refused.
+constexpr size_t kMaxReasonBytes = 2048;
+std::string Shortened(const std::string& reason) {
+  if (reason.size() <= kMaxReasonBytes) return reason;
+  size_t cut = kMaxReasonBytes;
+  while (cut > 0 && (static_cast<unsigned char>(reason[cut]) & 0xC0) == 0x80) --cut;  // UTF-8
+  return reason.substr(0, cut) + "...";
 }
 
 std::string Describe(const v1::RankRef& ref) {
@@ -38,6 +62,11 @@ std::string Describe(const grpc::Status& status) {
 
 Agent::Agent(AgentOptions options)
     : options_(std::move(options)),
+      paths_(options_.data_roots.empty() ? std::vector<std::string>{options_.work_dir + "/data"}
+                                         : options_.data_roots,
+             options_.checkpoint_roots.empty() ? std::vector<std::string>{options_.work_dir}
+                                               : options_.checkpoint_roots),
+      instance_(NewInstance()),
       reports_(kMaxBatchReports, kMaxBatchBytes, kMaxQueuedBytes),
       heartbeat_interval_(options_.heartbeat_interval) {}
 
@@ -62,6 +91,10 @@ absl::Status Agent::Run() {
   auto channel = rpc::Connect(options_.client);
   if (!channel.ok()) return channel.status();
   stub_ = v1::WorkerService::NewStub(*channel);
+  // The coordinator places their ranks again: left running, they would train beside the new ones.
+  for (const pid_t pid : EndLeftoverTrainers(options_.work_dir)) {
+    Log("ended trainer process group ", pid, " left by a previous agent");
+  }
 
   std::thread heartbeat([this] { HeartbeatLoop(); });
   std::thread reporter([this] { ReportLoop(); });
@@ -131,6 +164,7 @@ absl::Status Agent::Register() {
   v1::RegisterWorkerRequest request;
   request.set_name(options_.name);
   request.set_address(options_.address);
+  request.set_instance(instance_);
   for (const auto& device : options_.devices) *request.add_devices() = device;
   const auto running = Running();
   for (const auto& ref : running) *request.add_running() = ref;
@@ -180,6 +214,7 @@ std::chrono::steady_clock::duration Agent::ServeAssignments() {
     if (shutting_down_ || !registered_) return {};
     stream_context_ = &context;
     request.set_worker_id(worker_id_);
+    request.set_instance(instance_);
   }
   auto reader = stub_->StreamAssignments(&context, request);
   v1::Assignment assignment;
@@ -226,6 +261,7 @@ void Agent::HeartbeatLoop() {
     }
     v1::HeartbeatRequest request;
     request.set_worker_id(worker_id);
+    request.set_instance(instance_);
     for (const auto& ref : Running()) *request.add_running() = ref;
     grpc::ClientContext context;
     rpc::PrepareCall(&context, options_.client, std::min(options_.client.timeout, interval * 2));
@@ -262,6 +298,7 @@ void Agent::ReportLoop() {
 
     v1::ReportStatusRequest request;
     request.set_worker_id(worker_id);
+    request.set_instance(instance_);
     for (const auto& report : batch) *request.add_reports() = report;
     grpc::ClientContext context;
     PrepareCall(&context);
@@ -328,7 +365,7 @@ void Agent::RunRank(const v1::RunRank& run) {
   for (const auto& process : superseded) process->WaitForExit(options_.stop_grace + kReapSlack);
 
   RankSetup setup{options_.work_dir, options_.trainer_path,
-                  SlotCount(options_.devices, v1::DEVICE_KIND_GPU) > 0};
+                  SlotCount(options_.devices, v1::DEVICE_KIND_GPU) > 0, paths_, options_.run_as};
   auto command = PrepareRank(run, setup);
   TrainerProcess::Callbacks callbacks;
   callbacks.on_start = [this, ref](pid_t pid) {
@@ -352,7 +389,7 @@ void Agent::RunRank(const v1::RunRank& run) {
     v1::RankReport report;
     report.mutable_exited()->set_exit_code(exit.exit_code);
     report.mutable_exited()->set_signal(exit.signal);
-    report.mutable_exited()->set_reason(exit.reason);
+    report.mutable_exited()->set_reason(Shortened(exit.reason));
     Report(ref, std::move(report));
   };
 
@@ -368,8 +405,10 @@ void Agent::RunRank(const v1::RunRank& run) {
   if (!started.ok()) {
     Log(Describe(ref), ": cannot start trainer: ", started.message());
     v1::RankReport report;
-    report.mutable_exited()->set_exit_code(127);
-    report.mutable_exited()->set_reason(absl::StrCat("cannot start trainer: ", started.message()));
+    report.mutable_exited()->set_exit_code(absl::IsInvalidArgument(started) ? kExitBadInput
+                                                                            : kExitCannotStart);
+    report.mutable_exited()->set_reason(
+        Shortened(absl::StrCat("cannot start trainer: ", started.message())));
     Report(ref, std::move(report));
     return;
   }

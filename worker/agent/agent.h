@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -35,6 +36,11 @@ struct AgentOptions {
   std::vector<v1::Device> devices;
   std::string work_dir;
   std::string trainer_path;
+  // Where jobs may read data files (none given: <work_dir>/data) and write checkpoints (none
+  // given: <work_dir>); see JobPaths.
+  std::vector<std::string> data_roots;
+  std::vector<std::string> checkpoint_roots;
+  std::optional<RunAs> run_as;  // the trainers' user; none: the agent's
   // Until the coordinator says otherwise in RegisterWorkerResponse.
   std::chrono::milliseconds heartbeat_interval{2000};
   std::chrono::milliseconds stop_grace{10000};   // SIGTERM -> SIGKILL
@@ -89,6 +95,8 @@ class Agent {
   void PrepareCall(grpc::ClientContext* context) const;
 
   const AgentOptions options_;
+  const JobPaths paths_;
+  const std::string instance_;  // RegisterWorkerRequest.instance: this process's claim on the name
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   ReportQueue reports_;
 

@@ -3,8 +3,12 @@
 // SIGTERM or SIGINT stops the trainers and exits.
 //
 // Exit codes: 0 after a signal-initiated shutdown; 2 bad flags; 1 setup failed.
+#include <absl/strings/str_cat.h>
+#include <grp.h>
 #include <limits.h>
+#include <pwd.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -60,12 +64,65 @@ std::string FindTrainer() {
   return "";
 }
 
+// The user trainers run as: `name` (default nobody when the agent runs as root, else the agent's
+// own user). Running as the agent's own user switches nothing.
+absl::StatusOr<std::optional<hyscale::agent::RunAs>> ResolveRunAs(std::string name) {
+  const bool root = geteuid() == 0;
+  if (name.empty()) {
+    if (!root) return std::nullopt;
+    name = "nobody";
+  }
+  const passwd* user = getpwnam(name.c_str());
+  if (user == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--run-as: no user '", name, "'"));
+  }
+  if (user->pw_uid == geteuid()) return std::nullopt;
+  if (!root) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--run-as: starting trainers as '", name, "' needs root"));
+  }
+  return hyscale::agent::RunAs{name, user->pw_uid, user->pw_gid};
+}
+
+// Whether `user` can execute the trainer and enter the work dir (each rank's job.json is there),
+// checked in a child that takes the user's ids: without this every rank would fail to start,
+// one restart after another.
+absl::Status CheckRunAs(const hyscale::agent::RunAs& user, const std::string& trainer,
+                        const std::string& work_dir) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, nullptr) != 0 || setgid(user.gid) != 0 || setuid(user.uid) != 0) _exit(2);
+    if (access(trainer.c_str(), X_OK) != 0) _exit(3);
+    _exit(access(work_dir.c_str(), X_OK) != 0 ? 4 : 0);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
+    return absl::InternalError("--run-as: cannot check the user's access");
+  }
+  switch (WEXITSTATUS(status)) {
+    case 0:
+      return absl::OkStatus();
+    case 3:
+      return absl::FailedPreconditionError(
+          absl::StrCat("--run-as: ", user.name, " cannot execute the trainer ", trainer,
+                       " (it, and every folder above it, must be open to that user)"));
+    case 4:
+      return absl::FailedPreconditionError(
+          absl::StrCat("--run-as: ", user.name, " cannot enter the work dir ", work_dir,
+                       " (it, and every folder above it, must be searchable by that user)"));
+    default:
+      return absl::FailedPreconditionError(
+          absl::StrCat("--run-as: cannot take the ids of ", user.name));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"hyscale-worker: runs HyScale trainer processes for the coordinator"};
   std::string server, token, token_file, tls_ca, name = Hostname(), address, devices_text,
-                                                 work_dir = "./hyscale-worker", trainer;
+                                                 work_dir = "./hyscale-worker", trainer, run_as;
+  std::vector<std::string> data_roots, checkpoint_roots;
   int64_t heartbeat_ms = 2000, stop_grace_ms = 10000, timeout_ms = 10000;
   app.add_option("--server", server, "Coordinator host:port (env HYSCALE_SERVER)")
       ->envname("HYSCALE_SERVER")
@@ -79,6 +136,13 @@ int main(int argc, char** argv) {
                  "Device override, e.g. cpu:2 or gpu:8:141GB (default: detect)");
   app.add_option("--work-dir", work_dir, "Directory for job specs and rank logs")
       ->capture_default_str();
+  app.add_option("--data-root", data_roots,
+                 "Folder jobs may read data files from (repeatable; default <work-dir>/data)");
+  app.add_option("--checkpoint-root", checkpoint_roots,
+                 "Folder jobs may write checkpoints under (repeatable; default <work-dir>); the "
+                 "coordinator's --checkpoint-root must lie in one");
+  app.add_option("--run-as", run_as,
+                 "User the trainers run as (default: nobody when run as root, else this user)");
   app.add_option("--trainer", trainer,
                  "hyscale-train binary (default: next to hyscale-worker, ../trainer, or PATH)");
   app.add_option("--heartbeat-interval-ms", heartbeat_ms,
@@ -132,6 +196,21 @@ int main(int argc, char** argv) {
     return kExitSetup;
   }
   options.work_dir = fs::absolute(work_dir).string();
+  options.data_roots = data_roots;
+  options.checkpoint_roots = checkpoint_roots;
+  auto trainer_user = ResolveRunAs(run_as);
+  if (!trainer_user.ok()) {
+    std::cerr << "hyscale-worker: " << trainer_user.status().message() << "\n";
+    return kExitUsage;
+  }
+  options.run_as = *trainer_user;
+  if (options.run_as) {
+    if (auto status = CheckRunAs(*options.run_as, options.trainer_path, options.work_dir);
+        !status.ok()) {
+      std::cerr << "hyscale-worker: " << status.message() << "\n";
+      return kExitSetup;
+    }
+  }
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.stop_grace = std::chrono::milliseconds(stop_grace_ms);
 

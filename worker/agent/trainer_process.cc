@@ -1,19 +1,26 @@
 #include "worker/agent/trainer_process.h"
 
+#include <absl/strings/match.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 
 extern char** environ;
 
@@ -61,6 +68,22 @@ absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) 
   return absl::OkStatus();
 }
 
+// Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot. Pids are
+// reused; a pid and its start time are not.
+std::optional<uint64_t> StartTime(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');  // the command name may hold spaces and parens
+  if (name_end == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(name_end + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    uint64_t value = 0;
+    if (i == 22 && absl::SimpleAtoi(field, &value)) return value;
+  }
+  return std::nullopt;
+}
+
 // Sets close-on-exec and non-blocking reads on a pipe end we keep.
 void PrepareReadEnd(int fd) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -78,50 +101,76 @@ absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSet
     return absl::InvalidArgumentError(absl::StrCat("run.ref: negative rank or attempt (got rank ",
                                                    ref.rank(), ", attempt ", ref.attempt(), ")"));
   }
+  // The job's files, resolved: the trainer opens exactly what was checked.
+  v1::JobSpec spec = run.spec();
+  v1::DataSpec* data = spec.mutable_data();
+  if (data->has_token_file()) {
+    auto path = setup.paths.Readable("spec.data.token_file.path", data->token_file().path());
+    if (!path.ok()) return path.status();
+    data->mutable_token_file()->set_path(*path);
+  }
+  if (data->has_text_file()) {
+    auto path = setup.paths.Readable("spec.data.text_file.path", data->text_file().path());
+    if (!path.ok()) return path.status();
+    data->mutable_text_file()->set_path(*path);
+  }
+  // The coordinator's directory, else the spec's own, else one in the work dir.
+  std::string checkpoint_field = "run.checkpoint_dir";
+  std::string checkpoint_dir = run.checkpoint_dir();
+  if (checkpoint_dir.empty() && !spec.checkpoint().dir().empty()) {
+    checkpoint_field = "spec.checkpoint.dir";
+    checkpoint_dir = spec.checkpoint().dir();
+  } else if (checkpoint_dir.empty()) {
+    checkpoint_dir = (fs::path(setup.work_dir) / ref.job_id() / "checkpoints").string();
+  }
+  auto checked_checkpoint_dir = setup.paths.Writable(checkpoint_field, checkpoint_dir);
+  if (!checked_checkpoint_dir.ok()) return checked_checkpoint_dir.status();
+  checkpoint_dir = *checked_checkpoint_dir;
+
   const fs::path attempt_dir =
       fs::path(setup.work_dir) / ref.job_id() / std::to_string(ref.attempt());
   const fs::path rank_dir = attempt_dir / absl::StrCat("rank", ref.rank());
   std::error_code error;
-  fs::create_directories(rank_dir, error);
-  if (error) {
-    return absl::InternalError(
-        absl::StrCat(rank_dir.string(), ": cannot create: ", error.message()));
+  for (const fs::path& dir : {rank_dir, fs::path(checkpoint_dir)}) {
+    fs::create_directories(dir, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat(dir.string(), ": cannot create: ", error.message()));
+    }
+  }
+  if (setup.run_as && chown(checkpoint_dir.c_str(), setup.run_as->uid, setup.run_as->gid) != 0) {
+    return absl::InternalError(absl::StrCat(checkpoint_dir, ": cannot give it to ",
+                                            setup.run_as->name, ": ", std::strerror(errno)));
   }
 
   google::protobuf::util::JsonPrintOptions json_options;
   json_options.preserve_proto_field_names = true;
   json_options.add_whitespace = true;
   std::string json;
-  if (auto status = google::protobuf::util::MessageToJsonString(run.spec(), &json, json_options);
+  if (auto status = google::protobuf::util::MessageToJsonString(spec, &json, json_options);
       !status.ok()) {
     return absl::InternalError(absl::StrCat("run.spec: cannot write as JSON: ", status.ToString()));
   }
   const fs::path config = rank_dir / "job.json";
   if (auto status = WriteFileAtomically(config, json); !status.ok()) return status;
 
-  // The coordinator's directory, else the spec's own, else one in the work dir.
-  std::string checkpoint_dir = run.checkpoint_dir();
-  if (checkpoint_dir.empty() && run.spec().checkpoint().dir().empty()) {
-    checkpoint_dir = (fs::path(setup.work_dir) / ref.job_id() / "checkpoints").string();
-  }
-
   TrainerCommand command;
   command.program = setup.trainer_path;
   command.args = {"--config", config.string()};
-  if (!checkpoint_dir.empty()) {
-    command.args.insert(command.args.end(), {"--checkpoint-dir", checkpoint_dir});
-  }
+  command.args.insert(command.args.end(), {"--checkpoint-dir", checkpoint_dir});
   if (run.resume()) command.args.push_back("--resume");
   // The slot's kind, not what the trainer finds: a CPU slot on a machine with GPUs trains on CPU.
   command.args.insert(command.args.end(), {"--device", setup.gpus ? "cuda" : "cpu"});
   command.env = {{"HYSCALE_JOB_ID", ref.job_id()},
                  {"HYSCALE_RANK", std::to_string(ref.rank())},
+                 {"HYSCALE_ATTEMPT", std::to_string(ref.attempt())},
                  {"HYSCALE_WORLD_SIZE", std::to_string(std::max(1, run.world_size()))},
                  {"HYSCALE_RENDEZVOUS", run.rendezvous()},
                  {"HYSCALE_DEVICE_INDEX", std::to_string(run.device_index())}};
   if (setup.gpus)
     command.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(run.device_index()));
   command.log_path = (attempt_dir / absl::StrCat("rank", ref.rank(), ".log")).string();
+  command.pid_path = (attempt_dir / absl::StrCat("rank", ref.rank(), ".pid")).string();
+  command.run_as = setup.run_as;
   return command;
 }
 
@@ -164,6 +213,7 @@ absl::StatusOr<std::unique_ptr<TrainerProcess>> TrainerProcess::Start(const Trai
     return absl::InternalError(absl::StrCat("cannot create pipes: ", std::strerror(saved)));
   }
 
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     const int saved = errno;
@@ -175,6 +225,18 @@ absl::StatusOr<std::unique_ptr<TrainerProcess>> TrainerProcess::Start(const Trai
   }
   if (pid == 0) {
     setpgid(0, 0);
+    // The agent's credentials, then the trainer's: dropping them clears the parent-death
+    // signal, so that comes after.
+    if (command.run_as && (setgroups(0, nullptr) != 0 || setgid(command.run_as->gid) != 0 ||
+                           setuid(command.run_as->uid) != 0)) {
+      const int error = errno;
+      ssize_t ignored = write(exec_pipe[1], &error, sizeof error);
+      (void)ignored;
+      _exit(127);
+    }
+    // A trainer must not outlive its agent: a restarted agent would run the rank again beside it.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
     // The agent blocks SIGTERM/SIGINT for its signal thread; the trainer must see them.
     sigset_t none;
     sigemptyset(&none);
@@ -203,21 +265,58 @@ absl::StatusOr<std::unique_ptr<TrainerProcess>> TrainerProcess::Start(const Trai
     waitpid(pid, nullptr, 0);
     for (int fd : {log_fd, out_pipe[0], err_pipe[0]}) close(fd);
     return absl::FailedPreconditionError(
-        absl::StrCat(command.program, ": cannot execute: ", std::strerror(exec_error)));
+        absl::StrCat(command.program, ": cannot execute",
+                     command.run_as ? absl::StrCat(" as ", command.run_as->name) : "", ": ",
+                     std::strerror(exec_error)));
   }
   PrepareReadEnd(out_pipe[0]);
   PrepareReadEnd(err_pipe[0]);
+  // Best effort: without it only an agent killed between fork and prctl leaves a trainer behind.
+  if (const auto started = StartTime(pid); started && !command.pid_path.empty()) {
+    (void)WriteFileAtomically(command.pid_path, absl::StrCat(pid, " ", *started, "\n"));
+  }
   if (callbacks.on_start) callbacks.on_start(pid);
-  return std::unique_ptr<TrainerProcess>(
-      new TrainerProcess(pid, out_pipe[0], err_pipe[0], log_fd, std::move(callbacks)));
+  return std::unique_ptr<TrainerProcess>(new TrainerProcess(
+      pid, out_pipe[0], err_pipe[0], log_fd, command.pid_path, std::move(callbacks)));
+}
+
+std::vector<pid_t> EndLeftoverTrainers(const std::string& work_dir) {
+  std::vector<pid_t> killed;
+  std::error_code error;
+  // <work_dir>/<job>/<attempt>/rank<N>.pid
+  for (fs::recursive_directory_iterator it(work_dir, error), end; !error && it != end;
+       it.increment(error)) {
+    if (it.depth() >= 2) it.disable_recursion_pending();
+    const fs::path& path = it->path();
+    // Only the agent's own files: trainers may write checkpoints under <job>/, not <attempt>/.
+    const std::string attempt = path.parent_path().filename().string();
+    const std::string name = path.filename().string();
+    if (it.depth() != 2 || attempt.empty() ||
+        !std::all_of(attempt.begin(), attempt.end(), ::isdigit) ||
+        !absl::StartsWith(name, "rank") || !absl::EndsWith(name, ".pid")) {
+      continue;
+    }
+    std::ifstream in(path);
+    pid_t pid = 0;
+    uint64_t recorded = 0;
+    if (in >> pid >> recorded && pid > 1) {
+      const std::optional<uint64_t> started = StartTime(pid);
+      // A live leader with another start time is an unrelated process that got the pid.
+      if ((!started || *started == recorded) && killpg(pid, SIGKILL) == 0) killed.push_back(pid);
+    }
+    fs::remove(path, error);
+    error.clear();
+  }
+  return killed;
 }
 
 TrainerProcess::TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd,
-                               Callbacks callbacks)
+                               std::string pid_path, Callbacks callbacks)
     : pid_(pid),
       stdout_fd_(stdout_fd),
       stderr_fd_(stderr_fd),
       log_fd_(log_fd),
+      pid_path_(std::move(pid_path)),
       callbacks_(std::move(callbacks)) {
   monitor_ = std::thread([this] { Monitor(); });
 }
@@ -307,6 +406,7 @@ void TrainerProcess::Monitor() {
   int wait_status = 0;
   while (waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
   }
+  if (!pid_path_.empty()) unlink(pid_path_.c_str());
   close(log_fd_);
   const TrainerExit exit = DescribeExit(wait_status);
   if (callbacks_.on_exit) callbacks_.on_exit(exit);

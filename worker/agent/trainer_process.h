@@ -18,8 +18,16 @@
 #include <vector>
 
 #include "hyscale/v1/service.pb.h"
+#include "worker/agent/job_paths.h"
 
 namespace hyscale::agent {
+
+// The unprivileged user trainers run as when the agent runs as root.
+struct RunAs {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
 
 // What to execute, fully resolved.
 struct TrainerCommand {
@@ -27,6 +35,8 @@ struct TrainerCommand {
   std::vector<std::string> args;                         // without argv[0]
   std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) ours
   std::string log_path;                                  // the rank's log file, appended to
+  std::string pid_path;  // "<pid> <start time>" while the trainer runs: see EndLeftoverTrainers
+  std::optional<RunAs> run_as;  // none: as the agent's user
 };
 
 // Where a rank's files go and what the worker knows about its devices.
@@ -36,16 +46,27 @@ struct RankSetup {
   // The worker's device slots are GPUs: the trainer runs with --device cuda and
   // CUDA_VISIBLE_DEVICES set to its slot; else --device cpu.
   bool gpus = false;
+  JobPaths paths;  // where the job may read data and write checkpoints
+  std::optional<RunAs> run_as;
 };
 
-// Writes `run.spec` as <work_dir>/<job>/<attempt>/rank<N>/job.json (protobuf JSON with the
-// proto's field names) and returns the command that trains it:
-//   <trainer> --config job.json [--checkpoint-dir <dir>] [--resume]
-// with HYSCALE_JOB_ID, HYSCALE_RANK, HYSCALE_WORLD_SIZE, HYSCALE_RENDEZVOUS, HYSCALE_DEVICE_INDEX
-// (and CUDA_VISIBLE_DEVICES for GPUs) set, and the log at <work_dir>/<job>/<attempt>/rank<N>.log.
-// Without a checkpoint_dir the spec's checkpoint.dir is used, and without that
-// <work_dir>/<job>/checkpoints.
+// Checks the job's data files and checkpoint folder against `setup.paths` (INVALID_ARGUMENT
+// naming the field when one lies outside), writes `run.spec` with those paths resolved as
+// <work_dir>/<job>/<attempt>/rank<N>/job.json (protobuf JSON with the proto's field names) and
+// returns the command that trains it:
+//   <trainer> --config job.json --checkpoint-dir <dir, resolved> [--resume]
+// with HYSCALE_JOB_ID, HYSCALE_RANK, HYSCALE_ATTEMPT, HYSCALE_WORLD_SIZE, HYSCALE_RENDEZVOUS,
+// HYSCALE_DEVICE_INDEX (and CUDA_VISIBLE_DEVICES for GPUs) set, and the log at
+// <work_dir>/<job>/<attempt>/rank<N>.log (its pid file beside it, rank<N>.pid). Without a
+// checkpoint_dir the spec's checkpoint.dir is used, and without that <work_dir>/<job>/checkpoints;
+// the folder is created and, with `setup.run_as`, given to that user.
 absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSetup& setup);
+
+// Ends the trainers a previous agent on `work_dir` left running (it was killed before it could
+// stop them): for each pid file, SIGKILL to the trainer's process group when its leader is the
+// recorded process (same start time) or gone (what is left of the group), then the file goes.
+// Returns the pids of the groups it killed.
+std::vector<pid_t> EndLeftoverTrainers(const std::string& work_dir);
 
 // How a trainer ended.
 struct TrainerExit {
@@ -65,8 +86,9 @@ class TrainerProcess {
     std::function<void(const TrainerExit& exit)> on_exit;        // once, after reaping
   };
 
-  // Forks and execs `command` in a new process group. Fails (naming the program) when it cannot
-  // be executed; callbacks only run for a process that started.
+  // Forks and execs `command` in a new process group, as `command.run_as` when set, killed
+  // (SIGKILL) when the agent dies. Fails (naming the program) when it cannot be executed;
+  // callbacks only run for a process that started.
   static absl::StatusOr<std::unique_ptr<TrainerProcess>> Start(const TrainerCommand& command,
                                                                Callbacks callbacks);
 
@@ -88,7 +110,8 @@ class TrainerProcess {
  private:
   using Clock = std::chrono::steady_clock;
 
-  TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd, Callbacks callbacks);
+  TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd, std::string pid_path,
+                 Callbacks callbacks);
   void Monitor();
   // Splits stdout into lines: events go to on_event (and all bytes to the log).
   void HandleStdout(const char* data, size_t size);
@@ -100,6 +123,7 @@ class TrainerProcess {
   int stdout_fd_;
   int stderr_fd_;
   const int log_fd_;
+  const std::string pid_path_;
   const Callbacks callbacks_;
   std::string partial_line_;         // monitor thread only
   std::string job_finished_reason_;  // monitor thread only

@@ -230,9 +230,10 @@ absl::Status check_tokens(const TokenArray& tokens, const v1::JobSpec& spec,
   }
   const uint32_t vocab = static_cast<uint32_t>(spec.model().vocab_size());
   for (int64_t i = 0; i < tokens.size(); ++i) {
+    // Neither the id nor where it is: errors reach other users, and the bytes are the file's.
     if (tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": corrupt: token ", tokens[i], " at index ", i, " >= model.vocab_size ", vocab));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": corrupt: holds a token id >= model.vocab_size ", vocab));
     }
   }
   return absl::OkStatus();

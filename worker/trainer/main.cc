@@ -1,7 +1,8 @@
 // hyscale-train: trains the DSA model described by a job spec (JSON or YAML).
 //
-// Exit codes: 0 trained to the end; 2 bad command line, job spec or environment (the message
-// names the field, file or variable); 1 training failed.
+// Exit codes (hyscale.v1.TrainerExit): 0 trained to the end; 2 bad command line, job spec or
+// environment (the message names the field, file or variable); 3 out of memory (CUDA or CPU);
+// 1 training failed otherwise.
 //
 // A context-parallel job (spec.parallelism.context_parallel = P > 1) runs as P processes, one
 // per rank, each told its place by HYSCALE_WORLD_SIZE, HYSCALE_RANK and HYSCALE_RENDEZVOUS
@@ -10,11 +11,14 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <absl/strings/str_cat.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <string>
 #include <thread>
 
 #ifdef HYSCALE_HAVE_CUDA
@@ -32,6 +36,16 @@ namespace {
 
 constexpr int kExitFailed = 1;
 constexpr int kExitBadInput = 2;
+constexpr int kExitOutOfMemory = 3;
+
+// The trainer reports a failed allocation as a status carrying the allocator's message: torch's
+// CUDA "out of memory", its CPU allocator's "can't allocate memory", or std::bad_alloc.
+bool OutOfMemory(const absl::Status& status) {
+  const std::string message(status.message());
+  return message.find("out of memory") != std::string::npos ||
+         message.find("can't allocate memory") != std::string::npos ||
+         message.find("bad_alloc") != std::string::npos;
+}
 
 // The device for the start event. A rank sees only its own GPU (as cuda:0), so the GPU's name and
 // PCI bus id (as nvidia-smi shows it) tell which physical GPU each rank trained on.
@@ -189,7 +203,14 @@ int main(int argc, char** argv) {
     return kExitFailed;
   }
   options.context_parallel = *std::move(group);
-  auto trainer = hyscale::trainer::Trainer::Create(*spec, options, events);
+  // Building the model allocates it: an exception there (out of memory) becomes a status too.
+  absl::StatusOr<std::unique_ptr<hyscale::trainer::Trainer>> trainer =
+      absl::InternalError("not created");
+  try {
+    trainer = hyscale::trainer::Trainer::Create(*spec, options, events);
+  } catch (const std::exception& e) {
+    trainer = absl::InternalError(absl::StrCat("building the model: ", e.what()));
+  }
   if (!trainer.ok()) {
     std::cerr << "hyscale-train: " << trainer.status().message() << "\n";
     events.JobFinished(trainer.status());
@@ -197,12 +218,14 @@ int main(int argc, char** argv) {
     const bool bad_input = code == absl::StatusCode::kInvalidArgument ||
                            code == absl::StatusCode::kNotFound ||
                            code == absl::StatusCode::kPermissionDenied;
-    return bad_input ? kExitBadInput : kExitFailed;
+    if (bad_input) return kExitBadInput;
+    return OutOfMemory(trainer.status()) ? kExitOutOfMemory : kExitFailed;
   }
   const auto status = (*trainer)->Run();
   events.JobFinished(status);
   if (!status.ok()) {
     std::cerr << "hyscale-train: " << status.message() << "\n";
+    const int code = OutOfMemory(status) ? kExitOutOfMemory : kExitFailed;
     if (options.context_parallel) {
       // A failed collective may still run on the device or wait for a dead peer, and tearing
       // the process group down waits for it (NCCL's does, for as long as the peer is gone).
@@ -210,9 +233,9 @@ int main(int argc, char** argv) {
       std::cout.flush();
       std::cerr.flush();
       if (events_file.is_open()) events_file.flush();
-      std::_Exit(kExitFailed);
+      std::_Exit(code);
     }
-    return kExitFailed;
+    return code;
   }
   return 0;
 }
