@@ -133,8 +133,10 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
       ->capture_default_str();
   up_command->add_option("--devices", up.devices, "The worker's devices, e.g. cpu:2");
   up_command->add_option("--trainer", up.trainer, "hyscale-train binary for the worker");
-  up_command->add_option("--run-as", up.run_as,
-                         "User the worker runs trainers as (its default: nobody when root)");
+  up_command->add_option(
+      "--run-as", up.run_as,
+      "User the worker runs trainers as (as root: nobody, or root where nobody cannot "
+      "reach the build or the data folder)");
   up_command->add_option("--metrics-listen", up.metrics_listen,
                          "Coordinator's /metrics address (default: hyscaled's)");
   up_command

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -182,6 +183,20 @@ absl::Status WaitUntil(const std::string& what, Children& children, std::chrono:
       absl::StrCat("timed out after ", timeout.count(), " s waiting for ", what));
 }
 
+// The first folder on the way to `path` (or `path` itself) that other users cannot pass through
+// (no search bit for others), or "" when there is none.
+std::string ClosedToOthers(const std::filesystem::path& path) {
+  std::error_code error;
+  auto at = std::filesystem::weakly_canonical(path, error);
+  if (error) return path.string();
+  for (; !at.empty(); at = at.parent_path()) {
+    struct stat info {};
+    if (::stat(at.c_str(), &info) == 0 && (info.st_mode & S_IXOTH) == 0) return at.string();
+    if (at == at.root_path()) break;
+  }
+  return "";
+}
+
 }  // namespace
 
 int Up(const Context& context, const UpArgs& args) {
@@ -287,7 +302,21 @@ int Up(const Context& context, const UpArgs& args) {
                                           (data_dir / "checkpoints").string()};
   if (!args.devices.empty()) worker_args.insert(worker_args.end(), {"--devices", args.devices});
   if (!args.trainer.empty()) worker_args.insert(worker_args.end(), {"--trainer", args.trainer});
-  if (!args.run_as.empty()) worker_args.insert(worker_args.end(), {"--run-as", args.run_as});
+  // As root the worker runs trainers as nobody, who must reach the trainer (beside the worker) and
+  // the data folder. `hyscale up` is one user's own service: where a folder on the way is closed
+  // (a clone or data folder under a 0700 home), its trainers run as that user instead.
+  std::string run_as = args.run_as;
+  if (run_as.empty() && ::geteuid() == 0) {
+    for (const std::filesystem::path& needed : {std::filesystem::path(*worker_binary), data_dir}) {
+      if (const std::string closed = ClosedToOthers(needed); !closed.empty() && run_as.empty()) {
+        run_as = "root";
+        *context.err << "hyscale: up: " << closed
+                     << " is closed to other users, so the worker's trainers run as root "
+                        "(--run-as names another user)\n";
+      }
+    }
+  }
+  if (!run_as.empty()) worker_args.insert(worker_args.end(), {"--run-as", run_as});
   auto worker = Spawn("hyscale-worker", *worker_binary, worker_args, context.client.token,
                       (data_dir / "hyscale-worker.log").string());
   if (!worker.ok()) {

@@ -32,3 +32,16 @@ free_port() {
     fi
   done
 }
+
+# trainer_user TRAINER: the user a root worker's trainers run as here. nobody (the agent's default
+# under root) where nobody can start TRAINER; where a folder above the build is closed to others (a
+# clone under a 0700 home), this user, with a note.
+trainer_user() {
+  if (($(id -u) == 0)) && ! runuser -u nobody -- "$1" --help >/dev/null 2>&1; then
+    echo "e2e: nobody cannot start $1 (a folder above it is closed to others): trainers run as $(id -un)" >&2
+  elif (($(id -u) == 0)); then
+    echo nobody
+    return
+  fi
+  id -un
+}

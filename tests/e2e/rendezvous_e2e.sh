@@ -71,11 +71,14 @@ start() {
   # so a broken rendezvous fails the job instead of hanging the test.
   HYSCALE_COMM_TIMEOUT_S=60 "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name w1 \
     --address 127.0.0.1 "${device_flags[@]}" --work-dir "$work/w1" \
-    --checkpoint-root "$work/data/checkpoints" --trainer "$2" \
+    --checkpoint-root "$work/data/checkpoints" --trainer "$2" --run-as "$run_as" \
     --heartbeat-interval-ms "$heartbeat_ms" --stop-grace-ms 2000 >"$work/w1.log" 2>&1 &
   pids+=("$!")
   wait_for 30 "the worker online" workers_online
 }
+
+# The script trainers live in $work, open to nobody; the real one wherever the build is.
+run_as=$(trainer_user "$build/worker/trainer/hyscale-train")
 
 hs() { "$cli" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --timeout 10 "$@"; }
 job_field() { hs get "$1" -o json | jq -r "$2"; }

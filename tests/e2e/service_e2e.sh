@@ -77,12 +77,13 @@ start_coordinator() {
 }
 
 declare -A workers
+run_as=$(trainer_user "$trainer")
 # start_worker NAME [WORK_DIR [LOG]]
 start_worker() {
   local name=$1
   "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name "$name" \
     --devices cpu:1 --work-dir "${2:-$work/$name}" --checkpoint-root "$work/data/checkpoints" \
-    --trainer "$trainer" \
+    --trainer "$trainer" --run-as "$run_as" \
     --heartbeat-interval-ms "$heartbeat_ms" >"${3:-$work/$name.log}" 2>&1 &
   workers[$name]=$!
   pids+=("$!")
@@ -317,7 +318,7 @@ SH
   text_job inside "$work/w1/data/corpus.txt"
   job=$(submit "$work/inside.yaml")
   expect_exit 0 "a job reading its data folder" hs watch "$job"
-  if (($(id -u) == 0)); then
+  if [[ $run_as == nobody ]]; then
     hs logs "$job" | grep -q "trainer uid $(id -u nobody)" ||
       fail "the trainer did not run as nobody"
   fi
