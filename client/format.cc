@@ -207,6 +207,25 @@ std::string PhaseBreakdown(const std::map<std::string, double>& phase_seconds, i
   return absl::StrCat("phases [", bar, "]", legend);
 }
 
+namespace {
+
+// Fields of a trainer's event line, read without trusting their types (the line is the
+// trainer's): "" for a missing or non-string text, "?" for a missing or non-numeric number.
+std::string TextField(const nlohmann::json& json, const char* key) {
+  const auto it = json.find(key);
+  return it != json.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+std::string NumberField(const nlohmann::json& json, const char* key) {
+  const auto it = json.find(key);
+  if (it == json.end() || !it->is_number()) return "?";
+  if (it->is_number_unsigned()) return std::to_string(it->get<uint64_t>());
+  if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
+  return absl::StrFormat("%g", it->get<double>());
+}
+
+}  // namespace
+
 std::string DescribeEvent(const v1::JobEvent& event) {
   const std::string when =
       event.has_time() ? absl::FormatTime("%H:%M:%S", absl::FromUnixSeconds(event.time().seconds()),
@@ -246,25 +265,25 @@ std::string DescribeEvent(const v1::JobEvent& event) {
       const auto json = nlohmann::json::parse(trainer.json(), nullptr, false);
       std::string detail = trainer.json();
       if (json.is_object()) {
+        const auto text = [&json](const char* key) { return TextField(json, key); };
+        const auto number = [&json](const char* key) { return NumberField(json, key); };
         if (trainer.event() == "warning" && json.contains("message")) {
-          detail = json.value("message", "");
+          detail = text("message");
         } else if (absl::StartsWith(trainer.event(), "checkpoint") && json.contains("path")) {
-          detail =
-              absl::StrCat("step ", json.value("step", int64_t{0}), " ", json.value("path", ""));
+          detail = absl::StrCat("step ", number("step"), " ", text("path"));
         } else if (trainer.event() == "job_finished") {
-          detail =
-              json.value("ok", false) ? "ok" : absl::StrCat("failed: ", json.value("reason", ""));
+          const auto ok = json.find("ok");
+          detail = ok != json.end() && ok->is_boolean() && ok->get<bool>()
+                       ? "ok"
+                       : absl::StrCat("failed: ", text("reason"));
         } else if (trainer.event() == "job_started") {
-          detail = absl::StrCat(json.value("name", ""), ", ", json.value("total_steps", int64_t{0}),
-                                " steps");
+          detail = absl::StrCat(text("name"), ", ", number("total_steps"), " steps");
         } else if (trainer.event() == "stage_finished") {
-          detail = absl::StrCat(json.value("stage", 0), " (", json.value("name", ""), ") at step ",
-                                json.value("step", int64_t{0}));
+          detail = absl::StrCat(number("stage"), " (", text("name"), ") at step ", number("step"));
         } else if (trainer.event() == "stage_started") {
-          detail = absl::StrCat(json.value("stage", 0), " (", json.value("name", ""),
-                                "): ", json.value("steps", int64_t{0}), " steps, ",
-                                json.value("attention", ""), " attention, trains ",
-                                json.value("trains", ""));
+          detail =
+              absl::StrCat(number("stage"), " (", text("name"), "): ", number("steps"), " steps, ",
+                           text("attention"), " attention, trains ", text("trains"));
         }
       }
       return Printable(

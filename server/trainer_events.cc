@@ -5,11 +5,29 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+
 namespace hyscale::server {
 namespace {
 
 // A host name is at most 253 bytes; the rest is slack for the port.
 constexpr size_t kMaxAddressBytes = 300;
+
+// An integer field of a step event, 0 when absent. A float or a number outside [0, max] is refused:
+// converting one to an integer is undefined behaviour (a trainer's line is untrusted input).
+int64_t NonNegativeInteger(const nlohmann::json& json, const char* key, int64_t max) {
+  if (!json.contains(key)) return 0;
+  const auto& value = json[key];
+  if (value.is_number_unsigned() && value.get<uint64_t>() <= static_cast<uint64_t>(max)) {
+    return static_cast<int64_t>(value.get<uint64_t>());
+  }
+  if (value.is_number_integer() && value.get<int64_t>() >= 0 && value.get<int64_t>() <= max) {
+    return value.get<int64_t>();
+  }
+  throw std::invalid_argument(absl::StrCat("\"", key, "\" must be an integer in [0, ", max, "]"));
+}
 
 }  // namespace
 
@@ -30,16 +48,18 @@ absl::StatusOr<v1::JobEvent> ParseTrainerEvent(int rank, const std::string& line
   try {
     auto* step = event.mutable_step();
     step->set_rank(rank);
-    step->set_step(json.value("step", int64_t{0}));
-    step->set_total_steps(json.value("total_steps", int64_t{0}));
-    step->set_stage(json.value("stage", 0));
+    constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+    step->set_step(NonNegativeInteger(json, "step", kInt64Max));
+    step->set_total_steps(NonNegativeInteger(json, "total_steps", kInt64Max));
+    step->set_stage(static_cast<int32_t>(
+        NonNegativeInteger(json, "stage", std::numeric_limits<int32_t>::max())));
     step->set_loss(json.value("loss", 0.0));
     step->set_lm_loss(json.value("lm_loss", 0.0));
     step->set_indexer_loss(json.value("indexer_loss", 0.0));
     step->set_lr(json.value("lr", 0.0));
     step->set_step_seconds(json.value("step_seconds", 0.0));
     step->set_tokens_per_second(json.value("tokens_per_second", 0.0));
-    step->set_peak_memory_bytes(json.value("peak_memory_bytes", int64_t{0}));
+    step->set_peak_memory_bytes(NonNegativeInteger(json, "peak_memory_bytes", kInt64Max));
     step->set_eta_seconds(json.value("eta_seconds", 0.0));
     if (json.contains("phase_seconds") && json["phase_seconds"].is_object()) {
       for (const auto& [phase, seconds] : json["phase_seconds"].items()) {
@@ -58,6 +78,8 @@ absl::StatusOr<v1::JobEvent> ParseTrainerEvent(int rank, const std::string& line
       step->set_indexer_recall(json.value("indexer_recall", 0.0));
     }
   } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(std::string("event_json: step event: ") + e.what());
+  } catch (const std::invalid_argument& e) {
     return absl::InvalidArgumentError(std::string("event_json: step event: ") + e.what());
   }
   return event;

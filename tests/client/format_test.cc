@@ -109,6 +109,13 @@ TEST(FormatTest, EventLines) {
   trainer.mutable_trainer()->set_event("checkpoint_written");
   trainer.mutable_trainer()->set_json(R"({"event":"checkpoint_written","step":50,"path":"/c/50"})");
   EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 checkpoint_written: step 50 /c/50");
+  // A trainer's line is untrusted: numbers out of range and fields of other types are shown as
+  // they can be, never converted blindly.
+  trainer.mutable_trainer()->set_json(R"({"event":"checkpoint_written","step":4.9e26,"path":7})");
+  EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 checkpoint_written: step 4.9e+26 ");
+  trainer.mutable_trainer()->set_event("job_finished");
+  trainer.mutable_trainer()->set_json(R"({"event":"job_finished","ok":"yes","reason":["x"]})");
+  EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 job_finished: failed: ");
 
   v1::JobEvent step;
   step.mutable_step()->set_step(10);

@@ -738,6 +738,11 @@ TEST(TrainerEventsTest, StepCarriesContextParallelCommunication) {
   ASSERT_TRUE(alone.ok()) << alone.status();
   EXPECT_FALSE(alone->step().has_comm_exposed_seconds());
   EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","comm_exposed_seconds":"x"})").ok());
+  // Integers that do not fit (a float past int64, a negative count) are refused, not converted.
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","step":488888888888888888888888888})").ok());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","step":2.5})").ok());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","peak_memory_bytes":-1})").ok());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","stage":4294967296})").ok());
 }
 
 // A worker name is a lease: another agent cannot take a live worker's identity (and its ranks);
