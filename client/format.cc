@@ -190,6 +190,13 @@ std::string PhaseBreakdown(const std::map<std::string, double>& phase_seconds, i
   std::stable_sort(phases.begin(), phases.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
   const size_t symbols = sizeof kPhaseSymbols - 1;
+  // The trainer reports about twenty phases: the largest keep a symbol each, the rest share one.
+  if (phases.size() > symbols) {
+    double rest = 0;
+    for (size_t i = symbols - 1; i < phases.size(); ++i) rest += phases[i].second;
+    phases.resize(symbols - 1);
+    phases.emplace_back("rest", rest);
+  }
   std::string bar, legend;
   int used = 0;
   for (size_t i = 0; i < phases.size(); ++i) {

@@ -89,6 +89,13 @@ TEST(FormatTest, PhaseBreakdownIsFullWidthBiggestFirst) {
   EXPECT_EQ(PhaseBreakdown({}, 10), "phases -");
   const std::string uneven = PhaseBreakdown({{"a", 1}, {"b", 1}, {"c", 1}}, 10);
   EXPECT_EQ(uneven.substr(0, 19), "phases [###===++++]");
+  // Past ten phases the smallest share the last symbol, as "rest".
+  std::map<std::string, double> many;
+  for (int i = 0; i < 12; ++i) many["p" + std::to_string(10 + i)] = 1.0 + i;
+  const std::string folded = PhaseBreakdown(many, 78);
+  EXPECT_NE(folded.find("  % p13 "), std::string::npos) << folded;
+  EXPECT_NE(folded.find("  @ rest 8%"), std::string::npos) << folded;
+  EXPECT_EQ(folded.find("p12"), std::string::npos) << folded;
 }
 
 TEST(FormatTest, EventLines) {
