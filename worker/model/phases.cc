@@ -147,9 +147,7 @@ PhaseClock::~PhaseClock() = default;
 
 void PhaseClock::start() {
   std::lock_guard<std::mutex> lock(mutex_);
-  timeline_->clear();
-  slots_.clear();
-  created_by_.clear();
+  forget_step();
   pass_ = Pass::kForward;
   phase_ = Phase::kOther;
   slot_ = slot_of(Phase::kOther, Pass::kForward);
@@ -167,19 +165,21 @@ std::map<std::string, double> PhaseClock::take() {
   std::array<double, kSlotCount> per_slot{};
   for (size_t i = 0; i < seconds.size() && i < slots_.size(); ++i)
     per_slot[slots_[i]] += seconds[i];
-  for (int p = 0; p < kPhaseCount; ++p) {
-    for (int pass = 0; pass < kPassCount; ++pass) {
-      const auto phase = static_cast<Phase>(p);
-      const int slot = slot_of(phase, static_cast<Pass>(pass));
-      if (slot != p * kPassCount + pass || per_slot[slot] <= 0) continue;
-      out[phase_name(phase, static_cast<Pass>(pass))] = per_slot[slot];
-    }
+  // A slot is (phase, pass); the phases timed once a step only ever fill their forward slot.
+  for (int slot = 0; slot < kSlotCount; ++slot) {
+    if (per_slot[slot] <= 0) continue;
+    out[phase_name(static_cast<Phase>(slot / kPassCount), static_cast<Pass>(slot % kPassCount))] =
+        per_slot[slot];
   }
+  forget_step();
+  return out;
+}
+
+void PhaseClock::forget_step() {
   timeline_->clear();
   slots_.clear();
   created_by_.clear();
   started_ = false;
-  return out;
 }
 
 void PhaseClock::enter(int slot, Phase phase) {

@@ -110,6 +110,7 @@ class PhaseClock : public torch::CustomClassHolder {
   class Timeline;  // host clock or CUDA events (phases.cc)
 
  private:
+  void forget_step();                 // drops the stamps, slots and creators of a step
   void enter(int slot, Phase phase);  // switches the slot and records where `phase` began
   void switch_to(int slot);           // under mutex_
 
