@@ -14,8 +14,8 @@
 #include <fstream>
 #include <utility>
 
-#include "proto/job_spec.h"
 #include "planner/planner.h"
+#include "proto/job_spec.h"
 #include "server/trainer_events.h"
 
 namespace hyscale::server {
@@ -798,20 +798,42 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     job.mutable_resources()->set_memory_bytes_per_rank(*memory);
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
+  Store::Ticket ticket;
+  v1::Job answer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto staged = StageSubmission(std::move(job), request);
+    if (!staged.ok()) return staged.status();
+    std::tie(answer, ticket) = *std::move(staged);
+  }
+  // Durable before it is acknowledged; the wait is outside the lock, so the submissions that
+  // arrive meanwhile share the next commit.
+  if (auto status = store_->Sync(ticket); !status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ForgetUnstored(answer.id());
+    return absl::UnavailableError(
+        absl::StrCat("store: ", status.message(), "; the job was not submitted"));
+  }
+  return answer;
+}
+
+absl::StatusOr<std::pair<v1::Job, Store::Ticket>> Coordinator::StageSubmission(
+    v1::Job job, const v1::SubmitJobRequest& request) {
   if (!request.request_id().empty()) {
     const auto existing = by_request_.find(request.request_id());
     if (existing != by_request_.end()) {
-      const v1::Job& prior = jobs_.at(existing->second).job;
+      const JobEntry& prior = jobs_.at(existing->second);
       using google::protobuf::util::MessageDifferencer;
-      if (MessageDifferencer::Equals(prior.spec(), job.spec()) &&
-          MessageDifferencer::Equals(prior.resources(), job.resources()) &&
-          prior.priority() == job.priority() && prior.max_restarts() == job.max_restarts()) {
-        return prior;
+      if (MessageDifferencer::Equals(prior.job.spec(), job.spec()) &&
+          MessageDifferencer::Equals(prior.job.resources(), job.resources()) &&
+          prior.job.priority() == job.priority() &&
+          prior.job.max_restarts() == job.max_restarts()) {
+        // A retry: answered once the first submission is on disk, like the first.
+        return std::make_pair(prior.job, prior.insert_ticket);
       }
       return absl::AlreadyExistsError(absl::StrCat("request_id: '", request.request_id(),
                                                    "' was used for a different request (job ",
-                                                   prior.id(), ")"));
+                                                   prior.job.id(), ")"));
     }
   }
   const absl::Time now = clock_->Now();
@@ -847,24 +869,38 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   SetTime(event.mutable_time(), now);
   event.mutable_state_change()->set_to(v1::JOB_STATE_PENDING);
   event.mutable_state_change()->set_reason(job.reason());
-  if (auto status = store_->InsertJob(job, {event}); !status.ok()) {
-    pass_needed_ = true;  // nothing decided above was applied
-    return status;
-  }
 
+  // Adopted now, written with the next commit: a placement below writes the job first (the
+  // store keeps that order), so no rank is sent before the job is stored.
   JobEntry& entry = jobs_[job.id()];
   entry.order = next_order_++;
   entry.last_sequence = 1;
   entry.queued_at = now;
-  entry.job = job;
-  by_order_[entry.order] = job.id();
-  if (!job.request_id().empty()) by_request_[job.request_id()] = job.id();
-  Track(job.id(), job.state(), +1);
+  entry.insert_ticket = store_->StageInsert(job, {event});
+  entry.job = std::move(job);
+  const std::string id = entry.job.id();
+  by_order_[entry.order] = id;
+  if (!entry.job.request_id().empty()) by_request_[entry.job.request_id()] = id;
+  Track(id, entry.job.state(), +1);
   if (metrics_ != nullptr) metrics_->JobSubmitted();
   changed_.notify_all();
   UpdateGauges();
   Apply(std::move(decisions));
-  return jobs_.at(job.id()).job;
+  const JobEntry& placed = jobs_.at(id);
+  return std::make_pair(placed.job, placed.insert_ticket);
+}
+
+void Coordinator::ForgetUnstored(const std::string& job_id) {
+  const auto found = jobs_.find(job_id);
+  if (found == jobs_.end() || store_->Stored(found->second.insert_ticket)) return;
+  // Only a placement could have moved it, and a placement writes the job first: it is PENDING.
+  JobEntry& entry = found->second;
+  by_order_.erase(entry.order);
+  if (!entry.job.request_id().empty()) by_request_.erase(entry.job.request_id());
+  Track(job_id, entry.job.state(), -1);
+  jobs_.erase(found);
+  pass_needed_ = true;  // the decisions made with it in the queue are stale
+  UpdateGauges();
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
@@ -907,8 +943,10 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   size_t page_bytes = 0;
   for (auto it = std::make_reverse_iterator(by_order_.lower_bound(before)); it != by_order_.rend();
        ++it) {
-    const v1::Job& job = jobs_.at(it->second).job;
+    const JobEntry& entry = jobs_.at(it->second);
+    const v1::Job& job = entry.job;
     if (!states.empty() && states.count(job.state()) == 0) continue;
+    if (!store_->Stored(entry.insert_ticket)) continue;  // not acknowledged yet
     const size_t job_bytes = job.ByteSizeLong();
     if (response.jobs_size() == *page_size ||
         (response.jobs_size() > 0 && page_bytes + job_bytes > kMaxPageBytes)) {

@@ -39,9 +39,9 @@
 #include <vector>
 
 #include "hyscale/v1/service.pb.h"
+#include "planner/profile.h"
 #include "server/assignment_queue.h"
 #include "server/clock.h"
-#include "planner/profile.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
 #include "server/store.h"
@@ -157,7 +157,9 @@ class Coordinator {
     int64_t last_sequence = 0;     // of its stored events
     std::vector<RankState> ranks;  // of the current attempt
     absl::Time queued_at;          // PENDING since (scheduling latency)
-    absl::Time restart_at;         // RESTARTING: placed again from then on
+    // Its insert's group-commit ticket; 0 for a job loaded from the store.
+    Store::Ticket insert_ticket = 0;
+    absl::Time restart_at;  // RESTARTING: placed again from then on
     // SCHEDULED context-parallel job whose rank 0 has not published: the attempt fails then.
     absl::Time rendezvous_deadline = absl::InfiniteFuture();
   };
@@ -255,6 +257,12 @@ class Coordinator {
   // Exports the planner's predictions for `job` beside what it measures.
   void ExportPlan(const v1::Job& job);
   std::string NewJobId();
+  // SubmitJob under the lock: a retry's earlier job, or the new job, adopted, staged in the store
+  // and scheduled; with the ticket to sync before answering.
+  absl::StatusOr<std::pair<v1::Job, Store::Ticket>> StageSubmission(
+      v1::Job job, const v1::SubmitJobRequest& request);
+  // Drops a submission whose group commit failed (nothing of it is stored).
+  void ForgetUnstored(const std::string& job_id);
   absl::Status ValidateSubmit(const v1::SubmitJobRequest& request) const;
 
   const CoordinatorOptions options_;

@@ -10,6 +10,10 @@ namespace hyscale::server {
 namespace {
 
 constexpr int kMaxMessageBytes = 4 << 20;
+// Threads that wait for calls, at most. gRPC's default of 2 makes every thread beyond two that
+// finishes a call exit, and a new one start for the next: with 64 concurrent submitters that
+// churn cost a fifth of the server's CPU (bench/service, docs/performance.md section 6).
+constexpr int kMaxPollers = 64;
 
 }  // namespace
 
@@ -25,6 +29,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.RegisterService(&server->jobs_);
   builder.RegisterService(&server->workers_);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS, kMaxPollers);
   // gRPC sets SO_REUSEPORT by default: a second coordinator on this port would then start too,
   // and clients would alternate between the two.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

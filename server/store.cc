@@ -3,6 +3,7 @@
 #include <absl/strings/str_cat.h>
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -45,6 +46,8 @@ constexpr const char* kMigrations[] = {
 };
 
 constexpr int kBusyTimeoutMs = 5000;
+// Failed group-commit tickets remembered for Sync and Stored: their submitters ask at once.
+constexpr size_t kFailedTicketsKept = 4096;
 
 // A prepared statement, finalized on scope exit.
 class Statement {
@@ -83,8 +86,8 @@ class Statement {
   int rc_;
 };
 
-// Rolls back unless committed, so an error path never leaves a transaction open. Inside a
-// Store::Batch it is part of the batch's transaction: it neither begins nor commits.
+// Rolls back unless committed, so an error path never leaves a transaction open (migrations and
+// setting records aside, when nothing is staged). Inside a transaction it is part of it.
 class Transaction {
  public:
   explicit Transaction(sqlite3* db) : db_(db), nested_(sqlite3_get_autocommit(db) == 0) {
@@ -154,7 +157,7 @@ absl::Status Store::Error(const char* what) const {
 }
 
 absl::Status Store::CheckIntegrity() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
   Statement check(db_, "PRAGMA integrity_check(20)");
   if (!check.ok()) return DamagedError(sqlite3_errmsg(db_));
   std::string findings;
@@ -227,7 +230,7 @@ absl::Status Store::Exec(const char* sql) {
 }
 
 absl::Status Store::Migrate() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
   Transaction tx(db_);
   if (!tx.ok()) return Error("begin migration");
   if (auto s = Exec("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)");
@@ -261,14 +264,14 @@ absl::Status Store::Migrate() {
 }
 
 absl::StatusOr<int> Store::SchemaVersion() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
   Statement select(db_, "SELECT version FROM schema_version");
   if (!select.ok() || select.Step() != SQLITE_ROW) return Error("read schema_version");
   return static_cast<int>(select.Int(0));
 }
 
 absl::StatusOr<std::string> Store::JournalMode() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
   Statement select(db_, "PRAGMA journal_mode");
   if (!select.ok() || select.Step() != SQLITE_ROW) return Error("read journal_mode");
   return select.Text(0);
@@ -285,10 +288,7 @@ absl::Status Store::AppendEvents(const std::vector<v1::JobEvent>& events) {
   return absl::OkStatus();
 }
 
-absl::Status Store::InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Transaction tx(db_);
-  if (!tx.ok()) return Error("begin insert job");
+absl::Status Store::InsertRow(const v1::Job& job, const std::vector<v1::JobEvent>& events) {
   {
     Statement insert(
         db_, "INSERT INTO jobs (id, request_id, state, priority, job) VALUES (?, ?, ?, ?, ?)");
@@ -308,16 +308,17 @@ absl::Status Store::InsertJob(const v1::Job& job, const std::vector<v1::JobEvent
     }
     if (rc != SQLITE_DONE) return Error("insert job");
   }
-  if (auto s = AppendEvents(events); !s.ok()) return s;
-  if (!tx.Commit()) return Error("commit insert job");
-  return absl::OkStatus();
+  return AppendEvents(events);
+}
+
+absl::Status Store::InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events) {
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
+  return WriteTransaction("insert job", [&] { return InsertRow(job, events); });
 }
 
 absl::Status Store::UpdateJob(const v1::Job& job, const std::vector<v1::JobEvent>& events) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Transaction tx(db_);
-  if (!tx.ok()) return Error("begin update job");
-  {
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
+  return WriteTransaction("update job", [&] {
     Statement update(db_, "UPDATE jobs SET state = ?, priority = ?, job = ? WHERE id = ?");
     update.Bind(1, int64_t{job.state()});
     update.Bind(2, int64_t{job.priority()});
@@ -325,14 +326,114 @@ absl::Status Store::UpdateJob(const v1::Job& job, const std::vector<v1::JobEvent
     update.Bind(4, job.id());
     if (update.Step() != SQLITE_DONE) return Error("update job");
     if (sqlite3_changes(db_) != 1) return absl::NotFoundError("job " + job.id() + " not stored");
+    return AppendEvents(events);
+  });
+}
+
+Store::Ticket Store::StageInsert(v1::Job job, std::vector<v1::JobEvent> events) {
+  std::lock_guard<std::mutex> lock(stage_mu_);
+  const Ticket ticket = next_ticket_++;
+  staged_.push_back({ticket, std::move(job), std::move(events)});
+  return ticket;
+}
+
+absl::Status Store::Sync(Ticket ticket) {
+  std::unique_lock<std::mutex> stage(stage_mu_);
+  while (settled_through_ < ticket) {
+    if (committing_) {
+      settled_.wait(stage);
+      continue;
+    }
+    // Everything staged until now goes in this one transaction; those who stage meanwhile wait
+    // for it and then commit together.
+    committing_ = true;
+    stage.unlock();
+    {
+      std::lock_guard<std::recursive_mutex> lock(db_mu_);
+      // Another write may have taken the staged jobs while this waited for the connection.
+      if (HasStaged()) {
+        (void)WriteTransaction("group commit", [] { return absl::OkStatus(); });
+      }
+    }
+    stage.lock();
+    committing_ = false;
+    settled_.notify_all();
   }
-  if (auto s = AppendEvents(events); !s.ok()) return s;
-  if (!tx.Commit()) return Error("commit update job");
+  const auto failed = failed_.find(ticket);
+  return failed == failed_.end() ? absl::OkStatus() : failed->second;
+}
+
+bool Store::Stored(Ticket ticket) {
+  std::lock_guard<std::mutex> lock(stage_mu_);
+  return ticket <= settled_through_ && failed_.count(ticket) == 0;
+}
+
+bool Store::HasStaged() {
+  std::lock_guard<std::mutex> lock(stage_mu_);
+  return !staged_.empty();
+}
+
+std::vector<Store::StagedInsert> Store::TakeStaged() {
+  std::vector<StagedInsert> staged;
+  {
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    staged.swap(staged_);
+  }
+  for (const StagedInsert& insert : staged) in_transaction_.push_back(insert.ticket);
+  return staged;
+}
+
+absl::Status Store::WriteStaged() {
+  for (const StagedInsert& insert : TakeStaged()) {
+    if (auto status = InsertRow(insert.job, insert.events); !status.ok()) return status;
+  }
   return absl::OkStatus();
 }
 
+void Store::Settle(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(stage_mu_);
+  for (const Ticket ticket : in_transaction_) {
+    if (!status.ok()) failed_[ticket] = status;
+    settled_through_ = std::max(settled_through_, ticket);
+  }
+  in_transaction_.clear();
+  while (failed_.size() > kFailedTicketsKept) failed_.erase(failed_.begin());
+  settled_.notify_all();
+}
+
+absl::Status Store::WriteTransaction(const char* what, const std::function<absl::Status()>& body) {
+  if (sqlite3_get_autocommit(db_) == 0) {  // inside a Batch: its commit settles the staged jobs
+    if (auto status = WriteStaged(); !status.ok()) return status;
+    return body();
+  }
+  if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    // The staged jobs fail with it rather than wait: their submitters are answered now.
+    const absl::Status error = Error(what);
+    TakeStaged();
+    Settle(error);
+    return error;
+  }
+  absl::Status staged = WriteStaged();
+  absl::Status written = staged;
+  if (staged.ok()) {
+    // A failing body (an update of a job that is not stored) must not take the staged jobs down
+    // with it.
+    Exec("SAVEPOINT body").IgnoreError();
+    written = body();
+    if (!written.ok()) Exec("ROLLBACK TO body").IgnoreError();
+    Exec("RELEASE body").IgnoreError();
+  }
+  if (staged.ok() && sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    staged = Error(absl::StrCat("commit ", what).c_str());
+    written = staged;
+  }
+  if (!staged.ok()) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  Settle(staged);
+  return written;
+}
+
 absl::StatusOr<std::vector<v1::Job>> Store::LoadJobs(std::vector<std::string>* set_aside) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
   std::vector<v1::Job> jobs;
   std::vector<int64_t> unreadable;  // seq of each record that does not parse
   {
@@ -369,7 +470,7 @@ absl::StatusOr<std::vector<v1::Job>> Store::LoadJobs(std::vector<std::string>* s
 
 absl::StatusOr<std::vector<v1::JobEvent>> Store::LoadEvents(const std::string& job_id,
                                                             int64_t after_sequence, int limit) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
   Statement select(db_,
                    "SELECT event FROM job_events WHERE job_id = ? AND sequence > ? "
                    "ORDER BY sequence LIMIT ?");
@@ -391,7 +492,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Store::LoadEvents(const std::string& j
 }
 
 absl::StatusOr<int64_t> Store::LastSequence(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
   Statement select(db_, "SELECT COALESCE(MAX(sequence), 0) FROM job_events WHERE job_id = ?");
   if (!select.ok()) return Error("last sequence");
   select.Bind(1, job_id);
@@ -400,19 +501,21 @@ absl::StatusOr<int64_t> Store::LastSequence(const std::string& job_id) {
 }
 
 absl::Status Store::PutWorker(const v1::WorkerInfo& worker) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Statement upsert(db_,
-                   "INSERT INTO workers (id, worker) VALUES (?, ?) "
-                   "ON CONFLICT (id) DO UPDATE SET worker = excluded.worker");
-  if (!upsert.ok()) return Error("put worker");
-  upsert.Bind(1, worker.id());
-  upsert.BindBlob(2, worker.SerializeAsString());
-  if (upsert.Step() != SQLITE_DONE) return Error("put worker");
-  return absl::OkStatus();
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
+  return WriteTransaction("put worker", [&] {
+    Statement upsert(db_,
+                     "INSERT INTO workers (id, worker) VALUES (?, ?) "
+                     "ON CONFLICT (id) DO UPDATE SET worker = excluded.worker");
+    if (!upsert.ok()) return Error("put worker");
+    upsert.Bind(1, worker.id());
+    upsert.BindBlob(2, worker.SerializeAsString());
+    if (upsert.Step() != SQLITE_DONE) return Error("put worker");
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> Store::LoadWorkers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::recursive_mutex> lock(db_mu_);
   Statement select(db_, "SELECT id, worker FROM workers ORDER BY id");
   if (!select.ok()) return Error("load workers");
   std::vector<v1::WorkerInfo> workers;
@@ -428,27 +531,26 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Store::LoadWorkers() {
   return workers;
 }
 
-Store::Batch::Batch(Store& store) : store_(store) {
-  std::lock_guard<std::mutex> lock(store_.mu_);
+Store::Batch::Batch(Store& store) : store_(store), hold_(store.db_mu_) {
   open_ = sqlite3_exec(store_.db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
 }
 
 Store::Batch::~Batch() {
   if (!open_) return;
-  std::lock_guard<std::mutex> lock(store_.mu_);
   sqlite3_exec(store_.db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  store_.Settle(absl::AbortedError("the batch it was written in was rolled back"));
 }
 
 absl::Status Store::Batch::Commit() {
-  std::lock_guard<std::mutex> lock(store_.mu_);
   if (!open_) return store_.Error("begin batch");
   open_ = false;
+  absl::Status status;
   if (sqlite3_exec(store_.db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
-    const absl::Status error = store_.Error("commit batch");
+    status = store_.Error("commit batch");
     sqlite3_exec(store_.db_, "ROLLBACK", nullptr, nullptr, nullptr);
-    return error;
   }
-  return absl::OkStatus();
+  store_.Settle(status);
+  return status;
 }
 
 }  // namespace hyscale::server

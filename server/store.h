@@ -1,12 +1,19 @@
 // JobStore: the coordinator's durable state in one SQLite file (<data-dir>/hyscale.db).
 // Every write is a transaction with synchronous=FULL in WAL mode, so a job's transition and its
 // event are on disk together before the RPC that caused them answers.
+//
+// New jobs can instead be staged and synced (group commit): every submission that waits for the
+// disk at the same time shares one transaction and one fsync, taken by whichever of them finds
+// no commit under way, so durable submissions are not limited to one fsync each.
 #pragma once
 
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +43,17 @@ class Store {
   // Inserts a new job and its first events. ALREADY_EXISTS when the job id or a non-empty
   // request_id is taken.
   absl::Status InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events);
+  // Group commit. StageInsert queues a new job and its first events for the next transaction
+  // without writing anything. Sync(ticket) returns once that transaction is on disk (committing
+  // everything staged so far when no other caller is committing) or with its error; a staged job
+  // whose transaction failed is not stored. Any other write writes what is staged first, in its
+  // own transaction, so a later change of a staged job never reaches the disk before the job.
+  using Ticket = int64_t;
+  Ticket StageInsert(v1::Job job, std::vector<v1::JobEvent> events);
+  absl::Status Sync(Ticket ticket);
+  // Whether the transaction holding `ticket` has committed (false while staged or after it failed).
+  bool Stored(Ticket ticket);
+
   // Replaces a stored job and appends `events`, in one transaction.
   absl::Status UpdateJob(const v1::Job& job, const std::vector<v1::JobEvent>& events);
   // Every job, oldest first (the order they were inserted). A record that does not parse is
@@ -54,7 +72,7 @@ class Store {
   // Makes the writes made while it lives one transaction: a ReportStatus carrying a batch of
   // trainer events costs one fsync instead of one per event (which, under the coordinator's lock,
   // held up heartbeats). Nothing in it is durable before Commit(); destroyed uncommitted, it
-  // rolls back. Writers must not run concurrently with it (the coordinator's lock ensures that).
+  // rolls back. It holds the connection for its whole life: other threads' calls wait.
   class Batch {
    public:
     explicit Batch(Store& store);
@@ -65,6 +83,7 @@ class Store {
 
    private:
     Store& store_;
+    std::unique_lock<std::recursive_mutex> hold_;
     bool open_ = false;
   };
 
@@ -80,10 +99,40 @@ class Store {
   static absl::Status DamagedError(const std::string& findings);
   absl::Status Exec(const char* sql);
   absl::Status AppendEvents(const std::vector<v1::JobEvent>& events);
+  absl::Status InsertRow(const v1::Job& job, const std::vector<v1::JobEvent>& events);
+  bool HasStaged();
   absl::Status Error(const char* what) const;
 
-  std::mutex mu_;  // one connection, used by the coordinator and by watch/log streams
+  struct StagedInsert {
+    Ticket ticket;
+    v1::Job job;
+    std::vector<v1::JobEvent> events;
+  };
+  // Runs `body` in a transaction that first writes every staged job (inside an open Batch: in the
+  // batch's transaction). Called with db_mu_ held.
+  absl::Status WriteTransaction(const char* what, const std::function<absl::Status()>& body);
+  // Takes the staged jobs into the open transaction: they are settled when it ends.
+  std::vector<StagedInsert> TakeStaged();
+  // Takes them and writes them.
+  absl::Status WriteStaged();
+  // Ends the open transaction's hold on the jobs WriteStaged wrote: stored, or failed with
+  // `status`.
+  void Settle(const absl::Status& status);
+
+  // One connection, used by the coordinator, group commits and watch/log streams. Recursive
+  // because a Batch holds it while its writes take it again.
+  std::recursive_mutex db_mu_;
   sqlite3* const db_;
+
+  // Group commit state, under stage_mu_ (taken after db_mu_, never before it).
+  std::mutex stage_mu_;
+  std::condition_variable settled_;
+  std::vector<StagedInsert> staged_;
+  std::vector<Ticket> in_transaction_;  // written by WriteStaged, not yet settled (db_mu_)
+  Ticket next_ticket_ = 1;
+  Ticket settled_through_ = 0;             // every ticket up to here is stored or failed
+  std::map<Ticket, absl::Status> failed_;  // the most recent failures (bounded)
+  bool committing_ = false;                // a Sync is writing a group
 };
 
 }  // namespace hyscale::server

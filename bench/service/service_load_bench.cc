@@ -294,9 +294,12 @@ void PhaseA(const Flags& flags, const Server& server,
   const std::string after = Scrape(server);
   report->Add("a", "SubmitJob (never placed, durable)", result.latency);
   AddServerRpc(report, "a", before, after, "JobService/SubmitJob");
-  report->Note("a", absl::StrFormat("%.1f submissions/s: %lld ok in %.2f s, %d threads over %d "
+  const std::string offered =
+      flags.submit.rate > 0 ? absl::StrFormat(" (offered %.0f/s, open loop)", flags.submit.rate)
+                            : std::string(" (closed loop)");
+  report->Note("a", absl::StrFormat("%.1f submissions/s%s: %lld ok in %.2f s, %d threads over %d "
                                     "channels; %lld failed, %lld not PENDING",
-                                    result.PerSecond(), static_cast<long long>(result.ok),
+                                    result.PerSecond(), offered, static_cast<long long>(result.ok),
                                     result.seconds, flags.submit.threads, flags.channels,
                                     static_cast<long long>(result.failed),
                                     static_cast<long long>(result.not_pending)));
@@ -309,6 +312,7 @@ void PhaseA(const Flags& flags, const Server& server,
   if (!result.first_error.empty()) report->Note("a", "first error: " + result.first_error);
   report->Json()["phase_a"] = {{"submissions", flags.submit.submissions},
                                {"threads", flags.submit.threads},
+                               {"offered_per_second", flags.submit.rate},
                                {"channels", flags.channels},
                                {"ok", result.ok},
                                {"failed", result.failed},
@@ -494,6 +498,10 @@ int main(int argc, char** argv) {
   app.add_option("-c,--threads", flags.submit.threads, "(a) concurrent client threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--rate", flags.submit.rate,
+                 "(a) offered submissions/s over all threads (open loop); 0: closed loop")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1'000'000.0));
   app.add_option("--workers", flags.workers.workers, "(b) simulated workers")
       ->capture_default_str()
       ->check(CLI::Range(1, 100'000));

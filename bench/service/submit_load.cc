@@ -34,7 +34,12 @@ void RunSubmitLoad(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
         grpc::ClientContext context;
         rpc::PrepareCall(&context, client);
         v1::Job job;
-        const auto call_start = Clock::now();
+        auto call_start = Clock::now();
+        if (options.rate > 0) {
+          call_start = start + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(i / options.rate));
+          std::this_thread::sleep_until(call_start);
+        }
         const grpc::Status status = stub->SubmitJob(&context, request, &job);
         if (!status.ok()) {
           ++failed;

@@ -18,7 +18,11 @@ namespace hyscale::bench {
 
 struct SubmitLoadOptions {
   int64_t submissions = 10000;
-  int threads = 16;    // concurrent clients, each with one call in flight
+  int threads = 16;  // concurrent clients, each with one call in flight
+  // Offered load in submissions/s over all threads (open loop): call i is due at i / rate and its
+  // latency counts from then, so a client that falls behind shows as latency. 0: closed loop,
+  // each thread submitting as soon as its last call returned.
+  double rate = 0;
   std::string run_id;  // makes names and request ids unique across runs on one server
 };
 

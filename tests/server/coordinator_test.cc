@@ -257,6 +257,52 @@ TEST_F(CoordinatorTest, SubmitIsIdempotentByRequestId) {
   EXPECT_EQ(c_->ListJobs({})->jobs_size(), 1);
 }
 
+// Submissions from many clients at once share group commits; each is acknowledged only once it
+// is stored, and all of them survive a restart.
+TEST_F(CoordinatorTest, ConcurrentSubmissionsAreAllStored) {
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 20;
+  std::vector<std::thread> threads;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        auto request = SubmitRequest();
+        request.set_request_id(absl::StrCat("req-", t, "-", i));
+        if (!c_->SubmitJob(request).ok()) ++failed;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failed.load(), 0);
+  c_.reset();
+  Open();
+  v1::ListJobsRequest list;
+  list.set_page_size(1000);
+  EXPECT_EQ(c_->ListJobs(list)->jobs_size(), kThreads * kPerThread);
+}
+
+// A submission whose commit fails is refused and leaves nothing behind: the client's retry with
+// the same request_id makes the job once.
+TEST_F(CoordinatorTest, SubmissionThatCannotBeStoredIsForgotten) {
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/hyscale.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  auto request = SubmitRequest();
+  request.set_request_id("req-1");
+  const auto refused = c_->SubmitJob(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_EQ(c_->ListJobs({})->jobs_size(), 0);
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  const auto retried = c_->SubmitJob(request);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(c_->ListJobs({})->jobs_size(), 1);
+  c_.reset();
+  Open();
+  EXPECT_EQ(c_->ListJobs({})->jobs_size(), 1);
+}
+
 TEST_F(CoordinatorTest, PendingUntilAWorkerFits) {
   const v1::Job job = Submit(2);
   EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);

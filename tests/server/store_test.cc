@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
+#include <vector>
 
 namespace hyscale::server {
 namespace {
@@ -219,6 +222,108 @@ TEST_F(StoreTest, BackupWhileServing) {
   EXPECT_EQ((*restored)->LastSequence("a").value(), 1);
   EXPECT_FALSE(std::filesystem::exists(copy + ".partial"));
   EXPECT_FALSE(Store::Backup((dir_ / "none.db").string(), copy).ok());
+}
+
+// Submissions synced from many threads at once share commits, and every one is on disk.
+TEST_F(StoreTest, GroupCommitStoresEverySyncedJob) {
+  constexpr int kThreads = 16;
+  constexpr int kPerThread = 25;
+  {
+    auto store = Store::Open(path_);
+    ASSERT_TRUE(store.ok());
+    std::vector<std::thread> threads;
+    std::atomic<int> failed{0};
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kPerThread; ++i) {
+          const std::string id = "j" + std::to_string(t) + "-" + std::to_string(i);
+          const Store::Ticket ticket = (*store)->StageInsert(MakeJob(id, "req-" + id),
+                                                             {Event(id, 1, v1::JOB_STATE_PENDING)});
+          if (!(*store)->Sync(ticket).ok() || !(*store)->Stored(ticket)) ++failed;
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    EXPECT_EQ(failed.load(), 0);
+  }
+  auto reopened = Store::Open(path_);
+  ASSERT_TRUE(reopened.ok());
+  auto jobs = (*reopened)->LoadJobs(&set_aside_);
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->size(), size_t{kThreads * kPerThread});
+  EXPECT_EQ((*reopened)->LastSequence("j3-7").value(), 1);
+}
+
+// A change of a staged job written before its submission synced carries the job with it, in
+// order: the update never reaches the disk without the insert.
+TEST_F(StoreTest, WriteOfAStagedJobWritesTheJobFirst) {
+  {
+    auto store = Store::Open(path_);
+    ASSERT_TRUE(store.ok());
+    const Store::Ticket ticket =
+        (*store)->StageInsert(MakeJob("a", ""), {Event("a", 1, v1::JOB_STATE_PENDING)});
+    EXPECT_FALSE((*store)->Stored(ticket));
+    v1::Job a = MakeJob("a", "");
+    a.set_state(v1::JOB_STATE_SCHEDULED);
+    ASSERT_TRUE((*store)->UpdateJob(a, {Event("a", 2, v1::JOB_STATE_SCHEDULED)}).ok());
+    EXPECT_TRUE((*store)->Stored(ticket));
+    EXPECT_TRUE((*store)->Sync(ticket).ok());
+  }
+  auto reopened = Store::Open(path_);
+  auto jobs = (*reopened)->LoadJobs(&set_aside_);
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ(jobs->at(0).state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ((*reopened)->LastSequence("a").value(), 2);
+}
+
+// A write that fails on its own (an update of a job that is not stored) does not take the staged
+// jobs of its transaction down with it.
+TEST_F(StoreTest, FailedWriteKeepsTheStagedJobs) {
+  auto store = Store::Open(path_);
+  ASSERT_TRUE(store.ok());
+  const Store::Ticket ticket = (*store)->StageInsert(MakeJob("a", ""), {});
+  EXPECT_EQ((*store)->UpdateJob(MakeJob("missing", ""), {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE((*store)->Sync(ticket).ok());
+  EXPECT_TRUE((*store)->Stored(ticket));
+  EXPECT_EQ((*store)->LoadJobs(&set_aside_)->size(), 1u);
+}
+
+// A staged job that cannot be written fails its Sync, names why, and is not stored.
+TEST_F(StoreTest, UnwritableStagedJobFailsItsSync) {
+  auto store = Store::Open(path_);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->InsertJob(MakeJob("a", "same"), {}).ok());
+  const Store::Ticket ticket = (*store)->StageInsert(MakeJob("b", "same"), {});
+  const absl::Status status = (*store)->Sync(ticket);
+  EXPECT_FALSE(status.ok());
+  EXPECT_FALSE((*store)->Stored(ticket));
+  EXPECT_EQ((*store)->LoadJobs(&set_aside_)->size(), 1u);
+  // The next submission is not affected.
+  const Store::Ticket next = (*store)->StageInsert(MakeJob("c", ""), {});
+  EXPECT_TRUE((*store)->Sync(next).ok());
+}
+
+// Staged jobs written inside a Batch are stored when it commits and fail when it rolls back.
+TEST_F(StoreTest, BatchSettlesTheStagedJobsItWrote) {
+  auto store = Store::Open(path_);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->InsertJob(MakeJob("x", ""), {}).ok());
+  const Store::Ticket kept = (*store)->StageInsert(MakeJob("a", ""), {});
+  {
+    Store::Batch batch(**store);
+    ASSERT_TRUE((*store)->UpdateJob(MakeJob("x", ""), {}).ok());
+    EXPECT_FALSE((*store)->Stored(kept));
+    ASSERT_TRUE(batch.Commit().ok());
+  }
+  EXPECT_TRUE((*store)->Stored(kept));
+  const Store::Ticket lost = (*store)->StageInsert(MakeJob("b", ""), {});
+  {
+    Store::Batch batch(**store);
+    ASSERT_TRUE((*store)->UpdateJob(MakeJob("x", ""), {}).ok());
+  }  // rolled back
+  EXPECT_FALSE((*store)->Sync(lost).ok());
+  EXPECT_FALSE((*store)->Stored(lost));
+  EXPECT_EQ((*store)->LoadJobs(&set_aside_)->size(), 2u);
 }
 
 TEST_F(StoreTest, UnwritableLocationIsAnError) {
