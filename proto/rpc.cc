@@ -102,7 +102,7 @@ bool Authorized(const std::string& authorization, const ServerTokens& tokens, Ac
   return full || (access == Access::kRead && read);
 }
 
-grpc::Status CheckToken(const grpc::ServerContext& context, const ServerTokens& tokens,
+grpc::Status CheckToken(const grpc::ServerContextBase& context, const ServerTokens& tokens,
                         Access access) {
   if (tokens.full.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();

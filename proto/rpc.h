@@ -63,7 +63,7 @@ bool Authorized(const std::string& authorization, const ServerTokens& tokens, Ac
 
 // Checks the "authorization" metadata of a server call: UNAUTHENTICATED when it does not grant
 // `access`.
-grpc::Status CheckToken(const grpc::ServerContext& context, const ServerTokens& tokens,
+grpc::Status CheckToken(const grpc::ServerContextBase& context, const ServerTokens& tokens,
                         Access access);
 
 grpc::Status ToGrpc(const absl::Status& status);

@@ -4,7 +4,7 @@
 
 namespace hyscale::server {
 
-grpc::Status Admit(const grpc::ServerContext& context, const rpc::ServerTokens& tokens,
+grpc::Status Admit(const grpc::ServerContextBase& context, const rpc::ServerTokens& tokens,
                    rpc::Access access, const google::protobuf::Message& request) {
   if (auto auth = rpc::CheckToken(context, tokens, access); !auth.ok()) return auth;
   return rpc::ToGrpc(CheckFieldSizes(request));

@@ -11,7 +11,7 @@ namespace hyscale::server {
 
 // OK when the call's token grants `access` and every field of `request` is within its cap
 // (request_limits.h); else UNAUTHENTICATED or INVALID_ARGUMENT.
-grpc::Status Admit(const grpc::ServerContext& context, const rpc::ServerTokens& tokens,
+grpc::Status Admit(const grpc::ServerContextBase& context, const rpc::ServerTokens& tokens,
                    rpc::Access access, const google::protobuf::Message& request);
 
 }  // namespace hyscale::server

@@ -36,8 +36,11 @@ absl::StatusOr<int> PageSize(int requested) {
 constexpr size_t kMaxPageBytes = 2 << 20;
 constexpr int kEventBatch = 256;
 constexpr size_t kLogChunkBytes = 64 * 1024;
-// How often a waiting stream re-checks for a departed client.
-constexpr auto kStreamPoll = std::chrono::milliseconds(200);
+constexpr int kLogChunksPerPull = 4;
+// How often a watch reads again when memory says more events are stored than it found.
+constexpr int kRereads = 3;
+// A subscription's after_sequence for a log stream: woken by log appends and by events.
+constexpr int64_t kLogsOnly = -1;
 // Backoff doubles per restart up to 2^kMaxBackoffDoublings times the base.
 constexpr int kMaxBackoffDoublings = 10;
 
@@ -269,7 +272,7 @@ absl::Status Coordinator::Commit(JobEntry& entry, v1::Job updated,
   }
   entry.job = std::move(updated);
   entry.last_sequence = sequence;
-  if (!events.empty()) changed_.notify_all();
+  if (!events.empty()) WakeStreams(entry.job.id(), /*log_grew=*/false);
   return absl::OkStatus();
 }
 
@@ -883,7 +886,6 @@ absl::StatusOr<std::pair<v1::Job, Store::Ticket>> Coordinator::StageSubmission(
   if (!entry.job.request_id().empty()) by_request_[entry.job.request_id()] = id;
   Track(id, entry.job.state(), +1);
   if (metrics_ != nullptr) metrics_->JobSubmitted();
-  changed_.notify_all();
   UpdateGauges();
   Apply(std::move(decisions));
   const JobEntry& placed = jobs_.at(id);
@@ -1031,89 +1033,197 @@ absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request)
   return plan;
 }
 
-absl::Status Coordinator::WatchJob(const v1::WatchJobRequest& request, const EventSink& send,
-                                   const Cancelled& cancelled) {
-  v1::JobEvent snapshot;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto found = jobs_.find(request.job_id());
-    if (found == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " not found"));
-    }
-    const v1::Job& job = found->second.job;
-    snapshot.set_job_id(job.id());
-    SetTime(snapshot.mutable_time(), clock_->Now());
-    snapshot.mutable_state_change()->set_from(job.state());
-    snapshot.mutable_state_change()->set_to(job.state());
-    snapshot.mutable_state_change()->set_reason(job.reason());
-    snapshot.mutable_state_change()->set_restarts(job.restarts());
-  }
-  if (!send(snapshot)) return absl::OkStatus();
-  int64_t sent = std::max<int64_t>(request.after_sequence(), 0);
-  for (;;) {
-    auto events = store_->LoadEvents(request.job_id(), sent, kEventBatch);
-    if (!events.ok()) return events.status();
-    for (const auto& event : *events) {
-      if (!send(event)) return absl::OkStatus();
-      sent = event.sequence();
-    }
-    if (static_cast<int>(events->size()) == kEventBatch) continue;
-    std::unique_lock<std::mutex> lock(mu_);
-    const JobEntry& entry = jobs_.at(request.job_id());
-    if (IsTerminal(entry.job.state()) && sent >= entry.last_sequence) return absl::OkStatus();
-    changed_.wait_for(lock, kStreamPoll, [&] { return shutdown_ || entry.last_sequence > sent; });
-    if (shutdown_) return absl::UnavailableError("hyscaled is shutting down");
-    if (cancelled()) return absl::CancelledError("watch cancelled by the client");
-  }
-}
+// A WatchJob call: the snapshot, then the stored events after the client's position, then new
+// ones as they are stored, until the terminal one.
+class Coordinator::EventStream final : public StreamSource<v1::JobEvent> {
+ public:
+  EventStream(Coordinator* coordinator, std::string job_id, int64_t after, v1::JobEvent snapshot)
+      : coordinator_(coordinator),
+        job_id_(std::move(job_id)),
+        sent_(after),
+        snapshot_(std::move(snapshot)) {}
+  ~EventStream() override { coordinator_->Unsubscribe(job_id_, subscription_); }
 
-absl::Status Coordinator::StreamLogs(const v1::StreamLogsRequest& request, const LogSink& send,
-                                     const Cancelled& cancelled) {
-  if (request.offset() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("offset: must be >= 0 (got ", request.offset(), ")"));
+  std::optional<absl::Status> Pull(std::vector<v1::JobEvent>* out,
+                                   std::function<void()> wake) override {
+    if (snapshot_) {
+      out->push_back(*std::move(snapshot_));
+      snapshot_.reset();
+      return std::nullopt;
+    }
+    for (int read = 1;; ++read) {
+      // Read outside the lock (the store has its own), so a long read holds up no report.
+      auto events = coordinator_->store_->LoadEvents(job_id_, sent_, kEventBatch);
+      if (!events.ok()) return events.status();
+      if (!events->empty()) {
+        sent_ = events->back().sequence();
+        for (auto& event : *events) out->push_back(std::move(event));
+        return std::nullopt;
+      }
+      std::lock_guard<std::mutex> lock(coordinator_->mu_);
+      if (coordinator_->shutdown_) return absl::UnavailableError("hyscaled is shutting down");
+      const auto found = coordinator_->jobs_.find(job_id_);
+      if (found == coordinator_->jobs_.end()) return absl::OkStatus();
+      const JobEntry& entry = found->second;
+      if (IsTerminal(entry.job.state()) && sent_ >= entry.last_sequence) return absl::OkStatus();
+      // Stored since the read: read again. (Memory may run ahead of the disk for a moment: a
+      // submission's first event before its group commit, a report batch's before its commit.
+      // Tick wakes a watch that subscribed meanwhile.)
+      if (entry.last_sequence > sent_ && read < kRereads) continue;
+      subscription_ = coordinator_->Subscribe(job_id_, sent_, std::move(wake));
+      return std::nullopt;
+    }
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto found = jobs_.find(request.job_id());
-    if (found == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " not found"));
-    }
-    const int ranks = found->second.job.resources().ranks();
-    if (request.rank() < 0 || request.rank() >= ranks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank: must be in [0, ", ranks, ") (got ", request.rank(), ")"));
+
+ private:
+  Coordinator* const coordinator_;
+  const std::string job_id_;
+  int64_t sent_;
+  std::optional<v1::JobEvent> snapshot_;
+  uint64_t subscription_ = 0;
+};
+
+// A StreamLogs call: a rank's log from an offset; following, until the job has ended and every
+// byte it wrote is sent.
+class Coordinator::LogStream final : public StreamSource<v1::LogChunk> {
+ public:
+  LogStream(Coordinator* coordinator, const v1::StreamLogsRequest& request)
+      : coordinator_(coordinator),
+        job_id_(request.job_id()),
+        rank_(request.rank()),
+        follow_(request.follow()),
+        path_(coordinator->LogPath(request.job_id(), request.rank())),
+        offset_(request.offset()) {}
+  ~LogStream() override { coordinator_->Unsubscribe(job_id_, subscription_); }
+
+  std::optional<absl::Status> Pull(std::vector<v1::LogChunk>* out,
+                                   std::function<void()> wake) override {
+    for (;;) {
+      // Whether the job had ended before this read (then the read sees every byte there will
+      // be), and how many appends it had seen.
+      bool ended;
+      int64_t appends;
+      {
+        std::lock_guard<std::mutex> lock(coordinator_->mu_);
+        if (coordinator_->shutdown_) return absl::UnavailableError("hyscaled is shutting down");
+        const auto found = coordinator_->jobs_.find(job_id_);
+        if (found == coordinator_->jobs_.end()) return absl::OkStatus();
+        ended = IsTerminal(found->second.job.state());
+        appends = found->second.log_appends;
+      }
+      if (ReadSome(out) > 0) return std::nullopt;
+      if (!follow_ || ended) return absl::OkStatus();
+      std::lock_guard<std::mutex> lock(coordinator_->mu_);
+      const JobEntry& entry = coordinator_->jobs_.at(job_id_);
+      if (entry.log_appends != appends || IsTerminal(entry.job.state())) continue;
+      subscription_ = coordinator_->Subscribe(job_id_, kLogsOnly, std::move(wake));
+      return std::nullopt;
     }
   }
-  const std::string path = LogPath(request.job_id(), request.rank());
-  int64_t offset = request.offset();
-  std::string buffer(kLogChunkBytes, '\0');
-  for (;;) {
-    // Whether the job had ended before this read: then the read sees every byte there will be.
-    bool ended;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ended = IsTerminal(jobs_.at(request.job_id()).job.state());
-    }
-    std::ifstream in(path, std::ios::binary);
-    if (in) in.seekg(offset);
-    while (in && in.good()) {
+
+ private:
+  // Up to kLogChunksPerPull chunks from offset_; the bytes read.
+  int64_t ReadSome(std::vector<v1::LogChunk>* out) {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return 0;
+    in.seekg(offset_);
+    int64_t total = 0;
+    std::string buffer(kLogChunkBytes, '\0');
+    for (int i = 0; i < kLogChunksPerPull && in.good(); ++i) {
       in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
       const std::streamsize got = in.gcount();
       if (got <= 0) break;
       v1::LogChunk chunk;
-      chunk.set_rank(request.rank());
-      chunk.set_offset(offset);
+      chunk.set_rank(rank_);
+      chunk.set_offset(offset_);
       chunk.set_data(buffer.data(), static_cast<size_t>(got));
-      if (!send(chunk)) return absl::OkStatus();
-      offset += got;
+      out->push_back(std::move(chunk));
+      offset_ += got;
+      total += got;
     }
-    if (!request.follow() || ended) return absl::OkStatus();
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait_for(lock, kStreamPoll, [&] { return shutdown_; });
-    if (shutdown_) return absl::UnavailableError("hyscaled is shutting down");
-    if (cancelled()) return absl::CancelledError("log stream cancelled by the client");
+    return total;
   }
+
+  Coordinator* const coordinator_;
+  const std::string job_id_;
+  const int rank_;
+  const bool follow_;
+  const std::string path_;
+  int64_t offset_;
+  uint64_t subscription_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<StreamSource<v1::JobEvent>>> Coordinator::WatchJob(
+    const v1::WatchJobRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto found = jobs_.find(request.job_id());
+  if (found == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " not found"));
+  }
+  const v1::Job& job = found->second.job;
+  v1::JobEvent snapshot;
+  snapshot.set_job_id(job.id());
+  SetTime(snapshot.mutable_time(), clock_->Now());
+  snapshot.mutable_state_change()->set_from(job.state());
+  snapshot.mutable_state_change()->set_to(job.state());
+  snapshot.mutable_state_change()->set_reason(job.reason());
+  snapshot.mutable_state_change()->set_restarts(job.restarts());
+  return std::make_unique<EventStream>(
+      this, job.id(), std::max<int64_t>(request.after_sequence(), 0), std::move(snapshot));
+}
+
+absl::StatusOr<std::unique_ptr<StreamSource<v1::LogChunk>>> Coordinator::StreamLogs(
+    const v1::StreamLogsRequest& request) {
+  if (request.offset() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("offset: must be >= 0 (got ", request.offset(), ")"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto found = jobs_.find(request.job_id());
+  if (found == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " not found"));
+  }
+  const int ranks = found->second.job.resources().ranks();
+  if (request.rank() < 0 || request.rank() >= ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [0, ", ranks, ") (got ", request.rank(), ")"));
+  }
+  return std::make_unique<LogStream>(this, request);
+}
+
+uint64_t Coordinator::Subscribe(const std::string& job_id, int64_t after_sequence,
+                                std::function<void()> wake) {
+  const uint64_t id = next_subscription_++;
+  subscriptions_[job_id][id] = Subscription{after_sequence, std::move(wake)};
+  return id;
+}
+
+void Coordinator::Unsubscribe(const std::string& job_id, uint64_t id) {
+  if (id == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto found = subscriptions_.find(job_id);
+  if (found == subscriptions_.end()) return;
+  found->second.erase(id);
+  if (found->second.empty()) subscriptions_.erase(found);
+}
+
+void Coordinator::WakeStreams(const std::string& job_id, bool log_grew) {
+  const auto found = subscriptions_.find(job_id);
+  if (found == subscriptions_.end()) return;
+  const auto job = jobs_.find(job_id);
+  const int64_t last = job == jobs_.end() ? 0 : job->second.last_sequence;
+  auto& waiting = found->second;
+  for (auto it = waiting.begin(); it != waiting.end();) {
+    const bool logs = it->second.after_sequence == kLogsOnly;
+    // Log streams also wake on events: the job's end ends them.
+    if (logs ? true : (!log_grew && last > it->second.after_sequence)) {
+      it->second.wake();
+      it = waiting.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (waiting.empty()) subscriptions_.erase(found);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1420,7 +1530,8 @@ void Coordinator::AppendLog(const std::string& job_id, int rank, const std::stri
     std::fprintf(stderr, "hyscaled: %s: cannot append the log\n", path.c_str());
     return;
   }
-  changed_.notify_all();
+  ++jobs_.at(job_id).log_appends;
+  WakeStreams(job_id, /*log_grew=*/true);
 }
 
 absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
@@ -1500,6 +1611,10 @@ void Coordinator::Tick() {
   ExpireStarts();
   if (PassNeeded() || reasons_stale_) SchedulePass();
   if (metrics_ != nullptr) metrics_->Expire(now);
+  // A watch that subscribed while its job's first event was still being committed.
+  std::vector<std::string> behind;
+  for (const auto& [job_id, waiting] : subscriptions_) behind.push_back(job_id);
+  for (const auto& job_id : behind) WakeStreams(job_id, /*log_grew=*/false);
 }
 
 void Coordinator::Shutdown() {
@@ -1508,7 +1623,10 @@ void Coordinator::Shutdown() {
   for (auto& [id, worker] : workers_) {
     if (worker.queue) worker.queue->Close();
   }
-  changed_.notify_all();
+  for (auto& [job_id, waiting] : subscriptions_) {
+    for (auto& [id, subscription] : waiting) subscription.wake();
+  }
+  subscriptions_.clear();
 }
 
 std::string Coordinator::LogPath(const std::string& job_id, int rank) const {

@@ -25,7 +25,6 @@
 #include <absl/status/statusor.h>
 #include <absl/time/time.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -45,6 +44,7 @@
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
 #include "server/store.h"
+#include "server/stream_source.h"
 
 namespace hyscale::server {
 
@@ -110,18 +110,15 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::JobEvent>> JobEvents(const std::string& job_id,
                                                       int64_t after_sequence, int limit);
 
-  // Streams call `send` for each item (false: the client is gone, stop) and poll `cancelled`.
-  using EventSink = std::function<bool(const v1::JobEvent&)>;
-  using LogSink = std::function<bool(const v1::LogChunk&)>;
-  using Cancelled = std::function<bool()>;
-  // A StateChange with the current state first (sequence 0: a snapshot, not a stored event), then
-  // the stored events after `after_sequence`, then new ones; returns after the terminal state's
-  // event, when the client leaves, or on Shutdown (UNAVAILABLE).
-  absl::Status WatchJob(const v1::WatchJobRequest& request, const EventSink& send,
-                        const Cancelled& cancelled);
-  // A rank's log from `offset`; with `follow`, keeps going until the job is terminal.
-  absl::Status StreamLogs(const v1::StreamLogsRequest& request, const LogSink& send,
-                          const Cancelled& cancelled);
+  // Streams, pulled without blocking (stream_source.h) by a reactor or a test.
+  // WatchJob: a StateChange with the current state first (sequence 0: a snapshot, not a stored
+  // event), then the stored events after `after_sequence`, then new ones; ends after the terminal
+  // state's event, or on Shutdown (UNAVAILABLE).
+  absl::StatusOr<std::unique_ptr<StreamSource<v1::JobEvent>>> WatchJob(
+      const v1::WatchJobRequest& request);
+  // A rank's log from `offset`; with `follow`, goes on until the job is terminal.
+  absl::StatusOr<std::unique_ptr<StreamSource<v1::LogChunk>>> StreamLogs(
+      const v1::StreamLogsRequest& request);
 
   // ---- WorkerService ----
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
@@ -159,7 +156,8 @@ class Coordinator {
     absl::Time queued_at;          // PENDING since (scheduling latency)
     // Its insert's group-commit ticket; 0 for a job loaded from the store.
     Store::Ticket insert_ticket = 0;
-    absl::Time restart_at;  // RESTARTING: placed again from then on
+    int64_t log_appends = 0;  // log streams compare it across a read
+    absl::Time restart_at;    // RESTARTING: placed again from then on
     // SCHEDULED context-parallel job whose rank 0 has not published: the attempt fails then.
     absl::Time rendezvous_deadline = absl::InfiniteFuture();
   };
@@ -265,6 +263,21 @@ class Coordinator {
   void ForgetUnstored(const std::string& job_id);
   absl::Status ValidateSubmit(const v1::SubmitJobRequest& request) const;
 
+  class EventStream;
+  class LogStream;
+  // A waiting stream's wake-up: once an event after `after_sequence` is stored (a log stream,
+  // kLogsOnly: once its job's log grows or an event is stored), or on Shutdown. One-shot.
+  struct Subscription {
+    int64_t after_sequence;
+    std::function<void()> wake;
+  };
+  // Under the lock: the stream pulls again when woken. 0 is never an id.
+  uint64_t Subscribe(const std::string& job_id, int64_t after_sequence, std::function<void()> wake);
+  // Takes the lock; no wake of `id` runs after it returns. 0: nothing.
+  void Unsubscribe(const std::string& job_id, uint64_t id);
+  // Wakes the streams of `job_id` that are due.
+  void WakeStreams(const std::string& job_id, bool log_grew);
+
   const CoordinatorOptions options_;
   const Profiles profiles_;
   Clock* const clock_;
@@ -272,8 +285,10 @@ class Coordinator {
   const std::unique_ptr<Store> store_;
 
   std::mutex mu_;
-  std::condition_variable changed_;  // an event was stored, a log grew, or shutdown
   bool shutdown_ = false;
+  // Waiting streams by job id, then subscription id.
+  std::map<std::string, std::map<uint64_t, Subscription>> subscriptions_;
+  uint64_t next_subscription_ = 1;
   std::map<std::string, JobEntry> jobs_;
   std::map<int64_t, std::string> by_order_;        // submission order -> job id
   std::map<std::string, std::string> by_request_;  // request_id -> job id

@@ -12,6 +12,7 @@
 #include "server/coordinator.h"
 #include "server/job_service.h"
 #include "server/server_metrics.h"
+#include "server/stream_waker.h"
 #include "server/worker_service.h"
 
 namespace hyscale::server {
@@ -32,10 +33,11 @@ class GrpcServer {
  private:
   GrpcServer(Coordinator* coordinator, const rpc::ServerTokens& tokens, int streams_per_host)
       : coordinator_(coordinator),
-        jobs_(coordinator, tokens, streams_per_host),
-        workers_(coordinator, tokens) {}
+        jobs_(coordinator, tokens, streams_per_host, &waker_),
+        workers_(coordinator, tokens, &waker_) {}
 
   Coordinator* const coordinator_;
+  StreamWaker waker_;  // outlives the services and their streams
   JobService jobs_;
   WorkerService workers_;
   std::unique_ptr<grpc::Server> server_;

@@ -4,6 +4,7 @@
 
 #include "proto/rpc.h"
 #include "server/admission.h"
+#include "server/stream_reactor.h"
 
 namespace hyscale::server {
 namespace {
@@ -16,6 +17,21 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
   if (!result.ok()) return rpc::ToGrpc(result.status());
   *response = std::move(*result);
   return grpc::Status::OK;
+}
+
+// A stream's source once the call is admitted and holds a slot of its host, else why not.
+template <typename Message, typename Open>
+grpc::ServerWriteReactor<Message>* Serve(const grpc::CallbackServerContext& context,
+                                         const rpc::ServerTokens& tokens,
+                                         const google::protobuf::Message& request,
+                                         StreamLimiter* streams, StreamWaker* waker, Open open) {
+  using Reactor = StreamReactor<Message>;
+  if (auto admitted = Admit(context, tokens, Access::kRead, request); !admitted.ok()) {
+    return Reactor::Start(rpc::FromGrpc(admitted), waker);
+  }
+  auto slot = streams->Acquire(context.peer());
+  if (!slot.ok()) return Reactor::Start(slot.status(), waker);
+  return Reactor::Start(open(), waker, *std::move(slot));
 }
 
 }  // namespace
@@ -52,29 +68,16 @@ grpc::Status JobService::CancelJob(grpc::ServerContext* context,
   return Reply(coordinator_->CancelJob(request->job_id(), request->reason()), response);
 }
 
-grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
-                                  grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (auto admitted = Admit(*context, tokens_, Access::kRead, *request); !admitted.ok()) {
-    return admitted;
-  }
-  auto slot = streams_.Acquire(context->peer());
-  if (!slot.ok()) return rpc::ToGrpc(slot.status());
-  return rpc::ToGrpc(coordinator_->WatchJob(
-      *request, [&](const v1::JobEvent& event) { return writer->Write(event); },
-      [&] { return context->IsCancelled(); }));
+grpc::ServerWriteReactor<v1::JobEvent>* JobService::WatchJob(grpc::CallbackServerContext* context,
+                                                             const v1::WatchJobRequest* request) {
+  return Serve<v1::JobEvent>(*context, tokens_, *request, &streams_, waker_,
+                             [&] { return coordinator_->WatchJob(*request); });
 }
 
-grpc::Status JobService::StreamLogs(grpc::ServerContext* context,
-                                    const v1::StreamLogsRequest* request,
-                                    grpc::ServerWriter<v1::LogChunk>* writer) {
-  if (auto admitted = Admit(*context, tokens_, Access::kRead, *request); !admitted.ok()) {
-    return admitted;
-  }
-  auto slot = streams_.Acquire(context->peer());
-  if (!slot.ok()) return rpc::ToGrpc(slot.status());
-  return rpc::ToGrpc(coordinator_->StreamLogs(
-      *request, [&](const v1::LogChunk& chunk) { return writer->Write(chunk); },
-      [&] { return context->IsCancelled(); }));
+grpc::ServerWriteReactor<v1::LogChunk>* JobService::StreamLogs(
+    grpc::CallbackServerContext* context, const v1::StreamLogsRequest* request) {
+  return Serve<v1::LogChunk>(*context, tokens_, *request, &streams_, waker_,
+                             [&] { return coordinator_->StreamLogs(*request); });
 }
 
 grpc::Status JobService::PlanJob(grpc::ServerContext* context, const v1::PlanJobRequest* request,

@@ -13,11 +13,11 @@
 #include <mutex>
 #include <thread>
 
+#include "planner/profile.h"
 #include "proto/rpc.h"
 #include "server/coordinator.h"
 #include "server/grpc_server.h"
 #include "server/metrics_http.h"
-#include "planner/profile.h"
 #include "server/server_metrics.h"
 #include "server/store.h"
 #include "server/web_ui.h"

@@ -4,15 +4,9 @@
 
 #include "proto/rpc.h"
 #include "server/admission.h"
+#include "server/stream_reactor.h"
 
 namespace hyscale::server {
-namespace {
-
-// How long an idle assignment stream waits before re-checking for a departed agent.
-constexpr absl::Duration kAssignmentPoll = absl::Milliseconds(200);
-
-}  // namespace
-
 grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) {
@@ -37,22 +31,15 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::StreamAssignments(grpc::ServerContext* context,
-                                              const v1::StreamAssignmentsRequest* request,
-                                              grpc::ServerWriter<v1::Assignment>* writer) {
+grpc::ServerWriteReactor<v1::Assignment>* WorkerService::StreamAssignments(
+    grpc::CallbackServerContext* context, const v1::StreamAssignmentsRequest* request) {
+  using Reactor = StreamReactor<v1::Assignment>;
   if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
-    return admitted;
+    return Reactor::Start(rpc::FromGrpc(admitted), waker_);
   }
   auto queue = coordinator_->OpenAssignments(*request);
-  if (!queue.ok()) return rpc::ToGrpc(queue.status());
-  // Ends when the agent leaves, when a newer stream of the same worker replaces this one, or on
-  // shutdown (the queue is closed then).
-  while (!context->IsCancelled() && !(*queue)->closed()) {
-    auto assignment = (*queue)->Pop(kAssignmentPoll);
-    if (assignment && !writer->Write(*assignment)) break;
-  }
-  if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "stream cancelled"};
-  return {grpc::StatusCode::UNAVAILABLE, "assignment stream closed: reopen it"};
+  if (!queue.ok()) return Reactor::Start(queue.status(), waker_);
+  return Reactor::Start(std::make_unique<AssignmentStream>(*std::move(queue)), waker_);
 }
 
 grpc::Status WorkerService::ReportStatus(grpc::ServerContext* context,

@@ -7,22 +7,25 @@
 #include "hyscale/v1/service.grpc.pb.h"
 #include "proto/rpc.h"
 #include "server/coordinator.h"
+#include "server/stream_waker.h"
 
 namespace hyscale::server {
 
-class WorkerService final : public v1::WorkerService::Service {
+// The assignment streams are served on gRPC's callback API, without a thread each.
+class WorkerService final
+    : public v1::WorkerService::WithCallbackMethod_StreamAssignments<v1::WorkerService::Service> {
  public:
-  WorkerService(Coordinator* coordinator, rpc::ServerTokens tokens)
-      : coordinator_(coordinator), tokens_(std::move(tokens)) {}
+  // `waker` runs the streams' wake-ups.
+  WorkerService(Coordinator* coordinator, rpc::ServerTokens tokens, StreamWaker* waker)
+      : coordinator_(coordinator), tokens_(std::move(tokens)), waker_(waker) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
-  grpc::Status StreamAssignments(grpc::ServerContext* context,
-                                 const v1::StreamAssignmentsRequest* request,
-                                 grpc::ServerWriter<v1::Assignment>* writer) override;
+  grpc::ServerWriteReactor<v1::Assignment>* StreamAssignments(
+      grpc::CallbackServerContext* context, const v1::StreamAssignmentsRequest* request) override;
   grpc::Status ReportStatus(grpc::ServerContext* context, const v1::ReportStatusRequest* request,
                             v1::ReportStatusResponse* response) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
@@ -31,6 +34,7 @@ class WorkerService final : public v1::WorkerService::Service {
  private:
   Coordinator* const coordinator_;
   const rpc::ServerTokens tokens_;
+  StreamWaker* const waker_;
 };
 
 }  // namespace hyscale::server

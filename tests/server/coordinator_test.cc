@@ -148,15 +148,25 @@ class CoordinatorTest : public ::testing::Test {
     request.set_job_id(job_id);
     request.set_after_sequence(after);
     // Only for terminal jobs: the watch ends by itself.
-    EXPECT_TRUE(c_->WatchJob(
-                      request,
-                      [&](const v1::JobEvent& e) {
-                        events.push_back(e);
-                        return true;
-                      },
-                      [] { return false; })
-                    .ok());
+    EXPECT_TRUE(Watch(request, [&](const v1::JobEvent& e) {
+                  events.push_back(e);
+                  return true;
+                }).ok());
     return events;
+  }
+
+  absl::Status Watch(const v1::WatchJobRequest& request,
+                     const std::function<bool(const v1::JobEvent&)>& take) {
+    auto stream = c_->WatchJob(request);
+    if (!stream.ok()) return stream.status();
+    return testing::DrainStream(**stream, take);
+  }
+
+  absl::Status Logs(const v1::StreamLogsRequest& request,
+                    const std::function<bool(const v1::LogChunk&)>& take) {
+    auto stream = c_->StreamLogs(request);
+    if (!stream.ok()) return stream.status();
+    return testing::DrainStream(**stream, take);
   }
 
   std::string dir_;
@@ -1066,15 +1076,11 @@ TEST_F(CoordinatorTest, LogsAreStoredPerRankAndStreamed) {
   request.set_job_id(job.id());
   request.set_offset(6);
   std::string got;
-  ASSERT_TRUE(c_->StreamLogs(
-                    request,
-                    [&](const v1::LogChunk& chunk) {
-                      EXPECT_EQ(chunk.offset(), 6 + static_cast<int64_t>(got.size()));
-                      got += chunk.data();
-                      return true;
-                    },
-                    [] { return false; })
-                  .ok());
+  ASSERT_TRUE(Logs(request, [&](const v1::LogChunk& chunk) {
+                EXPECT_EQ(chunk.offset(), 6 + static_cast<int64_t>(got.size()));
+                got += chunk.data();
+                return true;
+              }).ok());
   EXPECT_EQ(got, "world\n");
 
   // Following ends once the job is terminal, after the last bytes.
@@ -1082,14 +1088,10 @@ TEST_F(CoordinatorTest, LogsAreStoredPerRankAndStreamed) {
   request.set_offset(0);
   got.clear();
   std::thread follower([&] {
-    EXPECT_TRUE(c_->StreamLogs(
-                      request,
-                      [&](const v1::LogChunk& chunk) {
-                        got += chunk.data();
-                        return true;
-                      },
-                      [] { return false; })
-                    .ok());
+    EXPECT_TRUE(Logs(request, [&](const v1::LogChunk& chunk) {
+                  got += chunk.data();
+                  return true;
+                }).ok());
   });
   Log("w1", ref, "bye\n");
   Exited("w1", ref, 0);
@@ -1097,9 +1099,9 @@ TEST_F(CoordinatorTest, LogsAreStoredPerRankAndStreamed) {
   EXPECT_EQ(got, "hello world\nbye\n");
 
   request.set_rank(3);
-  EXPECT_EQ(c_->StreamLogs(request, nullptr, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_->StreamLogs(request).status().code(), absl::StatusCode::kInvalidArgument);
   request.set_job_id("nope");
-  EXPECT_EQ(c_->StreamLogs(request, nullptr, nullptr).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c_->StreamLogs(request).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorTest, WatchFollowsLiveEventsAndEndsOnShutdown) {
@@ -1111,15 +1113,11 @@ TEST_F(CoordinatorTest, WatchFollowsLiveEventsAndEndsOnShutdown) {
   v1::WatchJobRequest request;
   request.set_job_id(job.id());
   std::thread watcher([&] {
-    EXPECT_TRUE(c_->WatchJob(
-                      request,
-                      [&](const v1::JobEvent& e) {
-                        std::lock_guard<std::mutex> lock(mu);
-                        events.push_back(e);
-                        return true;
-                      },
-                      [] { return false; })
-                    .ok());
+    EXPECT_TRUE(Watch(request, [&](const v1::JobEvent& e) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  events.push_back(e);
+                  return true;
+                }).ok());
   });
   Started("w1", ref);
   Exited("w1", ref, 0);
@@ -1130,16 +1128,14 @@ TEST_F(CoordinatorTest, WatchFollowsLiveEventsAndEndsOnShutdown) {
   const v1::Job pending = Submit(8);
   request.set_job_id(pending.id());
   std::thread blocked([&] {
-    EXPECT_EQ(c_->WatchJob(
-                    request, [](const v1::JobEvent&) { return true; }, [] { return false; })
-                  .code(),
+    EXPECT_EQ(Watch(request, [](const v1::JobEvent&) { return true; }).code(),
               absl::StatusCode::kUnavailable);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   c_->Shutdown();
   blocked.join();
   request.set_job_id("nope");
-  EXPECT_EQ(c_->WatchJob(request, nullptr, nullptr).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c_->WatchJob(request).status().code(), absl::StatusCode::kNotFound);
 }
 
 // Pages end by bytes too, so big jobs never make one answer exceed a client's message limit.
@@ -1363,14 +1359,10 @@ TEST_F(CoordinatorTest, ConcurrentClientsWorkersAndWatchers) {
         v1::WatchJobRequest watch;
         watch.set_job_id(job->id());
         v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
-        ASSERT_TRUE(c_->WatchJob(
-                          watch,
-                          [&](const v1::JobEvent& e) {
-                            if (e.has_state_change()) last = e.state_change().to();
-                            return true;
-                          },
-                          [] { return false; })
-                        .ok());
+        ASSERT_TRUE(Watch(watch, [&](const v1::JobEvent& e) {
+                      if (e.has_state_change()) last = e.state_change().to();
+                      return true;
+                    }).ok());
         EXPECT_EQ(last, v1::JOB_STATE_SUCCEEDED);
         ++watched;
       }
