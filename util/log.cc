@@ -11,16 +11,11 @@ namespace {
 
 std::atomic<LogLevel> min_level{LogLevel::kInfo};
 
+// By LogLevel's value.
+constexpr absl::string_view kLevelNames[] = {"INFO", "WARNING", "ERROR"};
+
 absl::string_view NameOf(LogLevel level) {
-  switch (level) {
-    case LogLevel::kInfo:
-      return "INFO";
-    case LogLevel::kWarning:
-      return "WARNING";
-    case LogLevel::kError:
-      return "ERROR";
-  }
-  return "?";
+  return kLevelNames[static_cast<int>(level)];
 }
 
 }  // namespace

@@ -228,7 +228,6 @@ std::vector<pid_t> EndLeftoverTrainers(const std::string& work_dir) {
 TrainerProcess::TrainerProcess(util::Subprocess process, util::UniqueFd log, std::string pid_path,
                                Callbacks callbacks)
     : process_(std::move(process)),
-      pid_(process_.pid()),
       stdout_(process_.TakeStdout()),
       stderr_(process_.TakeStderr()),
       log_(std::move(log)),

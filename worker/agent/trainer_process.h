@@ -93,7 +93,7 @@ class TrainerProcess {
   TrainerProcess(const TrainerProcess&) = delete;
   TrainerProcess& operator=(const TrainerProcess&) = delete;
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
 
   // SIGTERM to the whole process group now, SIGKILL after `grace` if the trainer still runs.
   // `reason` becomes the exit's reason. Returns at once; repeated calls keep the first reason.
@@ -115,10 +115,9 @@ class TrainerProcess {
   TrainerExit DescribeExit(const util::ExitStatus& status);
 
   util::Subprocess process_;  // reaped by the monitor thread; signalled by any
-  const pid_t pid_;
-  util::UniqueFd stdout_;  // monitor thread only
-  util::UniqueFd stderr_;  // monitor thread only
-  util::UniqueFd log_;     // monitor thread only
+  util::UniqueFd stdout_;     // monitor thread only
+  util::UniqueFd stderr_;     // monitor thread only
+  util::UniqueFd log_;        // monitor thread only
   const std::string pid_path_;
   const Callbacks callbacks_;
   std::string partial_line_;         // monitor thread only
