@@ -104,32 +104,47 @@ absl::StatusOr<StreamFds> OpenStream(const Redirect& redirect) {
   ::_exit(127);
 }
 
+// What the child's side needs, all of it made before the fork.
+struct ChildSetup {
+  const Command& command;
+  pid_t parent;
+  int stdin_fd;
+  int stdout_fd;  // -1: as inherited
+  int stderr_fd;  // -1: as inherited, or stdout's with stderr_to_stdout
+  bool stderr_to_stdout;
+  char* const* argv;
+  char* const* envp;
+  int report_fd;  // where an exec error goes
+};
+
 // The child's side, between fork and exec: async-signal-safe calls only.
-[[noreturn]] void ExecInChild(const Command& command, pid_t parent, int stdin_fd, int stdout_fd,
-                              bool stderr_to_stdout, int stderr_fd, char* const* argv,
-                              char* const* envp, int report_fd) {
+[[noreturn]] void ExecInChild(const ChildSetup& setup) {
+  const Command& command = setup.command;
   if (command.new_process_group) ::setpgid(0, 0);
   if (command.run_as) {
-    if (const int error = SwitchUser(*command.run_as); error != 0) FailInChild(report_fd, error);
+    if (const int error = SwitchUser(*command.run_as); error != 0) {
+      FailInChild(setup.report_fd, error);
+    }
   }
+  // After the user switch, which clears it.
   if (command.parent_death_signal) {
     ::prctl(PR_SET_PDEATHSIG, *command.parent_death_signal);
     // The parent may have died before the prctl: then nobody would send the signal.
-    if (::getppid() != parent) ::_exit(127);
+    if (::getppid() != setup.parent) ::_exit(127);
   }
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   for (int sig : {SIGPIPE, SIGTERM, SIGINT, SIGHUP}) ::signal(sig, SIG_DFL);
-  ::dup2(stdin_fd, STDIN_FILENO);
-  if (stdout_fd >= 0) ::dup2(stdout_fd, STDOUT_FILENO);
-  if (stderr_to_stdout) {
+  ::dup2(setup.stdin_fd, STDIN_FILENO);
+  if (setup.stdout_fd >= 0) ::dup2(setup.stdout_fd, STDOUT_FILENO);
+  if (setup.stderr_to_stdout) {
     ::dup2(STDOUT_FILENO, STDERR_FILENO);
-  } else if (stderr_fd >= 0) {
-    ::dup2(stderr_fd, STDERR_FILENO);
+  } else if (setup.stderr_fd >= 0) {
+    ::dup2(setup.stderr_fd, STDERR_FILENO);
   }
-  ::execve(argv[0], argv, envp);
-  FailInChild(report_fd, errno);
+  ::execve(setup.argv[0], setup.argv, setup.envp);
+  FailInChild(setup.report_fd, errno);
 }
 
 }  // namespace
@@ -157,13 +172,12 @@ absl::StatusOr<Subprocess> Subprocess::Start(const Command& command) {
   UniqueFd report_read(report[0]);
   UniqueFd report_write(report[1]);
 
-  const pid_t parent = ::getpid();
+  const ChildSetup setup{command,          ::getpid(),       stdin_fd.get(),
+                         out->child.get(), err->child.get(), err->to_stdout,
+                         argv.data(),      envp.data(),      report_write.get()};
   const pid_t pid = ::fork();
   if (pid < 0) return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    ExecInChild(command, parent, stdin_fd.get(), out->child.get(), err->to_stdout, err->child.get(),
-                argv.data(), envp.data(), report_write.get());
-  }
+  if (pid == 0) ExecInChild(setup);
   // Also in the parent, so that a SignalGroup right after Start finds the group.
   if (command.new_process_group) ::setpgid(pid, pid);
   report_write.Reset();
@@ -217,12 +231,13 @@ void Subprocess::KillAndReap() {
   Wait();
 }
 
+// A moved-from process has pid -1, and kill(-1, ...) would signal every process we may signal.
 void Subprocess::Signal(int signal) const {
-  ::kill(pid_, signal);
+  if (pid_ > 0) ::kill(pid_, signal);
 }
 
 void Subprocess::SignalGroup(int signal) const {
-  ::killpg(pid_, signal);
+  if (pid_ > 0) ::killpg(pid_, signal);
 }
 
 bool Subprocess::HasExited() const {
