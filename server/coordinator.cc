@@ -17,6 +17,7 @@
 #include "planner/planner.h"
 #include "proto/job_spec.h"
 #include "server/trainer_events.h"
+#include "util/log.h"
 
 namespace hyscale::server {
 namespace {
@@ -208,10 +209,9 @@ absl::Status Coordinator::Load() {
   auto jobs = store_->LoadJobs(&set_aside);
   if (!jobs.ok()) return jobs.status();
   for (const std::string& id : set_aside) {
-    std::fprintf(stderr,
-                 "hyscaled: job %s: its stored record cannot be read; set aside in table "
-                 "jobs_set_aside of hyscale.db (every other job is served)\n",
-                 absl::CHexEscape(id).c_str());
+    util::LogWarning("job ", absl::CHexEscape(id),
+                     ": its stored record cannot be read; set aside in table jobs_set_aside of "
+                     "hyscale.db (every other job is served)");
   }
   for (auto& job : *jobs) {
     auto last = store_->LastSequence(job.id());
@@ -266,8 +266,7 @@ absl::Status Coordinator::Commit(JobEntry& entry, v1::Job updated,
     SetTime(event.mutable_time(), now);
   }
   if (auto status = store_->UpdateJob(updated, events); !status.ok()) {
-    std::fprintf(stderr, "hyscaled: storing job %s failed: %s\n", updated.id().c_str(),
-                 std::string(status.message()).c_str());
+    util::LogError("storing job ", updated.id(), " failed: ", status.message());
     return status;
   }
   entry.job = std::move(updated);
@@ -352,8 +351,7 @@ Coordinator::WorkerEntry* Coordinator::Holder(const std::string& worker_id,
 absl::Status Coordinator::PersistWorker(const WorkerEntry& worker) {
   auto status = store_->PutWorker(worker.info);
   if (!status.ok()) {
-    std::fprintf(stderr, "hyscaled: storing worker %s failed: %s\n", worker.info.id().c_str(),
-                 std::string(status.message()).c_str());
+    util::LogError("storing worker ", worker.info.id(), " failed: ", status.message());
   }
   UpdateGauges();
   return status;
@@ -525,8 +523,7 @@ absl::Status Coordinator::PublishRendezvous(JobEntry& entry, v1::JobEvent event)
     if (address.ok()) {
       updated.set_rendezvous(*address);
     } else {
-      std::fprintf(stderr, "hyscaled: job %s rank 0: %s\n", updated.id().c_str(),
-                   std::string(address.status().message()).c_str());
+      util::LogWarning("job ", updated.id(), " rank 0: ", address.status().message());
     }
   }
   const bool published = !updated.rendezvous().empty() && first;
@@ -595,9 +592,8 @@ void Coordinator::ExpireStarts() {
         SetTime(worker->second.info.mutable_unhealthy_until(), now + options_.unhealthy_exclusion);
         worker->second.info.set_unhealthy_reason(why);
         (void)PersistWorker(worker->second);
-        std::fprintf(stderr, "hyscaled: worker %s excluded from placement for %s: %s\n",
-                     worker_id.c_str(), absl::FormatDuration(options_.unhealthy_exclusion).c_str(),
-                     why.c_str());
+        util::LogWarning("worker ", worker_id, " excluded from placement for ",
+                         absl::FormatDuration(options_.unhealthy_exclusion), ": ", why);
       }
       // A failed write leaves the job as it was; the next Tick tries again.
       (void)FailAttempt(entry, why, AttemptEnd::kNotStarted);
@@ -1459,8 +1455,7 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
     case v1::RankReport::kEventJson: {
       auto event = ParseTrainerEvent(ref.rank(), report.event_json());
       if (!event.ok()) {
-        std::fprintf(stderr, "hyscaled: job %s rank %d: %s\n", job.id().c_str(), ref.rank(),
-                     std::string(event.status().message()).c_str());
+        util::LogWarning("job ", job.id(), " rank ", ref.rank(), ": ", event.status().message());
         return absl::OkStatus();  // a bad line is dropped, not retried
       }
       if (event->has_trainer() && event->trainer().event() == "rendezvous" && ref.rank() == 0) {
@@ -1527,7 +1522,7 @@ void Coordinator::AppendLog(const std::string& job_id, int rank, const std::stri
   std::ofstream out(path, std::ios::binary | std::ios::app);
   out.write(data.data(), static_cast<std::streamsize>(data.size()));
   if (!out) {
-    std::fprintf(stderr, "hyscaled: %s: cannot append the log\n", path.c_str());
+    util::LogError(path, ": cannot append the log");
     return;
   }
   ++jobs_.at(job_id).log_appends;

@@ -21,6 +21,7 @@
 #include "server/server_metrics.h"
 #include "server/store.h"
 #include "server/web_ui.h"
+#include "util/log.h"
 
 namespace hyscale::server {
 namespace {
@@ -52,10 +53,11 @@ struct Flags {
   std::string checkpoint_root;
   std::string gpu_profile = "h200";
   std::string calibration;
+  std::string log_level = "info";
 };
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "hyscaled: %s\n", std::string(status.message()).c_str());
+  util::LogError(status.message());
   return kExitFailed;
 }
 
@@ -65,8 +67,7 @@ int Run(const Flags& flags) {
   auto read_token = rpc::ResolveToken("", flags.read_token_file, "HYSCALE_READ_TOKEN");
   if (!read_token.ok()) return Fail(read_token.status());
   if (token->empty()) {
-    std::fprintf(stderr,
-                 "hyscaled: warning: no token (--token-file or HYSCALE_TOKEN): auth is off\n");
+    util::LogWarning("no token (--token-file or HYSCALE_TOKEN): auth is off");
     if (!read_token->empty()) {
       return Fail(absl::InvalidArgumentError(
           "read_token_file: a read-only token needs a full one (--token-file)"));
@@ -137,8 +138,7 @@ int Run(const Flags& flags) {
   sigaddset(&signals, SIGINT);
   int signal = 0;
   sigwait(&signals, &signal);
-  std::fprintf(stderr, "hyscaled: %s received, shutting down\n",
-               signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  util::LogInfo(signal == SIGTERM ? "SIGTERM" : "SIGINT", " received, shutting down");
 
   // Ends watch, log and assignment streams first, so in-flight calls finish within the grace.
   (*server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
@@ -240,6 +240,8 @@ int main(int argc, char** argv) {
   app.add_option("--calibration", flags.calibration,
                  "Calibration file from hyscale-calibrate: replaces figures of the profile it was "
                  "measured on (cpu, else --gpu-profile) for AUTO planning");
+  app.add_option("--log-level", flags.log_level, "Least level logged: info, warning or error")
+      ->capture_default_str();
   app.footer(
       "Also: hyscaled backup --data-dir D --to FILE (a consistent copy of the store, while it is "
       "served)\n"
@@ -251,6 +253,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
+  }
+  if (auto status = hyscale::util::SetMinLogLevel(flags.log_level); !status.ok()) {
+    hyscale::util::LogError(status.message());
+    return 2;
   }
   return hyscale::server::Run(flags);
 }

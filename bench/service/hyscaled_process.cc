@@ -4,11 +4,8 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,33 +77,15 @@ absl::StatusOr<std::unique_ptr<HyscaledProcess>> HyscaledProcess::Start(
   if (!metrics_port.ok()) return metrics_port.status();
   const std::string log_path = data_dir + "/hyscaled.log";
 
-  std::vector<std::string> args = {binary,
-                                   "--data-dir",
-                                   data_dir,
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--metrics-listen",
-                                   absl::StrCat("127.0.0.1:", *metrics_port)};
-  args.insert(args.end(), extra_args.begin(), extra_args.end());
-  std::vector<char*> argv;
-  for (auto& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (log < 0) return absl::ErrnoToStatus(errno, log_path);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(log);
-    return absl::ErrnoToStatus(errno, "fork");
-  }
-  if (pid == 0) {
-    dup2(log, STDOUT_FILENO);
-    dup2(log, STDERR_FILENO);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(log);
-  std::unique_ptr<HyscaledProcess> process(new HyscaledProcess(pid, log_path, *metrics_port));
+  util::Command command({binary, "--data-dir", data_dir, "--listen", "127.0.0.1:0",
+                         "--metrics-listen", absl::StrCat("127.0.0.1:", *metrics_port)});
+  command.argv.insert(command.argv.end(), extra_args.begin(), extra_args.end());
+  command.stdout_to = util::Redirect::WriteTo(log_path);
+  command.stderr_to = util::Redirect::ToStdout();
+  auto started = util::Subprocess::Start(command);
+  if (!started.ok()) return started.status();
+  std::unique_ptr<HyscaledProcess> process(
+      new HyscaledProcess(*std::move(started), log_path, *metrics_port));
   if (auto ready = process->WaitReady(30); !ready.ok()) return ready;
   return process;
 }
@@ -114,9 +93,8 @@ absl::StatusOr<std::unique_ptr<HyscaledProcess>> HyscaledProcess::Start(
 absl::Status HyscaledProcess::WaitReady(int timeout_seconds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
   while (std::chrono::steady_clock::now() < deadline) {
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      exited_ = true;
+    if (process_.TryWait()) {
+      stopped_ = true;
       return absl::UnavailableError(absl::StrCat("hyscaled exited while starting; its log (",
                                                  log_path_, "):\n", ReadAll(log_path_)));
     }
@@ -134,32 +112,21 @@ absl::Status HyscaledProcess::WaitReady(int timeout_seconds) {
 }
 
 int64_t HyscaledProcess::ResidentBytes() const {
-  return exited_ ? 0 : ProcStatusField(pid_, "VmRSS") * 1024;
+  return stopped_ ? 0 : ProcStatusField(process_.pid(), "VmRSS") * 1024;
 }
 
 int HyscaledProcess::Threads() const {
-  return exited_ ? 0 : static_cast<int>(ProcStatusField(pid_, "Threads"));
+  return stopped_ ? 0 : static_cast<int>(ProcStatusField(process_.pid(), "Threads"));
 }
 
 absl::StatusOr<int> HyscaledProcess::Stop(int grace_seconds) {
-  if (exited_) return absl::FailedPreconditionError("hyscaled already stopped");
-  kill(pid_, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_seconds);
-  int status = 0;
-  while (waitpid(pid_, &status, WNOHANG) != pid_) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  exited_ = true;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (stopped_) return absl::FailedPreconditionError("hyscaled already stopped");
+  stopped_ = true;
+  return process_.Stop(std::chrono::seconds(grace_seconds)).ShellCode();
 }
 
 HyscaledProcess::~HyscaledProcess() {
-  if (!exited_) (void)Stop();
+  if (!stopped_) (void)Stop();
 }
 
 }  // namespace hyscale::bench

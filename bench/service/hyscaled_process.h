@@ -3,12 +3,13 @@
 #pragma once
 
 #include <absl/status/statusor.h>
-#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "util/subprocess.h"
 
 namespace hyscale::bench {
 
@@ -37,12 +38,12 @@ class HyscaledProcess {
   absl::StatusOr<int> Stop(int grace_seconds = 10);
 
  private:
-  HyscaledProcess(pid_t pid, std::string log_path, int metrics_port)
-      : pid_(pid), log_path_(std::move(log_path)), metrics_port_(metrics_port) {}
+  HyscaledProcess(util::Subprocess process, std::string log_path, int metrics_port)
+      : process_(std::move(process)), log_path_(std::move(log_path)), metrics_port_(metrics_port) {}
   absl::Status WaitReady(int timeout_seconds);
 
-  pid_t pid_;
-  bool exited_ = false;
+  util::Subprocess process_;
+  bool stopped_ = false;  // by Stop, or on its own while starting
   const std::string log_path_;
   const int metrics_port_;
   std::string address_;

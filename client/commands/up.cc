@@ -2,11 +2,8 @@
 // processes (their output in <data-dir>/*.log), waits until the coordinator answers and the worker
 // is registered, then either runs one job to its end and stops both (-f), or serves until Ctrl-C.
 #include <absl/strings/str_cat.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <deque>
@@ -18,8 +15,7 @@
 #include <thread>
 
 #include "client/commands/commands.h"
-
-extern char** environ;
+#include "util/subprocess.h"
 
 namespace hyscale::cli {
 namespace {
@@ -32,10 +28,15 @@ constexpr milliseconds kPollInterval{200};
 constexpr std::chrono::seconds kWorkerStopGrace{20};  // the worker stops its trainers first
 constexpr std::chrono::seconds kCoordinatorStopGrace{10};
 
-struct Child {
+// Which child, for messages: its name and its log file.
+struct ChildLabel {
   std::string name;
-  pid_t pid = -1;
   std::string log_path;
+};
+
+struct Child {
+  ChildLabel label;
+  util::Subprocess process;
 };
 
 // <dir of this binary>/<name> (installed layout) or <dir>/../<build_path> (build layout).
@@ -55,51 +56,28 @@ absl::StatusOr<std::string> FindBinary(const std::string& name, const std::strin
 }
 
 // Starts `program` with output appended to `log_path`, in its own process group (Ctrl-C reaches
-// only us; we stop the children in order), killed if we die.
+// only us; we stop the children in order), sent SIGTERM if we die.
 absl::StatusOr<Child> Spawn(const std::string& name, const std::string& program,
                             const std::vector<std::string>& args, const std::string& token,
                             const std::string& log_path) {
-  std::vector<std::string> argv_strings = {program};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& arg : argv_strings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> argv = {program};
+  argv.insert(argv.end(), args.begin(), args.end());
+  util::Command command(std::move(argv));
   // The token travels in the environment, not argv, so `ps` does not show it.
-  std::vector<std::string> env_strings;
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    if (std::string(*entry).rfind("HYSCALE_TOKEN=", 0) != 0) env_strings.push_back(*entry);
+  if (token.empty()) {
+    command.unset_env = {"HYSCALE_TOKEN"};
+  } else {
+    command.env = {{"HYSCALE_TOKEN", token}};
   }
-  if (!token.empty()) env_strings.push_back("HYSCALE_TOKEN=" + token);
-  std::vector<char*> envp;
-  for (auto& variable : env_strings) envp.push_back(variable.data());
-  envp.push_back(nullptr);
-
-  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log_fd < 0) return absl::InternalError(absl::StrCat(log_path, ": cannot open"));
-  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(log_fd);
-    close(null_fd);
-    return absl::ResourceExhaustedError(absl::StrCat(name, ": fork failed"));
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(127);
-    setpgid(0, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    dup2(null_fd, STDIN_FILENO);
-    dup2(log_fd, STDOUT_FILENO);
-    dup2(log_fd, STDERR_FILENO);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  close(log_fd);
-  close(null_fd);
-  return Child{name, pid, log_path};
+  command.stdout_to = util::Redirect::AppendTo(log_path);
+  command.stderr_to = util::Redirect::ToStdout();
+  command.new_process_group = true;
+  command.parent_death_signal = SIGTERM;
+  auto process = util::Subprocess::Start(command);
+  // INTERNAL whatever the cause: `up` exits 7 whether a child cannot start or dies at once.
+  if (!process.ok())
+    return absl::InternalError(absl::StrCat(name, ": ", process.status().message()));
+  return Child{{name, log_path}, *std::move(process)};
 }
 
 // The last lines of a child's log, for an error message.
@@ -115,30 +93,6 @@ std::string Tail(const std::string& path, size_t lines = 15) {
   return text;
 }
 
-// True (and the child reaped) when it has exited.
-bool Exited(Child& child) {
-  if (child.pid < 0) return true;
-  int status = 0;
-  if (waitpid(child.pid, &status, WNOHANG) == child.pid) {
-    child.pid = -1;
-    return true;
-  }
-  return false;
-}
-
-void Stop(Child& child, std::chrono::seconds grace) {
-  if (Exited(child)) return;
-  kill(child.pid, SIGTERM);
-  const auto deadline = Clock::now() + grace;
-  while (Clock::now() < deadline) {
-    if (Exited(child)) return;
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  kill(child.pid, SIGKILL);
-  waitpid(child.pid, nullptr, 0);
-  child.pid = -1;
-}
-
 // Both children, stopped once, worker first so it can stop its trainers and report.
 class Children {
  public:
@@ -149,14 +103,15 @@ class Children {
   void StopAll() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
-      Stop(*it, it->name == "hyscale-worker" ? kWorkerStopGrace : kCoordinatorStopGrace);
+      it->process.Stop(it->label.name == "hyscale-worker" ? kWorkerStopGrace
+                                                          : kCoordinatorStopGrace);
     }
   }
   // The first child that exited on its own, if any.
-  std::optional<Child> FirstExited() {
+  std::optional<ChildLabel> FirstExited() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& child : children_) {
-      if (Exited(child)) return child;
+      if (child.process.TryWait()) return child.label;
     }
     return std::nullopt;
   }
@@ -281,7 +236,7 @@ int Up(const Context& context, const UpArgs& args) {
   auto coordinator = Spawn("hyscaled", *coordinator_binary, coordinator_args, context.client.token,
                            (data_dir / "hyscaled.log").string());
   if (!coordinator.ok()) return Fail(context, "up", coordinator.status());
-  children->Add(*coordinator);
+  children->Add(*std::move(coordinator));
 
   absl::Status status = WaitUntil("the coordinator", *children, args.start_timeout,
                                   [&] { return coordinator_answers(/*wait_for_ready=*/true); });
@@ -323,7 +278,7 @@ int Up(const Context& context, const UpArgs& args) {
     children->StopAll();
     return Fail(context, "up", worker.status());
   }
-  children->Add(*worker);
+  children->Add(*std::move(worker));
 
   status = WaitUntil("the worker to register", *children, args.start_timeout, [&] {
     grpc::ClientContext call;

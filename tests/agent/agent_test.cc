@@ -10,7 +10,7 @@
 #include "proto/job_spec.h"
 #include "tests/agent/fake_coordinator.h"
 #include "tests/agent/fake_trainer.h"
-#include "tests/agent/temp_dir.h"
+#include "util/temp_dir.h"
 #include "worker/agent/devices.h"
 
 namespace hyscale::agent {
@@ -19,7 +19,6 @@ namespace {
 using std::chrono::milliseconds;
 using testing::FakeCoordinator;
 using testing::FakeWorkerService;
-using testing::TempDir;
 
 v1::Assignment RunAssignment(const std::string& mode, const std::string& job, int attempt = 0) {
   v1::Assignment assignment;
@@ -97,7 +96,7 @@ class AgentTest : public ::testing::Test {
     return fake.WaitUntil([&] { return fake.open_streams_locked() > 0; });
   }
 
-  TempDir dir_;
+  const util::TempDir dir_ = util::TempDir::Create("hyscale-agent").value();
   std::unique_ptr<FakeCoordinator> coordinator_;
   std::unique_ptr<Agent> agent_;
   std::thread runner_;
@@ -346,7 +345,7 @@ threads: 1
 )",
                                     hyscale::SpecFormat::kYaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  TempDir dir;
+  const util::TempDir dir = util::TempDir::Create("hyscale-agent").value();
   FakeCoordinator coordinator;
   AgentOptions options;
   options.client.server = coordinator.address();

@@ -10,13 +10,12 @@
 #include <thread>
 
 #include "tests/agent/fake_trainer.h"
-#include "tests/agent/temp_dir.h"
+#include "util/temp_dir.h"
 
 namespace hyscale::agent {
 namespace {
 
 using std::chrono::milliseconds;
-using testing::TempDir;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
@@ -114,7 +113,7 @@ class TrainerProcessTest : public ::testing::Test {
         std::nullopt};
   }
 
-  TempDir dir_;
+  const util::TempDir dir_ = util::TempDir::Create("hyscale-agent").value();
   std::string trainer_;
 };
 

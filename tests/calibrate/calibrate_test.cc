@@ -1,9 +1,7 @@
 // hyscale-calibrate as a user runs it: its --quick file must be one the planner loads, replacing
 // the figures it names; bad flags exit 2 naming the flag; `hyscale plan --calibration` takes it.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,6 +11,8 @@
 
 #include "planner/profile.h"
 #include "tests/client/tiny_spec.h"
+#include "util/subprocess.h"
+#include "util/temp_dir.h"
 
 namespace hyscale::calibrate {
 namespace {
@@ -24,24 +24,13 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-std::string Quote(const std::string& arg) {
-  std::string quoted = "'";
-  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
 Result RunCommand(const std::string& binary, const std::vector<std::string>& args) {
-  std::string command = Quote(binary);
-  for (const auto& arg : args) command += " " + Quote(arg);
-  command += " 2>&1";
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  util::Command command({binary});
+  command.argv.insert(command.argv.end(), args.begin(), args.end());
+  command.stderr_to = util::Redirect::ToStdout();
+  const auto run = util::RunAndCapture(std::move(command));
+  if (!run.ok()) return {-1, run.status().ToString()};
+  return {run->exit.signal == 0 ? run->exit.exit_code : -1, run->output};
 }
 
 Result Calibrate(const std::vector<std::string>& args) {
@@ -57,16 +46,9 @@ std::string ReadFile(const std::string& path) {
 
 class CalibrateTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("hyscale_calibrate_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return dir_.Path(name); }
 
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-
-  std::filesystem::path dir_;
+  const util::TempDir dir_ = util::TempDir::Create("hyscale_calibrate_test").value();
 };
 
 constexpr const char* kFigures[] = {

@@ -1,10 +1,7 @@
 // hyscaled --calibration: the coordinator plans on the calibrated profile, and refuses to start
 // on a file it cannot use, naming it.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -12,21 +9,16 @@
 #include "server/clock.h"
 #include "server/coordinator.h"
 #include "tests/client/tiny_spec.h"
+#include "util/subprocess.h"
+#include "util/temp_dir.h"
 
 namespace hyscale::server {
 namespace {
 
 class CoordinatorCalibrationTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("hyscale_coordinator_calibration_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string Write(const std::string& name, const std::string& text) {
-    const std::string path = (dir_ / name).string();
+    const std::string path = dir_.Path(name);
     std::ofstream(path) << text;
     return path;
   }
@@ -34,7 +26,7 @@ class CoordinatorCalibrationTest : public ::testing::Test {
   absl::StatusOr<std::unique_ptr<Coordinator>> Open(const std::string& calibration,
                                                     const std::string& data = "data") {
     CoordinatorOptions options;
-    options.data_dir = (dir_ / data).string();
+    options.data_dir = dir_.Path(data);
     options.calibration = calibration;
     return Coordinator::Open(options, &clock_, nullptr);
   }
@@ -52,7 +44,7 @@ class CoordinatorCalibrationTest : public ::testing::Test {
     return plan.ok() ? plan->step_seconds() : -1;
   }
 
-  std::filesystem::path dir_;
+  const util::TempDir dir_ = util::TempDir::Create("hyscale_coordinator_calibration").value();
   FakeClock clock_;
 };
 
@@ -83,7 +75,7 @@ TEST_F(CoordinatorCalibrationTest, GpuFileCalibratesTheGpuProfile) {
 }
 
 TEST_F(CoordinatorCalibrationTest, UnusableFileFailsOpenNamingIt) {
-  const std::string missing = (dir_ / "missing.json").string();
+  const std::string missing = dir_.Path("missing.json");
   const std::string broken = Write("broken.json", "{not json");
   const std::string bad_figure = Write("bad.json", R"({"device": "cpu", "dense_tflops": -1})");
   const std::string other_gpu = Write("h800.json", R"({"device": "h800", "dense_tflops": 1})");
@@ -101,17 +93,13 @@ TEST_F(CoordinatorCalibrationTest, UnusableFileFailsOpenNamingIt) {
 
 TEST_F(CoordinatorCalibrationTest, HyscaledRefusesToStartOnABadFile) {
   const std::string bad = Write("bad.json", R"({"device": "cpu", "warp_speed": 9})");
-  const std::string command =
-      std::string(HYSCALED_PATH) + " --data-dir " + (dir_ / "data").string() +
-      " --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --calibration " + bad + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  EXPECT_EQ(WEXITSTATUS(status), 1) << output;
+  util::Command command({HYSCALED_PATH, "--data-dir", dir_.Path("data"), "--listen", "127.0.0.1:0",
+                         "--metrics-listen", "127.0.0.1:0", "--calibration", bad});
+  command.stderr_to = util::Redirect::ToStdout();
+  const auto run = util::RunAndCapture(std::move(command));
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::string& output = run->output;
+  EXPECT_EQ(run->exit.ShellCode(), 1) << output;
   EXPECT_NE(output.find(bad), std::string::npos) << output;
   EXPECT_NE(output.find("warp_speed"), std::string::npos) << output;
 }

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -12,6 +11,7 @@
 
 #include "tests/client/fake_job_service.h"
 #include "tests/client/tiny_spec.h"
+#include "util/temp_dir.h"
 
 namespace hyscale::cli {
 namespace {
@@ -30,16 +30,13 @@ constexpr const char* kSpec = hyscale::cli::testing::kTinySpec;
 class CliTest : public ::testing::Test {
  protected:
   CliTest() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "hyscale-cli-XXXXXX").string();
-    dir_ = mkdtemp(pattern.data());
     spec_ = Write("job.yaml", kSpec);
     unsetenv("HYSCALE_TOKEN");
     unsetenv("HYSCALE_SERVER");
   }
-  ~CliTest() override { std::filesystem::remove_all(dir_); }
 
   std::string Write(const std::string& name, const std::string& text) {
-    const std::string path = dir_ + "/" + name;
+    const std::string path = dir_.Path(name);
     std::ofstream(path) << text;
     return path;
   }
@@ -64,7 +61,7 @@ class CliTest : public ::testing::Test {
     return json::parse(result.out).at("id").get<std::string>();
   }
 
-  std::string dir_;
+  const util::TempDir dir_ = util::TempDir::Create("hyscale-cli").value();
   std::string spec_;
   FakeServer server_;
 };
@@ -127,7 +124,7 @@ TEST_F(CliTest, SubmitInvalidSpecNamesTheFieldAndSendsNothing) {
   const Result result = Run({"submit", "-f", bad});
   EXPECT_EQ(result.code, 2);
   EXPECT_NE(result.err.find("log_every"), std::string::npos) << result.err;
-  const Result missing = Run({"submit", "-f", dir_ + "/missing.yaml"});
+  const Result missing = Run({"submit", "-f", dir_.Path("missing.yaml")});
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.err.find("missing.yaml"), std::string::npos);
   EXPECT_TRUE(server_.jobs().submissions().empty());
@@ -362,11 +359,10 @@ TEST_F(CliTest, PlanOfflineRejectsWhatDoesNotFit) {
 TEST(CliAuthTest, TokenFromFlagFileOrEnvironment) {
   unsetenv("HYSCALE_TOKEN");
   FakeServer server("s3cret");
-  std::string pattern = (std::filesystem::temp_directory_path() / "hyscale-cli-XXXXXX").string();
-  const std::string dir = mkdtemp(pattern.data());
-  const std::string spec = dir + "/job.yaml";
+  const util::TempDir dir = util::TempDir::Create("hyscale-cli").value();
+  const std::string spec = dir.Path("job.yaml");
   std::ofstream(spec) << kSpec;
-  const std::string token_file = dir + "/token";
+  const std::string token_file = dir.Path("token");
   std::ofstream(token_file) << "s3cret\n";
   const auto run = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {"--server", server.address(), "submit", "-f", spec};
@@ -381,7 +377,6 @@ TEST(CliAuthTest, TokenFromFlagFileOrEnvironment) {
   setenv("HYSCALE_TOKEN", "s3cret", 1);
   EXPECT_EQ(run({}), 0);
   unsetenv("HYSCALE_TOKEN");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(CliErrorsTest, UnavailableServerTimesOut) {

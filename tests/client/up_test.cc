@@ -2,22 +2,22 @@
 // loopback, with a fake trainer script, so the embedded default is tested end to end.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <signal.h>
-
-#include <array>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "tests/client/tiny_spec.h"
+#include "util/subprocess.h"
+#include "util/temp_dir.h"
 
 namespace {
 
@@ -50,43 +50,39 @@ int FreePort() {
 
 struct Outcome {
   int code;
-  std::string output;
+  std::string output;  // stdout and stderr
 };
 
-Outcome Shell(const std::string& command) {
-  Outcome run{-1, ""};
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    run.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+// hyscale with `args`, killed if it runs for more than two minutes.
+Outcome Hyscale(const std::vector<std::string>& args,
+                const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  hyscale::util::Command command({HYSCALE_BIN});
+  command.argv.insert(command.argv.end(), args.begin(), args.end());
+  command.env = env;
+  command.stderr_to = hyscale::util::Redirect::ToStdout();
+  const auto run = hyscale::util::RunAndCapture(std::move(command), std::chrono::minutes(2));
+  if (!run.ok()) return {-1, run.status().ToString()};
+  return {run->exit.ShellCode(), run->output};
 }
 
 class UpTest : public ::testing::Test {
  protected:
   UpTest() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "hyscale-up-XXXXXX").string();
-    dir_ = mkdtemp(pattern.data());
     // A worker run as root starts trainers as nobody: they must reach the script.
-    chmod(dir_.c_str(), 0755);
-    std::ofstream(dir_ + "/job.yaml") << kSpec;
-    std::ofstream(dir_ + "/train.sh") << kTrainer;
-    chmod((dir_ + "/train.sh").c_str(), 0755);
-  }
-  ~UpTest() override { std::filesystem::remove_all(dir_); }
-
-  Outcome Up(const std::string& env = "") {
-    return Shell(
-        env + " timeout 120 " HYSCALE_BIN " --server 127.0.0.1:" + std::to_string(FreePort()) +
-        " up --data-dir " + dir_ + "/data -f " + dir_ + "/job.yaml --devices cpu:1 --trainer " +
-        dir_ + "/train.sh --metrics-listen 127.0.0.1:0");
+    chmod(dir_.path().c_str(), 0755);
+    std::ofstream(dir_.Path("job.yaml")) << kSpec;
+    std::ofstream(dir_.Path("train.sh")) << kTrainer;
+    chmod(dir_.Path("train.sh").c_str(), 0755);
   }
 
-  std::string dir_;
+  Outcome Up(const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    return Hyscale({"--server", "127.0.0.1:" + std::to_string(FreePort()), "up", "--data-dir",
+                    dir_.Path("data"), "-f", dir_.Path("job.yaml"), "--devices", "cpu:1",
+                    "--trainer", dir_.Path("train.sh"), "--metrics-listen", "127.0.0.1:0"},
+                   env);
+  }
+
+  const hyscale::util::TempDir dir_ = hyscale::util::TempDir::Create("hyscale-up").value();
 };
 
 std::string ReadAll(const std::string& path) {
@@ -99,62 +95,56 @@ TEST_F(UpTest, RunsJobToTheEndAndStops) {
   EXPECT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("step 3/3"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("SUCCEEDED"), std::string::npos) << run.output;
-  EXPECT_TRUE(std::filesystem::exists(dir_ + "/data/hyscaled.log"));
-  EXPECT_TRUE(std::filesystem::exists(dir_ + "/data/hyscale-worker.log"));
+  EXPECT_TRUE(std::filesystem::exists(dir_.Path("data/hyscaled.log")));
+  EXPECT_TRUE(std::filesystem::exists(dir_.Path("data/hyscale-worker.log")));
   // Both children are gone: the worker log ends with its shutdown.
-  std::ifstream log(dir_ + "/data/hyscale-worker.log");
+  std::ifstream log(dir_.Path("data/hyscale-worker.log"));
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("hyscale-worker: stopped"), std::string::npos) << text;
 }
 
 TEST_F(UpTest, FailedJobExitsOne) {
-  const Outcome run = Up("FAKE_EXIT=1");
+  const Outcome run = Up({{"FAKE_EXIT", "1"}});
   EXPECT_EQ(run.code, 1) << run.output;
   EXPECT_NE(run.output.find("FAILED"), std::string::npos) << run.output;
 }
 
 TEST_F(UpTest, InvalidSpecExitsTwoBeforeStartingAnything) {
-  std::ofstream(dir_ + "/job.yaml") << "name: broken\n";
+  std::ofstream(dir_.Path("job.yaml")) << "name: broken\n";
   const Outcome run = Up();
   EXPECT_EQ(run.code, 2) << run.output;
-  EXPECT_FALSE(std::filesystem::exists(dir_ + "/data/hyscaled.log"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Path("data/hyscaled.log")));
 }
 
 TEST_F(UpTest, ServesUntilInterruptedThenStopsBoth) {
   const std::string server = "127.0.0.1:" + std::to_string(FreePort());
-  const std::string output = dir_ + "/up.out";
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    freopen(output.c_str(), "w", stderr);
-    execl(HYSCALE_BIN, HYSCALE_BIN, "--server", server.c_str(), "up", "--data-dir",
-          (dir_ + "/data").c_str(), "--devices", "cpu:1", "--trainer", (dir_ + "/train.sh").c_str(),
-          "--metrics-listen", "127.0.0.1:0", static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const std::string output = dir_.Path("up.out");
+  hyscale::util::Command command({HYSCALE_BIN, "--server", server, "up", "--data-dir",
+                                  dir_.Path("data"), "--devices", "cpu:1", "--trainer",
+                                  dir_.Path("train.sh"), "--metrics-listen", "127.0.0.1:0"});
+  command.stderr_to = hyscale::util::Redirect::WriteTo(output);
+  auto up = hyscale::util::Subprocess::Start(command);
+  ASSERT_TRUE(up.ok()) << up.status();
   bool serving = false;
   for (int i = 0; i < 600 && !serving; ++i) {
     serving = ReadAll(output).find("serving") != std::string::npos;
     if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_TRUE(serving) << ReadAll(output);
-  const Outcome workers = Shell(HYSCALE_BIN " --server " + server + " workers");
+  const Outcome workers = Hyscale({"--server", server, "workers"});
   EXPECT_EQ(workers.code, 0) << workers.output;
   EXPECT_NE(workers.output.find("local"), std::string::npos) << workers.output;
 
-  kill(pid, SIGINT);
-  int status = -1;
-  for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(WIFEXITED(status)) << ReadAll(output);
-  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadAll(output);
+  up->Signal(SIGINT);
+  const auto exit = up->WaitFor(std::chrono::seconds(30));
+  ASSERT_TRUE(exit.has_value()) << ReadAll(output);
+  EXPECT_EQ(exit->ShellCode(), 0) << ReadAll(output);
   // Both children shut down cleanly rather than being orphaned.
-  EXPECT_NE(ReadAll(dir_ + "/data/hyscale-worker.log").find("hyscale-worker: stopped"),
+  EXPECT_NE(ReadAll(dir_.Path("data/hyscale-worker.log")).find("hyscale-worker: stopped"),
             std::string::npos);
-  EXPECT_NE(ReadAll(dir_ + "/data/hyscaled.log").find("shutting down"), std::string::npos)
-      << ReadAll(dir_ + "/data/hyscaled.log");
-  EXPECT_NE(Shell(HYSCALE_BIN " --timeout 1 --server " + server + " workers").code, 0);
+  EXPECT_NE(ReadAll(dir_.Path("data/hyscaled.log")).find("shutting down"), std::string::npos)
+      << ReadAll(dir_.Path("data/hyscaled.log"));
+  EXPECT_NE(Hyscale({"--timeout", "1", "--server", server, "workers"}).code, 0);
 }
 
 }  // namespace

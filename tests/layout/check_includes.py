@@ -7,6 +7,7 @@ root, "hyscale/v1/..." for the generated protobuf code). The rules form a graph 
   kernels <- worker/model <- worker/parallel <- worker/trainer
   proto <- planner <- server, client, worker/calibrate
   proto <- worker/agent, bench/service
+  util (subprocess, files, temp folders, logging): a leaf every folder may include
 
 The coordinator, the agent, the CLI and the planner never include libtorch or CUDA; the model,
 context parallelism, the trainer and the kernels never include gRPC. Tests and benchmarks may
@@ -19,9 +20,11 @@ import re
 import sys
 from pathlib import Path
 
-PROTO = ["proto", "hyscale/v1"]
+UTIL = ["util"]
+PROTO = ["proto", "hyscale/v1"] + UTIL
 RULES = {
-    "kernels": ["kernels"],
+    "util": UTIL,
+    "kernels": ["kernels"] + UTIL,
     "proto": PROTO,
     "planner": ["planner"] + PROTO,
     "worker/model": ["worker/model", "kernels"] + PROTO,
@@ -33,12 +36,13 @@ RULES = {
     "client": ["client", "planner"] + PROTO,
     "bench/service": ["bench/service"] + PROTO,
 }
-NO_TORCH = ["proto", "planner", "server", "client", "worker/agent", "bench/service"]
-NO_GRPC = ["kernels", "worker/model", "worker/parallel", "worker/trainer", "worker/calibrate"]
+NO_TORCH = ["util", "proto", "planner", "server", "client", "worker/agent", "bench/service"]
+NO_GRPC = ["util", "kernels", "worker/model", "worker/parallel", "worker/trainer",
+           "worker/calibrate"]
 
 SOURCES = {".cc", ".h", ".cu", ".cuh"}
 OUR_ROOTS = {"kernels", "proto", "planner", "worker", "server", "client", "bench", "tests",
-             "hyscale"}
+             "hyscale", "util"}
 OURS = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SYSTEM = re.compile(r"^\s*#\s*include\s+<([^>]+)>")
 TORCH = ("torch/", "ATen/", "c10/", "cuda_runtime", "cuda.h", "cuda_bf16", "cublas", "nccl")

@@ -1,10 +1,8 @@
 // hyscaled as a process: flags, the printed port, exit codes, SIGTERM, recovery after SIGKILL,
 // auth and TLS over the wire.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,38 +15,23 @@
 #include "hyscale/v1/service.grpc.pb.h"
 #include "proto/rpc.h"
 #include "tests/server/test_util.h"
+#include "util/subprocess.h"
 
 namespace hyscale::server {
 namespace {
 
-// A running hyscaled with its stdout on a pipe.
+// A running hyscaled with its stdout on a pipe; killed if the test ends before it does.
 class Daemon {
  public:
-  explicit Daemon(std::vector<std::string> args) {
-    int out[2];
-    if (::pipe(out) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(out[1], STDOUT_FILENO);
-      ::close(out[0]);
-      ::close(out[1]);
-      std::vector<char*> argv;
-      static std::string binary = HYSCALED_PATH;
-      argv.push_back(binary.data());
-      for (auto& arg : args) argv.push_back(arg.data());
-      argv.push_back(nullptr);
-      ::execv(binary.c_str(), argv.data());
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    stdout_ = out[0];
-  }
-  ~Daemon() {
-    if (pid_ > 0 && !exit_code_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (stdout_ >= 0) ::close(stdout_);
+  explicit Daemon(const std::vector<std::string>& args) {
+    util::Command command({HYSCALED_PATH});
+    command.argv.insert(command.argv.end(), args.begin(), args.end());
+    command.stdout_to = util::Redirect::Pipe();
+    auto started = util::Subprocess::Start(command);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return;
+    process_ = *std::move(started);
+    stdout_ = process_->TakeStdout();
   }
 
   // The port from "hyscaled: listening on HOST:PORT", or 0 if it exits or stays silent.
@@ -56,10 +39,10 @@ class Daemon {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     std::string text;
     while (std::chrono::steady_clock::now() < deadline) {
-      pollfd fd{stdout_, POLLIN, 0};
+      pollfd fd{stdout_.get(), POLLIN, 0};
       if (::poll(&fd, 1, 100) <= 0) continue;
       char buffer[256];
-      const ssize_t got = ::read(stdout_, buffer, sizeof(buffer));
+      const ssize_t got = ::read(stdout_.get(), buffer, sizeof(buffer));
       if (got <= 0) return 0;
       text.append(buffer, got);
       const auto at = text.find("hyscaled: listening on ");
@@ -74,23 +57,16 @@ class Daemon {
 
   // Sends `signal` (0: none) and waits up to `timeout` for the exit code.
   std::optional<int> Stop(int signal, std::chrono::seconds timeout = std::chrono::seconds(15)) {
-    if (signal != 0) ::kill(pid_, signal);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return exit_code_;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return std::nullopt;
+    if (!process_) return std::nullopt;
+    if (signal != 0) process_->Signal(signal);
+    const auto exit = process_->WaitFor(timeout);
+    if (!exit) return std::nullopt;
+    return exit->ShellCode();
   }
 
  private:
-  pid_t pid_ = -1;
-  int stdout_ = -1;
-  std::optional<int> exit_code_;
+  std::optional<util::Subprocess> process_;
+  util::UniqueFd stdout_;
 };
 
 std::unique_ptr<v1::JobService::Stub> Jobs(const std::string& server, const std::string& ca = "") {

@@ -2,31 +2,27 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <unistd.h>
 
-#include <cstdio>
-#include <filesystem>
 #include <fstream>
 
 #include "server/metrics_http.h"
 #include "server/server_metrics.h"
+#include "util/subprocess.h"
+#include "util/temp_dir.h"
 
 namespace hyscale::server {
 namespace {
 
-// Runs `promtool check metrics` on `text`; returns its exit status and output.
+// Runs `promtool check metrics` on `text`; returns its exit code and output.
 std::pair<int, std::string> Promtool(const std::string& text) {
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("hyscale_metrics_" + std::to_string(::getpid()) + ".txt");
-  std::ofstream(path) << text;
-  const std::string command = "/usr/bin/promtool check metrics < " + path.string() + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string output;
-  char buffer[512];
-  while (pipe != nullptr && std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
-  const int status = pipe == nullptr ? -1 : ::pclose(pipe);
-  std::filesystem::remove(path);
-  return {status, output};
+  const util::TempDir dir = util::TempDir::Create("hyscale_metrics").value();
+  std::ofstream(dir.Path("metrics.txt")) << text;
+  util::Command command(
+      {"/bin/sh", "-c", "exec /usr/bin/promtool check metrics < " + dir.Path("metrics.txt")});
+  command.stderr_to = util::Redirect::ToStdout();
+  const auto run = util::RunAndCapture(std::move(command));
+  if (!run.ok()) return {-1, run.status().ToString()};
+  return {run->exit.ShellCode(), run->output};
 }
 
 TEST(MetricsTest, EscapingFollowsTheTextFormat) {

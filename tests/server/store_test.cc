@@ -8,21 +8,13 @@
 #include <thread>
 #include <vector>
 
+#include "util/temp_dir.h"
+
 namespace hyscale::server {
 namespace {
 
 class StoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("store_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    path_ = (dir_ / "hyscale.db").string();
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   static v1::Job MakeJob(const std::string& id, const std::string& request_id) {
     v1::Job job;
     job.set_id(id);
@@ -39,8 +31,8 @@ class StoreTest : public ::testing::Test {
     return event;
   }
 
-  std::filesystem::path dir_;
-  std::string path_;
+  const util::TempDir dir_ = util::TempDir::Create("store_test").value();
+  const std::string path_ = dir_.Path("hyscale.db");
   std::vector<std::string> set_aside_;  // LoadJobs' unreadable records
 };
 
@@ -211,7 +203,7 @@ TEST_F(StoreTest, BackupWhileServing) {
   auto store = Store::Open(path_);
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->InsertJob(MakeJob("a", ""), {Event("a", 1, v1::JOB_STATE_PENDING)}).ok());
-  const std::string copy = (dir_ / "backup.db").string();
+  const std::string copy = dir_.Path("backup.db");
   ASSERT_TRUE(Store::Backup(path_, copy).ok());
   ASSERT_TRUE((*store)->InsertJob(MakeJob("b", ""), {}).ok());  // after the snapshot
   auto restored = Store::Open(copy);
@@ -221,7 +213,7 @@ TEST_F(StoreTest, BackupWhileServing) {
   EXPECT_EQ(jobs->at(0).id(), "a");
   EXPECT_EQ((*restored)->LastSequence("a").value(), 1);
   EXPECT_FALSE(std::filesystem::exists(copy + ".partial"));
-  EXPECT_FALSE(Store::Backup((dir_ / "none.db").string(), copy).ok());
+  EXPECT_FALSE(Store::Backup(dir_.Path("none.db"), copy).ok());
 }
 
 // Submissions synced from many threads at once share commits, and every one is on disk.
@@ -327,7 +319,7 @@ TEST_F(StoreTest, BatchSettlesTheStagedJobsItWrote) {
 }
 
 TEST_F(StoreTest, UnwritableLocationIsAnError) {
-  auto store = Store::Open((dir_ / "missing" / "hyscale.db").string());
+  auto store = Store::Open(dir_.Path("missing/hyscale.db"));
   EXPECT_FALSE(store.ok());
 }
 

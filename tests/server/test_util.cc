@@ -1,45 +1,24 @@
 #include "tests/server/test_util.h"
 
+#include <absl/strings/str_cat.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <vector>
 
 #include "proto/job_spec.h"
+#include "util/temp_dir.h"
 
 namespace hyscale::server::testing {
-namespace {
-
-// Removes the scratch directories when the test binary exits.
-class ScratchDirs {
- public:
-  ~ScratchDirs() {
-    std::error_code ignored;
-    for (const auto& dir : dirs_) std::filesystem::remove_all(dir, ignored);
-  }
-  void Add(const std::filesystem::path& dir) { dirs_.push_back(dir); }
-
- private:
-  std::vector<std::filesystem::path> dirs_;
-};
-
-ScratchDirs& Scratch() {
-  static ScratchDirs dirs;
-  return dirs;
-}
-
-}  // namespace
 
 std::string ScratchDir() {
+  static std::vector<util::TempDir> dirs;  // removed when the test binary exits
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("hyscale_server_" + std::to_string(::getpid()) +
-                                                "_" + info->test_suite_name() + "_" + info->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  Scratch().Add(dir);
-  return dir.string();
+  auto dir = util::TempDir::Create(
+      absl::StrCat("hyscale_server_", info->test_suite_name(), "_", info->name()));
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  if (!dir.ok()) return "";
+  dirs.push_back(*std::move(dir));
+  return dirs.back().path();
 }
 
 v1::JobSpec TinySpec() {

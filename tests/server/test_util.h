@@ -15,7 +15,7 @@
 
 namespace hyscale::server::testing {
 
-// A fresh, empty directory under the system temp dir, unique per test; removed at exit.
+// A fresh, empty directory under $TMPDIR (mode 0700) named after the test; removed at exit.
 std::string ScratchDir();
 
 // A small valid spec (d_model 32, 1 layer, seq_len 64, 20 steps).

@@ -2,9 +2,8 @@
 // newest checkpoint falls back to the previous one; bad job specs and data files fail with a
 // message naming the field or file and exit code 2.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -12,6 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include "util/subprocess.h"
+#include "util/temp_dir.h"
 
 namespace {
 
@@ -24,29 +27,20 @@ struct Result {
 
 // These cases train small CPU models, whose shapes the CUDA kernels need not take: on a machine
 // with a GPU, --device auto would pick it.
-Result run(const std::string& args) {
-  const std::string device = args.find("--device") == std::string::npos ? " --device cpu" : "";
-  const std::string command = std::string(HYSCALE_TRAIN_BINARY) + " " + args + device + " 2>&1";
-  Result r;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  char buffer[4096];
-  while (pipe && std::fgets(buffer, sizeof buffer, pipe)) r.output += buffer;
-  const int status = pipe ? ::pclose(pipe) : -1;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+Result run(std::vector<std::string> args) {
+  if (std::find(args.begin(), args.end(), "--device") == args.end()) {
+    args.insert(args.end(), {"--device", "cpu"});
+  }
+  args.insert(args.begin(), HYSCALE_TRAIN_BINARY);
+  hyscale::util::Command command(std::move(args));
+  command.stderr_to = hyscale::util::Redirect::ToStdout();
+  const auto ran = hyscale::util::RunAndCapture(std::move(command));
+  if (!ran.ok()) return {-1, ran.status().ToString()};
+  return {ran->exit.signal == 0 ? ran->exit.exit_code : -1, ran->output};
 }
 
 class TrainCliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("hyscale-train-test-" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A tiny two-stage job (dense, then sparse with recomputation and replay).
   static nlohmann::json base_spec() {
     return nlohmann::json::parse(R"({
@@ -68,7 +62,7 @@ class TrainCliTest : public ::testing::Test {
   }
 
   std::string write_spec(const nlohmann::json& spec) {
-    const std::string path = (dir_ / "job.json").string();
+    const std::string path = dir_.Path("job.json");
     std::ofstream(path) << spec.dump(2);
     return path;
   }
@@ -84,13 +78,13 @@ class TrainCliTest : public ::testing::Test {
     return out;
   }
 
-  fs::path dir_;
+  const hyscale::util::TempDir dir_ = hyscale::util::TempDir::Create("hyscale-train-test").value();
 };
 
 TEST_F(TrainCliTest, ResumeContinuesBitIdentically) {
   const std::string spec = write_spec(base_spec());
-  const std::string ckpt = (dir_ / "ckpt").string();
-  const Result full = run("--config " + spec + " --checkpoint-dir " + ckpt);
+  const std::string ckpt = dir_.Path("ckpt");
+  const Result full = run({"--config", spec, "--checkpoint-dir", ckpt});
   ASSERT_EQ(full.exit_code, 0) << full.output;
   const auto expected = losses(full.output);
   ASSERT_EQ(expected.size(), 8u) << full.output;
@@ -98,7 +92,7 @@ TEST_F(TrainCliTest, ResumeContinuesBitIdentically) {
   // Drop the newest checkpoints so the run resumes from step 4, in the dense stage, then
   // recomputes steps 5..8 (the sparse stage with replay): every loss must be bit-identical.
   for (const char* step : {"step-00000006", "step-00000008"}) fs::remove_all(fs::path(ckpt) / step);
-  const Result resumed = run("--config " + spec + " --checkpoint-dir " + ckpt + " --resume");
+  const Result resumed = run({"--config", spec, "--checkpoint-dir", ckpt, "--resume"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("checkpoint_loaded"), std::string::npos) << resumed.output;
   const auto after = losses(resumed.output);
@@ -110,12 +104,12 @@ TEST_F(TrainCliTest, ResumeContinuesBitIdentically) {
 
 TEST_F(TrainCliTest, CorruptNewestCheckpointFallsBackWithAWarning) {
   const std::string spec = write_spec(base_spec());
-  const std::string ckpt = (dir_ / "ckpt").string();
-  const Result full = run("--config " + spec + " --checkpoint-dir " + ckpt);
+  const std::string ckpt = dir_.Path("ckpt");
+  const Result full = run({"--config", spec, "--checkpoint-dir", ckpt});
   ASSERT_EQ(full.exit_code, 0) << full.output;
   std::ofstream(fs::path(ckpt) / "step-00000008" / "model.safetensors", std::ios::binary)
       << "garbage";
-  const Result resumed = run("--config " + spec + " --checkpoint-dir " + ckpt + " --resume");
+  const Result resumed = run({"--config", spec, "--checkpoint-dir", ckpt, "--resume"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("warning"), std::string::npos) << resumed.output;
   EXPECT_NE(resumed.output.find("step-00000008"), std::string::npos) << resumed.output;
@@ -136,25 +130,25 @@ TEST_F(TrainCliTest, BadSpecsFailNamingTheField) {
   for (const auto& [field, mutate] : cases) {
     auto spec = base_spec();
     mutate(spec);
-    const Result r = run("--config " + write_spec(spec));
+    const Result r = run({"--config", write_spec(spec)});
     EXPECT_EQ(r.exit_code, 2) << field << ": " << r.output;
     EXPECT_NE(r.output.find(field), std::string::npos) << field << ": " << r.output;
   }
 }
 
 TEST_F(TrainCliTest, MissingDataFileFailsNamingTheFile) {
-  const std::string missing = (dir_ / "no-such-tokens.bin").string();
+  const std::string missing = dir_.Path("no-such-tokens.bin");
   auto spec = base_spec();
   spec["data"] = {
       {"seq_len", 32}, {"batch_size", 2}, {"token_file", {{"path", missing}, {"dtype", "UINT16"}}}};
   spec.erase("checkpoint");
-  const Result r = run("--config " + write_spec(spec));
+  const Result r = run({"--config", write_spec(spec)});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;
 }
 
 TEST_F(TrainCliTest, MissingConfigFailsNamingTheFile) {
-  const Result r = run("--config /nonexistent/job.yaml");
+  const Result r = run({"--config", "/nonexistent/job.yaml"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/job.yaml"), std::string::npos) << r.output;
 }

@@ -2,10 +2,10 @@
 
 #include <absl/strings/str_cat.h>
 
-#include <iostream>
 #include <random>
 #include <utility>
 
+#include "util/log.h"
 #include "worker/agent/devices.h"
 
 namespace hyscale::agent {
@@ -23,12 +23,6 @@ constexpr milliseconds kReapSlack{2000};
 // itself is at fault (a path outside the allowed folders), else 127 (as a shell reports it).
 constexpr int kExitBadInput = 2;
 constexpr int kExitCannotStart = 127;
-
-// Agent log lines go to stderr; the integration tests and people read them.
-template <typename... Args>
-void Log(const Args&... args) {
-  std::cerr << absl::StrCat("hyscale-worker: ", args...) << std::endl;
-}
 
 // 128 random bits in hex.
 std::string NewInstance() {
@@ -93,7 +87,7 @@ absl::Status Agent::Run() {
   stub_ = v1::WorkerService::NewStub(*channel);
   // The coordinator places their ranks again: left running, they would train beside the new ones.
   for (const pid_t pid : EndLeftoverTrainers(options_.work_dir)) {
-    Log("ended trainer process group ", pid, " left by a previous agent");
+    util::LogInfo("ended trainer process group ", pid, " left by a previous agent");
   }
 
   std::thread heartbeat([this] { HeartbeatLoop(); });
@@ -106,7 +100,7 @@ absl::Status Agent::Run() {
     }
     if (auto status = Register(); !status.ok()) {
       if (!SleepFor(milliseconds(0))) break;  // shutting down: the cancelled call is no error
-      Log("cannot register with ", options_.client.server, ": ", status.ToString());
+      util::LogWarning("cannot register with ", options_.client.server, ": ", status.ToString());
       SleepFor(backoff.Next());
       continue;
     }
@@ -132,10 +126,11 @@ absl::Status Agent::Run() {
   heartbeat.join();
   reporter.join();
   if (const size_t left = reports_.size(); left > 0) {
-    Log("shutting down with ", left, " reports undelivered");
+    util::LogWarning("shutting down with ", left, " reports undelivered");
   }
   if (const size_t dropped = reports_.dropped(); dropped > 0) {
-    Log(dropped, " log and event reports were dropped while the coordinator was unreachable");
+    util::LogWarning(dropped,
+                     " log and event reports were dropped while the coordinator was unreachable");
   }
   return absl::OkStatus();
 }
@@ -194,8 +189,8 @@ absl::Status Agent::Register() {
       heartbeat_interval_ = milliseconds(response.heartbeat_interval_ms());
     }
     registered_ = true;
-    Log("registered as ", worker_id_, " with ", options_.client.server, ": ",
-        DescribeDevices(options_.devices), ", ", running.size(), " ranks running");
+    util::LogInfo("registered as ", worker_id_, " with ", options_.client.server, ": ",
+                  DescribeDevices(options_.devices), ", ", running.size(), " ranks running");
   }
   cv_.notify_all();
   for (const auto& ref : response.stop()) StopRank(ref, "stopped by the coordinator");
@@ -233,7 +228,7 @@ std::chrono::steady_clock::duration Agent::ServeAssignments() {
     if (!shutting_down) registered_ = false;
   }
   if (!shutting_down) {
-    Log("assignment stream ended (", Describe(status), "); reconnecting");
+    util::LogWarning("assignment stream ended (", Describe(status), "); reconnecting");
   }
   return std::chrono::steady_clock::now() - opened;
 }
@@ -268,13 +263,13 @@ void Agent::HeartbeatLoop() {
     v1::HeartbeatResponse response;
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
     if (!status.ok()) {
-      if (last_ok) Log("heartbeat failed: ", Describe(status));
+      if (last_ok) util::LogWarning("heartbeat failed: ", Describe(status));
       last_ok = false;
       continue;
     }
     last_ok = true;
     if (!response.registered()) {
-      Log("the coordinator does not know worker ", worker_id, "; registering again");
+      util::LogWarning("the coordinator does not know worker ", worker_id, "; registering again");
       Reconnect();
       continue;
     }
@@ -311,12 +306,12 @@ void Agent::ReportLoop() {
     }
     if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       // Retrying cannot help a report the coordinator rejects; keep the rest flowing.
-      Log("coordinator rejected ", batch.size(), " reports: ", Describe(status));
+      util::LogError("coordinator rejected ", batch.size(), " reports: ", Describe(status));
       Delivered(batch);
       continue;
     }
     reports_.PutBack(std::move(batch));
-    Log("cannot deliver reports (", Describe(status), "); will retry");
+    util::LogWarning("cannot deliver reports (", Describe(status), "); will retry");
     if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
         status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       Reconnect();
@@ -350,7 +345,7 @@ void Agent::RunRank(const v1::RunRank& run) {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return;
     if (ranks_.count(KeyOf(ref)) > 0) {
-      Log(Describe(ref), " is already running; assignment ignored");
+      util::LogWarning(Describe(ref), " is already running; assignment ignored");
       return;
     }
     // An older attempt of the same rank must not train (and checkpoint) alongside the new one.
@@ -384,8 +379,8 @@ void Agent::RunRank(const v1::RunRank& run) {
     Report(ref, std::move(report));
   };
   callbacks.on_exit = [this, ref](const TrainerExit& exit) {
-    Log(Describe(ref), " exited: code ", exit.exit_code, ", signal ", exit.signal,
-        exit.reason.empty() ? "" : ", ", exit.reason);
+    util::LogInfo(Describe(ref), " exited: code ", exit.exit_code, ", signal ", exit.signal,
+                  exit.reason.empty() ? "" : ", ", exit.reason);
     v1::RankReport report;
     report.mutable_exited()->set_exit_code(exit.exit_code);
     report.mutable_exited()->set_signal(exit.signal);
@@ -403,7 +398,7 @@ void Agent::RunRank(const v1::RunRank& run) {
     if (process.ok()) ranks_[KeyOf(ref)] = Rank{ref, *std::move(process)};
   }
   if (!started.ok()) {
-    Log(Describe(ref), ": cannot start trainer: ", started.message());
+    util::LogError(Describe(ref), ": cannot start trainer: ", started.message());
     v1::RankReport report;
     report.mutable_exited()->set_exit_code(absl::IsInvalidArgument(started) ? kExitBadInput
                                                                             : kExitCannotStart);
@@ -412,14 +407,16 @@ void Agent::RunRank(const v1::RunRank& run) {
     Report(ref, std::move(report));
     return;
   }
-  Log(Describe(ref), ": started ", options_.trainer_path, " (log ", command->log_path, ")");
+  util::LogInfo(Describe(ref), ": started ", options_.trainer_path, " (log ", command->log_path,
+                ")");
 }
 
 void Agent::StopRank(const v1::RankRef& ref, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   auto found = ranks_.find(KeyOf(ref));
   if (found == ranks_.end() || !found->second.process) return;
-  Log(Describe(ref), ": stopping (", reason.empty() ? "stopped by the coordinator" : reason, ")");
+  util::LogInfo(Describe(ref), ": stopping (",
+                reason.empty() ? "stopped by the coordinator" : reason, ")");
   found->second.process->Stop(reason.empty() ? "stopped by the coordinator" : reason,
                               options_.stop_grace);
 }

@@ -23,6 +23,7 @@
 
 #include "hyscale/v1/service.grpc.pb.h"
 #include "proto/rpc.h"
+#include "util/subprocess.h"
 #include "worker/agent/backoff.h"
 #include "worker/agent/report_queue.h"
 #include "worker/agent/trainer_process.h"
@@ -40,7 +41,7 @@ struct AgentOptions {
   // given: <work_dir>); see JobPaths.
   std::vector<std::string> data_roots;
   std::vector<std::string> checkpoint_roots;
-  std::optional<RunAs> run_as;  // the trainers' user; none: the agent's
+  std::optional<util::RunAs> run_as;  // the trainers' user; none: the agent's
   // Until the coordinator says otherwise in RegisterWorkerResponse.
   std::chrono::milliseconds heartbeat_interval{2000};
   std::chrono::milliseconds stop_grace{10000};   // SIGTERM -> SIGKILL

@@ -8,8 +8,11 @@
 #include <absl/strings/strip.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "util/subprocess.h"
 
 namespace hyscale::agent {
 namespace {
@@ -60,16 +63,15 @@ std::string FormatGiB(int64_t bytes) {
   return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (int64_t{1} << 30));
 }
 
-// Runs `command` and returns its stdout; empty when it cannot run or fails.
-std::string CaptureOutput(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-  if (!pipe) return "";
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe.get())) > 0) output.append(buffer, n);
-  if (pclose(pipe.release()) != 0) return "";
-  return output;
+// What nvidia-smi (from PATH) prints on stdout for `args`; empty when it is not there or fails.
+std::string NvidiaSmi(std::vector<std::string> args) {
+  const std::string program = util::FindExecutable("nvidia-smi");
+  if (program.empty()) return "";
+  args.insert(args.begin(), program);
+  util::Command command(std::move(args));
+  command.stderr_to = util::Redirect::Null();
+  auto run = util::RunAndCapture(std::move(command));
+  return run.ok() && run->exit.Succeeded() ? run->output : "";
 }
 
 }  // namespace
@@ -140,8 +142,8 @@ absl::StatusOr<std::vector<v1::Device>> ParseDeviceOverride(const std::string& t
 }
 
 std::vector<v1::Device> DetectDevices() {
-  const std::string csv = CaptureOutput(
-      "nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits 2>/dev/null");
+  const std::string csv =
+      NvidiaSmi({"--query-gpu=name,memory.total", "--format=csv,noheader,nounits"});
   if (auto gpus = ParseNvidiaSmi(csv); gpus.ok() && !gpus->empty()) return *std::move(gpus);
   v1::Device cpu;
   cpu.set_name("cpu");

@@ -4,21 +4,19 @@
 //
 // Exit codes: 0 after a signal-initiated shutdown; 2 bad flags; 1 setup failed.
 #include <absl/strings/str_cat.h>
-#include <grp.h>
 #include <limits.h>
 #include <pwd.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
-#include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <string>
 #include <thread>
 
 #include "proto/rpc.h"
+#include "util/log.h"
+#include "util/subprocess.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/devices.h"
 
@@ -51,22 +49,12 @@ std::string FindTrainer() {
       if (IsExecutable(candidate)) return fs::weakly_canonical(candidate, error).string();
     }
   }
-  if (const char* path = std::getenv("PATH"); path != nullptr) {
-    std::string directories = path;
-    size_t start = 0;
-    while (start <= directories.size()) {
-      const size_t end = std::min(directories.find(':', start), directories.size());
-      const fs::path candidate = fs::path(directories.substr(start, end - start)) / "hyscale-train";
-      if (end > start && IsExecutable(candidate)) return candidate.string();
-      start = end + 1;
-    }
-  }
-  return "";
+  return hyscale::util::FindExecutable("hyscale-train");
 }
 
 // The user trainers run as: `name` (default nobody when the agent runs as root, else the agent's
 // own user). Running as the agent's own user switches nothing.
-absl::StatusOr<std::optional<hyscale::agent::RunAs>> ResolveRunAs(std::string name) {
+absl::StatusOr<std::optional<hyscale::util::RunAs>> ResolveRunAs(std::string name) {
   const bool root = geteuid() == 0;
   if (name.empty()) {
     if (!root) return std::nullopt;
@@ -81,32 +69,29 @@ absl::StatusOr<std::optional<hyscale::agent::RunAs>> ResolveRunAs(std::string na
     return absl::InvalidArgumentError(
         absl::StrCat("--run-as: starting trainers as '", name, "' needs root"));
   }
-  return hyscale::agent::RunAs{name, user->pw_uid, user->pw_gid};
+  return hyscale::util::RunAs{name, user->pw_uid, user->pw_gid};
 }
 
 // Whether `user` can execute the trainer and enter the work dir (each rank's job.json is there),
 // checked in a child that takes the user's ids: without this every rank would fail to start,
 // one restart after another.
-absl::Status CheckRunAs(const hyscale::agent::RunAs& user, const std::string& trainer,
+absl::Status CheckRunAs(const hyscale::util::RunAs& user, const std::string& trainer,
                         const std::string& work_dir) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (setgroups(0, nullptr) != 0 || setgid(user.gid) != 0 || setuid(user.uid) != 0) _exit(2);
-    if (access(trainer.c_str(), X_OK) != 0) _exit(3);
-    _exit(access(work_dir.c_str(), X_OK) != 0 ? 4 : 0);
-  }
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
-    return absl::InternalError("--run-as: cannot check the user's access");
-  }
-  switch (WEXITSTATUS(status)) {
+  constexpr int kCannotSwitch = 2, kCannotExecute = 3, kCannotEnter = 4;
+  const auto checked = hyscale::util::RunInChild([&] {
+    if (hyscale::util::SwitchUser(user) != 0) return kCannotSwitch;
+    if (access(trainer.c_str(), X_OK) != 0) return kCannotExecute;
+    return access(work_dir.c_str(), X_OK) != 0 ? kCannotEnter : 0;
+  });
+  if (!checked.ok()) return absl::InternalError("--run-as: cannot check the user's access");
+  switch (*checked) {
     case 0:
       return absl::OkStatus();
-    case 3:
+    case kCannotExecute:
       return absl::FailedPreconditionError(
           absl::StrCat("--run-as: ", user.name, " cannot execute the trainer ", trainer,
                        " (it, and every folder above it, must be open to that user)"));
-    case 4:
+    case kCannotEnter:
       return absl::FailedPreconditionError(
           absl::StrCat("--run-as: ", user.name, " cannot enter the work dir ", work_dir,
                        " (it, and every folder above it, must be searchable by that user)"));
@@ -121,7 +106,8 @@ absl::Status CheckRunAs(const hyscale::agent::RunAs& user, const std::string& tr
 int main(int argc, char** argv) {
   CLI::App app{"hyscale-worker: runs HyScale trainer processes for the coordinator"};
   std::string server, token, token_file, tls_ca, name = Hostname(), address, devices_text,
-                                                 work_dir = "./hyscale-worker", trainer, run_as;
+                                                 work_dir = "./hyscale-worker", trainer, run_as,
+                                                 log_level = "info";
   std::vector<std::string> data_roots, checkpoint_roots;
   int64_t heartbeat_ms = 2000, stop_grace_ms = 10000, timeout_ms = 10000;
   app.add_option("--server", server, "Coordinator host:port (env HYSCALE_SERVER)")
@@ -155,18 +141,24 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-ms", timeout_ms, "Deadline of each call to the coordinator")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--log-level", log_level, "Least level logged: info, warning or error")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitUsage;
   }
+  if (auto status = hyscale::util::SetMinLogLevel(log_level); !status.ok()) {
+    hyscale::util::LogError(status.message());
+    return kExitUsage;
+  }
   if (server.empty()) server = "127.0.0.1:50051";
 
   hyscale::agent::AgentOptions options;
   auto resolved_token = hyscale::rpc::ResolveToken(token, token_file, "HYSCALE_TOKEN");
   if (!resolved_token.ok()) {
-    std::cerr << "hyscale-worker: " << resolved_token.status().message() << "\n";
+    hyscale::util::LogError(resolved_token.status().message());
     return kExitUsage;
   }
   options.client = {server, *resolved_token, tls_ca, std::chrono::milliseconds(timeout_ms)};
@@ -177,22 +169,22 @@ int main(int argc, char** argv) {
   } else {
     auto devices = hyscale::agent::ParseDeviceOverride(devices_text);
     if (!devices.ok()) {
-      std::cerr << "hyscale-worker: " << devices.status().message() << "\n";
+      hyscale::util::LogError(devices.status().message());
       return kExitUsage;
     }
     options.devices = *std::move(devices);
   }
   options.trainer_path = trainer.empty() ? FindTrainer() : trainer;
   if (options.trainer_path.empty()) {
-    std::cerr << "hyscale-worker: trainer: hyscale-train not found next to hyscale-worker, in "
-                 "../trainer or on PATH; pass --trainer\n";
+    hyscale::util::LogError(
+        "trainer: hyscale-train not found next to hyscale-worker, in ../trainer or on PATH; pass "
+        "--trainer");
     return kExitUsage;
   }
   std::error_code error;
   fs::create_directories(work_dir, error);
   if (error) {
-    std::cerr << "hyscale-worker: work-dir: cannot create " << work_dir << ": " << error.message()
-              << "\n";
+    hyscale::util::LogError("work-dir: cannot create ", work_dir, ": ", error.message());
     return kExitSetup;
   }
   options.work_dir = fs::absolute(work_dir).string();
@@ -200,14 +192,14 @@ int main(int argc, char** argv) {
   options.checkpoint_roots = checkpoint_roots;
   auto trainer_user = ResolveRunAs(run_as);
   if (!trainer_user.ok()) {
-    std::cerr << "hyscale-worker: " << trainer_user.status().message() << "\n";
+    hyscale::util::LogError(trainer_user.status().message());
     return kExitUsage;
   }
   options.run_as = *trainer_user;
   if (options.run_as) {
     if (auto status = CheckRunAs(*options.run_as, options.trainer_path, options.work_dir);
         !status.ok()) {
-      std::cerr << "hyscale-worker: " << status.message() << "\n";
+      hyscale::util::LogError(status.message());
       return kExitSetup;
     }
   }
@@ -227,16 +219,16 @@ int main(int argc, char** argv) {
   std::thread signal_thread([&agent, signals] {
     int received = 0;
     sigwait(&signals, &received);
-    std::cerr << "hyscale-worker: " << strsignal(received) << ": stopping trainers\n";
+    hyscale::util::LogInfo(strsignal(received), ": stopping trainers");
     agent.Shutdown();
   });
   signal_thread.detach();
 
   const absl::Status status = agent.Run();
   if (!status.ok()) {
-    std::cerr << "hyscale-worker: " << status.message() << "\n";
+    hyscale::util::LogError(status.message());
     return kExitSetup;
   }
-  std::cerr << "hyscale-worker: stopped\n";
+  hyscale::util::LogInfo("stopped");
   return 0;
 }

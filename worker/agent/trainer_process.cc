@@ -5,12 +5,8 @@
 #include <absl/strings/str_cat.h>
 #include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
-#include <grp.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +18,7 @@
 #include <optional>
 #include <sstream>
 
-extern char** environ;
+#include "util/file.h"
 
 namespace hyscale::agent {
 namespace {
@@ -54,20 +50,6 @@ bool SafePathComponent(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
-absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat(temporary.string(), ": write failed"));
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) return absl::InternalError(absl::StrCat(path.string(), ": ", error.message()));
-  return absl::OkStatus();
-}
-
 // Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot. Pids are
 // reused; a pid and its start time are not.
 std::optional<uint64_t> StartTime(pid_t pid) {
@@ -84,9 +66,25 @@ std::optional<uint64_t> StartTime(pid_t pid) {
   return std::nullopt;
 }
 
-// Sets close-on-exec and non-blocking reads on a pipe end we keep.
+// Non-blocking reads on a pipe end we keep.
 void PrepareReadEnd(int fd) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+// How `command` runs: in its own process group, killed (SIGKILL) when the agent dies (a
+// restarted agent would run the rank again beside it), stdout and stderr on pipes for the agent
+// to read.
+util::Command ChildCommand(const TrainerCommand& command) {
+  std::vector<std::string> argv = {command.program};
+  argv.insert(argv.end(), command.args.begin(), command.args.end());
+  util::Command child(std::move(argv));
+  child.env = command.env;
+  child.stdout_to = util::Redirect::Pipe();
+  child.stderr_to = util::Redirect::Pipe();
+  child.new_process_group = true;
+  child.parent_death_signal = SIGKILL;
+  child.run_as = command.run_as;
+  return child;
 }
 
 }  // namespace
@@ -151,7 +149,10 @@ absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSet
     return absl::InternalError(absl::StrCat("run.spec: cannot write as JSON: ", status.ToString()));
   }
   const fs::path config = rank_dir / "job.json";
-  if (auto status = WriteFileAtomically(config, json); !status.ok()) return status;
+  if (auto status = util::WriteFileAtomically(config.string(), json); !status.ok()) {
+    // The worker's disk, not the job: never INVALID_ARGUMENT, which is reported as bad input.
+    return absl::InternalError(status.message());
+  }
 
   TrainerCommand command;
   command.program = setup.trainer_path;
@@ -176,108 +177,22 @@ absl::StatusOr<TrainerCommand> PrepareRank(const v1::RunRank& run, const RankSet
 
 absl::StatusOr<std::unique_ptr<TrainerProcess>> TrainerProcess::Start(const TrainerCommand& command,
                                                                       Callbacks callbacks) {
-  // Everything the child needs is built before fork: between fork and exec only
-  // async-signal-safe calls are allowed (the agent is multi-threaded).
-  std::vector<std::string> argv_strings = {command.program};
-  argv_strings.insert(argv_strings.end(), command.args.begin(), command.args.end());
-  std::vector<char*> argv;
-  for (auto& arg : argv_strings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  std::vector<std::string> env_strings;
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    const std::string variable = *entry;
-    bool replaced = false;
-    for (const auto& [name, value] : command.env) {
-      if (variable.compare(0, name.size() + 1, name + "=") == 0) replaced = true;
-    }
-    if (!replaced) env_strings.push_back(variable);
-  }
-  for (const auto& [name, value] : command.env) env_strings.push_back(name + "=" + value);
-  std::vector<char*> envp;
-  for (auto& variable : env_strings) envp.push_back(variable.data());
-  envp.push_back(nullptr);
-
-  const int log_fd =
-      open(command.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log_fd < 0) {
+  util::UniqueFd log(
+      open(command.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (!log.valid()) {
     return absl::InternalError(
         absl::StrCat(command.log_path, ": cannot open: ", std::strerror(errno)));
   }
-  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  int out_pipe[2], err_pipe[2], exec_pipe[2];
-  if (null_fd < 0 || pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0 ||
-      pipe2(exec_pipe, O_CLOEXEC) != 0) {
-    const int saved = errno;
-    close(log_fd);
-    return absl::InternalError(absl::StrCat("cannot create pipes: ", std::strerror(saved)));
-  }
-
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    const int saved = errno;
-    for (int fd : {log_fd, null_fd, out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1],
-                   exec_pipe[0], exec_pipe[1]}) {
-      close(fd);
-    }
-    return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(saved)));
-  }
-  if (pid == 0) {
-    setpgid(0, 0);
-    // The agent's credentials, then the trainer's: dropping them clears the parent-death
-    // signal, so that comes after.
-    if (command.run_as && (setgroups(0, nullptr) != 0 || setgid(command.run_as->gid) != 0 ||
-                           setuid(command.run_as->uid) != 0)) {
-      const int error = errno;
-      ssize_t ignored = write(exec_pipe[1], &error, sizeof error);
-      (void)ignored;
-      _exit(127);
-    }
-    // A trainer must not outlive its agent: a restarted agent would run the rank again beside it.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    // The agent blocks SIGTERM/SIGINT for its signal thread; the trainer must see them.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int sig : {SIGPIPE, SIGTERM, SIGINT, SIGHUP}) signal(sig, SIG_DFL);
-    dup2(null_fd, STDIN_FILENO);
-    dup2(out_pipe[1], STDOUT_FILENO);
-    dup2(err_pipe[1], STDERR_FILENO);
-    execve(argv[0], argv.data(), envp.data());
-    const int error = errno;
-    ssize_t ignored = write(exec_pipe[1], &error, sizeof error);
-    (void)ignored;
-    _exit(127);
-  }
-  // Also set in the parent so a Stop right after Start finds the group.
-  setpgid(pid, pid);
-  for (int fd : {null_fd, out_pipe[1], err_pipe[1], exec_pipe[1]}) close(fd);
-
-  int exec_error = 0;
-  ssize_t n;
-  do {
-    n = read(exec_pipe[0], &exec_error, sizeof exec_error);
-  } while (n < 0 && errno == EINTR);
-  close(exec_pipe[0]);
-  if (n == sizeof exec_error) {
-    waitpid(pid, nullptr, 0);
-    for (int fd : {log_fd, out_pipe[0], err_pipe[0]}) close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat(command.program, ": cannot execute",
-                     command.run_as ? absl::StrCat(" as ", command.run_as->name) : "", ": ",
-                     std::strerror(exec_error)));
-  }
-  PrepareReadEnd(out_pipe[0]);
-  PrepareReadEnd(err_pipe[0]);
+  auto process = util::Subprocess::Start(ChildCommand(command));
+  if (!process.ok()) return process.status();
+  const pid_t pid = process->pid();
   // Best effort: without it only an agent killed between fork and prctl leaves a trainer behind.
   if (const auto started = StartTime(pid); started && !command.pid_path.empty()) {
-    (void)WriteFileAtomically(command.pid_path, absl::StrCat(pid, " ", *started, "\n"));
+    (void)util::WriteFileAtomically(command.pid_path, absl::StrCat(pid, " ", *started, "\n"));
   }
   if (callbacks.on_start) callbacks.on_start(pid);
   return std::unique_ptr<TrainerProcess>(new TrainerProcess(
-      pid, out_pipe[0], err_pipe[0], log_fd, command.pid_path, std::move(callbacks)));
+      *std::move(process), std::move(log), command.pid_path, std::move(callbacks)));
 }
 
 std::vector<pid_t> EndLeftoverTrainers(const std::string& work_dir) {
@@ -310,14 +225,16 @@ std::vector<pid_t> EndLeftoverTrainers(const std::string& work_dir) {
   return killed;
 }
 
-TrainerProcess::TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd,
-                               std::string pid_path, Callbacks callbacks)
-    : pid_(pid),
-      stdout_fd_(stdout_fd),
-      stderr_fd_(stderr_fd),
-      log_fd_(log_fd),
+TrainerProcess::TrainerProcess(util::Subprocess process, util::UniqueFd log, std::string pid_path,
+                               Callbacks callbacks)
+    : process_(std::move(process)),
+      stdout_(process_.TakeStdout()),
+      stderr_(process_.TakeStderr()),
+      log_(std::move(log)),
       pid_path_(std::move(pid_path)),
       callbacks_(std::move(callbacks)) {
+  PrepareReadEnd(stdout_.get());
+  PrepareReadEnd(stderr_.get());
   monitor_ = std::thread([this] { Monitor(); });
 }
 
@@ -337,7 +254,7 @@ void TrainerProcess::Stop(const std::string& reason, std::chrono::milliseconds g
   if (exited_ || stop_reason_) return;
   stop_reason_ = reason;
   kill_at_ = Clock::now() + grace;
-  killpg(pid_, SIGTERM);
+  process_.SignalGroup(SIGTERM);
 }
 
 bool TrainerProcess::WaitForExit(std::chrono::milliseconds timeout) {
@@ -353,34 +270,31 @@ void TrainerProcess::Monitor() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (kill_at_ && !killed_ && Clock::now() >= *kill_at_) {
-        killpg(pid_, SIGKILL);
+        process_.SignalGroup(SIGKILL);
         killed_ = true;
       }
     }
-    if (!leader_exited) {
-      // WNOWAIT leaves the zombie in place, so the group id cannot be reused while we kill
-      // whatever the trainer left behind.
-      siginfo_t info{};
-      if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_) {
-        leader_exited = true;
-        killpg(pid_, SIGKILL);
-        drain_until = Clock::now() + kDrainAfterExit;
-      }
+    // The leader stays unreaped (a zombie) until the end, so the group id cannot be reused while
+    // we kill whatever the trainer left behind.
+    if (!leader_exited && process_.HasExited()) {
+      leader_exited = true;
+      process_.SignalGroup(SIGKILL);
+      drain_until = Clock::now() + kDrainAfterExit;
     }
-    const bool pipes_open = stdout_fd_ >= 0 || stderr_fd_ >= 0;
+    const bool pipes_open = stdout_.valid() || stderr_.valid();
     if (leader_exited && (!pipes_open || Clock::now() >= drain_until)) break;
 
     pollfd fds[2];
     int count = 0;
-    if (stdout_fd_ >= 0) fds[count++] = {stdout_fd_, POLLIN, 0};
-    if (stderr_fd_ >= 0) fds[count++] = {stderr_fd_, POLLIN, 0};
+    if (stdout_.valid()) fds[count++] = {stdout_.get(), POLLIN, 0};
+    if (stderr_.valid()) fds[count++] = {stderr_.get(), POLLIN, 0};
     if (poll(fds, count, kPollMillis) <= 0) continue;
     for (int i = 0; i < count; ++i) {
       if (fds[i].revents == 0) continue;
-      int* fd = fds[i].fd == stdout_fd_ ? &stdout_fd_ : &stderr_fd_;
-      const ssize_t n = read(*fd, buffer, sizeof buffer);
+      util::UniqueFd& fd = fds[i].fd == stdout_.get() ? stdout_ : stderr_;
+      const ssize_t n = read(fd.get(), buffer, sizeof buffer);
       if (n > 0) {
-        if (fd == &stdout_fd_) {
+        if (&fd == &stdout_) {
           HandleStdout(buffer, static_cast<size_t>(n));
         } else {
           stderr_tail_.append(buffer, static_cast<size_t>(n));
@@ -391,24 +305,19 @@ void TrainerProcess::Monitor() {
           if (callbacks_.on_log) callbacks_.on_log(std::string(buffer, static_cast<size_t>(n)));
         }
       } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        close(*fd);
-        *fd = -1;
+        fd.Reset();
       }
     }
   }
-  for (int* fd : {&stdout_fd_, &stderr_fd_}) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
+  stdout_.Reset();
+  stderr_.Reset();
   if (!partial_line_.empty()) HandleLine(partial_line_);
   partial_line_.clear();
 
-  int wait_status = 0;
-  while (waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
-  }
+  const util::ExitStatus status = process_.Wait();
   if (!pid_path_.empty()) unlink(pid_path_.c_str());
-  close(log_fd_);
-  const TrainerExit exit = DescribeExit(wait_status);
+  log_.Reset();
+  const TrainerExit exit = DescribeExit(status);
   if (callbacks_.on_exit) callbacks_.on_exit(exit);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -450,7 +359,7 @@ void TrainerProcess::HandleLine(const std::string& raw) {
 
 void TrainerProcess::WriteLog(const char* data, size_t size) {
   while (size > 0) {
-    const ssize_t n = write(log_fd_, data, size);
+    const ssize_t n = write(log_.get(), data, size);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;  // a full disk must not stop the trainer's events
     data += n;
@@ -458,14 +367,10 @@ void TrainerProcess::WriteLog(const char* data, size_t size) {
   }
 }
 
-TrainerExit TrainerProcess::DescribeExit(int wait_status) {
+TrainerExit TrainerProcess::DescribeExit(const util::ExitStatus& status) {
   TrainerExit exit;
-  if (WIFSIGNALED(wait_status)) {
-    exit.exit_code = -1;
-    exit.signal = WTERMSIG(wait_status);
-  } else {
-    exit.exit_code = WEXITSTATUS(wait_status);
-  }
+  exit.exit_code = status.exit_code;
+  exit.signal = status.signal;
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_reason_) {
     exit.reason = *stop_reason_;

@@ -18,16 +18,11 @@
 #include <vector>
 
 #include "hyscale/v1/service.pb.h"
+#include "util/file.h"
+#include "util/subprocess.h"
 #include "worker/agent/job_paths.h"
 
 namespace hyscale::agent {
-
-// The unprivileged user trainers run as when the agent runs as root.
-struct RunAs {
-  std::string name;
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
 
 // What to execute, fully resolved.
 struct TrainerCommand {
@@ -36,7 +31,7 @@ struct TrainerCommand {
   std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) ours
   std::string log_path;                                  // the rank's log file, appended to
   std::string pid_path;  // "<pid> <start time>" while the trainer runs: see EndLeftoverTrainers
-  std::optional<RunAs> run_as;  // none: as the agent's user
+  std::optional<util::RunAs> run_as;  // none: as the agent's user
 };
 
 // Where a rank's files go and what the worker knows about its devices.
@@ -47,7 +42,7 @@ struct RankSetup {
   // CUDA_VISIBLE_DEVICES set to its slot; else --device cpu.
   bool gpus = false;
   JobPaths paths;  // where the job may read data and write checkpoints
-  std::optional<RunAs> run_as;
+  std::optional<util::RunAs> run_as;
 };
 
 // Checks the job's data files and checkpoint folder against `setup.paths` (INVALID_ARGUMENT
@@ -98,7 +93,7 @@ class TrainerProcess {
   TrainerProcess(const TrainerProcess&) = delete;
   TrainerProcess& operator=(const TrainerProcess&) = delete;
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
 
   // SIGTERM to the whole process group now, SIGKILL after `grace` if the trainer still runs.
   // `reason` becomes the exit's reason. Returns at once; repeated calls keep the first reason.
@@ -110,19 +105,19 @@ class TrainerProcess {
  private:
   using Clock = std::chrono::steady_clock;
 
-  TrainerProcess(pid_t pid, int stdout_fd, int stderr_fd, int log_fd, std::string pid_path,
+  TrainerProcess(util::Subprocess process, util::UniqueFd log, std::string pid_path,
                  Callbacks callbacks);
   void Monitor();
   // Splits stdout into lines: events go to on_event (and all bytes to the log).
   void HandleStdout(const char* data, size_t size);
   void HandleLine(const std::string& line);
   void WriteLog(const char* data, size_t size);
-  TrainerExit DescribeExit(int wait_status);
+  TrainerExit DescribeExit(const util::ExitStatus& status);
 
-  const pid_t pid_;
-  int stdout_fd_;
-  int stderr_fd_;
-  const int log_fd_;
+  util::Subprocess process_;  // reaped by the monitor thread; signalled by any
+  util::UniqueFd stdout_;     // monitor thread only
+  util::UniqueFd stderr_;     // monitor thread only
+  util::UniqueFd log_;        // monitor thread only
   const std::string pid_path_;
   const Callbacks callbacks_;
   std::string partial_line_;         // monitor thread only

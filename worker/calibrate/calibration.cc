@@ -2,8 +2,7 @@
 
 #include <absl/strings/str_cat.h>
 
-#include <cstdio>
-#include <fstream>
+#include "util/file.h"
 
 namespace hyscale::calibrate {
 namespace {
@@ -74,18 +73,7 @@ nlohmann::json ToJson(const Calibration& c) {
 }
 
 absl::Status WriteJson(const std::string& path, const nlohmann::json& doc) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary);
-    out << doc.dump(2) << "\n";
-    out.close();
-    if (!out) return absl::InternalError(absl::StrCat(temporary, ": cannot write"));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    return absl::InternalError(absl::StrCat(path, ": cannot write (rename failed)"));
-  }
-  return absl::OkStatus();
+  return util::WriteFileAtomically(path, doc.dump(2) + "\n");
 }
 
 }  // namespace hyscale::calibrate

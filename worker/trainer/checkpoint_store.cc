@@ -3,11 +3,8 @@
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
-#include <ftw.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -15,20 +12,12 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "util/file.h"
+
 namespace hyscale::trainer {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Removes a directory tree (nothing if it does not exist). Not std::filesystem::remove_all:
-// PyTorch's pip libtorch.so exports its own copy of that symbol, which the dynamic linker binds
-// ahead of libstdc++'s, and which crashed hyscale-train (PyTorch 2.11, Ubuntu 24.04).
-void remove_tree(const std::string& path) {
-  const auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
-    return ::remove(entry);
-  };
-  ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 constexpr char kManifest[] = "manifest.json";
 constexpr char kPrefix[] = "step-";
@@ -57,57 +46,6 @@ std::string join(const std::string& dir, const std::string& name) {
 
 absl::Status os_error(const std::string& what, const std::string& path) {
   return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot ", what));
-}
-
-// Closes on every path; a failed close after writing is an error too (NFS reports late).
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int Close() { return ::close(std::exchange(fd_, -1)); }
-
- private:
-  int fd_;
-};
-
-absl::Status write_durably(const std::string& path, const std::string& bytes) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return os_error("create", path);
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return os_error("write", path);
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd.get()) != 0) return os_error("fsync", path);
-  if (fd.Close() != 0) return os_error("close", path);
-  return absl::OkStatus();
-}
-
-absl::Status fsync_directory(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return os_error("open", path);
-  if (::fsync(fd.get()) != 0) return os_error("fsync", path);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> read_whole(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return os_error("open", path);
-  std::string bytes;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return os_error("read", path);
-    if (n == 0) return bytes;
-    bytes.append(buffer, static_cast<size_t>(n));
-  }
 }
 
 // name -> {size, crc32} from a manifest, or the reason it is unusable.
@@ -175,7 +113,7 @@ void CheckpointStore::RemoveLeftoverTemporaries() const {
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
     const std::string name = entry.path().filename().string();
     if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kTemporarySuffix)) {
-      remove_tree(entry.path().string());
+      util::RemoveTree(entry.path().string());
     }
   }
 }
@@ -204,28 +142,29 @@ absl::Status CheckpointStore::Commit(int64_t step,
   nlohmann::json manifest = {
       {"version", kManifestVersion}, {"step", step}, {"files", nlohmann::json::object()}};
   for (const auto& [name, bytes] : files) {
-    if (auto s = write_durably(join(temp_dir, name), bytes); !s.ok()) return s;
+    if (auto s = util::WriteFileDurably(join(temp_dir, name), bytes); !s.ok()) return s;
     manifest["files"][name] = {{"size", bytes.size()}, {"crc32", crc32_of(bytes)}};
   }
   // Written last: a directory with a manifest had all its files written first.
-  if (auto s = write_durably(join(temp_dir, kManifest), manifest.dump(2) + "\n"); !s.ok()) {
+  if (auto s = util::WriteFileDurably(join(temp_dir, kManifest), manifest.dump(2) + "\n");
+      !s.ok()) {
     return s;
   }
-  if (auto s = fsync_directory(temp_dir); !s.ok()) return s;
+  if (auto s = util::FsyncDirectory(temp_dir); !s.ok()) return s;
   // Re-committing a step replaces it; the old copy is gone before the new one lands.
-  remove_tree(final_dir);
+  util::RemoveTree(final_dir);
   if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) return os_error("rename", temp_dir);
-  if (auto s = fsync_directory(root_); !s.ok()) return s;
+  if (auto s = util::FsyncDirectory(root_); !s.ok()) return s;
 
   const std::vector<int64_t> steps = Steps();
-  for (size_t i = keep_; i < steps.size(); ++i) remove_tree(PathOf(steps[i]));
+  for (size_t i = keep_; i < steps.size(); ++i) util::RemoveTree(PathOf(steps[i]));
   return absl::OkStatus();
 }
 
 absl::StatusOr<CheckpointStore::Loaded> CheckpointStore::Load(int64_t step) const {
   const std::string dir = PathOf(step);
   const std::string manifest_path = join(dir, kManifest);
-  auto manifest_text = read_whole(manifest_path);
+  auto manifest_text = util::ReadFile(manifest_path);
   if (!manifest_text.ok()) return absl::DataLossError(manifest_text.status().message());
   auto records = parse_manifest(*manifest_text, step);
   if (!records.ok()) {
@@ -235,7 +174,7 @@ absl::StatusOr<CheckpointStore::Loaded> CheckpointStore::Load(int64_t step) cons
   loaded.step = step;
   for (const auto& [name, record] : *records) {
     const std::string path = join(dir, name);
-    auto bytes = read_whole(path);
+    auto bytes = util::ReadFile(path);
     if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
     if (bytes->size() != record.size) {
       return absl::DataLossError(
