@@ -6,7 +6,6 @@
 #include <absl/status/statusor.h>
 #include <grpcpp/grpcpp.h>
 
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -83,9 +82,8 @@ class StreamReactor final : public grpc::ServerWriteReactor<Message> {
         pull_again_ = true;
         return;
       }
-      if (!ready_.empty()) {
-        in_flight_ = std::move(ready_.front());
-        ready_.pop_front();
+      if (next_ < ready_.size()) {
+        in_flight_ = std::move(ready_[next_++]);
         writing_ = true;
         lock.unlock();
         this->StartWrite(&in_flight_);
@@ -105,7 +103,8 @@ class StreamReactor final : public grpc::ServerWriteReactor<Message> {
       std::optional<absl::Status> end = source_->Pull(&pulled, [this] { Wake(); });
       lock.lock();
       pulling_ = false;
-      for (auto& message : pulled) ready_.push_back(std::move(message));
+      ready_ = std::move(pulled);  // what was ready before is all written
+      next_ = 0;
       if (end) end_ = std::move(end);
       if (ready_.empty() && !end_ && !pull_again_) return;  // until the source wakes it
     }
@@ -140,7 +139,10 @@ class StreamReactor final : public grpc::ServerWriteReactor<Message> {
   StreamWaker* const waker_;
   const std::unique_ptr<StreamLimiter::Slot> slot_;
   std::mutex mu_;
-  std::deque<Message> ready_;
+  // Pulled and not yet written: ready_[next_..]. A vector, not a deque: an idle stream holds no
+  // buffer (ten thousand of them are 6 MB less).
+  std::vector<Message> ready_;
+  size_t next_ = 0;
   Message in_flight_;
   std::optional<absl::Status> end_;
   bool writing_ = false;

@@ -1,6 +1,8 @@
 // service_load_bench: load on a real hyscaled (started here with a fresh data dir, or --server).
 //   (a) SubmitJob throughput and latency with durable writes, jobs that are never placed;
-//   (b) 1,000 simulated workers heartbeating and running jobs: scheduling and heartbeat latency.
+//   (b) 1,000 simulated workers heartbeating and running jobs: scheduling and heartbeat latency;
+//   (c) 10,000 concurrent WatchJob streams: the coordinator's memory and threads, and the fan-out
+//       of a cancellation to every watcher.
 // Client-side latencies are exact; the server's side comes from its /metrics histograms (their
 // quantiles are bucket upper bounds). Prints a table, and JSON with --json. Not a test.
 #include <absl/strings/numbers.h>
@@ -27,6 +29,7 @@
 #include "bench/service/load_client.h"
 #include "bench/service/metrics_scrape.h"
 #include "bench/service/submit_load.h"
+#include "bench/service/watch_load.h"
 #include "bench/service/worker_load.h"
 #include "proto/rpc.h"
 
@@ -51,6 +54,7 @@ struct Flags {
   int64_t heartbeat_interval_ms = 1000;  // for a coordinator started here
   SubmitLoadOptions submit;
   WorkerLoadOptions workers;
+  WatchLoadOptions watch;
   std::string json_path;  // "-": stdout
 };
 
@@ -241,6 +245,8 @@ absl::Status StartServer(const Flags& flags, const std::string& run_id, const st
   std::vector<std::string> args = {"--heartbeat-interval-ms",
                                    std::to_string(flags.heartbeat_interval_ms)};
   if (!flags.token_file.empty()) args.insert(args.end(), {"--token-file", flags.token_file});
+  // Phase (c) holds all its streams from this one host.
+  args.insert(args.end(), {"--max-streams-per-host", std::to_string(flags.watch.watchers + 64)});
   auto process = HyscaledProcess::Start(flags.hyscaled, server->data_dir, args);
   if (!process.ok()) return process.status();
   server->process = std::move(*process);
@@ -390,6 +396,48 @@ void PhaseB(const Flags& flags, const Server& server,
                                {"stops_received", r.stops_received}};
 }
 
+void PhaseC(const Flags& flags, const Server& server,
+            const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+            const rpc::ClientOptions& client, const v1::JobSpec& spec, Report* report) {
+  const HyscaledProcess* process = server.process.get();
+  const int64_t rss_before = process != nullptr ? process->ResidentBytes() : 0;
+  const int threads_before = process != nullptr ? process->Threads() : 0;
+  int64_t rss_open = 0;
+  int threads_open = 0;
+  WatchLoadResult result;
+  RunWatchLoad(
+      channels, client, spec, flags.watch,
+      [&] {
+        if (process == nullptr) return;
+        rss_open = process->ResidentBytes();
+        threads_open = process->Threads();
+      },
+      &result);
+  report->Add("c", "CancelJob -> CANCELLED at each watcher", result.fanout);
+  report->Note("c", absl::StrFormat("%lld of %lld watch streams open on %d jobs over %d channels "
+                                    "in %.2f s; %lld saw CANCELLED, %lld ended OK, %lld failed",
+                                    static_cast<long long>(result.opened),
+                                    static_cast<long long>(flags.watch.watchers), flags.watch.jobs,
+                                    flags.channels, result.open_seconds,
+                                    static_cast<long long>(result.cancelled),
+                                    static_cast<long long>(result.ended_ok),
+                                    static_cast<long long>(result.failed)));
+  if (process != nullptr) {
+    report->Note("c", absl::StrFormat("hyscaled before the streams: %.0f MiB resident, %d "
+                                      "threads; with them all open: %.0f MiB, %d threads",
+                                      static_cast<double>(rss_before) / 1048576.0, threads_before,
+                                      static_cast<double>(rss_open) / 1048576.0, threads_open));
+  }
+  if (!result.first_error.empty()) report->Note("c", "first error: " + result.first_error);
+  report->Json()["phase_c"] = {
+      {"watchers", flags.watch.watchers},    {"jobs", flags.watch.jobs},
+      {"channels", flags.channels},          {"opened", result.opened},
+      {"open_seconds", result.open_seconds}, {"cancelled", result.cancelled},
+      {"ended_ok", result.ended_ok},         {"failed", result.failed},
+      {"rss_bytes_before", rss_before},      {"rss_bytes_open", rss_open},
+      {"threads_before", threads_before},    {"threads_open", threads_open}};
+}
+
 int Run(const Flags& flags) {
   auto spec = BenchSpec();
   if (!spec.ok()) {
@@ -437,8 +485,10 @@ int Run(const Flags& flags) {
                  server.address.c_str());
     if (phase == "a") {
       PhaseA(flags, server, *channels, client, *spec, &report);
-    } else {
+    } else if (phase == "b") {
       PhaseB(flags, server, *channels, client, *spec, &report);
+    } else {
+      PhaseC(flags, server, *channels, client, *spec, &report);
     }
   }
   if (auto stopped = StopServer(flags, &server); !stopped.ok()) {
@@ -481,9 +531,9 @@ int main(int argc, char** argv) {
   app.add_flag("--keep-data", flags.keep_data, "Keep the data dirs (and hyscaled.log)");
   app.add_flag("--shared-server", flags.shared_server,
                "Run phase b on phase a's coordinator, with a's jobs still queued");
-  app.add_option("--phases", flags.phases, "Phases to run, in order: a, b")
+  app.add_option("--phases", flags.phases, "Phases to run, in order: a, b, c")
       ->delimiter(',')
-      ->check(CLI::IsMember({"a", "b"}))
+      ->check(CLI::IsMember({"a", "b", "c"}))
       ->capture_default_str();
   app.add_option("--channels", flags.channels, "gRPC connections per phase")
       ->capture_default_str()
@@ -517,6 +567,12 @@ int main(int argc, char** argv) {
   app.add_option("--duration-s", flags.workers.duration_s, "(b) submission window")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--watchers", flags.watch.watchers, "(c) concurrent WatchJob streams")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
+  app.add_option("--watch-jobs", flags.watch.jobs, "(c) jobs the streams watch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100'000));
   app.add_option("--json", flags.json_path,
                  "Also write the results as JSON to this file ('-': stdout)");
   try {
@@ -528,6 +584,7 @@ int main(int argc, char** argv) {
   const std::string run_id = hyscale::bench::RunId();
   flags.submit.run_id = run_id;
   flags.workers.run_id = run_id;
+  flags.watch.run_id = run_id;
   flags.workers.register_threads = flags.submit.threads;
   return hyscale::bench::Run(flags);
 }

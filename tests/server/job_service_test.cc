@@ -3,7 +3,10 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "hyscale/v1/service.grpc.pb.h"
 #include "proto/rpc.h"
@@ -49,6 +52,16 @@ grpc::Status GenericUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
     return {grpc::StatusCode::DEADLINE_EXCEEDED, "no answer"};
   }
   return status;
+}
+
+// The threads of this process, from /proc.
+int ProcessThreads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return 0;
 }
 
 class JobServiceTest : public ::testing::Test {
@@ -369,6 +382,38 @@ TEST_F(JobServiceTest, ShutdownEndsOpenStreams) {
   }
   EXPECT_FALSE(events->Finish().ok());
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(3));
+}
+
+// Open streams hold no thread each (gRPC's callback API): a hundred watchers of one job cost
+// the process no new threads, and all of them see it end.
+TEST_F(JobServiceTest, WatchStreamsHoldNoThreadEach) {
+  constexpr int kWatchers = 100;
+  v1::Job job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context().get(), testing::SubmitRequest(), &job).ok());
+  const int threads_before = ProcessThreads();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::JobEvent>>> readers;
+  v1::WatchJobRequest watch;
+  watch.set_job_id(job.id());
+  for (int i = 0; i < kWatchers; ++i) {
+    contexts.push_back(Context());
+    readers.push_back(jobs_->WatchJob(contexts.back().get(), watch));
+    v1::JobEvent snapshot;
+    ASSERT_TRUE(readers.back()->Read(&snapshot));
+  }
+  EXPECT_LT(ProcessThreads() - threads_before, 10);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  ASSERT_TRUE(jobs_->CancelJob(Context().get(), cancel, &job).ok());
+  for (auto& reader : readers) {
+    v1::JobEvent event;
+    v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+    while (reader->Read(&event)) {
+      if (event.has_state_change()) last = event.state_change().to();
+    }
+    EXPECT_EQ(last, v1::JOB_STATE_CANCELLED);
+    EXPECT_TRUE(reader->Finish().ok());
+  }
 }
 
 TEST_F(JobServiceTest, HealthServiceIsOn) {
