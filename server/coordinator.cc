@@ -199,10 +199,13 @@ absl::Status Coordinator::Load() {
   const absl::Time now = clock_->Now();
   auto workers = store_->LoadWorkers();
   if (!workers.ok()) return workers.status();
-  for (auto& info : *workers) {
-    WorkerEntry& worker = workers_[info.id()];
-    worker.slots = SlotsOf(info.devices());
-    worker.info = std::move(info);
+  for (auto& stored : *workers) {
+    WorkerEntry& worker = workers_[stored.info.id()];
+    worker.slots = SlotsOf(stored.info.devices());
+    worker.info = std::move(stored.info);
+    // The lease holds across our restart: only the same agent instance takes the name back
+    // before the worker is declared lost.
+    worker.instance = std::move(stored.instance);
     worker.last_seen = now + options_.recovery_grace;  // time to come back after our restart
   }
   std::vector<std::string> set_aside;
@@ -349,7 +352,7 @@ Coordinator::WorkerEntry* Coordinator::Holder(const std::string& worker_id,
 }
 
 absl::Status Coordinator::PersistWorker(const WorkerEntry& worker) {
-  auto status = store_->PutWorker(worker.info);
+  auto status = store_->PutWorker(worker.info, worker.instance);
   if (!status.ok()) {
     util::LogError("storing worker ", worker.info.id(), " failed: ", status.message());
   }

@@ -170,8 +170,8 @@ class Coordinator {
 
   struct WorkerEntry {
     v1::WorkerInfo info;
-    // The registered agent's RegisterWorkerRequest.instance; empty after a coordinator restart
-    // until an agent registers (not stored: the first agent back takes the name).
+    // The registered agent's RegisterWorkerRequest.instance, stored with the worker so that the
+    // lease survives a coordinator restart (empty only for a record older than that).
     std::string instance;
     absl::Time last_seen;
     std::vector<Slot> slots;
@@ -239,9 +239,9 @@ class Coordinator {
   // Restarts (or fails) every SCHEDULED/RUNNING job with a rank on a worker that is not online.
   void RestartJobsOnLostWorkers();
   absl::Status PersistWorker(const WorkerEntry& worker);
-  // The ONLINE worker `worker_id` when `instance` holds its name (or no agent has registered
-  // since this coordinator started), else null: a caller with the token but not the lease gets
-  // nothing of a live worker.
+  // The ONLINE worker `worker_id` when `instance` holds its name (or its stored record predates
+  // stored leases), else null: a caller with the token but not the lease gets nothing of a live
+  // worker.
   WorkerEntry* Holder(const std::string& worker_id, const std::string& instance);
   void Send(const std::string& worker_id, v1::Assignment assignment);
   bool Wanted(const v1::RankRef& ref, const std::string& worker_id) const;

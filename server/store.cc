@@ -43,6 +43,11 @@ constexpr const char* kMigrations[] = {
         reason TEXT NOT NULL,
         set_aside_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP);
     )sql",
+    // 3: the agent instance holding each worker's name, so the lease survives a coordinator
+    // restart (kept out of the WorkerInfo record, which ListWorkers shows).
+    R"sql(
+      ALTER TABLE workers ADD COLUMN instance TEXT NOT NULL DEFAULT '';
+    )sql",
 };
 
 constexpr int kBusyTimeoutMs = 5000;
@@ -500,31 +505,34 @@ absl::StatusOr<int64_t> Store::LastSequence(const std::string& job_id) {
   return select.Int(0);
 }
 
-absl::Status Store::PutWorker(const v1::WorkerInfo& worker) {
+absl::Status Store::PutWorker(const v1::WorkerInfo& worker, const std::string& instance) {
   std::lock_guard<std::recursive_mutex> lock(db_mu_);
   return WriteTransaction("put worker", [&] {
     Statement upsert(db_,
-                     "INSERT INTO workers (id, worker) VALUES (?, ?) "
-                     "ON CONFLICT (id) DO UPDATE SET worker = excluded.worker");
+                     "INSERT INTO workers (id, worker, instance) VALUES (?, ?, ?) "
+                     "ON CONFLICT (id) DO UPDATE SET worker = excluded.worker, "
+                     "instance = excluded.instance");
     if (!upsert.ok()) return Error("put worker");
     upsert.Bind(1, worker.id());
     upsert.BindBlob(2, worker.SerializeAsString());
+    upsert.Bind(3, instance);
     if (upsert.Step() != SQLITE_DONE) return Error("put worker");
     return absl::OkStatus();
   });
 }
 
-absl::StatusOr<std::vector<v1::WorkerInfo>> Store::LoadWorkers() {
+absl::StatusOr<std::vector<Store::StoredWorker>> Store::LoadWorkers() {
   std::lock_guard<std::recursive_mutex> lock(db_mu_);
-  Statement select(db_, "SELECT id, worker FROM workers ORDER BY id");
+  Statement select(db_, "SELECT id, worker, instance FROM workers ORDER BY id");
   if (!select.ok()) return Error("load workers");
-  std::vector<v1::WorkerInfo> workers;
+  std::vector<StoredWorker> workers;
   int rc;
   while ((rc = select.Step()) == SQLITE_ROW) {
-    v1::WorkerInfo worker;
-    if (!worker.ParseFromString(select.Blob(1))) {
+    StoredWorker worker;
+    if (!worker.info.ParseFromString(select.Blob(1))) {
       return absl::DataLossError("worker " + select.Text(0) + ": stored record does not parse");
     }
+    worker.instance = select.Text(2);
     workers.push_back(std::move(worker));
   }
   if (rc != SQLITE_DONE) return Error("load workers");

@@ -66,8 +66,13 @@ class Store {
   // The largest event sequence of a job, 0 when it has none.
   absl::StatusOr<int64_t> LastSequence(const std::string& job_id);
 
-  absl::Status PutWorker(const v1::WorkerInfo& worker);
-  absl::StatusOr<std::vector<v1::WorkerInfo>> LoadWorkers();
+  // A worker and the agent instance that holds its name (its lease).
+  struct StoredWorker {
+    v1::WorkerInfo info;
+    std::string instance;
+  };
+  absl::Status PutWorker(const v1::WorkerInfo& worker, const std::string& instance);
+  absl::StatusOr<std::vector<StoredWorker>> LoadWorkers();
 
   // Makes the writes made while it lives one transaction: a ReportStatus carrying a batch of
   // trainer events costs one fsync instead of one per event (which, under the coordinator's lock,

@@ -833,6 +833,24 @@ TEST_F(CoordinatorTest, WorkerNamesAreLeases) {
   EXPECT_TRUE(absl::IsFailedPrecondition(c_->RegisterWorker(first).status()));
 }
 
+// The lease survives a coordinator restart: until the worker is declared lost, only the agent
+// that held the name takes it back (nobody may slip in while agents reconnect).
+TEST_F(CoordinatorTest, WorkerLeaseSurvivesARestart) {
+  auto first = WorkerRequest("w1", 1);
+  first.set_instance("agent-a");
+  ASSERT_TRUE(c_->RegisterWorker(first).ok());
+  c_.reset();
+  Open();
+  auto second = WorkerRequest("w1", 1);
+  second.set_instance("agent-b");
+  EXPECT_TRUE(absl::IsFailedPrecondition(c_->RegisterWorker(second).status()));
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("w1");
+  beat.set_instance("agent-b");
+  EXPECT_FALSE(c_->Heartbeat(beat)->registered());
+  EXPECT_TRUE(c_->RegisterWorker(first).ok());
+}
+
 // A worker that heartbeats but never starts what it is given: after the start timeout (60 s) the
 // job goes elsewhere, without using its restarts (max_restarts 0 here), and the worker gets no
 // placements until its exclusion (10 min) ends.

@@ -56,9 +56,9 @@ TEST_F(StoreTest, JobsEventsAndWorkersSurviveReopen) {
     v1::WorkerInfo worker;
     worker.set_id("w1");
     worker.set_address("10.0.0.1");
-    ASSERT_TRUE((*store)->PutWorker(worker).ok());
+    ASSERT_TRUE((*store)->PutWorker(worker, "agent-a").ok());
     worker.set_address("10.0.0.2");
-    ASSERT_TRUE((*store)->PutWorker(worker).ok());
+    ASSERT_TRUE((*store)->PutWorker(worker, "agent-b").ok());
   }
   auto store = Store::Open(path_);
   ASSERT_TRUE(store.ok());
@@ -77,7 +77,8 @@ TEST_F(StoreTest, JobsEventsAndWorkersSurviveReopen) {
   EXPECT_EQ(*(*store)->LastSequence("none"), 0);
   auto workers = (*store)->LoadWorkers();
   ASSERT_EQ(workers->size(), 1u);
-  EXPECT_EQ((*workers)[0].address(), "10.0.0.2");
+  EXPECT_EQ((*workers)[0].info.address(), "10.0.0.2");
+  EXPECT_EQ((*workers)[0].instance, "agent-b");
 }
 
 TEST_F(StoreTest, RequestIdIsUniqueWhenSet) {
