@@ -11,10 +11,9 @@
 #include <string>
 #include <vector>
 
-namespace hyscale::server::planner {
+#include "proto/constants.h"
 
-// Query group sizes G the sparse attention kernels support (DESIGN.md section 1, item 4).
-inline constexpr int kQueryGroups[] = {1, 2, 4, 8, 16};
+namespace hyscale::server::planner {
 
 // Sparse attention at one query group size G.
 struct SparseAttentionRate {

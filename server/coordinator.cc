@@ -1345,7 +1345,7 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
 
 absl::Status Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit) {
   entry.ranks[rank].exited = true;
-  if (exit.exit_code() == 0) {
+  if (exit.exit_code() == kExitOk) {
     entry.ranks[rank].succeeded = true;
     for (const auto& state : entry.ranks) {
       if (!state.succeeded) return absl::OkStatus();
@@ -1354,15 +1354,14 @@ absl::Status Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankEx
                       absl::StrCat("all ", entry.ranks.size(), " rank(s) finished"));
   }
   const std::string why = DescribeExit(rank, exit);
-  if (exit.exit_code() == v1::TRAINER_EXIT_BAD_INPUT ||
-      exit.exit_code() == v1::TRAINER_EXIT_OUT_OF_MEMORY) {
+  if (exit.exit_code() == kExitBadInput || exit.exit_code() == kExitOutOfMemory) {
     // Bad input, or a job too big for its devices, fails the same way on every attempt: no
     // restart.
     const v1::Job before = entry.job;
     const std::vector<RankState> ranks = entry.ranks;
     auto status = Transition(
         entry, v1::JOB_STATE_FAILED,
-        absl::StrCat(why, exit.exit_code() == v1::TRAINER_EXIT_BAD_INPUT
+        absl::StrCat(why, exit.exit_code() == kExitBadInput
                               ? " (bad input)"
                               : " (out of memory: not restarted; give each rank more memory or "
                                 "the job more ranks)"));

@@ -841,7 +841,7 @@ TEST_F(CoordinatorTest, OutOfMemoryIsNotRestarted) {
   const v1::Job job = Submit(1, 0, 2);
   const v1::RankRef ref = Drain(queue).at(0).run().ref();
   Started("w1", ref);
-  Exited("w1", ref, v1::TRAINER_EXIT_OUT_OF_MEMORY);
+  Exited("w1", ref, kExitOutOfMemory);
   const auto failed = c_->GetJob(job.id());
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed->restarts(), 0);

@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "proto/constants.h"
 #include "proto/rpc.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/devices.h"
@@ -26,8 +27,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kExitSetup = 1;
-constexpr int kExitUsage = 2;
+using hyscale::kExitBadInput;
+using hyscale::kExitFailed;
+using hyscale::kExitOk;
 
 std::string Hostname() {
   char name[HOST_NAME_MAX + 1] = {};
@@ -159,7 +161,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    return code == 0 ? 0 : kExitUsage;
+    return code == 0 ? kExitOk : kExitBadInput;
   }
   if (server.empty()) server = "127.0.0.1:50051";
 
@@ -167,7 +169,7 @@ int main(int argc, char** argv) {
   auto resolved_token = hyscale::rpc::ResolveToken(token, token_file, "HYSCALE_TOKEN");
   if (!resolved_token.ok()) {
     std::cerr << "hyscale-worker: " << resolved_token.status().message() << "\n";
-    return kExitUsage;
+    return kExitBadInput;
   }
   options.client = {server, *resolved_token, tls_ca, std::chrono::milliseconds(timeout_ms)};
   options.name = name;
@@ -178,7 +180,7 @@ int main(int argc, char** argv) {
     auto devices = hyscale::agent::ParseDeviceOverride(devices_text);
     if (!devices.ok()) {
       std::cerr << "hyscale-worker: " << devices.status().message() << "\n";
-      return kExitUsage;
+      return kExitBadInput;
     }
     options.devices = *std::move(devices);
   }
@@ -186,14 +188,14 @@ int main(int argc, char** argv) {
   if (options.trainer_path.empty()) {
     std::cerr << "hyscale-worker: trainer: hyscale-train not found next to hyscale-worker, in "
                  "../trainer or on PATH; pass --trainer\n";
-    return kExitUsage;
+    return kExitBadInput;
   }
   std::error_code error;
   fs::create_directories(work_dir, error);
   if (error) {
     std::cerr << "hyscale-worker: work-dir: cannot create " << work_dir << ": " << error.message()
               << "\n";
-    return kExitSetup;
+    return kExitFailed;
   }
   options.work_dir = fs::absolute(work_dir).string();
   options.data_roots = data_roots;
@@ -201,14 +203,14 @@ int main(int argc, char** argv) {
   auto trainer_user = ResolveRunAs(run_as);
   if (!trainer_user.ok()) {
     std::cerr << "hyscale-worker: " << trainer_user.status().message() << "\n";
-    return kExitUsage;
+    return kExitBadInput;
   }
   options.run_as = *trainer_user;
   if (options.run_as) {
     if (auto status = CheckRunAs(*options.run_as, options.trainer_path, options.work_dir);
         !status.ok()) {
       std::cerr << "hyscale-worker: " << status.message() << "\n";
-      return kExitSetup;
+      return kExitFailed;
     }
   }
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
@@ -235,8 +237,8 @@ int main(int argc, char** argv) {
   const absl::Status status = agent.Run();
   if (!status.ok()) {
     std::cerr << "hyscale-worker: " << status.message() << "\n";
-    return kExitSetup;
+    return kExitFailed;
   }
   std::cerr << "hyscale-worker: stopped\n";
-  return 0;
+  return kExitOk;
 }
