@@ -187,7 +187,7 @@ int Run(const Flags& flags) {
   if (flags.quick) {
     c.notes.push_back("--quick: tiny shapes for tests; the rates do not represent training");
   }
-  if (auto status = WriteJson(flags.out, ToJson(c)); !status.ok()) {
+  if (auto status = WriteCalibration(flags.out, ToProto(c)); !status.ok()) {
     std::fprintf(stderr, "hyscale-calibrate: %s\n", std::string(status.message()).c_str());
     return kExitFailed;
   }
