@@ -518,7 +518,7 @@ absl::Status Coordinator::PublishRendezvous(JobEntry& entry, v1::JobEvent event)
   v1::Job updated = entry.job;
   const bool first = updated.placement_size() > 1 && updated.rendezvous().empty();
   if (first) {
-    auto address = RendezvousAddress(event.trainer().json());
+    auto address = RendezvousAddress(event.trainer().event().rendezvous());
     if (address.ok()) {
       updated.set_rendezvous(*address);
     } else {
@@ -1315,12 +1315,13 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
                      std::string(event.status().message()).c_str());
         return absl::OkStatus();  // a bad line is dropped, not retried
       }
-      if (event->has_trainer() && event->trainer().event() == "rendezvous" && ref.rank() == 0) {
+      const v1::TrainerEventLine& line = event->trainer().event();
+      if (line.has_rendezvous() && ref.rank() == 0) {
         return PublishRendezvous(entry, *std::move(event));
       }
       v1::Job updated = job;
-      if (event->has_step() && ref.rank() == 0) {
-        const v1::StepProgress& step = event->step();
+      if (line.has_step() && ref.rank() == 0) {
+        const v1::TrainerEventLine::Step& step = line.step();
         auto* progress = updated.mutable_progress();
         progress->set_step(step.step());
         progress->set_total_steps(step.total_steps());
@@ -1328,9 +1329,9 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
         progress->set_loss(step.loss());
         progress->set_tokens_per_second(step.tokens_per_second());
         progress->set_eta_seconds(step.eta_seconds());
-        if (step.evaluated()) {
-          progress->set_accuracy(step.accuracy());
-          progress->set_indexer_recall(step.indexer_recall());
+        if (step.has_evaluation()) {
+          progress->set_accuracy(step.evaluation().accuracy());
+          progress->set_indexer_recall(step.evaluation().indexer_recall());
         }
         if (metrics_ != nullptr) metrics_->Step(job.id(), step);
       }

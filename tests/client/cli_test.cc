@@ -82,10 +82,11 @@ v1::JobEvent StateEvent(int64_t sequence, v1::JobState from, v1::JobState to,
 v1::JobEvent StepEvent(int64_t sequence, int64_t step) {
   v1::JobEvent event;
   event.set_sequence(sequence);
-  event.mutable_step()->set_step(step);
-  event.mutable_step()->set_total_steps(20);
-  event.mutable_step()->set_loss(1.25);
-  (*event.mutable_step()->mutable_phase_seconds())["selection"] = 0.5;
+  auto* figures = event.mutable_trainer()->mutable_event()->mutable_step();
+  figures->set_step(step);
+  figures->set_total_steps(20);
+  figures->set_loss(1.25);
+  (*figures->mutable_phase_seconds())["selection_fwd"] = 0.5;
   return event;
 }
 
@@ -237,7 +238,7 @@ TEST_F(CliTest, WatchJsonIsOneEventPerLine) {
   std::vector<json> events;
   for (std::string line; std::getline(lines, line);) events.push_back(json::parse(line));
   ASSERT_EQ(events.size(), 3u);
-  EXPECT_EQ(events[1]["step"]["step"], "10");  // int64 is a string in protobuf JSON
+  EXPECT_EQ(events[1]["trainer"]["event"]["step"]["step"], "10");  // int64: a string in JSON
   EXPECT_EQ(events[2]["state_change"]["to"], "JOB_STATE_SUCCEEDED");
 }
 
