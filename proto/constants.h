@@ -15,8 +15,7 @@ inline constexpr int kExitFailed = 1;
 inline constexpr int kExitBadInput = 2;     // bad flags, the spec or its files: fails alike again
 inline constexpr int kExitOutOfMemory = 3;  // hyscale-train: a CUDA or CPU allocation failed
 
-// The longest trainer event line: the agent takes a longer stdout line for log output only, and
-// the coordinator refuses a longer RankReport.event_json.
+// The longest trainer event line: the agent takes a longer stdout line for log output only.
 inline constexpr size_t kMaxEventLineBytes = 1 << 20;
 // Ranks of one job at most (the coordinator's limit), and so context parallelism's degree.
 inline constexpr int kMaxRanks = 1024;
