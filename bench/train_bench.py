@@ -12,8 +12,9 @@ selection replay. It runs
 
 (a trainer without the --eval flag runs without it and evaluates one batch after the last step,
 untimed; the bench says so) as a subprocess and reads the JSON-line events it prints on stdout
-(`"event": "step"`: step, step_seconds, tokens_per_second, peak_memory_bytes, phase_seconds {name:
-seconds}; `"event": "job_finished"`: ok, reason). The first --warmup steps (default 2) are excluded;
+(proto/hyscale/v1/events.proto; `{"step": {...}}`: step, step_seconds, tokens_per_second,
+peak_memory_bytes, phase_seconds {name: seconds}; `{"job_finished": {...}}`: ok, reason; int64
+fields are JSON strings). The first --warmup steps (default 2) are excluded;
 over the timed steps it reports the median step time (and min/max), tokens/s, MFU, the peak memory,
 the peak memory per token beyond weights and optimizer state, every phase's median and share of the
 step (phases are taken by whatever names the trainer reports), and how the phases add up to the step
@@ -309,17 +310,17 @@ def run_trainer(cfg, spec, label):
                 if not isinstance(event, dict):
                     other.append(line.rstrip())
                     continue
-                kind = event.get("event")
-                if kind == "step":
-                    steps.append(event)
-                    print(f"  {label} step {event.get('step')}: "
-                          f"{event.get('step_seconds', 0):.3f} s, "
-                          f"{event.get('tokens_per_second', 0):,.0f} tokens/s, peak "
-                          f"{(event.get('peak_memory_bytes') or 0) / GiB:.2f} GiB", flush=True)
-                elif kind == "job_started":
-                    started = event
-                elif kind == "job_finished":
-                    finished = event
+                if isinstance(event.get("step"), dict):
+                    step = event["step"]
+                    steps.append(step)
+                    print(f"  {label} step {step.get('step')}: "
+                          f"{step.get('step_seconds', 0):.3f} s, "
+                          f"{step.get('tokens_per_second', 0):,.0f} tokens/s, peak "
+                          f"{int(step.get('peak_memory_bytes') or 0) / GiB:.2f} GiB", flush=True)
+                elif isinstance(event.get("job_started"), dict):
+                    started = event["job_started"]
+                elif isinstance(event.get("job_finished"), dict):
+                    finished = event["job_finished"]
             rc = proc.wait()
         finally:
             watchdog.cancel()
@@ -359,7 +360,7 @@ def phase_seconds(event):
 
 def summarize(cfg, model, n, steps, warmup):
     """The figures of one run from its step events (the first `warmup` excluded)."""
-    timed = [s for s in steps if s.get("step", 0) > warmup]
+    timed = [s for s in steps if int(s.get("step", 0)) > warmup]
     if not timed:
         raise BenchError(f"N={n}: no step after the {warmup} warm-up steps to time")
     secs = [float(s["step_seconds"]) for s in timed]

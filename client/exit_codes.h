@@ -12,12 +12,14 @@
 #include <absl/status/status.h>
 #include <grpcpp/grpcpp.h>
 
+#include "proto/constants.h"
+
 namespace hyscale::cli {
 
 enum ExitCode : int {
-  kExitOk = 0,
+  kExitOk = hyscale::kExitOk,
   kExitJobFailed = 1,
-  kExitUsage = 2,
+  kExitUsage = hyscale::kExitBadInput,
   kExitNotFound = 3,
   kExitUnauthenticated = 4,
   kExitUnavailable = 5,

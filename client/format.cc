@@ -10,7 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
+
+#include "proto/events.h"
 
 namespace hyscale::cli {
 namespace {
@@ -158,7 +159,7 @@ std::string FormatDevices(const google::protobuf::RepeatedPtrField<v1::Device>& 
   return parts.empty() ? "-" : absl::StrJoin(parts, ", ");
 }
 
-std::string ProgressBar(const v1::StepProgress& step, int width) {
+std::string ProgressBar(const v1::TrainerEventLine::Step& step, int width) {
   const double done =
       step.total_steps() > 0
           ? std::clamp(static_cast<double>(step.step()) / static_cast<double>(step.total_steps()),
@@ -171,9 +172,9 @@ std::string ProgressBar(const v1::StepProgress& step, int width) {
       step.total_steps(), "  ", absl::StrFormat("%3.0f%%", 100 * done), "  ETA ",
       FormatDuration(step.eta_seconds()), "  loss ", absl::StrFormat("%.4f", step.loss()), "  ",
       FormatRate(step.tokens_per_second()), " tok/s");
-  if (step.evaluated()) {
-    absl::StrAppend(&line, "  acc ", absl::StrFormat("%.3f", step.accuracy()), "  recall ",
-                    absl::StrFormat("%.3f", step.indexer_recall()));
+  if (step.has_evaluation()) {
+    absl::StrAppend(&line, "  acc ", absl::StrFormat("%.3f", step.evaluation().accuracy()),
+                    "  recall ", absl::StrFormat("%.3f", step.evaluation().indexer_recall()));
   }
   return line;
 }
@@ -216,19 +217,61 @@ std::string PhaseBreakdown(const std::map<std::string, double>& phase_seconds, i
 
 namespace {
 
-// Fields of a trainer's event line, read without trusting their types (the line is the
-// trainer's): "" for a missing or non-string text, "?" for a missing or non-numeric number.
-std::string TextField(const nlohmann::json& json, const char* key) {
-  const auto it = json.find(key);
-  return it != json.end() && it->is_string() ? it->get<std::string>() : "";
+std::string DescribeStep(const v1::TrainerEventLine::Step& step) {
+  std::string line = absl::StrCat(
+      "step ", step.step(), "/", step.total_steps(), " stage ", step.stage(), "  loss ",
+      absl::StrFormat("%.4f", step.loss()), " (lm ", absl::StrFormat("%.4f", step.lm_loss()),
+      ", indexer ", absl::StrFormat("%.4f", step.indexer_loss()), ")  lr ",
+      absl::StrFormat("%.2e", step.lr()), "  ", FormatRate(step.tokens_per_second()),
+      " tok/s  ETA ", FormatDuration(step.eta_seconds()));
+  if (step.has_evaluation()) {
+    absl::StrAppend(&line, "  accuracy ", absl::StrFormat("%.3f", step.evaluation().accuracy()),
+                    "  indexer recall ",
+                    absl::StrFormat("%.3f", step.evaluation().indexer_recall()));
+  }
+  return line;
 }
 
-std::string NumberField(const nlohmann::json& json, const char* key) {
-  const auto it = json.find(key);
-  if (it == json.end() || !it->is_number()) return "?";
-  if (it->is_number_unsigned()) return std::to_string(it->get<uint64_t>());
-  if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
-  return absl::StrFormat("%g", it->get<double>());
+// "<kind>: <what it says>", or the step's line.
+std::string DescribeTrainerEvent(const v1::TrainerEventLine& event) {
+  const std::string kind(EventKind(event));
+  switch (event.kind_case()) {
+    case v1::TrainerEventLine::kJobStarted:
+      return absl::StrCat(kind, ": ", event.job_started().name(), ", ",
+                          event.job_started().total_steps(), " steps");
+    case v1::TrainerEventLine::kStageStarted: {
+      const auto& stage = event.stage_started();
+      return absl::StrCat(kind, ": ", stage.stage(), " (", stage.name(), "): ", stage.steps(),
+                          " steps, ", v1::AttentionMode_Name(stage.attention()),
+                          " attention, trains ", v1::Trainable_Name(stage.trains()));
+    }
+    case v1::TrainerEventLine::kStep:
+      return DescribeStep(event.step());
+    case v1::TrainerEventLine::kStageFinished: {
+      const auto& stage = event.stage_finished();
+      return absl::StrCat(kind, ": ", stage.stage(), " (", stage.name(), ") at step ",
+                          stage.step());
+    }
+    case v1::TrainerEventLine::kCheckpointWritten:
+      return absl::StrCat(kind, ": step ", event.checkpoint_written().step(), " ",
+                          event.checkpoint_written().path());
+    case v1::TrainerEventLine::kCheckpointLoaded:
+      return absl::StrCat(kind, ": step ", event.checkpoint_loaded().step(), " ",
+                          event.checkpoint_loaded().path());
+    case v1::TrainerEventLine::kRendezvous:
+      return absl::StrCat(kind, ": ", event.rendezvous().address(), " for ",
+                          event.rendezvous().world_size(), " ranks");
+    case v1::TrainerEventLine::kWarning:
+      return absl::StrCat(kind, ": ", event.warning());
+    case v1::TrainerEventLine::kJobFinished:
+      return absl::StrCat(kind, ": ",
+                          event.job_finished().ok()
+                              ? "ok"
+                              : absl::StrCat("failed: ", event.job_finished().reason()));
+    case v1::TrainerEventLine::KIND_NOT_SET:
+      break;
+  }
+  return "event of an unknown kind";
 }
 
 }  // namespace
@@ -252,49 +295,10 @@ std::string DescribeEvent(const v1::JobEvent& event) {
       if (!change.reason().empty()) absl::StrAppend(&line, ": ", Printable(change.reason()));
       return line;
     }
-    case v1::JobEvent::kStep: {
-      const auto& step = event.step();
-      std::string line = absl::StrCat(
-          when, " rank ", step.rank(), " step ", step.step(), "/", step.total_steps(), " stage ",
-          step.stage(), "  loss ", absl::StrFormat("%.4f", step.loss()), " (lm ",
-          absl::StrFormat("%.4f", step.lm_loss()), ", indexer ",
-          absl::StrFormat("%.4f", step.indexer_loss()), ")  lr ",
-          absl::StrFormat("%.2e", step.lr()), "  ", FormatRate(step.tokens_per_second()),
-          " tok/s  ETA ", FormatDuration(step.eta_seconds()));
-      if (step.evaluated()) {
-        absl::StrAppend(&line, "  accuracy ", absl::StrFormat("%.3f", step.accuracy()),
-                        "  indexer recall ", absl::StrFormat("%.3f", step.indexer_recall()));
-      }
-      return line;
-    }
     case v1::JobEvent::kTrainer: {
       const auto& trainer = event.trainer();
-      const auto json = nlohmann::json::parse(trainer.json(), nullptr, false);
-      std::string detail = trainer.json();
-      if (json.is_object()) {
-        const auto text = [&json](const char* key) { return TextField(json, key); };
-        const auto number = [&json](const char* key) { return NumberField(json, key); };
-        if (trainer.event() == "warning" && json.contains("message")) {
-          detail = text("message");
-        } else if (absl::StartsWith(trainer.event(), "checkpoint") && json.contains("path")) {
-          detail = absl::StrCat("step ", number("step"), " ", text("path"));
-        } else if (trainer.event() == "job_finished") {
-          const auto ok = json.find("ok");
-          detail = ok != json.end() && ok->is_boolean() && ok->get<bool>()
-                       ? "ok"
-                       : absl::StrCat("failed: ", text("reason"));
-        } else if (trainer.event() == "job_started") {
-          detail = absl::StrCat(text("name"), ", ", number("total_steps"), " steps");
-        } else if (trainer.event() == "stage_finished") {
-          detail = absl::StrCat(number("stage"), " (", text("name"), ") at step ", number("step"));
-        } else if (trainer.event() == "stage_started") {
-          detail =
-              absl::StrCat(number("stage"), " (", text("name"), "): ", number("steps"), " steps, ",
-                           text("attention"), " attention, trains ", text("trains"));
-        }
-      }
       return Printable(
-          absl::StrCat(when, " rank ", trainer.rank(), " ", trainer.event(), ": ", detail));
+          absl::StrCat(when, " rank ", trainer.rank(), " ", DescribeTrainerEvent(trainer.event())));
     }
     default:
       return absl::StrCat(when, " event ", event.sequence());

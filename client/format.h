@@ -46,7 +46,7 @@ std::string FormatAge(const google::protobuf::Timestamp& time, int64_t now_unix_
 std::string FormatDevices(const google::protobuf::RepeatedPtrField<v1::Device>& devices);
 
 // "[##########..........] 120/1000  12%  ETA 0:01:23  loss 2.3456  12.3k tok/s"
-std::string ProgressBar(const v1::StepProgress& step, int width);
+std::string ProgressBar(const v1::TrainerEventLine::Step& step, int width);
 // "phases [####====++-] # selection 40%  = attention_fwd 30%  + data 20%  - other 10%":
 // one symbol per phase, biggest first, the bar `width` wide.
 std::string PhaseBreakdown(const std::map<std::string, double>& phase_seconds, int width);

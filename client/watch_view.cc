@@ -27,9 +27,10 @@ void WatchView::Show(const v1::JobEvent& event) {
     *context_.out << DescribeEvent(event) << "\n" << std::flush;
     return;
   }
-  if (event.has_step()) {
-    if (!last_step_ || event.step().rank() <= last_step_->rank()) last_step_ = event.step();
-    if (event.step().evaluated()) Print(DescribeEvent(event));
+  const v1::TrainerEvent& trainer = event.trainer();
+  if (trainer.event().has_step()) {
+    if (!last_step_ || trainer.rank() <= last_step_->rank()) last_step_ = trainer;
+    if (trainer.event().step().has_evaluation()) Print(DescribeEvent(event));
     ClearBar();
     DrawBar();
     return;
@@ -62,10 +63,11 @@ void WatchView::DrawBar() {
     return;
   }
   const int columns = context_.terminal_columns;
-  *context_.out << Fit(ProgressBar(*last_step_, 30), columns);
+  const v1::TrainerEventLine::Step& step = last_step_->event().step();
+  *context_.out << Fit(ProgressBar(step, 30), columns);
   bar_lines_ = 1;
-  const std::map<std::string, double> phases(last_step_->phase_seconds().begin(),
-                                             last_step_->phase_seconds().end());
+  const std::map<std::string, double> phases(step.phase_seconds().begin(),
+                                             step.phase_seconds().end());
   if (!phases.empty()) {
     *context_.out << "\n" << Fit(PhaseBreakdown(phases, 30), columns);
     bar_lines_ = 2;

@@ -24,8 +24,9 @@ class WatchView {
   void DrawBar();
 
   const Context& context_;
-  std::optional<v1::StepProgress> last_step_;  // of the lowest rank seen: the bar follows it
-  int bar_lines_ = 0;                          // lines the bar occupies now (0, 1 or 2)
+  // The last step event of the lowest rank seen: the bar follows it.
+  std::optional<v1::TrainerEvent> last_step_;
+  int bar_lines_ = 0;  // lines the bar occupies now (0, 1 or 2)
 };
 
 }  // namespace hyscale::cli

@@ -3,10 +3,12 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 
-#include <algorithm>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
+
+#include "hyscale/v1/calibration.pb.h"
+#include "proto/proto_json.h"
 
 namespace hyscale::server::planner {
 namespace {
@@ -218,94 +220,95 @@ absl::StatusOr<DeviceProfile> BuiltinProfile(const std::string& name) {
                                           absl::StrJoin(BuiltinProfileNames(), ", "), ")"));
 }
 
-absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profile) {
-  const nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return absl::InvalidArgumentError("calibration: not a JSON object");
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+absl::StatusOr<v1::Calibration> ParseCalibration(std::string_view json_text) {
+  v1::Calibration calibration;
+  if (auto status = ParseProtoJson(json_text, &calibration); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("calibration: ", status.message()));
   }
-  const std::string source =
-      absl::StrCat("calibrated: ", doc.contains("source") && doc["source"].is_string()
-                                       ? doc["source"].get<std::string>()
-                                       : "micro-benchmark");
-  const std::map<std::string, double*> figures = {
-      {"dense_tflops", &profile->dense_tflops},
-      {"hbm_gbps", &profile->hbm_gbps},
-      {"flash_topk_tflops", &profile->flash_topk_tflops},
-      {"flash_topk_fp8_tflops", &profile->flash_topk_fp8_tflops},
-      {"table_topk_tflops", &profile->table_topk_tflops},
-      {"naive_topk_tflops", &profile->naive_topk_tflops},
-      {"gather_fwd_tflops", &profile->gather_fwd_tflops},
-      {"gather_bwd_tflops", &profile->gather_bwd_tflops},
-      {"indexer_mass_tflops", &profile->indexer_mass_tflops},
-      {"index_score_bwd_tflops", &profile->index_score_bwd_tflops},
-      {"latent_fwd_tflops", &profile->latent_fwd_tflops},
-      {"latent_bwd_tflops", &profile->latent_bwd_tflops},
-      {"kernel_launch_s", &profile->kernel_launch_s},
-  };
-  const auto positive = [](const nlohmann::json& v) {
-    return v.is_number() && v.get<double>() > 0;
-  };
-  for (const auto& [key, value] : doc.items()) {
-    if (key == "device" || key == "source" || key == "device_name" || key == "commit" ||
-        key == "date") {
-      if (!value.is_string()) return absl::InvalidArgumentError("calibration." + key + ": string");
-      continue;
+  return calibration;
+}
+
+// The figures a message of a calibration holds: its optional doubles that are set.
+std::vector<const FieldDescriptor*> FiguresSet(const Message& message) {
+  std::vector<const FieldDescriptor*> fields, figures;
+  message.GetReflection()->ListFields(message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE && field->has_presence()) {
+      figures.push_back(field);
     }
-    // How the figures were measured, for people: kept in the file, not used by the model.
-    if (key == "shapes" || key == "measurements") {
-      if (!value.is_object()) return absl::InvalidArgumentError("calibration." + key + ": object");
-      continue;
+  }
+  return figures;
+}
+
+absl::Status CheckFigures(const Message& message, const std::string& path) {
+  for (const FieldDescriptor* field : FiguresSet(message)) {
+    const double value = message.GetReflection()->GetDouble(message, field);
+    if (!(value > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, field->name(), ": must be a number > 0 (got ", value, ")"));
     }
-    if (key == "notes") {
-      const bool strings =
-          value.is_array() &&
-          std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_string(); });
-      if (!strings) return absl::InvalidArgumentError("calibration.notes: array of strings");
-      continue;
+  }
+  return absl::OkStatus();
+}
+
+// Sets the profile's figure of each one `message` holds (`targets` by field name), its source
+// named `prefix` + the field's name.
+void SetFigures(const Message& message, const std::map<std::string, double*>& targets,
+                const std::string& prefix, const std::string& source, DeviceProfile* profile) {
+  for (const FieldDescriptor* field : FiguresSet(message)) {
+    const auto target = targets.find(field->name());
+    if (target == targets.end()) continue;  // planner_test checks that every figure has one
+    *target->second = message.GetReflection()->GetDouble(message, field);
+    profile->sources[prefix + field->name()] = source;
+  }
+}
+
+}  // namespace
+
+absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profile) {
+  const auto calibration = ParseCalibration(json_text);
+  if (!calibration.ok()) return calibration.status();
+  if (auto status = CheckFigures(*calibration, "calibration."); !status.ok()) return status;
+  for (int i = 0; i < calibration->sparse_attention_size(); ++i) {
+    const auto& row = calibration->sparse_attention(i);
+    const std::string at = absl::StrCat("calibration.sparse_attention[", i, "].");
+    if (!IsQueryGroup(row.group())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, "group: must be one of ", kQueryGroupsText, " (got ", row.group(), ")"));
     }
-    if (const auto figure = figures.find(key); figure != figures.end()) {
-      if (!positive(value)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("calibration.", key, ": must be a number > 0 (got ", value.dump(), ")"));
-      }
-      *figure->second = value.get<double>();
-      profile->sources[key] = source;
-      continue;
-    }
-    if (key != "sparse_attention") {
-      return absl::InvalidArgumentError(absl::StrCat("calibration.", key, ": unknown figure"));
-    }
-    if (!value.is_array()) {
-      return absl::InvalidArgumentError("calibration.sparse_attention: must be an array");
-    }
-    for (size_t i = 0; i < value.size(); ++i) {
-      const auto& row = value[i];
-      const std::string at = absl::StrCat("calibration.sparse_attention[", i, "]");
-      const bool known_group =
-          row.is_object() && row.contains("group") && row["group"].is_number_integer() &&
-          std::count(std::begin(kQueryGroups), std::end(kQueryGroups), row["group"].get<int>());
-      if (!known_group) {
-        return absl::InvalidArgumentError(at + ".group: must be one of 1, 2, 4, 8, 16");
-      }
-      SparseAttentionRate& rate = profile->sparse_attention[row["group"].get<int>()];
-      for (const auto& [name, field] : row.items()) {
-        double* target = name == "fwd_tflops"   ? &rate.fwd_tflops
-                         : name == "bwd_tflops" ? &rate.bwd_tflops
-                         : name == "dedup"      ? &rate.dedup
-                                                : nullptr;
-        if (name == "group") continue;
-        if (target == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(at, ".", name, ": unknown figure"));
-        }
-        if (!positive(field)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(at, ".", name, ": must be a number > 0 (got ", field.dump(), ")"));
-        }
-        *target = field.get<double>();
-        profile->sources[absl::StrCat("sparse_attention[", row["group"].get<int>(), "].", name)] =
-            source;
-      }
-    }
+    if (auto status = CheckFigures(row, at); !status.ok()) return status;
+  }
+
+  const std::string source = absl::StrCat(
+      "calibrated: ", calibration->source().empty() ? "micro-benchmark" : calibration->source());
+  DeviceProfile& p = *profile;
+  SetFigures(*calibration,
+             {{"dense_tflops", &p.dense_tflops},
+              {"hbm_gbps", &p.hbm_gbps},
+              {"flash_topk_tflops", &p.flash_topk_tflops},
+              {"flash_topk_fp8_tflops", &p.flash_topk_fp8_tflops},
+              {"table_topk_tflops", &p.table_topk_tflops},
+              {"naive_topk_tflops", &p.naive_topk_tflops},
+              {"gather_fwd_tflops", &p.gather_fwd_tflops},
+              {"gather_bwd_tflops", &p.gather_bwd_tflops},
+              {"indexer_mass_tflops", &p.indexer_mass_tflops},
+              {"index_score_bwd_tflops", &p.index_score_bwd_tflops},
+              {"latent_fwd_tflops", &p.latent_fwd_tflops},
+              {"latent_bwd_tflops", &p.latent_bwd_tflops},
+              {"kernel_launch_s", &p.kernel_launch_s}},
+             "", source, profile);
+  for (const auto& row : calibration->sparse_attention()) {
+    SparseAttentionRate& rate = p.sparse_attention[row.group()];
+    SetFigures(row,
+               {{"fwd_tflops", &rate.fwd_tflops},
+                {"bwd_tflops", &rate.bwd_tflops},
+                {"dedup", &rate.dedup}},
+               absl::StrCat("sparse_attention[", row.group(), "]."), source, profile);
   }
   return absl::OkStatus();
 }
@@ -325,15 +328,11 @@ absl::StatusOr<std::string> ReadCalibration(const std::string& path) {
 absl::StatusOr<std::string> CalibrationDevice(const std::string& path) {
   auto text = ReadCalibration(path);
   if (!text.ok()) return text.status();
-  const nlohmann::json doc = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": calibration: not a JSON object"));
+  const auto calibration = ParseCalibration(*text);
+  if (!calibration.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", calibration.status().message()));
   }
-  if (!doc.contains("device")) return std::string();
-  if (!doc["device"].is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": calibration.device: string"));
-  }
-  return doc["device"].get<std::string>();
+  return calibration->device();
 }
 
 absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile) {

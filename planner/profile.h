@@ -11,10 +11,9 @@
 #include <string>
 #include <vector>
 
-namespace hyscale::server::planner {
+#include "proto/constants.h"
 
-// Query group sizes G the sparse attention kernels support (DESIGN.md section 1, item 4).
-inline constexpr int kQueryGroups[] = {1, 2, 4, 8, 16};
+namespace hyscale::server::planner {
 
 // Sparse attention at one query group size G.
 struct SparseAttentionRate {
@@ -69,18 +68,14 @@ absl::StatusOr<DeviceProfile> BuiltinProfile(const std::string& name);
 std::vector<std::string> BuiltinProfileNames();
 
 // Replaces figures of `profile` with those in a calibration file written by a micro-benchmark on
-// the worker's device (JSON):
-//   {"device": "h200", "source": "bench/... at <commit>",
-//    "dense_tflops": 793, "hbm_gbps": 4200, "flash_topk_tflops": 512, "table_topk_tflops": 304,
-//    "naive_topk_tflops": 27.5,
-//    "gather_fwd_tflops": 72, "gather_bwd_tflops": 16, "indexer_mass_tflops": 68,
-//    "index_score_bwd_tflops": 7.5, "latent_fwd_tflops": 549, "latent_bwd_tflops": 264,
-//    "kernel_launch_s": 5e-6,
+// the worker's device: a hyscale.v1.Calibration (proto/hyscale/v1/calibration.proto) in
+// protobuf's JSON mapping, e.g.
+//   {"device": "h200", "source": "bench/... at <commit>", "flash_topk_tflops": 512,
 //    "sparse_attention": [{"group": 4, "fwd_tflops": 500, "bwd_tflops": 200, "dedup": 3.4}]}
-// Every key is optional; an unknown key, a non-positive figure or a group outside kQueryGroups is
-// an error naming it. Each replaced figure's source becomes "calibrated: <source>". Descriptive
-// keys are checked for type and otherwise ignored: "device_name", "commit", "date" (strings),
-// "shapes", "measurements" (objects) and "notes" (strings), as hyscale-calibrate writes them.
+// Every figure is optional; an unknown field, a value of the wrong type, a figure not > 0 or a
+// group outside kQueryGroups is an error naming it, and then no figure changes. Each replaced
+// figure's source becomes "calibrated: <source>". The descriptive fields (device_name, commit,
+// date, shapes, measurements, notes) are for people.
 absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profile);
 absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile);
 // The "device" a calibration file names ("" when none), to pick the profile it calibrates.

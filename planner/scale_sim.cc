@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "planner/planner.h"
+#include "proto/constants.h"
 
 namespace hyscale::server::planner {
 namespace {
@@ -90,7 +91,7 @@ int Main(int argc, char** argv) {
       calibration = argv[++i];
     } else {
       std::fprintf(stderr, "usage: hyscale-scale-sim [--calibration FILE]\n");
-      return 2;
+      return kExitBadInput;
     }
   }
   const v1::JobSpec spec = GlmLayer();
@@ -100,7 +101,7 @@ int Main(int argc, char** argv) {
     if (!calibration.empty() && profile.name == "h200") {
       if (auto status = LoadCalibration(calibration, &profile); !status.ok()) {
         std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
-        return 2;
+        return kExitBadInput;
       }
     }
     profiles.push_back(profile);
@@ -176,7 +177,7 @@ int Main(int argc, char** argv) {
     std::printf(" %s | |", Ratio(Run(spec, varied, gpus)).c_str());
   }
   std::printf("\n");
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace

@@ -13,12 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "proto/constants.h"
+
 namespace hyscale {
 namespace {
 
 // Upper bounds that keep products of sizes far from overflow and allocations sane.
 constexpr int64_t kMaxDim = int64_t{1} << 20;
-constexpr int64_t kMaxContextParallel = 1024;  // the coordinator's limit on ranks
 constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxBatchTokens = (int64_t{1} << 31) - 1;  // one batch's int32 ids
@@ -384,7 +385,7 @@ void validate_parallelism(const v1::JobSpec& spec, Problems& p) {
     p.Add("parallelism.mode", "must be MANUAL or AUTO when other parallelism fields are set");
   }
   if (manual || par.context_parallel() != 0) {
-    p.Positive("parallelism.context_parallel", par.context_parallel(), kMaxContextParallel);
+    p.Positive("parallelism.context_parallel", par.context_parallel(), kMaxRanks);
   }
   const std::string& layout = par.cp_layout();
   const bool known_layout = layout == "contiguous" || layout == "zigzag" || layout == "round-robin";
@@ -396,11 +397,11 @@ void validate_parallelism(const v1::JobSpec& spec, Problems& p) {
     p.Add("parallelism.cp_layout", "must be set when context_parallel > 1 (got '')");
   }
   const int g = par.query_group();
-  if (g != 0 && g != 1 && g != 2 && g != 4 && g != 8 && g != 16) {
-    p.Add("parallelism.query_group", absl::StrCat("must be 1, 2, 4, 8 or 16 (got ", g, ")"));
+  if (g != 0 && !IsQueryGroup(g)) {
+    p.Add("parallelism.query_group", absl::StrCat("must be ", kQueryGroupsText, " (got ", g, ")"));
   }
   const int64_t cp = par.context_parallel();
-  if (cp <= 0 || cp > kMaxContextParallel) return;
+  if (cp <= 0 || cp > kMaxRanks) return;
   const int64_t shards = layout == "zigzag" ? 2 * cp : cp;
   const auto check = [&](const std::string& field, int64_t seq_len) {
     if (seq_len % shards == 0) return;

@@ -522,7 +522,7 @@ absl::Status Coordinator::PublishRendezvous(JobEntry& entry, v1::JobEvent event)
   v1::Job updated = entry.job;
   const bool first = updated.placement_size() > 1 && updated.rendezvous().empty();
   if (first) {
-    auto address = RendezvousAddress(event.trainer().json());
+    auto address = RendezvousAddress(event.trainer().event().rendezvous());
     if (address.ok()) {
       updated.set_rendezvous(*address);
     } else {
@@ -1461,12 +1461,13 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
         util::LogWarning("job ", job.id(), " rank ", ref.rank(), ": ", event.status().message());
         return absl::OkStatus();  // a bad line is dropped, not retried
       }
-      if (event->has_trainer() && event->trainer().event() == "rendezvous" && ref.rank() == 0) {
+      const v1::TrainerEventLine& line = event->trainer().event();
+      if (line.has_rendezvous() && ref.rank() == 0) {
         return PublishRendezvous(entry, *std::move(event));
       }
       v1::Job updated = job;
-      if (event->has_step() && ref.rank() == 0) {
-        const v1::StepProgress& step = event->step();
+      if (line.has_step() && ref.rank() == 0) {
+        const v1::TrainerEventLine::Step& step = line.step();
         auto* progress = updated.mutable_progress();
         progress->set_step(step.step());
         progress->set_total_steps(step.total_steps());
@@ -1474,9 +1475,9 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
         progress->set_loss(step.loss());
         progress->set_tokens_per_second(step.tokens_per_second());
         progress->set_eta_seconds(step.eta_seconds());
-        if (step.evaluated()) {
-          progress->set_accuracy(step.accuracy());
-          progress->set_indexer_recall(step.indexer_recall());
+        if (step.has_evaluation()) {
+          progress->set_accuracy(step.evaluation().accuracy());
+          progress->set_indexer_recall(step.evaluation().indexer_recall());
         }
         if (metrics_ != nullptr) metrics_->Step(job.id(), step);
       }
@@ -1491,7 +1492,7 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
 
 absl::Status Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit) {
   entry.ranks[rank].exited = true;
-  if (exit.exit_code() == 0) {
+  if (exit.exit_code() == kExitOk) {
     entry.ranks[rank].succeeded = true;
     for (const auto& state : entry.ranks) {
       if (!state.succeeded) return absl::OkStatus();
@@ -1500,15 +1501,14 @@ absl::Status Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankEx
                       absl::StrCat("all ", entry.ranks.size(), " rank(s) finished"));
   }
   const std::string why = DescribeExit(rank, exit);
-  if (exit.exit_code() == v1::TRAINER_EXIT_BAD_INPUT ||
-      exit.exit_code() == v1::TRAINER_EXIT_OUT_OF_MEMORY) {
+  if (exit.exit_code() == kExitBadInput || exit.exit_code() == kExitOutOfMemory) {
     // Bad input, or a job too big for its devices, fails the same way on every attempt: no
     // restart.
     const v1::Job before = entry.job;
     const std::vector<RankState> ranks = entry.ranks;
     auto status = Transition(
         entry, v1::JOB_STATE_FAILED,
-        absl::StrCat(why, exit.exit_code() == v1::TRAINER_EXIT_BAD_INPUT
+        absl::StrCat(why, exit.exit_code() == kExitBadInput
                               ? " (bad input)"
                               : " (out of memory: not restarted; give each rank more memory or "
                                 "the job more ranks)"));

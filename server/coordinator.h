@@ -39,6 +39,7 @@
 
 #include "hyscale/v1/service.pb.h"
 #include "planner/profile.h"
+#include "proto/constants.h"
 #include "server/assignment_queue.h"
 #include "server/clock.h"
 #include "server/scheduler.h"
@@ -76,8 +77,7 @@ struct CoordinatorOptions {
   absl::Duration unhealthy_exclusion = absl::Minutes(10);
 };
 
-// Limits of SubmitJob's validation.
-inline constexpr int kMaxRanks = 1024;
+// Limits of SubmitJob's validation, besides kMaxRanks (proto/constants.h).
 inline constexpr int kMinPriority = -1000;
 inline constexpr int kMaxPriority = 1000;
 inline constexpr int kMaxRestarts = 100;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "planner/profile.h"
+#include "proto/constants.h"
 #include "proto/rpc.h"
 #include "server/coordinator.h"
 #include "server/grpc_server.h"
@@ -26,9 +27,6 @@
 namespace hyscale::server {
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitBadFlags = 2;
 // In-flight calls get this long to finish on shutdown before they are cancelled (our streams end
 // at once). The server also waits this long at most for idle client connections to close.
 constexpr auto kShutdownGrace = std::chrono::seconds(2);
@@ -163,7 +161,7 @@ int Backup(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    return code == 0 ? kExitOk : kExitBadFlags;
+    return code == 0 ? kExitOk : kExitBadInput;
   }
   const std::string path = (std::filesystem::path(data_dir) / "hyscale.db").string();
   if (!std::filesystem::exists(path)) {

@@ -1,6 +1,8 @@
 #include "server/server_metrics.h"
 
-#include <algorithm>
+#include <cctype>
+
+#include "proto/events.h"
 
 namespace hyscale::server {
 namespace {
@@ -18,15 +20,6 @@ std::vector<double> RpcBuckets() {
 
 std::vector<double> SchedulingBuckets() {
   return {0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400};
-}
-
-// ^[a-z][a-z0-9_]{0,31}$: the trainer's phase names are identifiers, and a label value that is
-// not one came from a worker making names up.
-bool PhaseName(const std::string& name) {
-  if (name.empty() || name.size() > 32 || name[0] < 'a' || name[0] > 'z') return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-  });
 }
 
 std::string StateLabel(const std::string& enum_name, size_t prefix) {
@@ -111,30 +104,18 @@ void ServerMetrics::JobScheduled(double latency_seconds) {
   scheduling_latency_->Observe({}, latency_seconds);
 }
 
-void ServerMetrics::Step(const std::string& job_id, const v1::StepProgress& step) {
-  if (step.rank() != 0) return;  // one series per job, not per rank
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::set<std::string>& phases = phases_[job_id];
-    for (const auto& [phase, seconds] : step.phase_seconds()) {
-      if (!PhaseName(phase)) continue;
-      if (phases.count(phase) == 0) {
-        if (phases.size() >= kMaxPhasesPerJob) continue;
-        phases.insert(phase);
-      }
-      step_phase_->Observe({job_id, phase}, seconds);
-    }
+void ServerMetrics::Step(const std::string& job_id, const v1::TrainerEventLine::Step& step) {
+  for (const auto& [phase, seconds] : step.phase_seconds()) {
+    if (IsPhaseName(phase)) step_phase_->Observe({job_id, phase}, seconds);
   }
-  if (step.has_comm_exposed_seconds()) {
-    comm_seconds_->Observe({job_id, "exposed"}, step.comm_exposed_seconds());
-  }
-  if (step.has_comm_overlapped_seconds()) {
-    comm_seconds_->Observe({job_id, "overlapped"}, step.comm_overlapped_seconds());
+  if (step.has_comm()) {
+    comm_seconds_->Observe({job_id, "exposed"}, step.comm().exposed());
+    comm_seconds_->Observe({job_id, "overlapped"}, step.comm().overlapped());
   }
   step_seconds_->Observe({job_id}, step.step_seconds());
   tokens_per_second_->Set({job_id}, step.tokens_per_second());
   loss_->Set({job_id}, step.loss());
-  if (step.evaluated()) indexer_recall_->Set({job_id}, step.indexer_recall());
+  if (step.has_evaluation()) indexer_recall_->Set({job_id}, step.evaluation().indexer_recall());
   peak_memory_->Set({job_id}, static_cast<double>(step.peak_memory_bytes()));
   step_->Set({job_id}, static_cast<double>(step.step()));
 }
@@ -171,7 +152,6 @@ void ServerMetrics::Expire(absl::Time now) {
       continue;
     }
     registry_.RemoveWhere("job_id", it->first);
-    phases_.erase(it->first);
     it = ended_.erase(it);
   }
 }

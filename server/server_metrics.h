@@ -8,7 +8,6 @@
 
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 
 #include "hyscale/v1/service.pb.h"
@@ -25,9 +24,9 @@ class ServerMetrics {
   void SetWorkerCounts(const std::map<v1::WorkerState, int>& counts);
   void JobSubmitted();
   void JobScheduled(double latency_seconds);  // PENDING -> SCHEDULED
-  // Phases: only names matching ^[a-z][a-z0-9_]{0,31}$, the first kMaxPhasesPerJob per job.
-  void Step(const std::string& job_id, const v1::StepProgress& step);
-  static constexpr size_t kMaxPhasesPerJob = 32;
+  // Rank 0's step event. Phases: only the trainer's (IsPhaseName), so a worker making names up
+  // cannot grow the series.
+  void Step(const std::string& job_id, const v1::TrainerEventLine::Step& step);
   // The predicted peak memory of one rank (planner::EstimateMemory), beside the measured peak,
   // and the predicted step time (planner::Predict; 0 when unknown) beside the measured one.
   void JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes,
@@ -67,8 +66,7 @@ class ServerMetrics {
   Gauge* predicted_step_;
 
   std::mutex mu_;
-  std::map<std::string, absl::Time> ended_;              // job id -> when it ended
-  std::map<std::string, std::set<std::string>> phases_;  // job id -> phase labels exported
+  std::map<std::string, absl::Time> ended_;  // job id -> when it ended
 };
 
 }  // namespace hyscale::server

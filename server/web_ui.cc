@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "proto/events.h"
 #include "proto/rpc.h"
 #include "server/web_assets.h"
 
@@ -56,7 +57,7 @@ json JobRow(const v1::Job& job) {
           {"updated_at", Seconds(job.updated_at())}};
 }
 
-json StepRow(const v1::StepProgress& step) {
+json StepRow(const v1::TrainerEventLine::Step& step) {
   json phases = json::object();
   for (const auto& [phase, seconds] : step.phase_seconds()) phases[phase] = seconds;
   json row = {{"step", step.step()},
@@ -64,7 +65,7 @@ json StepRow(const v1::StepProgress& step) {
               {"step_seconds", step.step_seconds()},
               {"tokens_per_second", step.tokens_per_second()},
               {"phases", std::move(phases)}};
-  if (step.evaluated()) row["indexer_recall"] = step.indexer_recall();
+  if (step.has_evaluation()) row["indexer_recall"] = step.evaluation().indexer_recall();
   return row;
 }
 
@@ -119,7 +120,10 @@ HttpResponse WebUi::Job(const HttpRequest& request) const {
   json states = json::array();
   for (const auto& event : *events) {
     after = event.sequence();
-    if (event.has_step() && event.step().rank() == 0) steps.push_back(StepRow(event.step()));
+    const v1::TrainerEvent& trainer = event.trainer();
+    if (trainer.rank() == 0 && trainer.event().has_step()) {
+      steps.push_back(StepRow(trainer.event().step()));
+    }
     if (event.has_state_change()) {
       states.push_back({{"time", Seconds(event.time())},
                         {"state", StateLabel(event.state_change().to())},
@@ -130,6 +134,7 @@ HttpResponse WebUi::Job(const HttpRequest& request) const {
   return {200, kJson,
           Dump(json{{"job", JobRow(*job)},
                     {"steps", std::move(steps)},
+                    {"phase_order", PhaseNames()},
                     {"states", std::move(states)},
                     {"after", after},
                     {"more", more}})};

@@ -6,8 +6,9 @@
 //   GET /api/v1/jobs           {"jobs": [row...]}, newest first
 //   GET /api/v1/job?id=ID&after=N
 //                              {"job": row, "steps": [...], "states": [...], "after": M,
-//                               "more": bool}: rank 0's steps and the state changes among the
-//                               job's events with sequence > N (at most kEventsPerPoll of them)
+//                               "more": bool, "phase_order": [...]}: rank 0's steps and the state
+//                               changes among the job's events with sequence > N (at most
+//                               kEventsPerPoll of them), and the trainer's phases in step order
 //
 // Errors are JSON {"error": "..."}: 400 for a malformed parameter (named), 404 for an unknown
 // job, 401 when a token is configured and the request does not carry it. With a token, the JSON

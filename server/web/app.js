@@ -5,13 +5,6 @@
 
 const POLL_MS = 2000;
 const MAX_POINTS = 400;  // steps drawn per chart; longer runs are averaged into buckets
-// The trainer's phases (worker/trainer/phases.h) in step order: a layer's parts forward, in
-// recomputation, then backward.
-const LAYER_PHASES = ["lm_head", "attn_proj", "selection", "attention", "indexer_loss", "mlp",
-                      "comm"];
-const PHASE_ORDER = ["data"].concat(
-    ["fwd", "recompute", "bwd"].flatMap((pass) => LAYER_PHASES.map((p) => `${p}_${pass}`)),
-    ["optimizer", "other"]);
 const COLORS = ["#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d", "#b6992d",
                 "#f1ce63", "#499894", "#86bcb6", "#e15759", "#ff9d9a", "#79706e", "#bab0ac",
                 "#d37295", "#fabfd2", "#b07aa1", "#d4a6c8", "#9d7660", "#d7b5a6", "#17becf",
@@ -110,11 +103,12 @@ function bucketed(steps) {
   return out;
 }
 
-function phaseNames(points) {
+// The phases the points have, in the trainer's step order (`order`, as the server sends it).
+function phaseNames(points, order) {
   const seen = new Set();
   for (const p of points) for (const name of Object.keys(p.phases)) seen.add(name);
-  const known = PHASE_ORDER.filter((name) => seen.has(name));
-  const others = [...seen].filter((name) => !PHASE_ORDER.includes(name)).sort();
+  const known = order.filter((name) => seen.has(name));
+  const others = [...seen].filter((name) => !order.includes(name)).sort();
   return known.concat(others);
 }
 
@@ -148,11 +142,11 @@ function emptyChart(svg, text) {
   svg.append(node);
 }
 
-function renderPhaseChart(points) {
+function renderPhaseChart(points, order) {
   const svg = document.getElementById("phase-chart");
   const legend = document.getElementById("phase-legend");
   legend.replaceChildren();
-  const names = phaseNames(points);
+  const names = phaseNames(points, order);
   if (names.length === 0) return emptyChart(svg, "no step phases reported yet");
   const totals = points.map((p) => names.reduce((sum, n) => sum + (p.phases[n] || 0), 0));
   const {x, y} = frame(svg, points, Math.max(...totals) || 1);
@@ -201,18 +195,19 @@ function renderDetail() {
     return;
   }
   const points = bucketed(detail.steps);
-  renderPhaseChart(points);
+  renderPhaseChart(points, detail.phaseOrder);
   renderLossChart(points);
 }
 
 // Fetches the events after the last one seen (all of them, page by page) and redraws.
 async function pollDetail(id) {
-  if (!detail || detail.id !== id) detail = {id, after: 0, steps: [], job: null};
+  if (!detail || detail.id !== id) detail = {id, after: 0, steps: [], job: null, phaseOrder: []};
   for (;;) {
     const page = await getJson("api/v1/job?id=" + encodeURIComponent(id) + "&after=" +
                                detail.after);
     if (!detail || detail.id !== id) return;  // another job was chosen meanwhile
     detail.job = page.job;
+    detail.phaseOrder = page.phase_order;
     detail.after = page.after;
     detail.steps.push(...page.steps);
     if (!page.more) break;

@@ -6,7 +6,7 @@
 //   stubborn  like sleep but ignores SIGTERM
 //   rendezvous  a context-parallel rank: rank 0 must get port 0 and publishes 29517 on its host
 //             in a rendezvous event (exit 1 otherwise); other ranks echo HYSCALE_RENDEZVOUS in
-//             a "joined" event
+//             a warning "joined <address>"
 #pragma once
 
 #include <sys/stat.h>
@@ -24,10 +24,10 @@ config="$2"
 rankdir=$(dirname "$config")
 mode=$(sed -n 's/^ *"name": *"\([^"]*\)".*/\1/p' "$config" | head -n 1)
 echo "fake trainer $mode: job $HYSCALE_JOB_ID rank $HYSCALE_RANK of $HYSCALE_WORLD_SIZE args $*" >&2
-echo "{\"event\":\"job_started\",\"time\":1,\"name\":\"$mode\",\"total_steps\":3}"
+echo "{\"time\":1,\"job_started\":{\"name\":\"$mode\",\"total_steps\":3}}"
 case "$mode" in
   crash)
-    echo '{"event":"step","time":1,"step":1,"total_steps":3,"loss":2.5}'
+    echo '{"time":1,"step":{"step":1,"total_steps":3,"loss":2.5}}'
     echo "boom" >&2
     exit 3;;
   sleep)
@@ -45,24 +45,24 @@ case "$mode" in
         *:0) ;;
         *) echo "rank 0 was given $HYSCALE_RENDEZVOUS, not port 0" >&2; exit 1;;
       esac
-      echo "{\"event\":\"rendezvous\",\"time\":1,\"address\":\"${HYSCALE_RENDEZVOUS%:0}:29517\",\"world_size\":$HYSCALE_WORLD_SIZE}"
+      echo "{\"time\":1,\"rendezvous\":{\"address\":\"${HYSCALE_RENDEZVOUS%:0}:29517\",\"world_size\":$HYSCALE_WORLD_SIZE}}"
     else
-      echo "{\"event\":\"joined\",\"time\":1,\"rendezvous\":\"$HYSCALE_RENDEZVOUS\"}"
+      echo "{\"time\":1,\"warning\":\"joined $HYSCALE_RENDEZVOUS\"}"
     fi;;
   slow)
     i=1
     while [ $i -le 10 ]; do
       sleep 0.3
-      echo "{\"event\":\"step\",\"time\":1,\"step\":$i,\"total_steps\":10,\"loss\":1.0}"
+      echo "{\"time\":1,\"step\":{\"step\":$i,\"total_steps\":10,\"loss\":1.0}}"
       i=$((i + 1))
     done;;
   *)
     for i in 1 2 3; do
-      echo "{\"event\":\"step\",\"time\":1,\"step\":$i,\"total_steps\":3,\"loss\":1.5}"
+      echo "{\"time\":1,\"step\":{\"step\":$i,\"total_steps\":3,\"loss\":1.5}}"
     done;;
 esac
 echo "not json, just a log line"
-echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+echo '{"time":2,"job_finished":{"ok":true,"elapsed_seconds":1}}'
 exit 0
 )SH";
   out.close();

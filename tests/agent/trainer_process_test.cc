@@ -237,7 +237,7 @@ TEST_F(TrainerProcessTest, EventsInOrderAndLogKept) {
   for (const std::string* log : {static_cast<const std::string*>(&recorder.log), &file}) {
     EXPECT_NE(log->find("not json, just a log line"), std::string::npos) << *log;
     EXPECT_NE(log->find("fake trainer ok: job job-1 rank 0 of 2"), std::string::npos) << *log;
-    EXPECT_NE(log->find("\"event\":\"step\""), std::string::npos) << *log;
+    EXPECT_NE(log->find("\"step\":{\"step\":"), std::string::npos) << *log;
   }
 }
 

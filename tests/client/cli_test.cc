@@ -79,10 +79,11 @@ v1::JobEvent StateEvent(int64_t sequence, v1::JobState from, v1::JobState to,
 v1::JobEvent StepEvent(int64_t sequence, int64_t step) {
   v1::JobEvent event;
   event.set_sequence(sequence);
-  event.mutable_step()->set_step(step);
-  event.mutable_step()->set_total_steps(20);
-  event.mutable_step()->set_loss(1.25);
-  (*event.mutable_step()->mutable_phase_seconds())["selection"] = 0.5;
+  auto* figures = event.mutable_trainer()->mutable_event()->mutable_step();
+  figures->set_step(step);
+  figures->set_total_steps(20);
+  figures->set_loss(1.25);
+  (*figures->mutable_phase_seconds())["selection_fwd"] = 0.5;
   return event;
 }
 
@@ -234,7 +235,7 @@ TEST_F(CliTest, WatchJsonIsOneEventPerLine) {
   std::vector<json> events;
   for (std::string line; std::getline(lines, line);) events.push_back(json::parse(line));
   ASSERT_EQ(events.size(), 3u);
-  EXPECT_EQ(events[1]["step"]["step"], "10");  // int64 is a string in protobuf JSON
+  EXPECT_EQ(events[1]["trainer"]["event"]["step"]["step"], "10");  // int64: a string in JSON
   EXPECT_EQ(events[2]["state_change"]["to"], "JOB_STATE_SUCCEEDED");
 }
 
@@ -353,7 +354,8 @@ TEST_F(CliTest, PlanOfflineRejectsWhatDoesNotFit) {
   EXPECT_EQ(RunRaw({"plan", spec, "--gpu", "a100"}).code, 2);
   const std::string calibration = Write("bad.json", R"({"flash_topk": 1})");
   const Result bad = RunRaw({"plan", spec, "--gpu", "h200", "--calibration", calibration});
-  EXPECT_NE(bad.err.find("calibration.flash_topk: unknown figure"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("calibration: flash_topk: Cannot find field"), std::string::npos)
+      << bad.err;
 }
 
 TEST(CliAuthTest, TokenFromFlagFileOrEnvironment) {

@@ -65,7 +65,7 @@ TEST(FormatTest, Numbers) {
 }
 
 TEST(FormatTest, ProgressBar) {
-  v1::StepProgress step;
+  v1::TrainerEventLine::Step step;
   step.set_step(250);
   step.set_total_steps(1000);
   step.set_eta_seconds(83);
@@ -73,9 +73,8 @@ TEST(FormatTest, ProgressBar) {
   step.set_tokens_per_second(12345);
   EXPECT_EQ(ProgressBar(step, 20),
             "[#####...............] 250/1000   25%  ETA 0:01:23  loss 2.3457  12.3k tok/s");
-  step.set_evaluated(true);
-  step.set_accuracy(0.5);
-  step.set_indexer_recall(0.25);
+  step.mutable_evaluation()->set_accuracy(0.5);
+  step.mutable_evaluation()->set_indexer_recall(0.25);
   EXPECT_NE(ProgressBar(step, 20).find("acc 0.500  recall 0.250"), std::string::npos);
   step.set_total_steps(0);
   EXPECT_EQ(ProgressBar(step, 4).substr(0, 6), "[....]");
@@ -113,21 +112,30 @@ TEST(FormatTest, EventLines) {
 
   v1::JobEvent trainer;
   trainer.mutable_trainer()->set_rank(1);
-  trainer.mutable_trainer()->set_event("checkpoint_written");
-  trainer.mutable_trainer()->set_json(R"({"event":"checkpoint_written","step":50,"path":"/c/50"})");
+  v1::TrainerEventLine& line = *trainer.mutable_trainer()->mutable_event();
+  line.mutable_checkpoint_written()->set_step(50);
+  line.mutable_checkpoint_written()->set_path("/c/50");
   EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 checkpoint_written: step 50 /c/50");
-  // A trainer's line is untrusted: numbers out of range and fields of other types are shown as
-  // they can be, never converted blindly.
-  trainer.mutable_trainer()->set_json(R"({"event":"checkpoint_written","step":4.9e26,"path":7})");
-  EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 checkpoint_written: step 4.9e+26 ");
-  trainer.mutable_trainer()->set_event("job_finished");
-  trainer.mutable_trainer()->set_json(R"({"event":"job_finished","ok":"yes","reason":["x"]})");
-  EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 job_finished: failed: ");
+  line.mutable_job_finished()->set_reason("loss is not finite\x1b[2J");
+  EXPECT_EQ(DescribeEvent(trainer),
+            "--:--:-- rank 1 job_finished: failed: loss is not finite\\x1b[2J");
+  line.set_warning("disk almost full");
+  EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 warning: disk almost full");
+  line.mutable_stage_started()->set_name("sparse");
+  line.mutable_stage_started()->set_steps(100);
+  line.mutable_stage_started()->set_attention(v1::SPARSE);
+  line.mutable_stage_started()->set_trains(v1::ALL);
+  EXPECT_EQ(DescribeEvent(trainer),
+            "--:--:-- rank 1 stage_started: 0 (sparse): 100 steps, SPARSE attention, trains ALL");
+  // An event stored before the trainer's lines were typed has no kind.
+  line.Clear();
+  EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 event of an unknown kind");
 
   v1::JobEvent step;
-  step.mutable_step()->set_step(10);
-  step.mutable_step()->set_total_steps(20);
-  step.mutable_step()->set_loss(1.5);
+  auto* figures = step.mutable_trainer()->mutable_event()->mutable_step();
+  figures->set_step(10);
+  figures->set_total_steps(20);
+  figures->set_loss(1.5);
   EXPECT_NE(DescribeEvent(step).find("rank 0 step 10/20 stage 0  loss 1.5000"), std::string::npos);
 }
 

@@ -25,15 +25,15 @@ constexpr const char* kSpec = hyscale::cli::testing::kTinySpec;
 
 // Prints the trainer's event lines; exits with $FAKE_EXIT (default 0).
 constexpr char kTrainer[] = R"SH(#!/bin/sh
-echo '{"event":"job_started","time":1,"name":"tiny","total_steps":3}'
+echo '{"time":1,"job_started":{"name":"tiny","total_steps":3}}'
 for i in 1 2 3; do
-  echo "{\"event\":\"step\",\"time\":1,\"step\":$i,\"total_steps\":3,\"loss\":1.5}"
+  echo "{\"time\":1,\"step\":{\"step\":$i,\"total_steps\":3,\"loss\":1.5}}"
 done
 if [ "${FAKE_EXIT:-0}" != 0 ]; then
-  echo '{"event":"job_finished","time":2,"ok":false,"reason":"fake failure"}'
+  echo '{"time":2,"job_finished":{"ok":false,"reason":"fake failure"}}'
   exit "$FAKE_EXIT"
 fi
-echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+echo '{"time":2,"job_finished":{"ok":true,"elapsed_seconds":1}}'
 )SH";
 
 int FreePort() {

@@ -10,10 +10,11 @@ namespace {
 
 v1::JobEvent Step(int rank, int64_t step) {
   v1::JobEvent event;
-  event.mutable_step()->set_rank(rank);
-  event.mutable_step()->set_step(step);
-  event.mutable_step()->set_total_steps(10);
-  (*event.mutable_step()->mutable_phase_seconds())["selection"] = 1.0;
+  event.mutable_trainer()->set_rank(rank);
+  auto* figures = event.mutable_trainer()->mutable_event()->mutable_step();
+  figures->set_step(step);
+  figures->set_total_steps(10);
+  (*figures->mutable_phase_seconds())["selection_fwd"] = 1.0;
   return event;
 }
 

@@ -40,11 +40,11 @@ class WebUiTest : public ::testing::Test {
     started.set_started_pid(42);
     Report(started);
     for (const char* line :
-         {R"({"event":"step","step":1,"loss":3.5,"step_seconds":0.2,
-              "phase_seconds":{"selection":0.05,"comm":0.01}})",
-          R"({"event":"checkpoint_written","step":1})",
-          R"({"event":"step","step":2,"loss":3.0,"step_seconds":0.2,"indexer_recall":0.9,
-              "phase_seconds":{"selection":0.04,"comm":0.02}})"}) {
+         {R"({"step":{"step":1,"loss":3.5,"step_seconds":0.2,
+              "phase_seconds":{"selection_fwd":0.05,"comm_fwd":0.01}}})",
+          R"({"checkpoint_written":{"step":1}})",
+          R"({"step":{"step":2,"loss":3.0,"step_seconds":0.2,"evaluation":{"indexer_recall":0.9},
+              "phase_seconds":{"selection_fwd":0.04,"comm_fwd":0.02}}})"}) {
       v1::RankReport event;
       *event.mutable_ref() = ref_;
       event.set_event_json(line);
@@ -86,7 +86,8 @@ TEST_F(WebUiTest, ListsJobsAndPollsTheirSteps) {
   ASSERT_EQ(detail.status, 200) << detail.body;
   const json body = Body(detail);
   ASSERT_EQ(body["steps"].size(), 2u);
-  EXPECT_EQ(body["steps"][0]["phases"]["selection"], 0.05);
+  EXPECT_EQ(body["steps"][0]["phases"]["selection_fwd"], 0.05);
+  EXPECT_EQ(body["phase_order"][0], "data");  // the chart stacks the phases in step order
   EXPECT_EQ(body["steps"][1]["loss"], 3.0);
   EXPECT_EQ(body["steps"][1]["indexer_recall"], 0.9);
   EXPECT_FALSE(body["steps"][0].contains("indexer_recall"));

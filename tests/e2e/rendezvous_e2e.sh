@@ -130,7 +130,7 @@ started_line() {
 # --------------------------------------------------------------------------------------------
 # The first job_started event's device in a rank's log ("" when the trainer names none).
 rank_device() {
-  grep '"event":"job_started"' "$1" | head -n 1 | jq -r '.device // ""' || true
+  grep '"job_started":' "$1" | head -n 1 | jq -r '.job_started.device // ""' || true
 }
 
 # sample_gpus: nvidia-smi's view of every GPU twice a second until the test ends.
@@ -163,11 +163,11 @@ summarize() {
     echo "rank $rank: worker $(job_field "$job" ".placement[] | select((.rank // 0) == $rank) |
       \"\(.worker_id) slot \(.device_index // 0)\"") device $(rank_device "$work/rank$rank.out" | sed 's/^$/(not reported)/')"
   done
-  last=$(grep '"event":"step"' "$work/rank0.out" | tail -n 1)
+  last=$(grep '"step":{' "$work/rank0.out" | tail -n 1 | jq -c '.step')
   echo "final step $(jq -r '.step' <<<"$last"): loss $(jq -r '.loss' <<<"$last"), accuracy" \
-    "$(jq -r '.accuracy // "n/a"' <<<"$last"), $(jq -r '.tokens_per_second | floor' <<<"$last")" \
-    "tokens/s; trainer time $(grep '"event":"job_finished"' "$work/rank0.out" |
-      jq -r '.elapsed_seconds') s"
+    "$(jq -r '.evaluation.accuracy // "n/a"' <<<"$last")," \
+    "$(jq -r '.tokens_per_second | floor' <<<"$last") tokens/s; trainer time" \
+    "$(grep '"job_finished":' "$work/rank0.out" | jq -r '.job_finished.elapsed_seconds') s"
   if [[ -f $work/gpu-samples.csv ]]; then
     # Per GPU: the highest utilization and memory nvidia-smi saw during the run.
     awk -F', ' 'NF == 5 { if ($4 > util[$3]) util[$3] = $4; if ($5 > mem[$3]) mem[$3] = $5 }
@@ -208,7 +208,7 @@ cp_train() {
   [[ $address =~ ^127\.0\.0\.1:[1-9][0-9]*$ ]] || fail "the job's rendezvous is '$address'"
   [[ $(job_field "$job" '.restarts // 0') == 0 ]] || fail "the job restarted"
   hs logs "$job" --rank 0 >"$work/rank0.out" || fail "logs of rank 0"
-  grep '"event":"rendezvous"' "$work/rank0.out" >"$work/published.out" || true
+  grep '"rendezvous":{' "$work/rank0.out" >"$work/published.out" || true
   grep -qF "\"address\":\"$address\"" "$work/published.out" ||
     fail "rank 0's log has no rendezvous event with $address"
   # The other ranks started only after rank 0 (they needed the address rank 0 published).
@@ -216,7 +216,7 @@ cp_train() {
   first=$(started_line "$job" 0)
   for ((rank = 1; rank < ranks; rank++)); do
     hs logs "$job" --rank "$rank" >"$work/rank$rank.out" || fail "logs of rank $rank"
-    grep -q '"event":"job_finished"' "$work/rank$rank.out" || fail "rank $rank did not finish"
+    grep -q '"job_finished":' "$work/rank$rank.out" || fail "rank $rank did not finish"
     later=$(started_line "$job" "$rank")
     if [[ -z $first || -z $later ]] || ((first >= later)); then
       fail "rank 0 started at worker log line '$first', rank $rank at '$later'"
@@ -247,12 +247,12 @@ SH
 #!/bin/bash
 [[ " $* " == *" --device cuda "* ]] || { echo "not run with --device cuda: $*" >&2; exit 2; }
 bus=(18 2A)
-echo "{\"event\":\"job_started\",\"time\":1,\"name\":\"fake\",\"total_steps\":1,\"device\":\"cuda:0 NVIDIA H200 pci 00000000:${bus[$CUDA_VISIBLE_DEVICES]}:00.0\"}"
+echo "{\"time\":1,\"job_started\":{\"name\":\"fake\",\"total_steps\":1,\"device\":\"cuda:0 NVIDIA H200 pci 00000000:${bus[$CUDA_VISIBLE_DEVICES]}:00.0\"}}"
 if [[ $HYSCALE_RANK == 0 ]]; then
-  echo '{"event":"rendezvous","time":1,"address":"127.0.0.1:4242","world_size":2}'
+  echo '{"time":1,"rendezvous":{"address":"127.0.0.1:4242","world_size":2}}'
 fi
-echo '{"event":"step","time":1,"step":1,"total_steps":1,"loss":1.5,"tokens_per_second":1000}'
-echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+echo '{"time":1,"step":{"step":1,"total_steps":1,"loss":1.5,"tokens_per_second":1000}}'
+echo '{"time":2,"job_finished":{"ok":true,"elapsed_seconds":1}}'
 SH
   chmod +x "$work/bin/nvidia-smi" "$work/bin/gpu-train.sh"
   PATH="$work/bin:$PATH"
@@ -265,7 +265,7 @@ timeout_scenario() {
   # Starts, never publishes, sleeps until it is stopped.
   cat >"$work/silent-train.sh" <<'EOF'
 #!/bin/sh
-echo '{"event":"job_started","time":1,"name":"silent","total_steps":10}'
+echo '{"time":1,"job_started":{"name":"silent","total_steps":10}}'
 exec sleep 1000
 EOF
   chmod +x "$work/silent-train.sh"

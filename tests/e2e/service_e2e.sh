@@ -165,7 +165,7 @@ EOF
   grep -qx "$long JOB_STATE_CANCELLED" <<<"$listed" || fail "list: $listed"
   [[ $(wc -l <<<"$listed") == 3 ]] || fail "list shows other jobs: $listed"
   hs logs "$short" >"$work/short.out" || fail "logs of the short job"
-  grep -q '"event":"job_finished"' "$work/short.out" || fail "the short job's log has no job_finished"
+  grep -q '"job_finished":' "$work/short.out" || fail "the short job's log has no job_finished"
 
   curl -sf "http://127.0.0.1:$metrics_port/metrics" >"$work/metrics.txt" || fail "GET /metrics"
   promtool check metrics <"$work/metrics.txt" >"$work/promtool.log" 2>&1 ||
@@ -208,7 +208,7 @@ trainer_crash() {
   expect_exit 0 "watch the job to SUCCEEDED after the trainer crash" hs watch "$job"
   [[ $(job_field "$job" '.restarts') == 1 ]] || fail "restarts: $(job_field "$job" '.restarts')"
   hs logs "$job" >"$work/job.out" || fail "logs of the job"
-  grep -q '"event":"checkpoint_loaded"' "$work/job.out" ||
+  grep -q '"checkpoint_loaded":' "$work/job.out" ||
     fail "the restarted trainer did not resume from a checkpoint"
   echo "trainer-crash: restarted once from its checkpoint and finished"
 }
@@ -282,9 +282,9 @@ bad_input() {
 job_paths() {
   cat >"$work/id-train.sh" <<'SH'
 #!/bin/sh
-echo '{"event":"job_started","time":1,"name":"paths","total_steps":1}'
+echo '{"time":1,"job_started":{"name":"paths","total_steps":1}}'
 echo "trainer uid $(id -u)" >&2
-echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+echo '{"time":2,"job_finished":{"ok":true,"elapsed_seconds":1}}'
 SH
   chmod +x "$work/id-train.sh"
   trainer=$work/id-train.sh
@@ -333,7 +333,7 @@ SH
 agent_restart() {
   cat >"$work/long-train.sh" <<EOF
 #!/bin/sh
-echo '{"event":"job_started","time":1,"name":"long","total_steps":1}'
+echo '{"time":1,"job_started":{"name":"long","total_steps":1}}'
 "$work/child.sh" &
 wait
 EOF

@@ -57,17 +57,17 @@ web=$(sed -n 's|^hyscaled: metrics on http://\([^/]*\)/metrics.*|\1|p' "$work/hy
 # 40 steps with a breakdown into phases, a falling loss and one evaluation.
 cat >"$work/fake-train.sh" <<'SH'
 #!/bin/sh
-echo '{"event":"job_started","time":1,"name":"web","total_steps":40}'
+echo '{"time":1,"job_started":{"name":"web","total_steps":40}}'
 i=1
 while [ $i -le 40 ]; do
   loss=$(awk "BEGIN { printf \"%.4f\", 0.5 + 4 / ($i + 1) }")
   sel=$(awk "BEGIN { printf \"%.4f\", 0.02 + $i * 0.0005 }")
   eval=""
-  [ $i -eq 20 ] && eval=',"accuracy":0.5,"indexer_recall":0.8'
-  echo "{\"event\":\"step\",\"time\":1,\"step\":$i,\"total_steps\":40,\"loss\":$loss,\"step_seconds\":0.1,\"tokens_per_second\":5000,\"phase_seconds\":{\"data\":0.01,\"selection_fwd\":$sel,\"attention_fwd\":0.02,\"attention_bwd\":0.03,\"comm_fwd\":0.01}$eval}"
+  [ $i -eq 20 ] && eval=',"evaluation":{"accuracy":0.5,"indexer_recall":0.8}'
+  echo "{\"time\":1,\"step\":{\"step\":$i,\"total_steps\":40,\"loss\":$loss,\"step_seconds\":0.1,\"tokens_per_second\":5000,\"phase_seconds\":{\"data\":0.01,\"selection_fwd\":$sel,\"attention_fwd\":0.02,\"attention_bwd\":0.03,\"comm_fwd\":0.01}$eval}}"
   i=$((i + 1))
 done
-echo '{"event":"job_finished","time":2,"ok":true,"elapsed_seconds":1}'
+echo '{"time":2,"job_finished":{"ok":true,"elapsed_seconds":1}}'
 SH
 chmod +x "$work/fake-train.sh"
 "$agent" --server "$grpc" --token-file "$work/token" --name w1 --devices cpu:1 \

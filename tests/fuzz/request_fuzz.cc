@@ -1,12 +1,14 @@
 // libFuzzer target: what the coordinator takes from clients and workers before any state changes.
 // The first byte picks what the rest is:
-//   0      a trainer event line as an agent forwards it (RankReport.event_json): ParseTrainerEvent
-//          and RendezvousAddress
+//   0      a trainer event line as an agent forwards it (RankReport.event_json): ParseTrainerEvent,
+//          RendezvousAddress, and that what was read writes back as a line that reads the same
 //   1..N   a serialized request of the API (SubmitJobRequest, ReportStatusRequest, ...): the field
 //          size caps (CheckFieldSizes), then what the coordinator reads from it first: the job
 //          spec's defaults and validation, every report's event line
 // Besides "no crash, hang or leak" it checks the contracts the headers promise, aborting (a
 // finding) when one breaks.
+#include <google/protobuf/util/message_differencer.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "hyscale/v1/service.pb.h"
+#include "proto/events.h"
 #include "proto/job_spec.h"
 #include "server/request_limits.h"
 #include "server/trainer_events.h"
@@ -38,8 +41,18 @@ void RequireInvalidArgument(const absl::Status& status, const char* what) {
 
 void CheckEventLine(const std::string& line) {
   const auto event = hyscale::server::ParseTrainerEvent(0, line);
-  if (!event.ok()) RequireInvalidArgument(event.status(), "a bad event line is INVALID_ARGUMENT");
-  const auto address = hyscale::server::RendezvousAddress(line);
+  if (!event.ok()) {
+    RequireInvalidArgument(event.status(), "a bad event line is INVALID_ARGUMENT");
+    return;
+  }
+  const hyscale::v1::TrainerEventLine& read = event->trainer().event();
+  const auto written = hyscale::FormatEventLine(read);
+  Require(written.ok(), "an event line read can be written");
+  const auto again = hyscale::ParseEventLine(*written);
+  Require(again.ok() && google::protobuf::util::MessageDifferencer::Equals(*again, read),
+          "an event line written reads back the same");
+  if (!read.has_rendezvous()) return;
+  const auto address = hyscale::server::RendezvousAddress(read.rendezvous());
   if (!address.ok()) {
     RequireInvalidArgument(address.status(), "a bad rendezvous is INVALID_ARGUMENT");
     return;

@@ -128,7 +128,7 @@ class CoordinatorTest : public ::testing::Test {
   // Rank 0's trainer publishing the store it serves.
   void Publish(const std::string& worker, const v1::RankRef& ref, const std::string& address) {
     EventLine(worker, ref,
-              R"({"event":"rendezvous","time":1,"address":")" + address + R"(","world_size":2})");
+              R"({"time":1,"rendezvous":{"address":")" + address + R"(","world_size":2}})");
   }
   // Advances the clock by `total` in 1 s steps, each followed by a heartbeat of every worker in
   // `running` (with the ranks it runs) and a Tick.
@@ -196,10 +196,10 @@ TEST_F(CoordinatorTest, JobRunsToSuccess) {
   Started("w1", run.ref());
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
   EventLine("w1", run.ref(),
-            R"({"event":"step","step":5,"total_steps":20,"loss":2.5,"tokens_per_second":100,)"
-            R"("step_seconds":0.01,"phase_seconds":{"selection":0.002},"accuracy":0.5,)"
-            R"("indexer_recall":0.25})");
-  EventLine("w1", run.ref(), R"({"event":"checkpoint_written","step":5,"path":"/x"})");
+            R"({"step":{"step":5,"total_steps":20,"loss":2.5,"tokens_per_second":100,)"
+            R"("step_seconds":0.01,"phase_seconds":{"selection_fwd":0.002},)"
+            R"("evaluation":{"accuracy":0.5,"indexer_recall":0.25}}})");
+  EventLine("w1", run.ref(), R"({"checkpoint_written":{"step":5,"path":"/x"}})");
   EventLine("w1", run.ref(), "not json");  // ignored, the server keeps going
   auto running = c_->GetJob(job.id());
   EXPECT_EQ(running->progress().step(), 5);
@@ -219,9 +219,9 @@ TEST_F(CoordinatorTest, JobRunsToSuccess) {
   EXPECT_EQ(events[1].state_change().to(), v1::JOB_STATE_PENDING);
   EXPECT_EQ(events[2].state_change().to(), v1::JOB_STATE_SCHEDULED);
   EXPECT_EQ(events[3].state_change().to(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(events[4].step().step(), 5);
-  EXPECT_DOUBLE_EQ(events[4].step().phase_seconds().at("selection"), 0.002);
-  EXPECT_EQ(events[5].trainer().event(), "checkpoint_written");
+  EXPECT_EQ(events[4].trainer().event().step().step(), 5);
+  EXPECT_DOUBLE_EQ(events[4].trainer().event().step().phase_seconds().at("selection_fwd"), 0.002);
+  EXPECT_EQ(events[5].trainer().event().checkpoint_written().path(), "/x");
   EXPECT_EQ(events[6].state_change().to(), v1::JOB_STATE_SUCCEEDED);
   for (size_t i = 1; i < events.size(); ++i) EXPECT_EQ(events[i].sequence(), int64_t(i));
   EXPECT_EQ(Events(job.id(), 5).size(), 2u);  // snapshot + sequence 6
@@ -604,7 +604,7 @@ TEST_F(CoordinatorTest, ContextParallelJobStartsRankZeroFirst) {
   EXPECT_EQ(State(job.id()), v1::JOB_STATE_SUCCEEDED);
   int published = 0;
   for (const auto& event : Events(job.id())) {
-    if (event.trainer().event() == "rendezvous") ++published;
+    if (event.trainer().event().has_rendezvous()) ++published;
   }
   EXPECT_EQ(published, 4);  // every line is in the job's events, whatever it did
 }
@@ -751,7 +751,7 @@ TEST_F(CoordinatorTest, AddressIsSentOnlyOnceStored) {
   request.set_worker_id("w1");
   *request.add_reports()->mutable_ref() = ref0;
   request.mutable_reports(0)->set_event_json(
-      R"({"event":"rendezvous","time":1,"address":"w1.local:29400","world_size":2})");
+      R"({"time":1,"rendezvous":{"address":"w1.local:29400","world_size":2}})");
   // Another connection holds the write lock past the store's busy timeout.
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open((dir_ + "/hyscale.db").c_str(), &other), SQLITE_OK);
@@ -771,7 +771,9 @@ TEST_F(CoordinatorTest, AddressIsSentOnlyOnceStored) {
 
 TEST(TrainerEventsTest, RendezvousAddressNeedsHostAndRealPort) {
   const auto address = [](const std::string& value) {
-    return RendezvousAddress(R"({"event":"rendezvous","address":")" + value + R"("})");
+    v1::TrainerEventLine::Rendezvous rendezvous;
+    rendezvous.set_address(value);
+    return RendezvousAddress(rendezvous);
   };
   EXPECT_EQ(*address("10.0.0.7:29400"), "10.0.0.7:29400");
   EXPECT_EQ(*address("w1.local:1"), "w1.local:1");
@@ -780,25 +782,24 @@ TEST(TrainerEventsTest, RendezvousAddressNeedsHostAndRealPort) {
                                 "w1.local:x", "w1.local:", std::string(400, 'h')}) {
     EXPECT_EQ(address(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-  EXPECT_FALSE(RendezvousAddress(R"({"event":"rendezvous","address":29400})").ok());
-  EXPECT_FALSE(RendezvousAddress("not json").ok());
 }
 
 TEST(TrainerEventsTest, StepCarriesContextParallelCommunication) {
-  const auto cp = ParseTrainerEvent(
-      0, R"({"event":"step","step":3,"comm_exposed_seconds":0.25,"comm_overlapped_seconds":0.5})");
+  const auto cp =
+      ParseTrainerEvent(0, R"({"step":{"step":3,"comm":{"exposed":0.25,"overlapped":0.5}}})");
   ASSERT_TRUE(cp.ok()) << cp.status();
-  EXPECT_DOUBLE_EQ(cp->step().comm_exposed_seconds(), 0.25);
-  EXPECT_DOUBLE_EQ(cp->step().comm_overlapped_seconds(), 0.5);
-  const auto alone = ParseTrainerEvent(0, R"({"event":"step","step":3})");
+  EXPECT_DOUBLE_EQ(cp->trainer().event().step().comm().exposed(), 0.25);
+  EXPECT_DOUBLE_EQ(cp->trainer().event().step().comm().overlapped(), 0.5);
+  const auto alone = ParseTrainerEvent(1, R"({"step":{"step":3}})");
   ASSERT_TRUE(alone.ok()) << alone.status();
-  EXPECT_FALSE(alone->step().has_comm_exposed_seconds());
-  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","comm_exposed_seconds":"x"})").ok());
+  EXPECT_EQ(alone->trainer().rank(), 1);
+  EXPECT_FALSE(alone->trainer().event().step().has_comm());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"step":{"comm":{"exposed":"x"}}})").ok());
   // Integers that do not fit (a float past int64, a negative count) are refused, not converted.
-  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","step":488888888888888888888888888})").ok());
-  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","step":2.5})").ok());
-  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","peak_memory_bytes":-1})").ok());
-  EXPECT_FALSE(ParseTrainerEvent(0, R"({"event":"step","stage":4294967296})").ok());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"step":{"step":488888888888888888888888888}})").ok());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"step":{"step":2.5}})").ok());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"step":{"peak_memory_bytes":-1}})").ok());
+  EXPECT_FALSE(ParseTrainerEvent(0, R"({"step":{"stage":4294967296}})").ok());
 }
 
 // A worker name is a lease: another agent cannot take a live worker's identity (and its ranks);
@@ -915,7 +916,7 @@ TEST_F(CoordinatorTest, OutOfMemoryIsNotRestarted) {
   const v1::Job job = Submit(1, 0, 2);
   const v1::RankRef ref = Drain(queue).at(0).run().ref();
   Started("w1", ref);
-  Exited("w1", ref, v1::TRAINER_EXIT_OUT_OF_MEMORY);
+  Exited("w1", ref, kExitOutOfMemory);
   const auto failed = c_->GetJob(job.id());
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed->restarts(), 0);
@@ -1324,8 +1325,7 @@ TEST_F(CoordinatorTest, MetricsFollowTheJobs) {
   auto queue = Register("w1", 1);
   const v1::Job job = Submit();
   const auto ref = Drain(queue).at(0).run().ref();
-  EventLine("w1", ref,
-            R"({"event":"step","step":1,"step_seconds":0.5,"phase_seconds":{"data":0.1}})");
+  EventLine("w1", ref, R"({"step":{"step":1,"step_seconds":0.5,"phase_seconds":{"data":0.1}}})");
   std::string text = metrics_.Render();
   EXPECT_NE(text.find("hyscale_jobs{state=\"scheduled\"} 1"), std::string::npos);
   EXPECT_NE(text.find("hyscale_job_step{job_id=\"" + job.id() + "\"} 1"), std::string::npos);
@@ -1355,7 +1355,7 @@ TEST_F(CoordinatorTest, ConcurrentClientsWorkersAndWatchers) {
         auto next = queues[w]->Pop(absl::Milliseconds(20));
         if (!next || !next->has_run()) continue;
         Started(name, next->run().ref());
-        EventLine(name, next->run().ref(), R"({"event":"step","step":1,"total_steps":1})");
+        EventLine(name, next->run().ref(), R"({"step":{"step":1,"total_steps":1}})");
         Log(name, next->run().ref(), "line\n");
         Exited(name, next->run().ref(), 0);
       }

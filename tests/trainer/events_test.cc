@@ -4,8 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
+#include <map>
 #include <sstream>
+#include <string>
+
+#include "proto/events.h"
 
 namespace hyscale::trainer {
 namespace {
@@ -30,19 +33,24 @@ v1::JobSpec two_stage_spec() {
   return spec;
 }
 
-StepMetrics metrics_at(int64_t step) {
-  StepMetrics m;
-  m.step = step;
-  m.stage = step > 3 ? 1 : 0;
-  m.loss = 2.5;
-  m.lm_loss = 2.0;
-  m.indexer_loss = 0.5;
-  m.lr = 1e-3;
-  m.step_seconds = 0.25;
-  m.tokens_per_second = 4096;
-  m.peak_memory_bytes = 1 << 20;
-  m.phase_seconds = {{"data", 0.01}, {"selection", 0.05}, {"optimizer", 0.02}};
-  if (step == 5) m.eval = EvalMetrics{0.75, 0.9};
+StepEvent metrics_at(int64_t step) {
+  StepEvent m;
+  m.set_step(step);
+  m.set_stage(step > 3 ? 1 : 0);
+  m.set_loss(2.5);
+  m.set_lm_loss(2.0);
+  m.set_indexer_loss(0.5);
+  m.set_lr(1e-3);
+  m.set_step_seconds(0.25);
+  m.set_tokens_per_second(4096);
+  m.set_peak_memory_bytes(1 << 20);
+  const std::map<std::string, double> phases = {
+      {"data", 0.01}, {"selection_fwd", 0.05}, {"optimizer", 0.02}};
+  m.mutable_phase_seconds()->insert(phases.begin(), phases.end());
+  if (step == 5) {
+    m.mutable_evaluation()->set_accuracy(0.75);
+    m.mutable_evaluation()->set_indexer_recall(0.9);
+  }
   return m;
 }
 
@@ -64,10 +72,15 @@ void run_job(EventSink& sink, const absl::Status& outcome) {
   sink.JobFinished(outcome);
 }
 
-std::vector<nlohmann::json> parse_lines(const std::string& text) {
-  std::vector<nlohmann::json> events;
+// Every line as the agent and the coordinator read it.
+std::vector<v1::TrainerEventLine> parse_lines(const std::string& text) {
+  std::vector<v1::TrainerEventLine> events;
   std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) events.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(lines, line);) {
+    auto event = ParseEventLine(line);
+    EXPECT_TRUE(event.ok()) << line << ": " << event.status();
+    if (event.ok()) events.push_back(*std::move(event));
+  }
   return events;
 }
 
@@ -79,45 +92,45 @@ TEST(EventSink, WritesOneJsonLinePerEvent) {
   const auto events = parse_lines(out.str());
   std::vector<std::string> names;
   for (const auto& e : events) {
-    names.push_back(e["event"]);
-    EXPECT_TRUE(e["time"].is_number()) << e;
+    names.emplace_back(EventKind(e));
+    EXPECT_GT(e.time(), 0) << e.ShortDebugString();
   }
   // Steps: the first, every log_every (2), and the last (with its evaluation); not 3.
   EXPECT_THAT(names, ElementsAre("job_started", "stage_started", "step", "step", "stage_finished",
                                  "stage_started", "step", "step", "stage_finished",
                                  "checkpoint_written", "warning", "job_finished"));
-  EXPECT_EQ(events[0]["total_steps"], 5);
-  EXPECT_EQ(events[0]["name"], "demo");
-  EXPECT_EQ(events[0]["device"], "cuda:0 NVIDIA H200 pci 00000000:1A:00.0");
-  EXPECT_EQ(events[1]["attention"], "DENSE");
-  EXPECT_EQ(events[1]["trains"], "INDEXER_ONLY");
-  EXPECT_EQ(events[5]["stage"], 1);
-  EXPECT_EQ(events[5]["step"], 4);
+  EXPECT_EQ(events[0].job_started().total_steps(), 5);
+  EXPECT_EQ(events[0].job_started().name(), "demo");
+  EXPECT_EQ(events[0].job_started().device(), "cuda:0 NVIDIA H200 pci 00000000:1A:00.0");
+  EXPECT_EQ(events[1].stage_started().attention(), v1::DENSE);
+  EXPECT_EQ(events[1].stage_started().trains(), v1::INDEXER_ONLY);
+  EXPECT_EQ(events[5].stage_started().stage(), 1);
+  EXPECT_EQ(events[5].stage_started().step(), 4);
 
-  const auto& step2 = events[3];
-  EXPECT_EQ(step2["step"], 2);
-  EXPECT_EQ(step2["total_steps"], 5);
-  EXPECT_EQ(step2["stage"], 0);
-  EXPECT_DOUBLE_EQ(step2["loss"], 2.5);
-  EXPECT_DOUBLE_EQ(step2["lm_loss"], 2.0);
-  EXPECT_DOUBLE_EQ(step2["indexer_loss"], 0.5);
-  EXPECT_DOUBLE_EQ(step2["lr"], 1e-3);
-  EXPECT_DOUBLE_EQ(step2["tokens_per_second"], 4096);
-  EXPECT_EQ(step2["peak_memory_bytes"], 1 << 20);
-  EXPECT_DOUBLE_EQ(step2["phase_seconds"]["selection"], 0.05);
-  EXPECT_GE(step2["eta_seconds"], 0);
-  EXPECT_FALSE(step2.contains("accuracy"));
+  const auto& step2 = events[3].step();
+  EXPECT_EQ(step2.step(), 2);
+  EXPECT_EQ(step2.total_steps(), 5);
+  EXPECT_EQ(step2.stage(), 0);
+  EXPECT_DOUBLE_EQ(step2.loss(), 2.5);
+  EXPECT_DOUBLE_EQ(step2.lm_loss(), 2.0);
+  EXPECT_DOUBLE_EQ(step2.indexer_loss(), 0.5);
+  EXPECT_DOUBLE_EQ(step2.lr(), 1e-3);
+  EXPECT_DOUBLE_EQ(step2.tokens_per_second(), 4096);
+  EXPECT_EQ(step2.peak_memory_bytes(), 1 << 20);
+  EXPECT_DOUBLE_EQ(step2.phase_seconds().at("selection_fwd"), 0.05);
+  EXPECT_GE(step2.eta_seconds(), 0);
+  EXPECT_FALSE(step2.has_evaluation());
 
-  const auto& last = events[7];
-  EXPECT_EQ(last["step"], 5);
-  EXPECT_DOUBLE_EQ(last["accuracy"], 0.75);
-  EXPECT_DOUBLE_EQ(last["indexer_recall"], 0.9);
-  EXPECT_DOUBLE_EQ(last["eta_seconds"], 0);
+  const auto& last = events[7].step();
+  EXPECT_EQ(last.step(), 5);
+  EXPECT_DOUBLE_EQ(last.evaluation().accuracy(), 0.75);
+  EXPECT_DOUBLE_EQ(last.evaluation().indexer_recall(), 0.9);
+  EXPECT_DOUBLE_EQ(last.eta_seconds(), 0);
 
-  EXPECT_EQ(events[9]["path"], "/ckpt/step-00000005");
-  EXPECT_EQ(events[10]["message"], "disk almost full");
-  EXPECT_EQ(events[11]["ok"], true);
-  EXPECT_FALSE(events[11].contains("reason"));
+  EXPECT_EQ(events[9].checkpoint_written().path(), "/ckpt/step-00000005");
+  EXPECT_EQ(events[10].warning(), "disk almost full");
+  EXPECT_TRUE(events[11].job_finished().ok());
+  EXPECT_EQ(events[11].job_finished().reason(), "");
 }
 
 TEST(EventSink, FailureCarriesTheReason) {
@@ -126,8 +139,8 @@ TEST(EventSink, FailureCarriesTheReason) {
   sink.JobFinished(absl::InternalError("loss is not finite at step 7"));
   const auto events = parse_lines(out.str());
   ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0]["ok"], false);
-  EXPECT_EQ(events[0]["reason"], "loss is not finite at step 7");
+  EXPECT_FALSE(events[0].job_finished().ok());
+  EXPECT_EQ(events[0].job_finished().reason(), "loss is not finite at step 7");
 }
 
 TEST(EventSink, WritesToEveryJsonStream) {

@@ -16,7 +16,11 @@
 #include "util/subprocess.h"
 #include "util/temp_dir.h"
 
+#include "proto/events.h"
+
 namespace {
+
+using hyscale::ParseEventLine;
 
 namespace fs = std::filesystem;
 
@@ -72,8 +76,8 @@ class TrainCliTest : public ::testing::Test {
     std::map<int64_t, double> out;
     std::istringstream lines(output);
     for (std::string line; std::getline(lines, line);) {
-      const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_object() && j.value("event", "") == "step") out[j["step"]] = j["loss"];
+      const auto event = ParseEventLine(line);
+      if (event.ok() && event->has_step()) out[event->step().step()] = event->step().loss();
     }
     return out;
   }

@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "proto/constants.h"
 #include "util/log.h"
 #include "worker/agent/devices.h"
 
@@ -19,9 +20,8 @@ constexpr size_t kMaxBatchBytes = 2 << 20;
 constexpr size_t kMaxQueuedBytes = 64 << 20;
 // Extra time, beyond the stop grace, for a killed trainer to be reaped.
 constexpr milliseconds kReapSlack{2000};
-// The exit code of a rank whose trainer did not start: 2 (bad input, not retried) when the job
+// The exit code of a rank whose trainer did not start: kExitBadInput (not retried) when the job
 // itself is at fault (a path outside the allowed folders), else 127 (as a shell reports it).
-constexpr int kExitBadInput = 2;
 constexpr int kExitCannotStart = 127;
 
 // 128 random bits in hex.
@@ -400,7 +400,7 @@ void Agent::RunRank(const v1::RunRank& run) {
   if (!started.ok()) {
     util::LogError(Describe(ref), ": cannot start trainer: ", started.message());
     v1::RankReport report;
-    report.mutable_exited()->set_exit_code(absl::IsInvalidArgument(started) ? kExitBadInput
+    report.mutable_exited()->set_exit_code(absl::IsInvalidArgument(started) ? hyscale::kExitBadInput
                                                                             : kExitCannotStart);
     report.mutable_exited()->set_reason(
         Shortened(absl::StrCat("cannot start trainer: ", started.message())));

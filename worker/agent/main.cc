@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "proto/constants.h"
 #include "proto/rpc.h"
 #include "util/log.h"
 #include "util/subprocess.h"
@@ -24,8 +25,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kExitSetup = 1;
-constexpr int kExitUsage = 2;
+using hyscale::kExitBadInput;
+using hyscale::kExitFailed;
+using hyscale::kExitOk;
 
 std::string Hostname() {
   char name[HOST_NAME_MAX + 1] = {};
@@ -147,11 +149,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    return code == 0 ? 0 : kExitUsage;
+    return code == 0 ? kExitOk : kExitBadInput;
   }
   if (auto status = hyscale::util::SetMinLogLevel(log_level); !status.ok()) {
     hyscale::util::LogError(status.message());
-    return kExitUsage;
+    return kExitBadInput;
   }
   if (server.empty()) server = "127.0.0.1:50051";
 
@@ -159,7 +161,7 @@ int main(int argc, char** argv) {
   auto resolved_token = hyscale::rpc::ResolveToken(token, token_file, "HYSCALE_TOKEN");
   if (!resolved_token.ok()) {
     hyscale::util::LogError(resolved_token.status().message());
-    return kExitUsage;
+    return kExitBadInput;
   }
   options.client = {server, *resolved_token, tls_ca, std::chrono::milliseconds(timeout_ms)};
   options.name = name;
@@ -170,7 +172,7 @@ int main(int argc, char** argv) {
     auto devices = hyscale::agent::ParseDeviceOverride(devices_text);
     if (!devices.ok()) {
       hyscale::util::LogError(devices.status().message());
-      return kExitUsage;
+      return kExitBadInput;
     }
     options.devices = *std::move(devices);
   }
@@ -179,13 +181,13 @@ int main(int argc, char** argv) {
     hyscale::util::LogError(
         "trainer: hyscale-train not found next to hyscale-worker, in ../trainer or on PATH; pass "
         "--trainer");
-    return kExitUsage;
+    return kExitBadInput;
   }
   std::error_code error;
   fs::create_directories(work_dir, error);
   if (error) {
     hyscale::util::LogError("work-dir: cannot create ", work_dir, ": ", error.message());
-    return kExitSetup;
+    return kExitFailed;
   }
   options.work_dir = fs::absolute(work_dir).string();
   options.data_roots = data_roots;
@@ -193,14 +195,14 @@ int main(int argc, char** argv) {
   auto trainer_user = ResolveRunAs(run_as);
   if (!trainer_user.ok()) {
     hyscale::util::LogError(trainer_user.status().message());
-    return kExitUsage;
+    return kExitBadInput;
   }
   options.run_as = *trainer_user;
   if (options.run_as) {
     if (auto status = CheckRunAs(*options.run_as, options.trainer_path, options.work_dir);
         !status.ok()) {
       hyscale::util::LogError(status.message());
-      return kExitSetup;
+      return kExitFailed;
     }
   }
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
@@ -227,8 +229,8 @@ int main(int argc, char** argv) {
   const absl::Status status = agent.Run();
   if (!status.ok()) {
     hyscale::util::LogError(status.message());
-    return kExitSetup;
+    return kExitFailed;
   }
   hyscale::util::LogInfo("stopped");
-  return 0;
+  return kExitOk;
 }

@@ -14,10 +14,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
+#include "proto/constants.h"
+#include "proto/events.h"
 #include "util/file.h"
 
 namespace hyscale::agent {
@@ -25,8 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A stdout line longer than this is not an event; it only goes to the log.
-constexpr size_t kMaxEventLine = 1 << 20;
 // How long to keep reading a dead trainer's pipes that a leftover child still holds.
 constexpr std::chrono::seconds kDrainAfterExit{2};
 constexpr int kPollMillis = 100;
@@ -338,22 +337,17 @@ void TrainerProcess::HandleStdout(const char* data, size_t size) {
     start = i + 1;
   }
   partial_line_.append(data + start, size - start);
-  if (partial_line_.size() > kMaxEventLine) partial_line_.clear();
+  if (partial_line_.size() > kMaxEventLineBytes) partial_line_.clear();
 }
 
 void TrainerProcess::HandleLine(const std::string& raw) {
   std::string line = raw;
   if (!line.empty() && line.back() == '\r') line.pop_back();
-  if (line.empty() || line.front() != '{' || line.size() > kMaxEventLine) return;
-  const auto event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!event.is_object()) return;
-  const auto name = event.find("event");
-  if (name == event.end() || !name->is_string()) return;
-  if (*name == "job_finished") {
-    const auto reason = event.find("reason");
-    job_finished_reason_ =
-        reason != event.end() && reason->is_string() ? reason->get<std::string>() : "";
-  }
+  if (line.empty() || line.front() != '{' || line.size() > kMaxEventLineBytes) return;
+  // A line that is not an event only goes to the log.
+  const auto event = ParseEventLine(line);
+  if (!event.ok()) return;
+  if (event->has_job_finished()) job_finished_reason_ = event->job_finished().reason();
   if (callbacks_.on_event) callbacks_.on_event(line);
 }
 

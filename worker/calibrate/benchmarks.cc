@@ -10,6 +10,7 @@
 
 #include "kernels/torch/ops.h"
 #include "planner/flops.h"
+#include "proto/constants.h"
 #include "worker/calibrate/selection.h"
 
 #ifdef HYSCALE_HAVE_CUDA
@@ -162,7 +163,7 @@ std::vector<int> Benchmarks::Groups() const {
 #ifdef HYSCALE_HAVE_CUDA
   if (device_.is_cuda()) {
     groups.clear();
-    for (int g : {1, 2, 4, 8, 16}) {
+    for (int g : kQueryGroups) {
       if (cuda::sparse_attn_group_supported(g, shapes_.topk)) groups.push_back(g);
     }
   }

@@ -4,76 +4,86 @@
 
 #include "util/file.h"
 
+#include "proto/proto_json.h"
+
 namespace hyscale::calibrate {
 namespace {
 
 constexpr double kTera = 1e12, kGiga = 1e9;
 
-nlohmann::json Timing(const Measurement& m, const char* work) {
-  return {{"median_s", m.seconds}, {work, m.work}};
+v1::Calibration::Timing Flops(const Measurement& m) {
+  v1::Calibration::Timing timing;
+  timing.set_median_s(m.seconds);
+  timing.set_flops(m.work);
+  return timing;
+}
+
+v1::Calibration::Timing Bytes(const Measurement& m) {
+  v1::Calibration::Timing timing;
+  timing.set_median_s(m.seconds);
+  timing.set_bytes(m.work);
+  return timing;
 }
 
 }  // namespace
 
-nlohmann::json ToJson(const Calibration& c) {
+v1::Calibration ToProto(const Calibration& c) {
   const Shapes& s = c.shapes;
-  nlohmann::json doc;
-  doc["device"] = c.device;
-  doc["device_name"] = c.device_name;
-  doc["source"] =
-      absl::StrCat("hyscale-calibrate at ", c.commit.empty() ? "an unknown commit" : c.commit,
-                   " on ", c.device_name, ", N = ", s.seq_len, " (selection ", s.selection_seq_len,
-                   "), k = ", s.topk, ", ", c.date);
-  if (!c.commit.empty()) doc["commit"] = c.commit;
-  doc["date"] = c.date;
-  doc["dense_tflops"] = c.dense.Rate() / kTera;
-  doc["hbm_gbps"] = c.copy.Rate() / kGiga;
-  doc["flash_topk_tflops"] = c.flash_topk.Rate() / kTera;
-  doc["flash_topk_fp8_tflops"] = c.flash_topk_fp8.Rate() / kTera;
-  doc["table_topk_tflops"] = c.table_topk.Rate() / kTera;
-  doc["gather_fwd_tflops"] = c.gather.fwd.Rate() / kTera;
-  doc["gather_bwd_tflops"] = c.gather.bwd.Rate() / kTera;
-  doc["indexer_mass_tflops"] = c.indexer_loss.mass.Rate() / kTera;
-  doc["index_score_bwd_tflops"] = c.indexer_loss.score_bwd.Rate() / kTera;
-  doc["kernel_launch_s"] = c.kernel_launch_s;
-  nlohmann::json sparse = nlohmann::json::array();
-  nlohmann::json sparse_timings = nlohmann::json::array();
+  v1::Calibration doc;
+  doc.set_device(c.device);
+  doc.set_device_name(c.device_name);
+  doc.set_source(absl::StrCat("hyscale-calibrate at ",
+                              c.commit.empty() ? "an unknown commit" : c.commit, " on ",
+                              c.device_name, ", N = ", s.seq_len, " (selection ",
+                              s.selection_seq_len, "), k = ", s.topk, ", ", c.date));
+  doc.set_commit(c.commit);
+  doc.set_date(c.date);
+  doc.set_dense_tflops(c.dense.Rate() / kTera);
+  doc.set_hbm_gbps(c.copy.Rate() / kGiga);
+  doc.set_flash_topk_tflops(c.flash_topk.Rate() / kTera);
+  doc.set_flash_topk_fp8_tflops(c.flash_topk_fp8.Rate() / kTera);
+  doc.set_table_topk_tflops(c.table_topk.Rate() / kTera);
+  doc.set_gather_fwd_tflops(c.gather.fwd.Rate() / kTera);
+  doc.set_gather_bwd_tflops(c.gather.bwd.Rate() / kTera);
+  doc.set_indexer_mass_tflops(c.indexer_loss.mass.Rate() / kTera);
+  doc.set_index_score_bwd_tflops(c.indexer_loss.score_bwd.Rate() / kTera);
+  doc.set_kernel_launch_s(c.kernel_launch_s);
+  v1::Calibration::Measurements& timings = *doc.mutable_measurements();
   for (const auto& m : c.sparse_attention) {
-    sparse.push_back({{"group", m.group},
-                      {"fwd_tflops", m.fwd.Rate() / kTera},
-                      {"bwd_tflops", m.bwd.Rate() / kTera},
-                      {"dedup", m.dedup}});
-    sparse_timings.push_back(
-        {{"group", m.group}, {"fwd", Timing(m.fwd, "flops")}, {"bwd", Timing(m.bwd, "flops")}});
+    auto* rate = doc.add_sparse_attention();
+    rate->set_group(m.group);
+    rate->set_fwd_tflops(m.fwd.Rate() / kTera);
+    rate->set_bwd_tflops(m.bwd.Rate() / kTera);
+    rate->set_dedup(m.dedup);
+    auto* timing = timings.add_sparse_attention();
+    timing->set_group(m.group);
+    *timing->mutable_fwd() = Flops(m.fwd);
+    *timing->mutable_bwd() = Flops(m.bwd);
   }
-  doc["sparse_attention"] = sparse;
   if (c.latent) {
-    doc["latent_fwd_tflops"] = c.latent->fwd.Rate() / kTera;
-    doc["latent_bwd_tflops"] = c.latent->bwd.Rate() / kTera;
+    doc.set_latent_fwd_tflops(c.latent->fwd.Rate() / kTera);
+    doc.set_latent_bwd_tflops(c.latent->bwd.Rate() / kTera);
+    *timings.mutable_latent_fwd() = Flops(c.latent->fwd);
+    *timings.mutable_latent_bwd() = Flops(c.latent->bwd);
   }
-  doc["shapes"] = ToJson(s);
-  doc["measurements"] = {
-      {"dense", Timing(c.dense, "flops")},
-      {"copy", Timing(c.copy, "bytes")},
-      {"flash_topk", Timing(c.flash_topk, "flops")},
-      {"flash_topk_fp8", Timing(c.flash_topk_fp8, "flops")},
-      {"table_topk", Timing(c.table_topk, "flops")},
-      {"gather_fwd", Timing(c.gather.fwd, "flops")},
-      {"gather_bwd", Timing(c.gather.bwd, "flops")},
-      {"indexer_mass", Timing(c.indexer_loss.mass, "flops")},
-      {"index_score_bwd", Timing(c.indexer_loss.score_bwd, "flops")},
-      {"sparse_attention", sparse_timings},
-  };
-  if (c.latent) {
-    doc["measurements"]["latent_fwd"] = Timing(c.latent->fwd, "flops");
-    doc["measurements"]["latent_bwd"] = Timing(c.latent->bwd, "flops");
-  }
-  doc["notes"] = c.notes;
+  *doc.mutable_shapes() = ToProto(s);
+  *timings.mutable_dense() = Flops(c.dense);
+  *timings.mutable_copy() = Bytes(c.copy);
+  *timings.mutable_flash_topk() = Flops(c.flash_topk);
+  *timings.mutable_flash_topk_fp8() = Flops(c.flash_topk_fp8);
+  *timings.mutable_table_topk() = Flops(c.table_topk);
+  *timings.mutable_gather_fwd() = Flops(c.gather.fwd);
+  *timings.mutable_gather_bwd() = Flops(c.gather.bwd);
+  *timings.mutable_indexer_mass() = Flops(c.indexer_loss.mass);
+  *timings.mutable_index_score_bwd() = Flops(c.indexer_loss.score_bwd);
+  for (const auto& note : c.notes) doc.add_notes(note);
   return doc;
 }
 
-absl::Status WriteJson(const std::string& path, const nlohmann::json& doc) {
-  return util::WriteFileAtomically(path, doc.dump(2) + "\n");
+absl::Status WriteCalibration(const std::string& path, const v1::Calibration& calibration) {
+  const auto json = PrintProtoJson(calibration, JsonLayout::kIndented);
+  if (!json.ok()) return json.status();
+  return util::WriteFileAtomically(path, *json + "\n");
 }
 
 }  // namespace hyscale::calibrate

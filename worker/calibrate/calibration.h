@@ -1,14 +1,14 @@
-// A calibration file (planner/profile.h, ApplyCalibration): the measured figures, and how
-// they were measured (device, commit, date, shapes, raw timings, notes).
+// A calibration file (hyscale.v1.Calibration, read by planner/profile.h's ApplyCalibration): the
+// measured figures, and how they were measured (device, commit, date, shapes, raw timings, notes).
 #pragma once
 
 #include <absl/status/status.h>
 
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "hyscale/v1/calibration.pb.h"
 #include "worker/calibrate/benchmarks.h"
 #include "worker/calibrate/shapes.h"
 
@@ -29,9 +29,11 @@ struct Calibration {
   std::vector<std::string> notes;
 };
 
-nlohmann::json ToJson(const Calibration& calibration);
+// The file's content: rates from the measurements, and the measurements themselves.
+v1::Calibration ToProto(const Calibration& calibration);
 
-// Writes `doc` to `path` through a temporary file, so a reader never sees half a file.
-absl::Status WriteJson(const std::string& path, const nlohmann::json& doc);
+// Writes `calibration` to `path` as indented protobuf JSON through a temporary file, so a reader
+// never sees half a file.
+absl::Status WriteCalibration(const std::string& path, const v1::Calibration& calibration);
 
 }  // namespace hyscale::calibrate

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/constants.h"
 #include "worker/calibrate/benchmarks.h"
 #include "worker/calibrate/calibration.h"
 #include "worker/calibrate/device.h"
@@ -34,9 +35,6 @@
 namespace hyscale::calibrate {
 namespace {
 
-constexpr int kExitFailed = 1;
-constexpr int kExitBadFlags = 2;
-
 struct Flags {
   std::string out;
   bool quick = false;
@@ -47,7 +45,7 @@ struct Flags {
 
 int BadFlag(const std::string& message) {
   std::fprintf(stderr, "hyscale-calibrate: %s\n", message.c_str());
-  return kExitBadFlags;
+  return kExitBadInput;
 }
 
 // The flags' checks beyond CLI11's ranges: the shapes must make sense together and on the device.
@@ -68,8 +66,6 @@ std::optional<std::string> CheckShapes(const Shapes& s, const c10::Device& devic
 #endif
   return std::nullopt;
 }
-
-constexpr int kAllGroups[] = {1, 2, 4, 8, 16};
 
 std::string MeasuredGroups(const Calibration& c) {
   std::vector<int> groups;
@@ -163,7 +159,7 @@ int Run(const Flags& flags) {
     c.notes.push_back(
         "sparse_attention: G = 1 only (the CPU reference op has no query groups); other G keep "
         "the built-in profile's figures");
-  } else if (c.sparse_attention.size() < std::size(kAllGroups)) {
+  } else if (c.sparse_attention.size() < std::size(kQueryGroups)) {
     c.notes.push_back(absl::StrCat("sparse_attention: only G = ", MeasuredGroups(c),
                                    " (the kernels take G * k <= 32768); other G keep the "
                                    "built-in profile's figures"));
@@ -191,12 +187,12 @@ int Run(const Flags& flags) {
   if (flags.quick) {
     c.notes.push_back("--quick: tiny shapes for tests; the rates do not represent training");
   }
-  if (auto status = WriteJson(flags.out, ToJson(c)); !status.ok()) {
+  if (auto status = WriteCalibration(flags.out, ToProto(c)); !status.ok()) {
     std::fprintf(stderr, "hyscale-calibrate: %s\n", std::string(status.message()).c_str());
     return kExitFailed;
   }
   std::printf("hyscale-calibrate: wrote %s (device %s)\n", flags.out.c_str(), c.device.c_str());
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace
@@ -226,7 +222,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    return code == 0 ? 0 : hyscale::calibrate::kExitBadFlags;
+    return code == 0 ? hyscale::kExitOk : hyscale::kExitBadInput;
   }
   return hyscale::calibrate::Run(flags);
 }

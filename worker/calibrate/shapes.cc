@@ -53,22 +53,24 @@ Shapes DefaultShapes(bool cuda, bool quick) {
   return s;
 }
 
-nlohmann::json ToJson(const Shapes& s) {
-  return {{"seq_len", s.seq_len},
-          {"selection_seq_len", s.selection_seq_len},
-          {"topk", s.topk},
-          {"heads", s.heads},
-          {"dim_qk", s.dim_qk},
-          {"dim_v", s.dim_v},
-          {"indexer_heads", s.indexer_heads},
-          {"indexer_dim", s.indexer_dim},
-          {"dense_size", s.dense_size},
-          {"copy_bytes", s.copy_bytes},
-          {"gather_rows", s.gather_rows},
-          {"gather_chunk", s.gather_chunk},
-          {"table_block_rows", s.table_block_rows},
-          {"warmup", s.warmup},
-          {"runs", s.runs}};
+v1::Calibration::Shapes ToProto(const Shapes& s) {
+  v1::Calibration::Shapes out;
+  out.set_seq_len(s.seq_len);
+  out.set_selection_seq_len(s.selection_seq_len);
+  out.set_topk(s.topk);
+  out.set_heads(s.heads);
+  out.set_dim_qk(s.dim_qk);
+  out.set_dim_v(s.dim_v);
+  out.set_indexer_heads(s.indexer_heads);
+  out.set_indexer_dim(s.indexer_dim);
+  out.set_dense_size(s.dense_size);
+  out.set_copy_bytes(s.copy_bytes);
+  out.set_gather_rows(s.gather_rows);
+  out.set_gather_chunk(s.gather_chunk);
+  out.set_table_block_rows(s.table_block_rows);
+  out.set_warmup(s.warmup);
+  out.set_runs(s.runs);
+  return out;
 }
 
 }  // namespace hyscale::calibrate

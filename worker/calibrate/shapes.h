@@ -3,7 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
+
+#include "hyscale/v1/calibration.pb.h"
 
 namespace hyscale::calibrate {
 
@@ -29,6 +30,6 @@ struct Shapes {
 // shrinks N and k there); else a CPU shape, with tiny head dims under --quick.
 Shapes DefaultShapes(bool cuda, bool quick);
 
-nlohmann::json ToJson(const Shapes& shapes);
+v1::Calibration::Shapes ToProto(const Shapes& shapes);
 
 }  // namespace hyscale::calibrate

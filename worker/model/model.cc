@@ -197,14 +197,14 @@ DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
   const auto visible = visible_keys(positions, key.size(1));
   torch::Tensor probs;
   {
-    PhaseClock::Scope scope(*options.clock, Phase::kAttention);
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTENTION);
     const auto logits = torch::einsum("bthd,bsd->bhts", {q, key}) * scale_;
     probs = torch::softmax(
         logits.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity()), -1);
     a.out = torch::einsum("bhts,bsv->bthv", {probs, value});
   }
   if (options.indexer_loss) {
-    PhaseClock::Scope scope(*options.clock, Phase::kIndexerLoss);
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_INDEXER_LOSS);
     // Target: attention probabilities summed over heads, L1-normalised (each head sums to 1).
     const auto target = probs.detach().sum(1) / static_cast<double>(config_.heads);
     a.loss = dense_kl(target, LightningIndexerImpl::dense_scores(index, visible), visible).mean();
@@ -219,7 +219,7 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
   Attention a;
   torch::Tensor scores;
   {
-    PhaseClock::Scope scope(*options.clock, Phase::kSelection);
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_SELECTION);
     if (replay_indices.defined()) {
       ++stats.replays;
     } else {
@@ -232,7 +232,7 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
   }
   torch::Tensor lse;
   {
-    PhaseClock::Scope scope(*options.clock, Phase::kAttention);
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTENTION);
     // A latent's values are its keys' first features: one tensor, one gradient.
     auto attn = config_.latent_kv
                     ? ops::sparse_attn_latent(q, key, a.indices, scale_, config_.head_dim_v,
@@ -242,7 +242,7 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
     lse = attn.lse;
   }
   if (options.indexer_loss) {
-    PhaseClock::Scope scope(*options.clock, Phase::kIndexerLoss);
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_INDEXER_LOSS);
     const auto target = ops::selected_attention_mass(q, key, a.indices, lse, scale_);
     a.loss = ops::indexer_kl(scores, target).mean();
   }
@@ -250,7 +250,7 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
 }
 
 torch::Tensor DsaLayerImpl::mlp(const torch::Tensor& x, const ForwardOptions& options) {
-  PhaseClock::Scope scope(*options.clock, Phase::kMlp);
+  PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_MLP);
   const auto h = mlp_norm_(x);
   return x + w_down_(torch::silu(w_gate_(h)) * w_up_(h));
 }
@@ -265,21 +265,21 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   torch::Tensor h, key, value;
   LightningIndexerImpl::Projections index;
   {
-    PhaseClock::Scope scope(clock, Phase::kAttnProj);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
     h = attn_norm_(x);
     key = rope_.apply(wk_(h), positions);
     if (!config_.latent_kv) value = wv_(h);
   }
   {
     // The indexer's inputs are detached: it learns only from its KL loss.
-    PhaseClock::Scope scope(clock, Phase::kSelection);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_SELECTION);
     index.k = indexer_->project_keys(h.detach(), positions);
   }
   // Under context parallelism the key side travels while the query side is projected; the
   // indexer keys either with the attention keys or on their own group, concurrently.
   const auto& indexer_exchange = options.indexer_key_exchange;
   if (indexer_exchange || exchange) {
-    PhaseClock::Scope scope(clock, Phase::kComm);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_COMM);
     if (indexer_exchange) indexer_exchange->start(index.k);
     if (exchange) {
       // The key side: the keys, the values unless they are the keys' first features, and the
@@ -292,15 +292,15 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   }
   torch::Tensor q;
   {
-    PhaseClock::Scope scope(clock, Phase::kAttnProj);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
     q = rope_.apply(wq_(h).view({b, t, config_.heads, config_.head_dim_qk}), positions);
   }
   {
-    PhaseClock::Scope scope(clock, Phase::kSelection);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_SELECTION);
     indexer_->project_queries(h.detach(), positions, index);
   }
   if (exchange) {
-    PhaseClock::Scope scope(clock, Phase::kComm);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_COMM);
     const torch::Tensor gathered = exchange->finish();
     std::vector<int64_t> widths{config_.head_dim_qk};
     if (!config_.latent_kv) widths.push_back(config_.head_dim_v);
@@ -314,7 +314,7 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   }
   if (config_.latent_kv) value = key.narrow(-1, 0, config_.head_dim_v);
   if (indexer_exchange) {
-    PhaseClock::Scope scope(clock, Phase::kComm);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_COMM);
     index.k = indexer_exchange->finish();
   }
   Attention a =
@@ -323,7 +323,7 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
           : sparse_attention(q, key, value, index, positions, options, replay_indices, stats);
   LayerOutput out;
   {
-    PhaseClock::Scope scope(clock, Phase::kAttnProj);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
     out.x = x + wo_(a.out.reshape({b, t, config_.heads * config_.head_dim_v}));
   }
   out.x = mlp(out.x, options);
@@ -359,7 +359,7 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
   auto& clock = *options.clock;
   torch::Tensor x;
   {
-    PhaseClock::Scope scope(clock, Phase::kLmHead);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_LM_HEAD);
     x = embedding_(tokens);
   }
   std::vector<torch::Tensor> losses;
@@ -379,10 +379,10 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
     if (options.keep_probes) result.probes.push_back(out.probe);
   }
   {
-    PhaseClock::Scope scope(clock, Phase::kLmHead);
+    PhaseClock::Scope scope(clock, v1::STEP_PHASE_LM_HEAD);
     result.logits = lm_head_(final_norm_(x));
   }
-  PhaseClock::Scope scope(clock, Phase::kIndexerLoss);
+  PhaseClock::Scope scope(clock, v1::STEP_PHASE_INDEXER_LOSS);
   result.indexer_loss =
       losses.empty() ? torch::zeros({}, x.options()) : torch::stack(losses).mean();
   return result;

@@ -12,28 +12,33 @@
 #include <ATen/cuda/CUDAEvent.h>
 #endif
 
+#include "proto/events.h"
+
 namespace hyscale::trainer {
 namespace {
 
-constexpr int kPhaseCount = static_cast<int>(Phase::kCount);
-constexpr int kPassCount = 3;
-constexpr int kSlotCount = kPhaseCount * kPassCount;
+constexpr int kPassCount = v1::StepPass_MAX;  // forward, recompute, backward
+constexpr int kSlotCount = v1::StepPhase_MAX * kPassCount;
 
-// Data, the optimizer and `other` are timed once a step; the others once per pass.
-bool timed_per_pass(Phase phase) {
-  return phase != Phase::kData && phase != Phase::kOptimizer && phase != Phase::kOther;
+// Slot (phase - 1) * kPassCount + (pass - 1); the phases timed once a step only ever fill their
+// first.
+int slot_of(v1::StepPhase phase, v1::StepPass pass) {
+  const int first = (phase - 1) * kPassCount;
+  return TimedPerPass(phase) ? first + (pass - 1) : first;
 }
 
-int slot_of(Phase phase, Pass pass) {
-  const int p = static_cast<int>(phase);
-  return timed_per_pass(phase) ? p * kPassCount + static_cast<int>(pass) : p * kPassCount;
-}
-
-const char* base_name(Phase phase) {
-  static constexpr std::array<const char*, kPhaseCount> kNames = {
-      "data",         "lm_head", "attn_proj", "selection", "attention",
-      "indexer_loss", "mlp",     "comm",      "optimizer", "other"};
-  return kNames[static_cast<size_t>(phase)];
+// Each slot's PhaseName, made once: the first lookup of the proto enums' names is slow, and
+// take() runs inside the timed step.
+const std::array<std::string, kSlotCount>& slot_names() {
+  static const auto* names = [] {
+    auto* out = new std::array<std::string, kSlotCount>;
+    for (int slot = 0; slot < kSlotCount; ++slot) {
+      (*out)[slot] = PhaseName(static_cast<v1::StepPhase>(slot / kPassCount + 1),
+                               static_cast<v1::StepPass>(slot % kPassCount + 1));
+    }
+    return out;
+  }();
+  return *names;
 }
 
 // The clock that autograd's node callback reports to (BackwardAttribution keeps it).
@@ -47,26 +52,6 @@ std::unique_ptr<at::ObserverContext> on_node_start(const at::RecordFunction& fn)
 }
 
 }  // namespace
-
-std::string phase_name(Phase phase, Pass pass) {
-  if (!timed_per_pass(phase)) return base_name(phase);
-  static constexpr std::array<const char*, kPassCount> kSuffixes = {"_fwd", "_recompute", "_bwd"};
-  return std::string(base_name(phase)) + kSuffixes[static_cast<size_t>(pass)];
-}
-
-const std::vector<std::string>& phase_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out;
-    for (Pass pass : {Pass::kForward, Pass::kRecompute, Pass::kBackward}) {
-      for (int p = 0; p < kPhaseCount; ++p) {
-        const auto phase = static_cast<Phase>(p);
-        if (timed_per_pass(phase) || pass == Pass::kForward) out.push_back(phase_name(phase, pass));
-      }
-    }
-    return out;
-  }();
-  return names;
-}
 
 // Stamps taken at phase switches, and the seconds between consecutive ones.
 class PhaseClock::Timeline {
@@ -141,16 +126,18 @@ std::unique_ptr<PhaseClock::Timeline> make_timeline(torch::Device device) {
 }  // namespace
 
 PhaseClock::PhaseClock(torch::Device device)
-    : timeline_(make_timeline(device)), slot_(slot_of(Phase::kOther, Pass::kForward)) {}
+    : timeline_(make_timeline(device)), slot_(slot_of(v1::STEP_PHASE_OTHER, v1::STEP_PASS_FWD)) {
+  slot_names();  // made before any step is timed
+}
 
 PhaseClock::~PhaseClock() = default;
 
 void PhaseClock::start() {
   std::lock_guard<std::mutex> lock(mutex_);
   forget_step();
-  pass_ = Pass::kForward;
-  phase_ = Phase::kOther;
-  slot_ = slot_of(Phase::kOther, Pass::kForward);
+  pass_ = v1::STEP_PASS_FWD;
+  phase_ = v1::STEP_PHASE_OTHER;
+  slot_ = slot_of(v1::STEP_PHASE_OTHER, v1::STEP_PASS_FWD);
   timeline_->stamp();
   slots_.push_back(slot_);
   started_ = true;
@@ -165,11 +152,9 @@ std::map<std::string, double> PhaseClock::take() {
   std::array<double, kSlotCount> per_slot{};
   for (size_t i = 0; i < seconds.size() && i < slots_.size(); ++i)
     per_slot[slots_[i]] += seconds[i];
-  // A slot is (phase, pass); the phases timed once a step only ever fill their forward slot.
   for (int slot = 0; slot < kSlotCount; ++slot) {
     if (per_slot[slot] <= 0) continue;
-    out[phase_name(static_cast<Phase>(slot / kPassCount), static_cast<Pass>(slot % kPassCount))] =
-        per_slot[slot];
+    out[slot_names()[slot]] = per_slot[slot];
   }
   forget_step();
   return out;
@@ -182,7 +167,7 @@ void PhaseClock::forget_step() {
   started_ = false;
 }
 
-void PhaseClock::enter(int slot, Phase phase) {
+void PhaseClock::enter(int slot, v1::StepPhase phase) {
   if (started_ && torch::GradMode::is_enabled()) {
     // Autograd nodes created from here on (sequence numbers from peek() on, in this thread) belong
     // to `phase`.
@@ -207,19 +192,21 @@ void PhaseClock::node_started(uint64_t forward_thread, int64_t sequence_number) 
   // Nodes outside the forward's order (gradient accumulation into leaves) keep the current phase.
   if (sequence_number < 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  Phase phase = Phase::kOther;
+  v1::StepPhase phase = v1::STEP_PHASE_OTHER;
   const auto it = created_by_.find(forward_thread);
   if (it != created_by_.end()) {
     const auto& starts = it->second;
-    const auto after = std::upper_bound(
-        starts.begin(), starts.end(), static_cast<uint64_t>(sequence_number),
-        [](uint64_t seq, const std::pair<uint64_t, Phase>& start) { return seq < start.first; });
+    const auto after =
+        std::upper_bound(starts.begin(), starts.end(), static_cast<uint64_t>(sequence_number),
+                         [](uint64_t seq, const std::pair<uint64_t, v1::StepPhase>& start) {
+                           return seq < start.first;
+                         });
     if (after != starts.begin()) phase = std::prev(after)->second;
   }
-  switch_to(slot_of(phase, Pass::kBackward));
+  switch_to(slot_of(phase, v1::STEP_PASS_BWD));
 }
 
-PhaseClock::Scope::Scope(PhaseClock& clock, Phase phase) : clock_(clock) {
+PhaseClock::Scope::Scope(PhaseClock& clock, v1::StepPhase phase) : clock_(clock) {
   std::lock_guard<std::mutex> lock(clock_.mutex_);
   previous_slot_ = clock_.slot_;
   previous_phase_ = clock_.phase_;
@@ -231,7 +218,7 @@ PhaseClock::Scope::~Scope() {
   clock_.enter(previous_slot_, previous_phase_);
 }
 
-PhaseClock::PassGuard::PassGuard(PhaseClock& clock, Pass pass) : clock_(clock) {
+PhaseClock::PassGuard::PassGuard(PhaseClock& clock, v1::StepPass pass) : clock_(clock) {
   std::lock_guard<std::mutex> lock(clock_.mutex_);
   previous_ = clock_.pass_;
   clock_.pass_ = pass;

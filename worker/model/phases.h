@@ -22,28 +22,12 @@
 #include <utility>
 #include <vector>
 
+#include "hyscale/v1/events.pb.h"
+
 namespace hyscale::trainer {
 
-enum class Phase : uint8_t {
-  kData,         // the batch: read, shard, copy to the device
-  kLmHead,       // embedding lookup, final norm, output projection, LM loss
-  kAttnProj,     // attention norm, q/key/value projections, RoPE, output projection, residual
-  kSelection,    // the indexer's projections and top-k (or, with replay, its scores at the top-k)
-  kAttention,    // the attention kernel (sparse or dense)
-  kIndexerLoss,  // the indexer's KL loss: its target and the KL
-  kMlp,          // MLP norm, SwiGLU, residual
-  kComm,         // context parallelism's exchanges and gradient sums
-  kOptimizer,    // gradient clipping and the AdamW step
-  kOther,        // what no phase claims
-  kCount,
-};
-// A layer's phases are timed apart in each pass; data, optimizer and other once a step.
-enum class Pass : uint8_t { kForward, kRecompute, kBackward };
-
-// "attention_fwd", "mlp_recompute", "indexer_loss_bwd", "data", "optimizer", "other", ...
-std::string phase_name(Phase phase, Pass pass);
-// Every name phase_name can return, in step order (a layer's phases forward, then backward).
-const std::vector<std::string>& phase_names();
+// The phases and passes are hyscale.v1.StepPhase and StepPass (proto/hyscale/v1/events.proto),
+// named on the wire by PhaseName (proto/events.h).
 
 class PhaseClock : public torch::CustomClassHolder {
  public:
@@ -57,7 +41,7 @@ class PhaseClock : public torch::CustomClassHolder {
   // scopes take over until they end.
   class Scope {
    public:
-    Scope(PhaseClock& clock, Phase phase);
+    Scope(PhaseClock& clock, v1::StepPhase phase);
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -65,20 +49,20 @@ class PhaseClock : public torch::CustomClassHolder {
    private:
     PhaseClock& clock_;
     int previous_slot_;
-    Phase previous_phase_;
+    v1::StepPhase previous_phase_;
   };
 
   // Sets the pass for its lifetime (recomputation inside the backward, say).
   class PassGuard {
    public:
-    PassGuard(PhaseClock& clock, Pass pass);
+    PassGuard(PhaseClock& clock, v1::StepPass pass);
     ~PassGuard();
     PassGuard(const PassGuard&) = delete;
     PassGuard& operator=(const PassGuard&) = delete;
 
    private:
     PhaseClock& clock_;
-    Pass previous_;
+    v1::StepPass previous_;
   };
 
   // While alive, autograd nodes are timed as the backward of the phase that created them. One at
@@ -94,13 +78,13 @@ class PhaseClock : public torch::CustomClassHolder {
     at::CallbackHandle handle_;
   };
 
-  Pass pass() const { return pass_; }
-  bool recomputing() const { return pass_ == Pass::kRecompute; }
+  v1::StepPass pass() const { return pass_; }
+  bool recomputing() const { return pass_ == v1::STEP_PASS_RECOMPUTE; }
 
   // Starts a step: forgets what was timed and stamps the step's start.
   void start();
   // Ends the step: stamps its end, waits for the device once, and returns the seconds of every
-  // phase that took any, by phase_name. The clock then waits for the next start().
+  // phase that took any, by PhaseName. The clock then waits for the next start().
   std::map<std::string, double> take();
 
   // Called by BackwardAttribution for each autograd node that starts (thread that created it,
@@ -111,18 +95,18 @@ class PhaseClock : public torch::CustomClassHolder {
 
  private:
   void forget_step();                 // drops the stamps, slots and creators of a step
-  void enter(int slot, Phase phase);  // switches the slot and records where `phase` began
+  void enter(int slot, v1::StepPhase phase);  // switches the slot and records where `phase` began
   void switch_to(int slot);           // under mutex_
 
   std::mutex mutex_;
   std::unique_ptr<Timeline> timeline_;
   bool started_ = false;
   std::vector<int> slots_;  // the slot timed from each stamp to the next
-  Pass pass_ = Pass::kForward;
+  v1::StepPass pass_ = v1::STEP_PASS_FWD;
   int slot_;
-  Phase phase_ = Phase::kOther;
+  v1::StepPhase phase_ = v1::STEP_PHASE_OTHER;
   // Per creating thread, the autograd sequence numbers at which a forward phase began, increasing.
-  std::map<uint64_t, std::vector<std::pair<uint64_t, Phase>>> created_by_;
+  std::map<uint64_t, std::vector<std::pair<uint64_t, v1::StepPhase>>> created_by_;
 };
 
 }  // namespace hyscale::trainer

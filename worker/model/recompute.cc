@@ -45,7 +45,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     compat::CudaBf16Autocast autocast(state->options.bf16_autocast);
     LayerOutput out;
     {
-      PhaseClock::PassGuard pass(*state->options.clock, Pass::kRecompute);
+      PhaseClock::PassGuard pass(*state->options.clock, v1::STEP_PASS_RECOMPUTE);
       const auto replay = state->options.selection_replay ? state->indices : torch::Tensor();
       out = state->layer->forward(x, state->options, replay, *state->stats);
     }

@@ -1,6 +1,6 @@
 // hyscale-train: trains the DSA model described by a job spec (JSON or YAML).
 //
-// Exit codes (hyscale.v1.TrainerExit): 0 trained to the end; 2 bad command line, job spec or
+// Exit codes (proto/constants.h): 0 trained to the end; 2 bad command line, job spec or
 // environment (the message names the field, file or variable); 3 out of memory (CUDA or CPU);
 // 1 training failed otherwise.
 //
@@ -26,6 +26,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include "proto/constants.h"
 #include "proto/job_spec.h"
 #include "worker/parallel/context_parallel_group.h"
 #include "worker/trainer/cuda_shapes.h"
@@ -34,9 +35,9 @@
 
 namespace {
 
-constexpr int kExitFailed = 1;
-constexpr int kExitBadInput = 2;
-constexpr int kExitOutOfMemory = 3;
+using hyscale::kExitBadInput;
+using hyscale::kExitFailed;
+using hyscale::kExitOutOfMemory;
 
 // The trainer reports a failed allocation as a status carrying the allocator's message: torch's
 // CUDA "out of memory", its CPU allocator's "can't allocate memory", or std::bad_alloc.
@@ -237,5 +238,5 @@ int main(int argc, char** argv) {
     }
     return code;
   }
-  return 0;
+  return hyscale::kExitOk;
 }

@@ -126,17 +126,17 @@ class Trainer::Impl {
         current_stage = position.stage;
         events_.StageStarted(position.stage, plan_.stage(position.stage), step);
       }
-      StepMetrics metrics = TrainStep(step, position);
-      if (!std::isfinite(metrics.loss)) {
+      StepEvent metrics = TrainStep(step, position);
+      if (!std::isfinite(metrics.loss())) {
         return absl::InternalError(absl::StrCat("loss is not finite at step ", step, " (lm_loss ",
-                                                metrics.lm_loss, ", indexer_loss ",
-                                                metrics.indexer_loss, ")"));
+                                                metrics.lm_loss(), ", indexer_loss ",
+                                                metrics.indexer_loss(), ")"));
       }
       step_ = step;
       const bool stage_end = step == plan_.last_step_of(position.stage);
       const int eval_every = spec_.eval_every();
       if (options_.evaluate && (stage_end || (eval_every > 0 && step % eval_every == 0))) {
-        metrics.eval = Evaluate(position);
+        *metrics.mutable_evaluation() = Evaluate(position);
       }
       events_.Step(metrics, total);
       const int every = spec_.checkpoint().every_steps();
@@ -209,7 +209,7 @@ class Trainer::Impl {
     return shape;
   }
 
-  StepMetrics TrainStep(int64_t step, const StagePlan::Position& position) {
+  StepEvent TrainStep(int64_t step, const StagePlan::Position& position) {
     const auto start = std::chrono::steady_clock::now();
     const auto& stage = plan_.stage(position.stage);
     const bool main_trains = stage.trains() != v1::INDEXER_ONLY;
@@ -221,7 +221,7 @@ class Trainer::Impl {
     Shard batch;
     int64_t batch_tokens = 0, counted = 0;
     {
-      PhaseClock::Scope scope(*clock_, Phase::kData);
+      PhaseClock::Scope scope(*clock_, v1::STEP_PHASE_DATA);
       const Batch whole = data_->Get(Split::kTrain, step - 1, shape_of(stage));
       batch_tokens = whole.batch_size * whole.seq_len;
       for (int32_t t : whole.targets) counted += t >= 0 ? 1 : 0;
@@ -232,7 +232,7 @@ class Trainer::Impl {
     {
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
       const auto result = model_->forward(batch.inputs, options);
-      PhaseClock::Scope scope(*clock_, Phase::kLmHead);
+      PhaseClock::Scope scope(*clock_, v1::STEP_PHASE_LM_HEAD);
       // Each rank's loss is its tokens' share of the whole batch's mean: the ranks' gradients
       // then add up to the gradient of the whole batch's loss.
       lm_loss = torch::nn::functional::cross_entropy(
@@ -247,19 +247,19 @@ class Trainer::Impl {
           (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
     }
     {
-      PhaseClock::PassGuard pass(*clock_, Pass::kBackward);
+      PhaseClock::PassGuard pass(*clock_, v1::STEP_PASS_BWD);
       {
         PhaseClock::BackwardAttribution attribution(*clock_);
         loss.backward();
       }
       if (cp()) {
-        PhaseClock::Scope scope(*clock_, Phase::kComm);
+        PhaseClock::Scope scope(*clock_, v1::STEP_PHASE_COMM);
         throw_if_error(cp()->sum_gradients(model_->parameters()));
       }
     }
     const double lr = plan_.learning_rate(step);
     {
-      PhaseClock::Scope scope(*clock_, Phase::kOptimizer);
+      PhaseClock::Scope scope(*clock_, v1::STEP_PHASE_OPTIMIZER);
       if (spec_.optimizer().grad_clip() > 0) {
         torch::nn::utils::clip_grad_norm_(model_->parameters(), spec_.optimizer().grad_clip());
       }
@@ -277,25 +277,26 @@ class Trainer::Impl {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-    StepMetrics m;
-    m.step = step;
-    m.stage = position.stage;
-    m.lm_loss = losses[0].item<double>();
-    m.indexer_loss = losses[1].item<double>();
-    m.loss = losses[2].item<double>();
-    m.lr = lr;
-    m.step_seconds = seconds;
-    m.tokens_per_second = static_cast<double>(batch_tokens) / seconds;
-    m.peak_memory_bytes = peak_memory_bytes(options_.device);
-    m.phase_seconds = std::move(phase_seconds);
+    StepEvent m;
+    m.set_step(step);
+    m.set_stage(position.stage);
+    m.set_lm_loss(losses[0].item<double>());
+    m.set_indexer_loss(losses[1].item<double>());
+    m.set_loss(losses[2].item<double>());
+    m.set_lr(lr);
+    m.set_step_seconds(seconds);
+    m.set_tokens_per_second(static_cast<double>(batch_tokens) / seconds);
+    m.set_peak_memory_bytes(peak_memory_bytes(options_.device));
+    m.mutable_phase_seconds()->insert(phase_seconds.begin(), phase_seconds.end());
     if (cp()) {
       const parallel::CommTimes times = cp()->take_times();
-      m.comm = CommMetrics{times.exposed_s, times.overlapped_s};
+      m.mutable_comm()->set_exposed(times.exposed_s);
+      m.mutable_comm()->set_overlapped(times.overlapped_s);
     }
     return m;
   }
 
-  EvalMetrics Evaluate(const StagePlan::Position& position) {
+  v1::TrainerEventLine::Evaluation Evaluate(const StagePlan::Position& position) {
     torch::NoGradGuard no_grad;
     ForwardOptions options = forward_options(plan_.stage(position.stage));
     options.recompute = false;
@@ -326,9 +327,9 @@ class Trainer::Impl {
     accuracy.counted = static_cast<int64_t>(sums[1].item<double>());
     recall.total = sums[2].item<double>();
     recall.rows = static_cast<int64_t>(sums[3].item<double>());
-    EvalMetrics e;
-    e.accuracy = accuracy.value();
-    e.indexer_recall = recall.value();
+    v1::TrainerEventLine::Evaluation e;
+    e.set_accuracy(accuracy.value());
+    e.set_indexer_recall(recall.value());
     return e;
   }
 
