@@ -74,6 +74,27 @@ TEST_F(CheckpointStoreTest, CommitThenLoad) {
   EXPECT_THAT(ExpectLatest(store, 100), IsEmpty());
 }
 
+// A trainer left over from an earlier attempt of the job writes nothing once a later attempt has
+// claimed the folder; the later attempt loads what the earlier one committed before that.
+TEST_F(CheckpointStoreTest, LaterAttemptFencesOffAnEarlierOne) {
+  CheckpointStore first(root_, 3, /*attempt=*/0);
+  ASSERT_TRUE(first.Claim().ok());
+  Commit(first, 100);
+  CheckpointStore second(root_, 3, /*attempt=*/1);
+  ASSERT_TRUE(second.Claim().ok());
+  EXPECT_EQ(ScratchDir::Read(root_ + "/ATTEMPT"), "1\n");
+  const absl::Status stale = first.Commit(200, files_for(200));
+  EXPECT_TRUE(absl::IsFailedPrecondition(stale)) << stale;
+  EXPECT_THAT(std::string(stale.message()), HasSubstr("attempt 1"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(first.Claim()));
+  ExpectLatest(second, 100);
+  Commit(second, 300);
+  EXPECT_EQ(
+      nlohmann::json::parse(ScratchDir::Read(second.PathOf(300) + "/manifest.json"))["attempt"], 1);
+  // The lock and fence files are not checkpoints.
+  EXPECT_THAT(ExpectLatest(CheckpointStore(root_, 3), 300), IsEmpty());
+}
+
 TEST_F(CheckpointStoreTest, KeepsTheNewest) {
   CheckpointStore store = Store(/*keep=*/2);
   for (int64_t step : {10, 20, 30}) Commit(store, step);

@@ -18,7 +18,12 @@ namespace hyscale::trainer {
 
 class TrainingCheckpoints {
  public:
-  TrainingCheckpoints(std::string dir, int keep) : store_(std::move(dir), keep) {}
+  // `attempt`: see CheckpointStore.
+  TrainingCheckpoints(std::string dir, int keep, int64_t attempt)
+      : store_(std::move(dir), keep, attempt) {}
+
+  // Takes the folder for this attempt (CheckpointStore::Claim).
+  absl::Status Claim() { return store_.Claim(); }
 
   absl::Status Save(int64_t step, const torch::nn::Module& model,
                     const torch::optim::AdamW& optimizer);

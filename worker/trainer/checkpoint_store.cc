@@ -1,8 +1,11 @@
 #include "worker/trainer/checkpoint_store.h"
 
+#include <absl/strings/ascii.h>
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "util/file.h"
@@ -23,6 +27,9 @@ constexpr char kManifest[] = "manifest.json";
 constexpr char kPrefix[] = "step-";
 constexpr char kTemporarySuffix[] = ".tmp";
 constexpr int kManifestVersion = 1;
+// The fence: the attempt that holds the root, and the lock its check holds.
+constexpr char kFenceFile[] = "ATTEMPT";
+constexpr char kLockFile[] = ".lock";
 
 uint32_t crc32_of(const std::string& bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -80,10 +87,57 @@ absl::StatusOr<std::map<std::string, FileRecord>> parse_manifest(const std::stri
   return records;
 }
 
+// An exclusive flock on root/.lock for as long as it lives (released by closing the file).
+class FenceLock {
+ public:
+  static absl::StatusOr<FenceLock> Take(const std::string& root) {
+    const std::string path = join(root, kLockFile);
+    util::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!fd.valid()) return os_error("open", path);
+    while (::flock(fd.get(), LOCK_EX) != 0) {
+      if (errno != EINTR) return os_error("lock", path);
+    }
+    return FenceLock(std::move(fd));
+  }
+
+ private:
+  explicit FenceLock(util::UniqueFd fd) : fd_(std::move(fd)) {}
+  util::UniqueFd fd_;
+};
+
 }  // namespace
 
-CheckpointStore::CheckpointStore(std::string root, int keep)
-    : root_(std::move(root)), keep_(std::max(1, keep)) {}
+CheckpointStore::CheckpointStore(std::string root, int keep, int64_t attempt)
+    : root_(std::move(root)), keep_(std::max(1, keep)), attempt_(attempt) {}
+
+absl::Status CheckpointStore::Claim() {
+  if (attempt_ < 0) return absl::OkStatus();
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) return absl::InternalError(absl::StrCat(root_, ": cannot create: ", ec.message()));
+  auto lock = FenceLock::Take(root_);
+  if (!lock.ok()) return lock.status();
+  return TakeFence();
+}
+
+absl::Status CheckpointStore::TakeFence() {
+  const std::string path = join(root_, kFenceFile);
+  int64_t holder = -1;
+  if (auto text = util::ReadFile(path); text.ok()) {
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &holder)) {
+      return absl::DataLossError(absl::StrCat(path, ": not an attempt number"));
+    }
+  } else if (!absl::IsNotFound(text.status())) {
+    return text.status();
+  }
+  if (holder > attempt_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(root_, ": attempt ", holder, " of this job has taken the checkpoints over; ",
+                     "this trainer (attempt ", attempt_, ") is stale and writes nothing"));
+  }
+  if (holder == attempt_) return absl::OkStatus();
+  return util::WriteFileAtomically(path, absl::StrCat(attempt_, "\n"));
+}
 
 std::string CheckpointStore::PathOf(int64_t step) const {
   char name[32];
@@ -131,6 +185,14 @@ absl::Status CheckpointStore::Commit(int64_t step,
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) return absl::InternalError(absl::StrCat(root_, ": cannot create: ", ec.message()));
+  // Held to the end: a later attempt's Claim waits for this commit, then fences it off.
+  std::optional<FenceLock> fence;
+  if (attempt_ >= 0) {
+    auto lock = FenceLock::Take(root_);
+    if (!lock.ok()) return lock.status();
+    fence.emplace(*std::move(lock));
+    if (auto status = TakeFence(); !status.ok()) return status;
+  }
   RemoveLeftoverTemporaries();
 
   const std::string final_dir = PathOf(step);
@@ -141,6 +203,7 @@ absl::Status CheckpointStore::Commit(int64_t step,
   }
   nlohmann::json manifest = {
       {"version", kManifestVersion}, {"step", step}, {"files", nlohmann::json::object()}};
+  if (attempt_ >= 0) manifest["attempt"] = attempt_;
   for (const auto& [name, bytes] : files) {
     if (auto s = util::WriteFileDurably(join(temp_dir, name), bytes); !s.ok()) return s;
     manifest["files"][name] = {{"size", bytes.size()}, {"crc32", crc32_of(bytes)}};

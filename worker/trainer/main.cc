@@ -7,10 +7,12 @@
 // A context-parallel job (spec.parallelism.context_parallel = P > 1) runs as P processes, one
 // per rank, each told its place by HYSCALE_WORLD_SIZE, HYSCALE_RANK and HYSCALE_RENDEZVOUS
 // (worker/parallel/rendezvous.h); the worker agent sets them, or a person does for a
-// standalone run.
+// standalone run. The agent also sets HYSCALE_ATTEMPT, the job's attempt, which fences the
+// checkpoint folder against a trainer of an earlier attempt (worker/trainer/checkpoint_store.h).
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 
 #include <cstdio>
@@ -194,6 +196,14 @@ int main(int argc, char** argv) {
   options.selection_replay = replay;
   options.evaluate = evaluate;
   options.device = device;
+  // Under the service the agent names the job's attempt: it fences the checkpoint folder.
+  if (const char* attempt = std::getenv("HYSCALE_ATTEMPT"); attempt != nullptr) {
+    if (!absl::SimpleAtoi(attempt, &options.attempt) || options.attempt < 0) {
+      std::cerr << "hyscale-train: HYSCALE_ATTEMPT: must be a number >= 0 (got '" << attempt
+                << "')\n";
+      return kExitBadInput;
+    }
+  }
 
   events.JobStarted(*spec, DescribeDevice(device));
   auto group = join_group(spec->parallelism(), *rendezvous, device, events);

@@ -82,11 +82,13 @@ class Trainer::Impl {
         data_(std::move(data)),
         model_(seeded_model(spec, options.device)),
         optimizer_(make_adamw(*model_, spec.optimizer())),
-        checkpoints_(spec.checkpoint().dir(), spec.checkpoint().keep()),
+        checkpoints_(spec.checkpoint().dir(), spec.checkpoint().keep(), options.attempt),
         clock_(c10::make_intrusive<PhaseClock>(options.device)) {
     for (const auto& p : model_->indexer_parameters())
       indexer_params_.insert(p.unsafeGetTensorImpl());
   }
+
+  absl::Status ClaimCheckpoints() { return checkpoints_.Claim(); }
 
   absl::Status Resume() {
     std::vector<std::string> warnings;
@@ -361,6 +363,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
   auto data = MakeDataSource(spec);
   if (!data.ok()) return data.status();
   auto impl = std::make_unique<Impl>(spec, options, events, std::move(*data));
+  if (!spec.checkpoint().dir().empty()) {
+    if (auto status = impl->ClaimCheckpoints(); !status.ok()) return status;
+  }
   if (options.resume) {
     if (auto status = impl->Resume(); !status.ok()) return status;
   }

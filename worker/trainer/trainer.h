@@ -27,6 +27,9 @@ struct TrainerOptions {
   std::optional<bool> selection_replay;    // overrides spec.recompute.selection_replay
   bool evaluate = true;                    // evaluate at stage ends and every eval_every steps
   torch::Device device = torch::kCPU;      // where the model and its batches live
+  // The job's attempt under the service (HYSCALE_ATTEMPT): fences its checkpoint folder against
+  // trainers of earlier attempts. -1: none.
+  int64_t attempt = -1;
   // This rank's context-parallel group (spec.parallelism); null: one process per sequence.
   std::shared_ptr<parallel::ContextParallelGroup> context_parallel;
 };
