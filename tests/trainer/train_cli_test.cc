@@ -31,12 +31,14 @@ struct Result {
 
 // These cases train small CPU models, whose shapes the CUDA kernels need not take: on a machine
 // with a GPU, --device auto would pick it.
-Result run(std::vector<std::string> args) {
+Result run(std::vector<std::string> args,
+           std::vector<std::pair<std::string, std::string>> env = {}) {
   if (std::find(args.begin(), args.end(), "--device") == args.end()) {
     args.insert(args.end(), {"--device", "cpu"});
   }
   args.insert(args.begin(), HYSCALE_TRAIN_BINARY);
   hyscale::util::Command command(std::move(args));
+  command.env = std::move(env);
   command.stderr_to = hyscale::util::Redirect::ToStdout();
   const auto ran = hyscale::util::RunAndCapture(std::move(command));
   if (!ran.ok()) return {-1, ran.status().ToString()};
@@ -121,6 +123,29 @@ TEST_F(TrainCliTest, CorruptNewestCheckpointFallsBackWithAWarning) {
   ASSERT_EQ(after.size(), 2u) << resumed.output;  // steps 7 and 8 again, from step 6
   EXPECT_EQ(after.begin()->first, 7);
   EXPECT_EQ(after.at(8), losses(full.output).at(8));
+}
+
+// A trainer of an earlier attempt (one a lost agent left running) writes nothing into a folder a
+// later attempt has claimed: it stops at once, and the later attempt's checkpoints stand.
+TEST_F(TrainCliTest, EarlierAttemptCannotWriteALaterOnesCheckpoints) {
+  const std::string spec = write_spec(base_spec());
+  const std::string ckpt = dir_.Path("ckpt");
+  const Result later =
+      run({"--config", spec, "--checkpoint-dir", ckpt}, {{"HYSCALE_ATTEMPT", "1"}});
+  ASSERT_EQ(later.exit_code, 0) << later.output;
+  const Result stale =
+      run({"--config", spec, "--checkpoint-dir", ckpt, "--resume"}, {{"HYSCALE_ATTEMPT", "0"}});
+  EXPECT_EQ(stale.exit_code, 1) << stale.output;
+  EXPECT_NE(stale.output.find("attempt 1 of this job has taken the checkpoints over"),
+            std::string::npos)
+      << stale.output;
+  EXPECT_TRUE(losses(stale.output).empty()) << stale.output;
+  const auto manifest = nlohmann::json::parse(
+      std::ifstream(fs::path(ckpt) / "step-00000008" / "manifest.json"), nullptr, false);
+  EXPECT_EQ(manifest["attempt"], 1);
+  const Result bad = run({"--config", spec, "--checkpoint-dir", ckpt}, {{"HYSCALE_ATTEMPT", "x"}});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("HYSCALE_ATTEMPT"), std::string::npos) << bad.output;
 }
 
 TEST_F(TrainCliTest, BadSpecsFailNamingTheField) {
