@@ -36,18 +36,30 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   if (metrics != nullptr) {
     builder.experimental().SetInterceptorCreators(RpcMetricsInterceptors(metrics));
   }
+  server->streams_ = std::make_unique<StreamQueue>(builder);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("listen: cannot serve on ", listen, " (is the port in use?)"));
   }
+  server->jobs_.ListenForStreams(server->streams_.get());
+  server->workers_.ListenForStreams(server->streams_.get());
+  server->streams_->Start();
   return server;
 }
 
 void GrpcServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+  if (shut_down_) return;
+  shut_down_ = true;
   coordinator_->Shutdown();
+  streams_->StopAccepting();
   server_->Shutdown(deadline);
   server_->Wait();
+  streams_.reset();  // after the server, as gRPC requires: drains what the streams left
+}
+
+GrpcServer::~GrpcServer() {
+  if (server_ != nullptr) Shutdown(std::chrono::system_clock::now());
 }
 
 }  // namespace hyscale::server

@@ -12,7 +12,7 @@
 #include "server/coordinator.h"
 #include "server/job_service.h"
 #include "server/server_metrics.h"
-#include "server/stream_waker.h"
+#include "server/stream_queue.h"
 #include "server/worker_service.h"
 
 namespace hyscale::server {
@@ -29,18 +29,20 @@ class GrpcServer {
   int port() const { return port_; }
   // Ends the coordinator's streams, then gives in-flight calls until `deadline`.
   void Shutdown(std::chrono::system_clock::time_point deadline);
+  ~GrpcServer();  // Shutdown() now, if not done
 
  private:
   GrpcServer(Coordinator* coordinator, const rpc::ServerTokens& tokens, int streams_per_host)
       : coordinator_(coordinator),
-        jobs_(coordinator, tokens, streams_per_host, &waker_),
-        workers_(coordinator, tokens, &waker_) {}
+        jobs_(coordinator, tokens, streams_per_host),
+        workers_(coordinator, tokens) {}
 
   Coordinator* const coordinator_;
-  StreamWaker waker_;  // outlives the services and their streams
   JobService jobs_;
   WorkerService workers_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<StreamQueue> streams_;  // stopped after the server
+  bool shut_down_ = false;
   int port_ = 0;
 };
 

@@ -4,7 +4,7 @@
 
 #include "proto/rpc.h"
 #include "server/admission.h"
-#include "server/stream_reactor.h"
+#include "server/async_stream.h"
 
 namespace hyscale::server {
 namespace {
@@ -19,19 +19,20 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
   return grpc::Status::OK;
 }
 
-// A stream's source once the call is admitted and holds a slot of its host, else why not.
+// A read stream once its call is admitted and holds a slot of its host, else why not.
 template <typename Message, typename Open>
-grpc::ServerWriteReactor<Message>* Serve(const grpc::CallbackServerContext& context,
-                                         const rpc::ServerTokens& tokens,
-                                         const google::protobuf::Message& request,
-                                         StreamLimiter* streams, StreamWaker* waker, Open open) {
-  using Reactor = StreamReactor<Message>;
+absl::StatusOr<OpenedStream<Message>> OpenReadStream(const grpc::ServerContext& context,
+                                                     const rpc::ServerTokens& tokens,
+                                                     const google::protobuf::Message& request,
+                                                     StreamLimiter* streams, Open open) {
   if (auto admitted = Admit(context, tokens, Access::kRead, request); !admitted.ok()) {
-    return Reactor::Start(rpc::FromGrpc(admitted), waker);
+    return rpc::FromGrpc(admitted);
   }
   auto slot = streams->Acquire(context.peer());
-  if (!slot.ok()) return Reactor::Start(slot.status(), waker);
-  return Reactor::Start(open(), waker, *std::move(slot));
+  if (!slot.ok()) return slot.status();
+  auto source = open();
+  if (!source.ok()) return source.status();
+  return OpenedStream<Message>{*std::move(source), *std::move(slot)};
 }
 
 }  // namespace
@@ -68,16 +69,27 @@ grpc::Status JobService::CancelJob(grpc::ServerContext* context,
   return Reply(coordinator_->CancelJob(request->job_id(), request->reason()), response);
 }
 
-grpc::ServerWriteReactor<v1::JobEvent>* JobService::WatchJob(grpc::CallbackServerContext* context,
-                                                             const v1::WatchJobRequest* request) {
-  return Serve<v1::JobEvent>(*context, tokens_, *request, &streams_, waker_,
-                             [&] { return coordinator_->WatchJob(*request); });
-}
-
-grpc::ServerWriteReactor<v1::LogChunk>* JobService::StreamLogs(
-    grpc::CallbackServerContext* context, const v1::StreamLogsRequest* request) {
-  return Serve<v1::LogChunk>(*context, tokens_, *request, &streams_, waker_,
-                             [&] { return coordinator_->StreamLogs(*request); });
+void JobService::ListenForStreams(StreamQueue* queue) {
+  using Watch = AsyncStreamCall<v1::WatchJobRequest, v1::JobEvent>;
+  Watch::Listen(
+      queue,
+      [this](grpc::ServerContext* context, v1::WatchJobRequest* request,
+             grpc::ServerAsyncWriter<v1::JobEvent>* writer, grpc::ServerCompletionQueue* cq,
+             void* tag) { RequestWatchJob(context, request, writer, cq, cq, tag); },
+      [this](grpc::ServerContext& context, const v1::WatchJobRequest& request) {
+        return OpenReadStream<v1::JobEvent>(context, tokens_, request, &streams_,
+                                            [&] { return coordinator_->WatchJob(request); });
+      });
+  using Logs = AsyncStreamCall<v1::StreamLogsRequest, v1::LogChunk>;
+  Logs::Listen(
+      queue,
+      [this](grpc::ServerContext* context, v1::StreamLogsRequest* request,
+             grpc::ServerAsyncWriter<v1::LogChunk>* writer, grpc::ServerCompletionQueue* cq,
+             void* tag) { RequestStreamLogs(context, request, writer, cq, cq, tag); },
+      [this](grpc::ServerContext& context, const v1::StreamLogsRequest& request) {
+        return OpenReadStream<v1::LogChunk>(context, tokens_, request, &streams_,
+                                            [&] { return coordinator_->StreamLogs(request); });
+      });
 }
 
 grpc::Status JobService::PlanJob(grpc::ServerContext* context, const v1::PlanJobRequest* request,

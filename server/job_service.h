@@ -9,23 +9,20 @@
 #include "proto/rpc.h"
 #include "server/coordinator.h"
 #include "server/stream_limiter.h"
-#include "server/stream_waker.h"
+#include "server/stream_queue.h"
 
 namespace hyscale::server {
 
-// Watch and log streams are served on gRPC's callback API, without a thread each.
-class JobService final
-    : public v1::JobService::WithCallbackMethod_WatchJob<
-          v1::JobService::WithCallbackMethod_StreamLogs<v1::JobService::Service>> {
+// Watch and log streams are served on the StreamQueue (gRPC's async API), without a thread each.
+class JobService final : public v1::JobService::WithAsyncMethod_WatchJob<
+                             v1::JobService::WithAsyncMethod_StreamLogs<v1::JobService::Service>> {
  public:
   // No full token turns auth off. A host may hold `streams_per_host` watch and log streams.
-  // `waker` runs the streams' wake-ups.
-  JobService(Coordinator* coordinator, rpc::ServerTokens tokens, int streams_per_host,
-             StreamWaker* waker)
-      : coordinator_(coordinator),
-        tokens_(std::move(tokens)),
-        streams_(streams_per_host),
-        waker_(waker) {}
+  JobService(Coordinator* coordinator, rpc::ServerTokens tokens, int streams_per_host)
+      : coordinator_(coordinator), tokens_(std::move(tokens)), streams_(streams_per_host) {}
+
+  // Serves WatchJob and StreamLogs on `queue` (once the server has started).
+  void ListenForStreams(StreamQueue* queue);
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -35,10 +32,6 @@ class JobService final
                         v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override;
-  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
-                                                   const v1::WatchJobRequest* request) override;
-  grpc::ServerWriteReactor<v1::LogChunk>* StreamLogs(grpc::CallbackServerContext* context,
-                                                     const v1::StreamLogsRequest* request) override;
   grpc::Status PlanJob(grpc::ServerContext* context, const v1::PlanJobRequest* request,
                        v1::Plan* response) override;
 
@@ -46,7 +39,6 @@ class JobService final
   Coordinator* const coordinator_;
   const rpc::ServerTokens tokens_;
   StreamLimiter streams_;
-  StreamWaker* const waker_;
 };
 
 }  // namespace hyscale::server

@@ -4,7 +4,7 @@
 
 #include "proto/rpc.h"
 #include "server/admission.h"
-#include "server/stream_reactor.h"
+#include "server/async_stream.h"
 
 namespace hyscale::server {
 grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
@@ -31,15 +31,25 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::ServerWriteReactor<v1::Assignment>* WorkerService::StreamAssignments(
-    grpc::CallbackServerContext* context, const v1::StreamAssignmentsRequest* request) {
-  using Reactor = StreamReactor<v1::Assignment>;
-  if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
-    return Reactor::Start(rpc::FromGrpc(admitted), waker_);
-  }
-  auto queue = coordinator_->OpenAssignments(*request);
-  if (!queue.ok()) return Reactor::Start(queue.status(), waker_);
-  return Reactor::Start(std::make_unique<AssignmentStream>(*std::move(queue)), waker_);
+void WorkerService::ListenForStreams(StreamQueue* queue) {
+  using Assignments = AsyncStreamCall<v1::StreamAssignmentsRequest, v1::Assignment>;
+  Assignments::Listen(
+      queue,
+      [this](grpc::ServerContext* context, v1::StreamAssignmentsRequest* request,
+             grpc::ServerAsyncWriter<v1::Assignment>* writer, grpc::ServerCompletionQueue* cq,
+             void* tag) { RequestStreamAssignments(context, request, writer, cq, cq, tag); },
+      [this](grpc::ServerContext& context, const v1::StreamAssignmentsRequest& request)
+          -> absl::StatusOr<OpenedStream<v1::Assignment>> {
+        if (auto admitted = Admit(context, tokens_, rpc::Access::kWrite, request); !admitted.ok()) {
+          return rpc::FromGrpc(admitted);
+        }
+        // Ends when the agent leaves, when a newer stream of the same worker replaces this one,
+        // or on shutdown (the queue is closed then).
+        auto assignments = coordinator_->OpenAssignments(request);
+        if (!assignments.ok()) return assignments.status();
+        return OpenedStream<v1::Assignment>{
+            std::make_unique<AssignmentStream>(*std::move(assignments)), nullptr};
+      });
 }
 
 grpc::Status WorkerService::ReportStatus(grpc::ServerContext* context,

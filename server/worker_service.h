@@ -7,25 +7,25 @@
 #include "hyscale/v1/service.grpc.pb.h"
 #include "proto/rpc.h"
 #include "server/coordinator.h"
-#include "server/stream_waker.h"
+#include "server/stream_queue.h"
 
 namespace hyscale::server {
 
-// The assignment streams are served on gRPC's callback API, without a thread each.
+// The assignment streams are served on the StreamQueue (gRPC's async API), without a thread each.
 class WorkerService final
-    : public v1::WorkerService::WithCallbackMethod_StreamAssignments<v1::WorkerService::Service> {
+    : public v1::WorkerService::WithAsyncMethod_StreamAssignments<v1::WorkerService::Service> {
  public:
-  // `waker` runs the streams' wake-ups.
-  WorkerService(Coordinator* coordinator, rpc::ServerTokens tokens, StreamWaker* waker)
-      : coordinator_(coordinator), tokens_(std::move(tokens)), waker_(waker) {}
+  WorkerService(Coordinator* coordinator, rpc::ServerTokens tokens)
+      : coordinator_(coordinator), tokens_(std::move(tokens)) {}
+
+  // Serves StreamAssignments on `queue` (once the server has started).
+  void ListenForStreams(StreamQueue* queue);
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
-  grpc::ServerWriteReactor<v1::Assignment>* StreamAssignments(
-      grpc::CallbackServerContext* context, const v1::StreamAssignmentsRequest* request) override;
   grpc::Status ReportStatus(grpc::ServerContext* context, const v1::ReportStatusRequest* request,
                             v1::ReportStatusResponse* response) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
@@ -34,7 +34,6 @@ class WorkerService final
  private:
   Coordinator* const coordinator_;
   const rpc::ServerTokens tokens_;
-  StreamWaker* const waker_;
 };
 
 }  // namespace hyscale::server
