@@ -1,5 +1,5 @@
 // Caps the streams (WatchJob, StreamLogs) one client host holds open at once: each holds memory
-// (about 18 KiB) and a store read per wake-up for as long as it lasts, so one client could
+// (about 16 KiB) and a store read per wake-up for as long as it lasts, so one client could
 // otherwise take them all.
 #pragma once
 

@@ -384,8 +384,8 @@ TEST_F(JobServiceTest, ShutdownEndsOpenStreams) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(3));
 }
 
-// Open streams hold no thread each (gRPC's callback API): a hundred watchers of one job cost
-// the process no new threads, and all of them see it end.
+// Open streams hold no thread each (one completion queue serves them): a hundred watchers of one
+// job cost the process no new threads, and all of them see it end.
 TEST_F(JobServiceTest, WatchStreamsHoldNoThreadEach) {
   constexpr int kWatchers = 100;
   v1::Job job;
