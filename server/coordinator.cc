@@ -1056,7 +1056,11 @@ class Coordinator::EventStream final : public StreamSource<v1::JobEvent> {
       if (!events.ok()) return events.status();
       if (!events->empty()) {
         sent_ = events->back().sequence();
+        // The terminal state's event is a job's last: the watch ends with it.
+        const bool last = events->back().has_state_change() &&
+                          IsTerminal(events->back().state_change().to());
         for (auto& event : *events) out->push_back(std::move(event));
+        if (last) return absl::OkStatus();
         return std::nullopt;
       }
       std::lock_guard<std::mutex> lock(coordinator_->mu_);

@@ -150,10 +150,19 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   if (auto status = store->Migrate(); !status.ok()) {
     return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
   }
+  // Watch streams read events on a connection of their own: in WAL mode it reads the last commit
+  // while a write (and its fsync) holds the other.
+  if (sqlite3_open_v2(path.c_str(), &store->reader_, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    return absl::UnavailableError(
+        absl::StrCat(path, ": cannot open for reading: ", sqlite3_errmsg(store->reader_)));
+  }
+  sqlite3_busy_timeout(store->reader_, kBusyTimeoutMs);
   return store;
 }
 
 Store::~Store() {
+  sqlite3_close(reader_);
   sqlite3_close(db_);
 }
 
@@ -475,11 +484,14 @@ absl::StatusOr<std::vector<v1::Job>> Store::LoadJobs(std::vector<std::string>* s
 
 absl::StatusOr<std::vector<v1::JobEvent>> Store::LoadEvents(const std::string& job_id,
                                                             int64_t after_sequence, int limit) {
-  std::lock_guard<std::recursive_mutex> lock(db_mu_);
-  Statement select(db_,
+  std::lock_guard<std::mutex> lock(reader_mu_);
+  const auto error = [&] {
+    return absl::InternalError(absl::StrCat("load events: ", sqlite3_errmsg(reader_)));
+  };
+  Statement select(reader_,
                    "SELECT event FROM job_events WHERE job_id = ? AND sequence > ? "
                    "ORDER BY sequence LIMIT ?");
-  if (!select.ok()) return Error("load events");
+  if (!select.ok()) return error();
   select.Bind(1, job_id);
   select.Bind(2, after_sequence);
   select.Bind(3, int64_t{limit});
@@ -492,7 +504,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Store::LoadEvents(const std::string& j
     }
     events.push_back(std::move(event));
   }
-  if (rc != SQLITE_DONE) return Error("load events");
+  if (rc != SQLITE_DONE) return error();
   return events;
 }
 

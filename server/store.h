@@ -60,7 +60,8 @@ class Store {
   // moved, whole, to the table jobs_set_aside (with why) and its id added to `set_aside`, so one
   // damaged record neither stops the coordinator nor disappears unnoticed.
   absl::StatusOr<std::vector<v1::Job>> LoadJobs(std::vector<std::string>* set_aside);
-  // A job's events with sequence > `after_sequence`, in order, at most `limit`.
+  // A job's committed events with sequence > `after_sequence`, in order, at most `limit`. On a
+  // connection of its own: it never waits for a write.
   absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(const std::string& job_id,
                                                        int64_t after_sequence, int limit);
   // The largest event sequence of a job, 0 when it has none.
@@ -128,6 +129,8 @@ class Store {
   // because a Batch holds it while its writes take it again.
   std::recursive_mutex db_mu_;
   sqlite3* const db_;
+  std::mutex reader_mu_;  // LoadEvents' read-only connection
+  sqlite3* reader_ = nullptr;
 
   // Group commit state, under stage_mu_ (taken after db_mu_, never before it).
   std::mutex stage_mu_;

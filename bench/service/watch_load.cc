@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "hyscale/v1/service.grpc.pb.h"
 
@@ -78,43 +79,70 @@ class Tally {
   int64_t ended_ = 0;
 };
 
-// One WatchJob stream on the callback API: no client thread per stream either.
-class Watcher final : public grpc::ClientReadReactor<v1::JobEvent> {
+// One WatchJob stream on the client's async API: all of them share one completion queue and the
+// thread that drains it (the callback API's idle threads stall for 100 ms a second in gRPC 1.51,
+// which would show up as fan-out latency here).
+class Watcher {
  public:
   Watcher(size_t job, Tally* tally, WatchLoadResult* result)
       : job_(job), tally_(tally), result_(result) {}
 
   void Start(v1::JobService::Stub* stub, const rpc::ClientOptions& client,
-             const std::string& job_id) {
+             const std::string& job_id, grpc::CompletionQueue* queue) {
     rpc::PrepareCall(&context_, client, std::chrono::milliseconds(0));  // no deadline: it waits
     request_.set_job_id(job_id);
-    stub->async()->WatchJob(&context_, &request_, this);
-    StartRead(&event_);
-    StartCall();
+    reader_ = stub->PrepareAsyncWatchJob(&context_, request_, queue);
+    reader_->StartCall(&started_);
   }
   void Cancel() { context_.TryCancel(); }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
+ private:
+  struct Tag {
+    Watcher* watcher;
+    void (Watcher::*on)(bool);
+  };
+  friend void Drain(grpc::CompletionQueue* queue);
+
+  void OnStarted(bool ok) {
+    if (!ok) return Finish();
+    reader_->Read(&event_, &read_);
+  }
+  void OnRead(bool ok) {
+    if (!ok) return Finish();
     if (!opened_) {
       opened_ = true;  // the snapshot comes first
       tally_->Opened();
     } else if (event_.has_state_change() && event_.state_change().to() == v1::JOB_STATE_CANCELLED) {
       tally_->SawCancel(job_, result_);
     }
-    StartRead(&event_);
+    reader_->Read(&event_, &read_);
   }
-  void OnDone(const grpc::Status& status) override { tally_->Ended(status, result_); }
+  void Finish() { reader_->Finish(&status_, &finished_); }
+  void OnFinished(bool) { tally_->Ended(status_, result_); }
 
- private:
   const size_t job_;
   Tally* const tally_;
   WatchLoadResult* const result_;
   grpc::ClientContext context_;
   v1::WatchJobRequest request_;
   v1::JobEvent event_;
+  grpc::Status status_;
+  std::unique_ptr<grpc::ClientAsyncReader<v1::JobEvent>> reader_;
   bool opened_ = false;
+  Tag started_{this, &Watcher::OnStarted};
+  Tag read_{this, &Watcher::OnRead};
+  Tag finished_{this, &Watcher::OnFinished};
 };
+
+// Runs the watchers' completions until the queue is shut down.
+void Drain(grpc::CompletionQueue* queue) {
+  void* tag;
+  bool ok;
+  while (queue->Next(&tag, &ok)) {
+    auto* t = static_cast<Watcher::Tag*>(tag);
+    (t->watcher->*(t->on))(ok);
+  }
+}
 
 }  // namespace
 
@@ -145,13 +173,15 @@ void RunWatchLoad(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
   }
 
   Tally tally(job_ids.size());
+  grpc::CompletionQueue queue;
+  std::thread drain([&] { Drain(&queue); });
   std::vector<std::unique_ptr<Watcher>> watchers;
   const auto start = Clock::now();
   for (int64_t w = 0; w < options.watchers; ++w) {
     const size_t job = static_cast<size_t>(w) % job_ids.size();
     watchers.push_back(std::make_unique<Watcher>(job, &tally, result));
-    watchers.back()->Start(stubs[static_cast<size_t>(w) % stubs.size()].get(), client,
-                           job_ids[job]);
+    watchers.back()->Start(stubs[static_cast<size_t>(w) % stubs.size()].get(), client, job_ids[job],
+                           &queue);
   }
   tally.WaitOpened(options.watchers, kOpenTimeout);
   result->opened = tally.opened();
@@ -175,6 +205,8 @@ void RunWatchLoad(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
     for (auto& watcher : watchers) watcher->Cancel();  // the rest end as failed
     tally.WaitEnded(options.watchers, kEndTimeout);
   }
+  queue.Shutdown();
+  drain.join();
 }
 
 }  // namespace hyscale::bench

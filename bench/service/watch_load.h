@@ -1,8 +1,8 @@
-// Phase (c): many concurrent WatchJob streams. `jobs` jobs that are never placed are submitted and
-// `watchers` streams opened on them, spread over the channels (HTTP/2 streams share connections
-// as CLIs behind one proxy would); once every stream has its snapshot, the caller measures the
-// coordinator, then every job is cancelled and each stream must deliver the CANCELLED event and
-// end cleanly.
+// Phase (c): many concurrent WatchJob streams (on the client's async API, one thread for all).
+// `jobs` jobs that are never placed are submitted and `watchers` streams opened on them, spread
+// over the channels (HTTP/2 streams share connections as CLIs behind one proxy would); once every
+// stream has its snapshot, the caller measures the coordinator, then every job is cancelled and
+// each stream must deliver the CANCELLED event and end cleanly.
 //
 // Measured: the time to open them all, and the fan-out latency from CancelJob's call to each
 // watcher's CANCELLED event.
