@@ -210,4 +210,19 @@ class AsyncStreamCall {
   bool alarm_pending_ = false;
 };
 
+// Serves `method`, a service's generated RequestX for a server-streaming method, on `queue`.
+template <typename Request, typename Message, typename Service, typename Base>
+void ListenForStream(StreamQueue* queue, Service* service,
+                     void (Base::*method)(grpc::ServerContext*, Request*,
+                                          grpc::ServerAsyncWriter<Message>*, grpc::CompletionQueue*,
+                                          grpc::ServerCompletionQueue*, void*),
+                     typename AsyncStreamCall<Request, Message>::Open open) {
+  AsyncStreamCall<Request, Message>::Listen(
+      queue,
+      [service, method](grpc::ServerContext* context, Request* request,
+                        grpc::ServerAsyncWriter<Message>* writer, grpc::ServerCompletionQueue* cq,
+                        void* tag) { (service->*method)(context, request, writer, cq, cq, tag); },
+      std::move(open));
+}
+
 }  // namespace hyscale::server

@@ -70,26 +70,18 @@ grpc::Status JobService::CancelJob(grpc::ServerContext* context,
 }
 
 void JobService::ListenForStreams(StreamQueue* queue) {
-  using Watch = AsyncStreamCall<v1::WatchJobRequest, v1::JobEvent>;
-  Watch::Listen(
-      queue,
-      [this](grpc::ServerContext* context, v1::WatchJobRequest* request,
-             grpc::ServerAsyncWriter<v1::JobEvent>* writer, grpc::ServerCompletionQueue* cq,
-             void* tag) { RequestWatchJob(context, request, writer, cq, cq, tag); },
-      [this](grpc::ServerContext& context, const v1::WatchJobRequest& request) {
-        return OpenReadStream<v1::JobEvent>(context, tokens_, request, &streams_,
-                                            [&] { return coordinator_->WatchJob(request); });
-      });
-  using Logs = AsyncStreamCall<v1::StreamLogsRequest, v1::LogChunk>;
-  Logs::Listen(
-      queue,
-      [this](grpc::ServerContext* context, v1::StreamLogsRequest* request,
-             grpc::ServerAsyncWriter<v1::LogChunk>* writer, grpc::ServerCompletionQueue* cq,
-             void* tag) { RequestStreamLogs(context, request, writer, cq, cq, tag); },
-      [this](grpc::ServerContext& context, const v1::StreamLogsRequest& request) {
-        return OpenReadStream<v1::LogChunk>(context, tokens_, request, &streams_,
-                                            [&] { return coordinator_->StreamLogs(request); });
-      });
+  ListenForStream(queue, this, &JobService::RequestWatchJob,
+                  [this](grpc::ServerContext& context, const v1::WatchJobRequest& request) {
+                    return OpenReadStream<v1::JobEvent>(context, tokens_, request, &streams_, [&] {
+                      return coordinator_->WatchJob(request);
+                    });
+                  });
+  ListenForStream(queue, this, &JobService::RequestStreamLogs,
+                  [this](grpc::ServerContext& context, const v1::StreamLogsRequest& request) {
+                    return OpenReadStream<v1::LogChunk>(context, tokens_, request, &streams_, [&] {
+                      return coordinator_->StreamLogs(request);
+                    });
+                  });
 }
 
 grpc::Status JobService::PlanJob(grpc::ServerContext* context, const v1::PlanJobRequest* request,

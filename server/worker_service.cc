@@ -32,24 +32,20 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
 }
 
 void WorkerService::ListenForStreams(StreamQueue* queue) {
-  using Assignments = AsyncStreamCall<v1::StreamAssignmentsRequest, v1::Assignment>;
-  Assignments::Listen(
-      queue,
-      [this](grpc::ServerContext* context, v1::StreamAssignmentsRequest* request,
-             grpc::ServerAsyncWriter<v1::Assignment>* writer, grpc::ServerCompletionQueue* cq,
-             void* tag) { RequestStreamAssignments(context, request, writer, cq, cq, tag); },
-      [this](grpc::ServerContext& context, const v1::StreamAssignmentsRequest& request)
-          -> absl::StatusOr<OpenedStream<v1::Assignment>> {
-        if (auto admitted = Admit(context, tokens_, rpc::Access::kWrite, request); !admitted.ok()) {
-          return rpc::FromGrpc(admitted);
-        }
-        // Ends when the agent leaves, when a newer stream of the same worker replaces this one,
-        // or on shutdown (the queue is closed then).
-        auto assignments = coordinator_->OpenAssignments(request);
-        if (!assignments.ok()) return assignments.status();
-        return OpenedStream<v1::Assignment>{
-            std::make_unique<AssignmentStream>(*std::move(assignments)), nullptr};
-      });
+  ListenForStream(queue, this, &WorkerService::RequestStreamAssignments,
+                  [this](grpc::ServerContext& context, const v1::StreamAssignmentsRequest& request)
+                      -> absl::StatusOr<OpenedStream<v1::Assignment>> {
+                    if (auto admitted = Admit(context, tokens_, rpc::Access::kWrite, request);
+                        !admitted.ok()) {
+                      return rpc::FromGrpc(admitted);
+                    }
+                    // Ends when the agent leaves, when a newer stream of the same worker replaces
+                    // this one, or on shutdown (the queue is closed then).
+                    auto assignments = coordinator_->OpenAssignments(request);
+                    if (!assignments.ok()) return assignments.status();
+                    return OpenedStream<v1::Assignment>{
+                        std::make_unique<AssignmentStream>(*std::move(assignments)), nullptr};
+                  });
 }
 
 grpc::Status WorkerService::ReportStatus(grpc::ServerContext* context,
