@@ -8,6 +8,7 @@
 
 #include "planner/flops.h"
 #include "planner/planner.h"
+#include "proto/cp_layout.h"
 
 namespace hyscale::server::planner {
 namespace {
@@ -22,29 +23,31 @@ constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered p
 double BusiestCausalWork(CpLayout layout, double n_total, int p) {
   const double n = n_total / p;
   switch (layout) {
-    case CpLayout::kContiguous:  // the last rank: positions [(p-1)n, pn)
+    case v1::CP_LAYOUT_CONTIGUOUS:  // the last rank: positions [(p-1)n, pn)
       return n * (p - 1) * n + n * (n + 1) / 2;
-    case CpLayout::kZigzag: {  // chunks r and 2p-1-r of c tokens: equal for every rank
+    case v1::CP_LAYOUT_ZIGZAG: {  // chunks r and 2p-1-r of c tokens: equal for every rank
       const double c = n / 2;
       return c * c * (2 * p - 1) + c * (c + 1);
     }
-    case CpLayout::kRoundRobin:  // rank p-1: positions p-1, 2p-1, ...
+    case v1::CP_LAYOUT_ROUND_ROBIN:  // rank p-1: positions p-1, 2p-1, ...
       return n * p + p * n * (n - 1) / 2;
+    default:  // no layout: one rank holds it all
+      return n_total * (n_total + 1) / 2;
   }
-  return 0;
 }
 
 // Runs of consecutive positions per rank: one kernel call each.
 double Runs(CpLayout layout, double n_local) {
   switch (layout) {
-    case CpLayout::kContiguous:
+    case v1::CP_LAYOUT_CONTIGUOUS:
       return 1;
-    case CpLayout::kZigzag:
+    case v1::CP_LAYOUT_ZIGZAG:
       return 2;
-    case CpLayout::kRoundRobin:
+    case v1::CP_LAYOUT_ROUND_ROBIN:
       return n_local;
+    default:
+      return 1;
   }
-  return 1;
 }
 
 // A ring all-gather (or reduce-scatter) of `bytes` in total over p ranks.
@@ -56,18 +59,6 @@ double RingSeconds(double bytes, int p, const DeviceProfile& prof) {
 }
 
 }  // namespace
-
-const char* Name(CpLayout layout) {
-  switch (layout) {
-    case CpLayout::kContiguous:
-      return "contiguous";
-    case CpLayout::kZigzag:
-      return "zigzag";
-    case CpLayout::kRoundRobin:
-      return "round-robin";
-  }
-  return "?";
-}
 
 const char* Name(IndexerGroup group) {
   return group == IndexerGroup::kShared ? "shared" : "separate";
@@ -99,7 +90,8 @@ const char* Name(Stack stack) {
 
 std::string Candidate::Describe() const {
   return absl::StrCat(stack == Stack::kHyScale ? "" : absl::StrCat(Name(stack), " "), "cp ", cp,
-                      " ", Name(layout), " ", Name(indexer), " G=", group, " ", Name(recompute));
+                      " ", CpLayoutName(layout), " ", Name(indexer), " G=", group, " ",
+                      Name(recompute));
 }
 
 Workload Workload::Of(const v1::JobSpec& spec) {
@@ -134,7 +126,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double n = N / p;
   const double ab = prof.activation_bytes;
   const bool megatron = c.stack != Stack::kHyScale;
-  const int split = c.layout == CpLayout::kZigzag ? 2 * p : p;
+  const int64_t split = CpShards(c.layout, p);
   if (w.seq_len % split != 0) {
     out.rejected =
         absl::StrCat("data.seq_len ", w.seq_len, " does not split into ", split, " equal shards");

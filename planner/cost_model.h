@@ -27,7 +27,7 @@
 
 namespace hyscale::server::planner {
 
-enum class CpLayout { kContiguous, kZigzag, kRoundRobin };
+using CpLayout = v1::CpLayout;  // proto/cp_layout.h names them
 enum class IndexerGroup { kShared, kSeparate };
 enum class Recompute { kNone, kReplay, kReselect };
 // Whose kernels: HyScale's, or the Megatron-style stack (score table + topk selection, gather
@@ -37,14 +37,13 @@ enum class Recompute { kNone, kReplay, kReselect };
 // the layer benchmarks run it.
 enum class Stack { kHyScale, kMegatron, kMegatronNaive };
 
-const char* Name(CpLayout layout);  // "contiguous", "zigzag", "round-robin" (worker/parallel's)
 const char* Name(IndexerGroup group);
 const char* Name(Recompute recompute);  // "none", "replay", "reselect"
 const char* Name(Stack stack);          // "hyscale", "megatron", "megatron-naive"
 
 struct Candidate {
   int cp = 1;
-  CpLayout layout = CpLayout::kContiguous;
+  CpLayout layout = v1::CP_LAYOUT_CONTIGUOUS;
   IndexerGroup indexer = IndexerGroup::kShared;
   int group = 1;  // G
   Recompute recompute = Recompute::kNone;

@@ -5,6 +5,7 @@
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
+#include "proto/cp_layout.h"
 
 namespace hyscale::server::planner {
 namespace {
@@ -80,10 +81,10 @@ std::vector<Candidate> EnumerateCandidates(const Workload& work, const PlanOptio
   for (int cp = 1; cp <= options.gpus && cp <= need; ++cp) {
     if (options.gpus % cp != 0) continue;
     // With one rank per sequence there is nothing to lay out or exchange.
-    std::vector<CpLayout> layouts = {CpLayout::kContiguous};
+    std::vector<CpLayout> layouts = {v1::CP_LAYOUT_CONTIGUOUS};
     std::vector<IndexerGroup> indexer = {IndexerGroup::kShared};
     if (cp > 1) {
-      layouts = {CpLayout::kContiguous, CpLayout::kZigzag, CpLayout::kRoundRobin};
+      layouts = {v1::CP_LAYOUT_CONTIGUOUS, v1::CP_LAYOUT_ZIGZAG, v1::CP_LAYOUT_ROUND_ROBIN};
       if (!megatron) indexer.push_back(IndexerGroup::kSeparate);
     }
     for (CpLayout layout : layouts) {
@@ -201,7 +202,8 @@ PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options) {
     // Every other layout, so the causal imbalance of contiguous shows even when it is not next.
     const auto same_but_layout =
         same([](Candidate& x, const Candidate& b) { x.layout = b.layout; });
-    for (CpLayout layout : {CpLayout::kContiguous, CpLayout::kZigzag, CpLayout::kRoundRobin}) {
+    for (CpLayout layout :
+         {v1::CP_LAYOUT_CONTIGUOUS, v1::CP_LAYOUT_ZIGZAG, v1::CP_LAYOUT_ROUND_ROBIN}) {
       if (layout == w.candidate.layout) continue;
       plan.why.push_back(Compare("layout", plan, [&](const Candidate& a, const Candidate& b) {
         return a.layout == layout && same_but_layout(a, b);
@@ -223,8 +225,8 @@ Candidate CandidateOf(const v1::JobSpec& spec) {
   const v1::ParallelismSpec& par = spec.parallelism();
   Candidate c;
   c.cp = std::max(1, par.context_parallel());
-  if (par.cp_layout() == "zigzag") c.layout = CpLayout::kZigzag;
-  if (par.cp_layout() == "round-robin") c.layout = CpLayout::kRoundRobin;
+  // Empty or unknown (validation refuses the latter): contiguous.
+  c.layout = ParseCpLayout(par.cp_layout()).value_or(v1::CP_LAYOUT_CONTIGUOUS);
   c.indexer = par.separate_indexer_group() ? IndexerGroup::kSeparate : IndexerGroup::kShared;
   c.group = std::max(1, par.query_group());
   if (spec.recompute().enabled()) {

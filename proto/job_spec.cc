@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "proto/constants.h"
+#include "proto/cp_layout.h"
 
 namespace hyscale {
 namespace {
@@ -388,10 +389,9 @@ void validate_parallelism(const v1::JobSpec& spec, Problems& p) {
     p.Positive("parallelism.context_parallel", par.context_parallel(), kMaxRanks);
   }
   const std::string& layout = par.cp_layout();
-  const bool known_layout = layout == "contiguous" || layout == "zigzag" || layout == "round-robin";
-  if (!layout.empty() && !known_layout) {
-    p.Add("parallelism.cp_layout",
-          absl::StrCat("must be contiguous, zigzag or round-robin (got '", layout, "')"));
+  const auto parsed_layout = ParseCpLayout(layout);
+  if (!layout.empty() && !parsed_layout.ok()) {
+    p.Add("parallelism.cp_layout", std::string(parsed_layout.status().message()));
   }
   if (manual && par.context_parallel() > 1 && layout.empty()) {
     p.Add("parallelism.cp_layout", "must be set when context_parallel > 1 (got '')");
@@ -402,12 +402,13 @@ void validate_parallelism(const v1::JobSpec& spec, Problems& p) {
   }
   const int64_t cp = par.context_parallel();
   if (cp <= 0 || cp > kMaxRanks) return;
-  const int64_t shards = layout == "zigzag" ? 2 * cp : cp;
+  const bool zigzag = parsed_layout.ok() && *parsed_layout == v1::CP_LAYOUT_ZIGZAG;
+  const int64_t shards = CpShards(parsed_layout.value_or(v1::CP_LAYOUT_CONTIGUOUS), cp);
   const auto check = [&](const std::string& field, int64_t seq_len) {
     if (seq_len % shards == 0) return;
     p.Add("parallelism.context_parallel",
           absl::StrCat("must split ", field, " ", seq_len, " into ", shards, " equal shards (got ",
-                       cp, layout == "zigzag" ? ", zigzag)" : ")"));
+                       cp, zigzag ? ", zigzag)" : ")"));
   };
   check("data.seq_len", spec.data().seq_len());  // evaluation runs at the data's length
   for (int i = 0; i < spec.stages_size(); ++i) {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "planner/planner.h"
+#include "proto/cp_layout.h"
 #include "proto/job_spec.h"
 #include "server/trainer_events.h"
 #include "util/log.h"
@@ -117,7 +118,7 @@ absl::Status ApplyPlan(const v1::Resources& resources, const planner::DeviceProf
   const planner::Candidate& best = plan.candidates[plan.winner].candidate;
   v1::ParallelismSpec* par = spec->mutable_parallelism();
   par->set_context_parallel(best.cp);
-  par->set_cp_layout(planner::Name(best.layout));
+  par->set_cp_layout(CpLayoutName(best.layout));
   par->set_query_group(best.group);
   par->set_separate_indexer_group(best.indexer == planner::IndexerGroup::kSeparate);
   spec->mutable_recompute()->set_enabled(best.recompute != planner::Recompute::kNone);
@@ -1001,7 +1002,7 @@ absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request)
   if (result.winner >= 0) {
     const planner::Prediction& best = result.candidates[result.winner];
     plan.set_context_parallel(best.candidate.cp);
-    plan.set_cp_layout(best.candidate.cp > 1 ? planner::Name(best.candidate.layout) : "none");
+    plan.set_cp_layout(best.candidate.cp > 1 ? CpLayoutName(best.candidate.layout) : "none");
     plan.set_query_group(best.candidate.group);
     plan.set_step_seconds(best.step_s);
     memory = static_cast<int64_t>(best.memory.total);
@@ -1057,8 +1058,8 @@ class Coordinator::EventStream final : public StreamSource<v1::JobEvent> {
       if (!events->empty()) {
         sent_ = events->back().sequence();
         // The terminal state's event is a job's last: the watch ends with it.
-        const bool last = events->back().has_state_change() &&
-                          IsTerminal(events->back().state_change().to());
+        const bool last =
+            events->back().has_state_change() && IsTerminal(events->back().state_change().to());
         for (auto& event : *events) out->push_back(std::move(event));
         if (last) return absl::OkStatus();
         return std::nullopt;

@@ -5,8 +5,9 @@
 
 #include "client/commands/commands.h"
 #include "client/format.h"
-#include "proto/job_spec.h"
 #include "planner/planner.h"
+#include "proto/cp_layout.h"
+#include "proto/job_spec.h"
 
 namespace hyscale::cli {
 namespace {
@@ -22,7 +23,7 @@ nlohmann::json ToJson(const planner::Prediction& p) {
   nlohmann::json out = {
       {"stack", planner::Name(c.stack)},
       {"context_parallel", c.cp},
-      {"cp_layout", planner::Name(c.layout)},
+      {"cp_layout", CpLayoutName(c.layout)},
       {"indexer_group", planner::Name(c.indexer)},
       {"query_group", c.group},
       {"recompute", planner::Name(c.recompute)},

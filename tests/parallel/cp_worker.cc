@@ -162,7 +162,7 @@ int run_layer(const std::shared_ptr<Communicator>& comm, const trainer::ModelCon
     options.attention = v.attention;
     options.recompute = v.recompute;
     const LayerRun whole = forward_backward(layer, x, weight, 1.0, options);
-    for (Layout layout : {Layout::kContiguous, Layout::kZigzag, Layout::kRoundRobin}) {
+    for (v1::CpLayout layout : kCpLayouts) {
       auto exchange = ContextParallelExchange::Create(comm, layout, seq_len);
       if (!exchange.ok()) return fail(exchange.status().ToString());
       const auto pos = (*exchange)->positions();
@@ -170,7 +170,7 @@ int run_layer(const std::shared_ptr<Communicator>& comm, const trainer::ModelCon
       // Each rank's share of the global mean loss: its local mean / world.
       const LayerRun shard = forward_backward(layer, x.index_select(1, pos),
                                               weight.index_select(1, pos), 1.0 / world, options);
-      const std::string what = label + v.name + " " + LayoutName(layout) + ": ";
+      const std::string what = label + v.name + " " + CpLayoutName(layout) + ": ";
       ok &= close((what + "output").c_str(), shard.out.x, whole.out.x.index_select(1, pos));
       ok &=
           close((what + "input gradient").c_str(), shard.x_grad, whole.x_grad.index_select(1, pos));

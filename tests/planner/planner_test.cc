@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hyscale/v1/calibration.pb.h"
+#include "proto/cp_layout.h"
 
 namespace hyscale::server::planner {
 namespace {
@@ -94,7 +95,7 @@ const Prediction& Find(const PlanResult& plan, int cp, CpLayout layout, int grou
       return p;
     }
   }
-  ADD_FAILURE() << "no candidate cp " << cp << " " << Name(layout);
+  ADD_FAILURE() << "no candidate cp " << cp << " " << CpLayoutName(layout);
   return plan.candidates.front();
 }
 
@@ -120,17 +121,17 @@ TEST(PlannerTest, EnumeratesEveryChoice) {
 
 TEST(PlannerTest, UnevenSplitsAreRejectedWithTheReason) {
   const PlanResult plan = PlanJob(LongSparse(), On("h200", 6));
-  const Prediction& three = Find(plan, 3, CpLayout::kContiguous);
+  const Prediction& three = Find(plan, 3, v1::CP_LAYOUT_CONTIGUOUS);
   EXPECT_NE(three.rejected.find("does not split into 3 equal shards"), std::string::npos)
       << three.rejected;
-  EXPECT_TRUE(Find(plan, 2, CpLayout::kZigzag).rejected.empty());
+  EXPECT_TRUE(Find(plan, 2, v1::CP_LAYOUT_ZIGZAG).rejected.empty());
 }
 
 TEST(PlannerTest, RejectsPlansOverDeviceMemory) {
   v1::JobSpec spec = VeryLongSparse();
   spec.mutable_model()->set_layers(48);
   const PlanResult plan = PlanJob(spec, On("h800", 1));
-  const Prediction& all_saved = Find(plan, 1, CpLayout::kContiguous, 1, Recompute::kNone);
+  const Prediction& all_saved = Find(plan, 1, v1::CP_LAYOUT_CONTIGUOUS, 1, Recompute::kNone);
   EXPECT_NE(all_saved.rejected.find("memory"), std::string::npos);
   EXPECT_NE(all_saved.rejected.find("GiB > 70.8 GiB of h800"), std::string::npos)
       << all_saved.rejected;
@@ -167,7 +168,7 @@ v1::JobSpec DeepSeekLayer(int64_t tokens) {
 TEST(PlannerTest, MemoryCoversTheMeasuredLayerPeaks) {
   const auto memory = [](int64_t tokens, int gpus) {
     const PlanResult plan = PlanJob(DeepSeekLayer(tokens), On("h200", gpus));
-    return Find(plan, gpus, CpLayout::kZigzag, 1, Recompute::kReplay);
+    return Find(plan, gpus, v1::CP_LAYOUT_ZIGZAG, 1, Recompute::kReplay);
   };
   constexpr double kGiB = 1 << 30;
   EXPECT_GT(memory(1 << 17, 2).memory.total, 41.3 * kGiB);
@@ -185,17 +186,17 @@ TEST(PlannerTest, NaiveSelectionScoresWholeRowsOnEveryLayout) {
   const auto selection = [&](CpLayout layout) {
     return Find(plan, 2, layout, 1, Recompute::kReselect).layer.at("selection");
   };
-  EXPECT_DOUBLE_EQ(selection(CpLayout::kZigzag), selection(CpLayout::kContiguous));
-  EXPECT_NEAR(selection(CpLayout::kZigzag), 5.11, 0.1);
-  EXPECT_EQ(Find(plan, 2, CpLayout::kZigzag, 1, Recompute::kReselect).candidate.Describe(),
+  EXPECT_DOUBLE_EQ(selection(v1::CP_LAYOUT_ZIGZAG), selection(v1::CP_LAYOUT_CONTIGUOUS));
+  EXPECT_NEAR(selection(v1::CP_LAYOUT_ZIGZAG), 5.11, 0.1);
+  EXPECT_EQ(Find(plan, 2, v1::CP_LAYOUT_ZIGZAG, 1, Recompute::kReselect).candidate.Describe(),
             "megatron-naive cp 2 zigzag shared G=1 reselect");
 }
 
 TEST(PlannerTest, CausalImbalanceOrdersTheLayouts) {
   const PlanResult plan = PlanJob(VeryLongSparse(), On("h200", 8));
-  const Prediction& contiguous = Find(plan, 8, CpLayout::kContiguous);
-  const Prediction& zigzag = Find(plan, 8, CpLayout::kZigzag);
-  const Prediction& round_robin = Find(plan, 8, CpLayout::kRoundRobin);
+  const Prediction& contiguous = Find(plan, 8, v1::CP_LAYOUT_CONTIGUOUS);
+  const Prediction& zigzag = Find(plan, 8, v1::CP_LAYOUT_ZIGZAG);
+  const Prediction& round_robin = Find(plan, 8, v1::CP_LAYOUT_ROUND_ROBIN);
   // The last contiguous rank holds the longest causal windows: ~2 - 1/P of the mean.
   EXPECT_NEAR(contiguous.imbalance, 2 - 1.0 / 8, 0.01);
   EXPECT_NEAR(zigzag.imbalance, 1, 1e-9);
@@ -209,8 +210,8 @@ TEST(PlannerTest, CausalImbalanceOrdersTheLayouts) {
 
 TEST(PlannerTest, ReplayBeatsReselectionAndSavesIndices) {
   const PlanResult plan = PlanJob(VeryLongSparse(), On("h200", 8));
-  const Prediction& replay = Find(plan, 8, CpLayout::kZigzag, 1, Recompute::kReplay);
-  const Prediction& reselect = Find(plan, 8, CpLayout::kZigzag, 1, Recompute::kReselect);
+  const Prediction& replay = Find(plan, 8, v1::CP_LAYOUT_ZIGZAG, 1, Recompute::kReplay);
+  const Prediction& reselect = Find(plan, 8, v1::CP_LAYOUT_ZIGZAG, 1, Recompute::kReselect);
   EXPECT_LT(replay.seconds.at("recompute"), reselect.seconds.at("recompute"));
   EXPECT_GT(replay.memory.indices, reselect.memory.indices);
 }
@@ -225,7 +226,7 @@ TEST(PlannerTest, ExplainsWhyTheWinnerWon) {
     }
   }
   EXPECT_EQ(w.candidate.cp, 8);
-  EXPECT_NE(w.candidate.layout, CpLayout::kContiguous);
+  EXPECT_NE(w.candidate.layout, v1::CP_LAYOUT_CONTIGUOUS);
   ASSERT_GE(plan.why.size(), 6u);
   EXPECT_EQ(plan.why[0].rfind("winner " + w.candidate.Describe(), 0), 0u) << plan.why[0];
   bool layout_line = false;
@@ -240,7 +241,7 @@ TEST(PlannerTest, LayerTermsMakeUpTheStep) {
   const Workload work = Workload::Of(VeryLongSparse());
   const DeviceProfile h200 = *BuiltinProfile("h200");
   for (const Stack stack : {Stack::kHyScale, Stack::kMegatron}) {
-    Candidate c{8, CpLayout::kZigzag, IndexerGroup::kShared, 1, Recompute::kReplay, stack};
+    Candidate c{8, v1::CP_LAYOUT_ZIGZAG, IndexerGroup::kShared, 1, Recompute::kReplay, stack};
     if (stack == Stack::kMegatron) c.recompute = Recompute::kReselect;
     const Prediction p = Predict(work, c, h200, 8);
     const auto& l = p.layer;
@@ -268,7 +269,7 @@ TEST(PlannerTest, QueryGroupPaysOnlyWhenAttentionIsMemoryBound) {
   Workload work = Workload::Of(VeryLongSparse());
   const DeviceProfile h200 = *BuiltinProfile("h200");
   const auto attention = [&](int group) {
-    return Predict(work, {8, CpLayout::kZigzag, IndexerGroup::kShared, group}, h200, 8)
+    return Predict(work, {8, v1::CP_LAYOUT_ZIGZAG, IndexerGroup::kShared, group}, h200, 8)
         .seconds.at("attention");
   };
   // 4 heads: keys loaded dominate, and a group loads the union of its keys once.
@@ -301,7 +302,7 @@ TEST(PlannerTest, CalibrationReplacesProfileFigures) {
   EXPECT_EQ(profile.sources.at("flash_topk_tflops"), "calibrated: bench at abc123");
   // Faster FlashTopK: a faster predicted step.
   const Workload work = Workload::Of(LongSparse());
-  Candidate c{8, CpLayout::kZigzag};
+  Candidate c{8, v1::CP_LAYOUT_ZIGZAG};
   EXPECT_LT(Predict(work, c, profile, 8).step_s,
             Predict(work, c, *BuiltinProfile("h200"), 8).step_s);
 
@@ -337,7 +338,7 @@ TEST(PlannerTest, CalibrationReplacesTheIndexerLossRates) {
 
   // Twice the built-in rates: half the indexer loss's terms, and a faster step.
   const Workload work = Workload::Of(LongSparse());
-  const Candidate c{8, CpLayout::kZigzag};
+  const Candidate c{8, v1::CP_LAYOUT_ZIGZAG};
   const Prediction calibrated = Predict(work, c, profile, 8), base = Predict(work, c, builtin, 8);
   ASSERT_TRUE(calibrated.rejected.empty()) << calibrated.rejected;
   EXPECT_GT(base.layer.at("indexer_loss_fwd"), 0);
@@ -417,7 +418,7 @@ TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
 TEST(PlannerTest, Fp8SelectionIsFasterForHyScaleOnly) {
   v1::JobSpec spec = LongSparse();
   const DeviceProfile h200 = *BuiltinProfile("h200");
-  Candidate c{8, CpLayout::kZigzag};
+  Candidate c{8, v1::CP_LAYOUT_ZIGZAG};
   const auto selection = [&](bool fp8, Stack stack) {
     spec.mutable_model()->mutable_indexer()->set_fp8_scores(fp8);
     c.stack = stack;
@@ -434,7 +435,7 @@ TEST(PlannerTest, Fp8SelectionIsFasterForHyScaleOnly) {
 TEST(PlannerTest, LatentKvExchangesOnlyTheKeys) {
   v1::JobSpec spec = LongSparse();
   const DeviceProfile h200 = *BuiltinProfile("h200");
-  const Candidate c{8, CpLayout::kZigzag};
+  const Candidate c{8, v1::CP_LAYOUT_ZIGZAG};
   const auto& m = spec.model();
   const int64_t parameters = ParameterCount(m);
   const Prediction apart = Predict(Workload::Of(spec), c, h200, 8);
@@ -457,8 +458,8 @@ TEST(PlannerTest, LatentKvTakesTheLatentKernelsRates) {
   const DeviceProfile h200 = *BuiltinProfile("h200");
   const auto attention = [&](bool latent, int group) {
     m->set_latent_kv(latent);
-    return Predict(Workload::Of(spec), {8, CpLayout::kZigzag, IndexerGroup::kShared, group}, h200,
-                   8)
+    return Predict(Workload::Of(spec), {8, v1::CP_LAYOUT_ZIGZAG, IndexerGroup::kShared, group},
+                   h200, 8)
         .layer;
   };
   const auto apart = attention(false, 1), latent = attention(true, 1);

@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<ContextParallelGroup>> ContextParallelGroup::Join
 ContextParallelGroup::ContextParallelGroup(c10::intrusive_ptr<c10d::Store> store,
                                            std::shared_ptr<Communicator> keys,
                                            std::shared_ptr<Communicator> indexer_keys,
-                                           Layout layout)
+                                           v1::CpLayout layout)
     : store_(std::move(store)),
       keys_(std::move(keys)),
       indexer_keys_(std::move(indexer_keys)),

@@ -26,7 +26,7 @@ class ContextParallelGroup {
  public:
   struct Options {
     RendezvousConfig rendezvous;
-    Layout layout = Layout::kZigzag;
+    v1::CpLayout layout = v1::CP_LAYOUT_ZIGZAG;
     // Indexer keys travel on a group (NCCL communicator, Gloo connections) of their own, so that
     // their all-gather runs beside the attention keys' instead of after it.
     bool separate_indexer_group = false;
@@ -61,12 +61,12 @@ class ContextParallelGroup {
 
  private:
   ContextParallelGroup(c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<Communicator> keys,
-                       std::shared_ptr<Communicator> indexer_keys, Layout layout);
+                       std::shared_ptr<Communicator> indexer_keys, v1::CpLayout layout);
 
   c10::intrusive_ptr<c10d::Store> store_;  // kept alive: rank 0 serves it to the others
   std::shared_ptr<Communicator> keys_;
   std::shared_ptr<Communicator> indexer_keys_;  // null: the indexer shares keys_
-  Layout layout_;
+  v1::CpLayout layout_;
   std::map<int64_t, Exchanges> exchanges_;
   double gradient_sum_s_ = 0;
 };

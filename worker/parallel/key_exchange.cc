@@ -67,7 +67,7 @@ struct GatheredKeys : torch::autograd::Function<GatheredKeys> {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ContextParallelExchange>> ContextParallelExchange::Create(
-    std::shared_ptr<Communicator> comm, Layout layout, int64_t seq_len) {
+    std::shared_ptr<Communicator> comm, v1::CpLayout layout, int64_t seq_len) {
   std::vector<int64_t> rank_order;
   std::vector<int64_t> mine;
   for (int r = 0; r < comm->world_size(); ++r) {

@@ -8,9 +8,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "worker/model/model.h"
 #include "worker/parallel/communicator.h"
 #include "worker/parallel/layout.h"
-#include "worker/model/model.h"
 
 namespace hyscale::parallel {
 
@@ -26,7 +26,7 @@ class ContextParallelExchange : public trainer::KeyExchange {
  public:
   // seq_len: the global sequence length N; this rank holds the positions `layout` gives it.
   static absl::StatusOr<std::shared_ptr<ContextParallelExchange>> Create(
-      std::shared_ptr<Communicator> comm, Layout layout, int64_t seq_len);
+      std::shared_ptr<Communicator> comm, v1::CpLayout layout, int64_t seq_len);
 
   ~ContextParallelExchange() override;
 

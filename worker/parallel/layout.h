@@ -9,22 +9,16 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/cp_layout.h"
 
 namespace hyscale::parallel {
 
-enum class Layout { kContiguous, kZigzag, kRoundRobin };
-
-absl::StatusOr<Layout> ParseLayout(std::string_view name);  // "contiguous", "zigzag", "round-robin"
-const char* LayoutName(Layout layout);
-
 // The global positions rank `rank` of `world` holds, increasing. Fails unless seq_len splits
-// evenly (into P parts, 2P for zigzag).
-absl::StatusOr<std::vector<int64_t>> ShardPositions(Layout layout, int64_t seq_len, int world,
+// evenly (CpShards: into P parts, 2P for zigzag).
+absl::StatusOr<std::vector<int64_t>> ShardPositions(v1::CpLayout layout, int64_t seq_len, int world,
                                                     int rank);
 
 }  // namespace hyscale::parallel

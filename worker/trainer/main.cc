@@ -78,8 +78,11 @@ absl::StatusOr<std::shared_ptr<hyscale::parallel::ContextParallelGroup>> join_gr
   if (!rendezvous) return nullptr;
   parallel::ContextParallelGroup::Options options;
   options.rendezvous = *rendezvous;
-  auto layout = parallel::ParseLayout(parallelism.cp_layout());
-  if (!layout.ok()) return layout.status();
+  auto layout = hyscale::ParseCpLayout(parallelism.cp_layout());
+  if (!layout.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.cp_layout: ", layout.status().message()));
+  }
   options.layout = *layout;
   options.separate_indexer_group = parallelism.separate_indexer_group();
   options.cuda = device.is_cuda();
