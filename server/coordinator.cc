@@ -1419,25 +1419,44 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
         "worker_id: ", request.worker_id(), " is not registered; call RegisterWorker first"));
   }
   holder->last_seen = clock_->Now();
+  // The batch's jobs as they were: a report applies its change in memory as soon as it is written
+  // into the batch, so a batch that is not stored must take those changes back.
+  std::map<std::string, JobEntry> before;
   Store::Batch batch(*store_);
+  absl::Status stored;
   for (const auto& report : request.reports()) {
-    if (auto status = HandleReport(*holder, report); !status.ok()) {
-      // Not stored, so not applied: the agent keeps the batch and sends it again.
-      FinishPublished(false);
-      Schedule();
-      return absl::UnavailableError(
-          absl::StrCat("store: ", status.message(), "; send the reports again"));
+    const std::string& job_id = report.ref().job_id();
+    if (const auto found = jobs_.find(job_id); found != jobs_.end() && !before.count(job_id)) {
+      before.emplace(job_id, found->second);
     }
+    stored = HandleReport(*holder, report);
+    if (!stored.ok()) break;
   }
-  if (auto status = batch.Commit(); !status.ok()) {
+  if (stored.ok()) stored = batch.Commit();
+  if (!stored.ok()) {
+    // Not stored, so not applied: the agent keeps the batch and sends it again.
+    Restore(std::move(before));
     FinishPublished(false);
     Schedule();
     return absl::UnavailableError(
-        absl::StrCat("store: ", status.message(), "; send the reports again"));
+        absl::StrCat("store: ", stored.message(), "; send the reports again"));
   }
   FinishPublished(true);
   Schedule();
   return absl::OkStatus();
+}
+
+void Coordinator::Restore(std::map<std::string, JobEntry> before) {
+  for (auto& [job_id, entry] : before) {
+    JobEntry& now = jobs_.at(job_id);
+    if (now.job.state() != entry.job.state()) {
+      Track(job_id, now.job.state(), -1);
+      Track(job_id, entry.job.state(), +1);
+    }
+    now = std::move(entry);
+  }
+  pass_needed_ = true;  // what the undone reports freed or took is as it was
+  UpdateGauges();
 }
 
 absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport& report) {

@@ -233,6 +233,8 @@ class Coordinator {
   // Errors are the store's: the report was not applied and should be sent again.
   absl::Status HandleReport(WorkerEntry& worker, const v1::RankReport& report);
   absl::Status HandleExit(JobEntry& entry, int rank, const v1::RankExit& exit);
+  // Puts jobs back as they were before a report batch that was not stored.
+  void Restore(std::map<std::string, JobEntry> before);
   void AppendLog(const std::string& job_id, int rank, const std::string& data);
   // Marks the worker LOST; RestartJobsOnLostWorkers then restarts its jobs.
   void DeclareLost(WorkerEntry& worker);

@@ -995,6 +995,43 @@ TEST_F(CoordinatorTest, WorkerThatNeverReturnsAfterRestartIsLost) {
   EXPECT_NE(failed->reason().find("lost"), std::string::npos);
 }
 
+// A report batch is stored whole or not at all, and so applied: when a later report of the batch
+// cannot be written, the changes of the earlier ones are undone too, and the agent's resend
+// applies them all (before, the job stayed SUCCEEDED in memory while the store had it SCHEDULED,
+// and the resend was ignored).
+TEST_F(CoordinatorTest, ReportBatchThatIsNotStoredLeavesNoChange) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit();
+  const auto ref = Drain(queue).at(0).run().ref();
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/hyscale.db").c_str(), &other), SQLITE_OK);
+  // The SUCCEEDED transition's event cannot be written; RUNNING's can.
+  ASSERT_EQ(sqlite3_exec(other,
+                         "CREATE TRIGGER refuse_success BEFORE INSERT ON job_events "
+                         "WHEN NEW.sequence = 4 BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(other);
+  v1::ReportStatusRequest request;
+  request.set_worker_id("w1");
+  auto* started = request.add_reports();
+  *started->mutable_ref() = ref;
+  started->set_started_pid(4242);
+  auto* exited = request.add_reports();
+  *exited->mutable_ref() = ref;
+  exited->mutable_exited()->set_exit_code(0);
+  EXPECT_EQ(c_->ReportStatus(request).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  ASSERT_EQ(sqlite3_exec(other, "DROP TRIGGER refuse_success", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(other);
+  ASSERT_TRUE(c_->ReportStatus(request).ok());  // the agent sends it again
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SUCCEEDED);
+  c_.reset();
+  Open();
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SUCCEEDED);
+}
+
 TEST_F(CoordinatorTest, ReportThatCannotBeStoredIsRefusedAndRetried) {
   auto queue = Register("w1", 1);
   const v1::Job job = Submit();
