@@ -14,6 +14,8 @@ constexpr int kMaxMessageBytes = 4 << 20;
 // finishes a call exit, and a new one start for the next: with 64 concurrent submitters that
 // churn cost a fifth of the server's CPU (bench/service, docs/performance.md section 6).
 constexpr int kMaxPollers = 64;
+constexpr int kKeepaliveMs = 60'000;
+constexpr int kKeepaliveTimeoutMs = 20'000;
 
 }  // namespace
 
@@ -33,6 +35,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   // gRPC sets SO_REUSEPORT by default: a second coordinator on this port would then start too,
   // and clients would alternate between the two.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A stream waits without a deadline and holds its host's slot: a client that vanished without
+  // closing its connection (a machine that died) is found by our pings within about 80 s, not
+  // gRPC's default of two hours, and however long its streams sat without data.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   if (metrics != nullptr) {
     builder.experimental().SetInterceptorCreators(RpcMetricsInterceptors(metrics));
   }
