@@ -39,8 +39,6 @@ constexpr size_t kMaxPageBytes = 2 << 20;
 constexpr int kEventBatch = 256;
 constexpr size_t kLogChunkBytes = 64 * 1024;
 constexpr int kLogChunksPerPull = 4;
-// How often a watch reads again when memory says more events are stored than it found.
-constexpr int kRereads = 3;
 // A subscription's after_sequence for a log stream: woken by log appends and by events.
 constexpr int64_t kLogsOnly = -1;
 // Backoff doubles per restart up to 2^kMaxBackoffDoublings times the base.
@@ -223,6 +221,7 @@ absl::Status Coordinator::Load() {
     JobEntry& entry = jobs_[job.id()];
     entry.order = next_order_++;
     entry.last_sequence = *last;
+    entry.stored_sequence = *last;
     entry.queued_at = now;
     entry.restart_at = now + options_.restart_backoff;
     // A RUNNING job's ranks had all started; a SCHEDULED job's ranks are re-sent to workers that
@@ -275,7 +274,12 @@ absl::Status Coordinator::Commit(JobEntry& entry, v1::Job updated,
   }
   entry.job = std::move(updated);
   entry.last_sequence = sequence;
-  if (!events.empty()) WakeStreams(entry.job.id(), /*log_grew=*/false);
+  if (events.empty()) return absl::OkStatus();
+  if (in_batch_) {
+    batch_jobs_.insert(entry.job.id());
+  } else {
+    EventsStored(entry, sequence);
+  }
   return absl::OkStatus();
 }
 
@@ -811,6 +815,8 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   }
   // Durable before it is acknowledged; the wait is outside the lock, so the submissions that
   // arrive meanwhile share the next commit.
+  // (Its first event is not marked stored for watches: nobody can watch a job before knowing its
+  // id, and a watch reads the store before it waits.)
   if (auto status = store_->Sync(ticket); !status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     ForgetUnstored(answer.id());
@@ -1070,10 +1076,13 @@ class Coordinator::EventStream final : public StreamSource<v1::JobEvent> {
       if (found == coordinator_->jobs_.end()) return absl::OkStatus();
       const JobEntry& entry = found->second;
       if (IsTerminal(entry.job.state()) && sent_ >= entry.last_sequence) return absl::OkStatus();
-      // Stored since the read: read again. (Memory may run ahead of the disk for a moment: a
-      // submission's first event before its group commit, a report batch's before its commit.
-      // Tick wakes a watch that subscribed meanwhile.)
-      if (entry.last_sequence > sent_ && read < kRereads) continue;
+      // Committed since the read: read again (the next read sees them). Events written but not
+      // yet committed (a report batch, a submission's group commit) wake the watch when they are.
+      if (entry.stored_sequence > sent_) {
+        if (read == 1) continue;
+        return absl::DataLossError(absl::StrCat("job ", job_id_, ": events ", sent_ + 1, " to ",
+                                                entry.stored_sequence, " are not in the store"));
+      }
       subscription_ = coordinator_->Subscribe(job_id_, sent_, std::move(wake));
       return std::nullopt;
     }
@@ -1211,16 +1220,22 @@ void Coordinator::Unsubscribe(const std::string& job_id, uint64_t id) {
   if (found->second.empty()) subscriptions_.erase(found);
 }
 
+void Coordinator::EventsStored(JobEntry& entry, int64_t sequence) {
+  if (sequence <= entry.stored_sequence) return;
+  entry.stored_sequence = sequence;
+  WakeStreams(entry.job.id(), /*log_grew=*/false);
+}
+
 void Coordinator::WakeStreams(const std::string& job_id, bool log_grew) {
   const auto found = subscriptions_.find(job_id);
   if (found == subscriptions_.end()) return;
   const auto job = jobs_.find(job_id);
-  const int64_t last = job == jobs_.end() ? 0 : job->second.last_sequence;
+  const int64_t stored = job == jobs_.end() ? 0 : job->second.stored_sequence;
   auto& waiting = found->second;
   for (auto it = waiting.begin(); it != waiting.end();) {
     const bool logs = it->second.after_sequence == kLogsOnly;
     // Log streams also wake on events: the job's end ends them.
-    if (logs ? true : (!log_grew && last > it->second.after_sequence)) {
+    if (logs ? true : (!log_grew && stored > it->second.after_sequence)) {
       it->second.wake();
       it = waiting.erase(it);
     } else {
@@ -1423,6 +1438,7 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
   // into the batch, so a batch that is not stored must take those changes back.
   std::map<std::string, JobEntry> before;
   Store::Batch batch(*store_);
+  in_batch_ = true;
   absl::Status stored;
   for (const auto& report : request.reports()) {
     const std::string& job_id = report.ref().job_id();
@@ -1433,6 +1449,9 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
     if (!stored.ok()) break;
   }
   if (stored.ok()) stored = batch.Commit();
+  in_batch_ = false;
+  const std::set<std::string> written = std::move(batch_jobs_);
+  batch_jobs_.clear();
   if (!stored.ok()) {
     // Not stored, so not applied: the agent keeps the batch and sends it again.
     Restore(std::move(before));
@@ -1440,6 +1459,10 @@ absl::Status Coordinator::ReportStatus(const v1::ReportStatusRequest& request) {
     Schedule();
     return absl::UnavailableError(
         absl::StrCat("store: ", stored.message(), "; send the reports again"));
+  }
+  for (const std::string& job_id : written) {
+    JobEntry& entry = jobs_.at(job_id);
+    EventsStored(entry, entry.last_sequence);
   }
   FinishPublished(true);
   Schedule();
@@ -1633,10 +1656,6 @@ void Coordinator::Tick() {
   ExpireStarts();
   if (PassNeeded() || reasons_stale_) SchedulePass();
   if (metrics_ != nullptr) metrics_->Expire(now);
-  // A watch that subscribed while its job's first event was still being committed.
-  std::vector<std::string> behind;
-  for (const auto& [job_id, waiting] : subscriptions_) behind.push_back(job_id);
-  for (const auto& job_id : behind) WakeStreams(job_id, /*log_grew=*/false);
 }
 
 void Coordinator::Shutdown() {

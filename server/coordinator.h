@@ -150,8 +150,11 @@ class Coordinator {
   };
   struct JobEntry {
     v1::Job job;
-    int64_t order = 0;             // submission order
-    int64_t last_sequence = 0;     // of its stored events
+    int64_t order = 0;          // submission order
+    int64_t last_sequence = 0;  // of its events, written to the store
+    // Of its events known committed, which watches can read: behind last_sequence while a report
+    // batch or a submission's group commit is open.
+    int64_t stored_sequence = 0;
     std::vector<RankState> ranks;  // of the current attempt
     absl::Time queued_at;          // PENDING since (scheduling latency)
     // Its insert's group-commit ticket; 0 for a job loaded from the store.
@@ -279,6 +282,8 @@ class Coordinator {
   void Unsubscribe(const std::string& job_id, uint64_t id);
   // Wakes the streams of `job_id` that are due.
   void WakeStreams(const std::string& job_id, bool log_grew);
+  // The job's events up to `sequence` are committed: watches may read them.
+  void EventsStored(JobEntry& entry, int64_t sequence);
 
   const CoordinatorOptions options_;
   const Profiles profiles_;
@@ -295,6 +300,10 @@ class Coordinator {
   std::map<int64_t, std::string> by_order_;        // submission order -> job id
   std::map<std::string, std::string> by_request_;  // request_id -> job id
   std::map<std::string, WorkerEntry> workers_;
+  // Jobs with events written in the report batch being applied: they are stored, and their
+  // watches woken, once the batch commits.
+  std::set<std::string> batch_jobs_;
+  bool in_batch_ = false;
   // (job id, attempt) of the rendezvous addresses published in the batch being applied.
   std::vector<std::pair<std::string, int>> published_;
   // Maintained on every state change, so gauges and slot views need not walk every job.
