@@ -5,23 +5,10 @@
 namespace hyscale::server {
 
 void AssignmentQueue::Push(v1::Assignment assignment) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    items_.push_back(std::move(assignment));
-    WakeDrainer();
-  }
-  ready_.notify_all();
-}
-
-std::optional<v1::Assignment> AssignmentQueue::Pop(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  ready_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                  [&] { return closed_ || !items_.empty(); });
-  if (closed_ || items_.empty()) return std::nullopt;
-  v1::Assignment next = std::move(items_.front());
-  items_.pop_front();
-  return next;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  items_.push_back(std::move(assignment));
+  WakeDrainer();
 }
 
 bool AssignmentQueue::Drain(std::vector<v1::Assignment>* out, std::function<void()> wake) {
@@ -46,17 +33,9 @@ void AssignmentQueue::WakeDrainer() {
 }
 
 void AssignmentQueue::Close() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    closed_ = true;
-    WakeDrainer();
-  }
-  ready_.notify_all();
-}
-
-bool AssignmentQueue::closed() {
   std::lock_guard<std::mutex> lock(mu_);
-  return closed_;
+  closed_ = true;
+  WakeDrainer();
 }
 
 std::optional<absl::Status> AssignmentStream::Pull(std::vector<v1::Assignment>* out,

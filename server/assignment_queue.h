@@ -3,9 +3,6 @@
 // every rank still wanted and heartbeats repeat every stop.
 #pragma once
 
-#include <absl/time/time.h>
-
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -21,22 +18,18 @@ namespace hyscale::server {
 class AssignmentQueue {
  public:
   void Push(v1::Assignment assignment);
-  // The next assignment, or nullopt after `timeout` or once closed.
-  std::optional<v1::Assignment> Pop(absl::Duration timeout);
   // Moves every waiting assignment to `out` and returns false; when there is none, calls `wake`
   // once at the next Push or Close. Closed: true, and nothing moved.
   bool Drain(std::vector<v1::Assignment>* out, std::function<void()> wake);
   // No wake set by Drain runs after it returns.
   void ClearWake();
   void Close();
-  bool closed();
 
  private:
   // Called with mu_ held.
   void WakeDrainer();
 
   std::mutex mu_;
-  std::condition_variable ready_;
   std::deque<v1::Assignment> items_;
   std::function<void()> wake_;
   bool closed_ = false;

@@ -73,7 +73,7 @@ class CoordinatorTest : public ::testing::Test {
 
   static std::vector<v1::Assignment> Drain(const std::shared_ptr<AssignmentQueue>& queue) {
     std::vector<v1::Assignment> out;
-    while (auto next = queue->Pop(absl::ZeroDuration())) out.push_back(*next);
+    queue->Drain(&out, [] {});
     return out;
   }
 
@@ -1389,12 +1389,15 @@ TEST_F(CoordinatorTest, ConcurrentClientsWorkersAndWatchers) {
     workers.emplace_back([&, w] {
       const std::string name = "w" + std::to_string(w);
       while (!done) {
-        auto next = queues[w]->Pop(absl::Milliseconds(20));
-        if (!next || !next->has_run()) continue;
-        Started(name, next->run().ref());
-        EventLine(name, next->run().ref(), R"({"step":{"step":1,"total_steps":1}})");
-        Log(name, next->run().ref(), "line\n");
-        Exited(name, next->run().ref(), 0);
+        const std::vector<v1::Assignment> assignments = Drain(queues[w]);
+        if (assignments.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        for (const auto& next : assignments) {
+          if (!next.has_run()) continue;
+          Started(name, next.run().ref());
+          EventLine(name, next.run().ref(), R"({"step":{"step":1,"total_steps":1}})");
+          Log(name, next.run().ref(), "line\n");
+          Exited(name, next.run().ref(), 0);
+        }
       }
     });
   }
