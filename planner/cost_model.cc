@@ -91,7 +91,8 @@ const char* Name(Stack stack) {
 std::string Candidate::Describe() const {
   return absl::StrCat(stack == Stack::kHyScale ? "" : absl::StrCat(Name(stack), " "), "cp ", cp,
                       " ", CpLayoutName(layout), " ", Name(indexer), " G=", group, " ",
-                      Name(recompute));
+                      Name(recompute),
+                      query_chunk > 0 ? absl::StrCat(" chunks of ", query_chunk) : "");
 }
 
 Workload Workload::Of(const v1::JobSpec& spec) {
@@ -201,7 +202,13 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   // Kernel calls: one per run of consecutive positions, per kernel (selection and attention in
   // forward, in backward, and again when recomputing).
   const double calls = c.recompute == Recompute::kNone ? 4 : 6;
-  const double launches = Runs(c.layout, n) * calls * prof.kernel_launch_s;
+  // Query chunks (recomputation only): each one calls every kernel again, and the key side's
+  // projections (forward) are recomputed once more to rebuild their graph.
+  const double chunk = c.recompute != Recompute::kNone && c.query_chunk > 0
+                           ? std::min<double>(static_cast<double>(c.query_chunk), n)
+                           : n;
+  const double chunks = std::ceil(n / chunk);
+  const double launches = (Runs(c.layout, n) + chunks - 1) * calls * prof.kernel_launch_s;
 
   // Communication of the key side, per layer.
   const double idx_elems = di;
@@ -218,7 +225,8 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   double recompute = 0, recompute_exposed = 0, recompute_comm = 0;
   if (c.recompute != Recompute::kNone) {
     const bool reselect = c.recompute == Recompute::kReselect;
-    recompute = dense_fwd + attn_fwd + (reselect ? selection : score_gather);
+    const double key_side = chunks > 1 ? 2 * d * (key_elems + di) * n / dense_rate : 0;
+    recompute = dense_fwd + key_side + attn_fwd + (reselect ? selection : score_gather);
     recompute_exposed = exposed_gather(reselect ? selection : score_gather);
     recompute_comm = gather_s;
   }
@@ -268,10 +276,11 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   mem.weights = 16.0 * static_cast<double>(w.parameters);
   double per_token_layer = 6 * d + 3 * w.d_ff + H * (dqk + dv) + hi * di + H;  // H: lse
   if (megatron && w.sparse) per_token_layer += H * k;  // gather attention saves probabilities
-  const double layer_act = seqs * n * per_token_layer * ab;
   const double layers = static_cast<double>(w.layers);
-  mem.activations =
-      c.recompute == Recompute::kNone ? layers * layer_act : layers * seqs * n * d * ab + layer_act;
+  // The residual stream (each layer's input) is fp32 under autocast.
+  mem.activations = c.recompute == Recompute::kNone
+                        ? layers * seqs * n * per_token_layer * ab
+                        : layers * seqs * n * d * 4 + seqs * chunk * per_token_layer * ab;
   if (w.sparse) {
     const double one_layer = seqs * n * k * 4;
     mem.indices = c.recompute == Recompute::kReselect ? one_layer : layers * one_layer;
@@ -282,12 +291,14 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   if (w.sparse && megatron) {
     scratch = std::min(kTableChunkRows, n) * N * 4 + std::min(kGatherChunkRows, n) * k * row_bytes;
   } else if (w.sparse) {
-    scratch = prof.topk_scratch_bytes + 2 * n * k * 4;
+    scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
   }
   // While a layer runs backward, the gradients of its queries and of its attention output live
   // beside what it saved (n H (d_qk + d_v) elements; the layer benchmark's peak showed them).
-  const double layer_backward = seqs * n * H * (dqk + dv) * ab;
-  mem.workspace = scratch + layer_backward + 2 * seqs * n * w.vocab * 4;
+  const double layer_backward = seqs * chunk * H * (dqk + dv) * ab;
+  // A chunked layer's backward holds its input's and output's gradients whole (fp32).
+  const double chunked_grads = chunks > 1 ? 2 * seqs * n * d * 4 : 0;
+  mem.workspace = scratch + layer_backward + chunked_grads + 2 * seqs * n * w.vocab * 4;
   const double sum = mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace;
   mem.total = sum * 1.1;
   if (out.rejected.empty() && mem.total > prof.memory_bytes) {
@@ -297,6 +308,26 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
         mem.weights / kGiB);
   }
   return out;
+}
+
+Prediction PredictFitted(const Workload& work, const Candidate& candidate,
+                         const DeviceProfile& profile, int gpus) {
+  Prediction whole = Predict(work, candidate, profile, gpus);
+  if (candidate.recompute == Recompute::kNone || candidate.query_chunk > 0 ||
+      whole.memory.total <= profile.memory_bytes) {
+    return whole;
+  }
+  const int64_t local = std::max<int64_t>(1, work.seq_len / std::max(1, candidate.cp));
+  Prediction fitted = whole;
+  int64_t largest = kMinQueryChunk;
+  while (largest * 2 < local) largest *= 2;
+  for (int64_t chunk = largest; chunk >= kMinQueryChunk && chunk < local; chunk /= 2) {
+    Candidate c = candidate;
+    c.query_chunk = chunk;
+    fitted = Predict(work, c, profile, gpus);
+    if (fitted.memory.total <= profile.memory_bytes) break;
+  }
+  return fitted;
 }
 
 }  // namespace hyscale::server::planner

@@ -11,7 +11,8 @@
 //   attention  sparse fwd/bwd, FLOPs 2 H k (d_qk + d_v) n issued x G/dedup(G) (a group computes
 //              over the union of its keys) or memory-bound on keys loaded, n k (d_qk+d_v) / dedup
 //   recompute  replay: the forward again minus selection, plus index scores at the k saved
-//              entries; re-selection: the whole forward again
+//              entries; re-selection: the whole forward again. In query chunks of C, the key
+//              side's projections run once more and every kernel is called once more a chunk
 //   comm       all-gather of the key side (N (d_qk + d_v + d_I) elements), hidden behind the
 //              query projections (and, with a separate indexer group, the K/V half behind
 //              FlashTopK); the backward reduce-scatter is exposed in full (as the trainer
@@ -48,8 +49,10 @@ struct Candidate {
   int group = 1;  // G
   Recompute recompute = Recompute::kNone;
   Stack stack = Stack::kHyScale;
+  // Queries a recomputed layer runs at once (RecomputeSpec.query_chunk); 0: all local ones.
+  int64_t query_chunk = 0;
 
-  std::string Describe() const;  // "cp 32 zigzag shared G=2 replay"
+  std::string Describe() const;  // "cp 32 zigzag shared G=2 replay", then " chunks of 8192"
 };
 
 // The shape of the work, read from a JobSpec.
@@ -69,12 +72,16 @@ struct Workload {
 };
 
 struct MemoryBreakdown {
-  double weights = 0;      // fp32 weights, gradients, AdamW moments
-  double activations = 0;  // saved for backward (and one layer's during recomputation)
-  double indices = 0;      // saved top-k indices
-  double gathered = 0;     // all-gathered key side (two layers in flight) and its gradients
-  double workspace = 0;    // selection and attention scratch, one layer's backward, logits
-  double total = 0;        // the sum + 10% allocator slack
+  double weights = 0;  // fp32 weights, gradients, AdamW moments
+  // Saved for backward: with recomputation each layer's fp32 input, plus one query chunk's
+  // activations while its layer is recomputed.
+  double activations = 0;
+  double indices = 0;   // saved top-k indices
+  double gathered = 0;  // all-gathered key side (two layers in flight) and its gradients
+  // Selection and attention scratch and one layer's backward (of a chunk), the gradients of a
+  // chunked layer's input and output, logits.
+  double workspace = 0;
+  double total = 0;  // the sum + 10% allocator slack
 };
 
 struct Prediction {
@@ -102,5 +109,15 @@ struct Prediction {
 // `gpus`: devices of the job; the CP group is replicated gpus / cp times (data parallel).
 Prediction Predict(const Workload& work, const Candidate& candidate, const DeviceProfile& profile,
                    int gpus);
+
+// The smallest query chunk the planner and the trainer choose: below it a chunk's kernel calls
+// cost more than its memory saves.
+inline constexpr int64_t kMinQueryChunk = 1024;
+
+// With a query_chunk of 0 and recomputation: the prediction at the largest chunk that fits the
+// profile's memory, 0 (all local queries) when they fit, else powers of two from the local
+// sequence down to kMinQueryChunk (the smallest when none fits). Otherwise Predict as given.
+Prediction PredictFitted(const Workload& work, const Candidate& candidate,
+                         const DeviceProfile& profile, int gpus);
 
 }  // namespace hyscale::server::planner

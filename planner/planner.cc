@@ -53,8 +53,14 @@ MemoryEstimate EstimateMemory(const v1::JobSpec& spec) {
                                   2 * int64_t{m.heads()} * keys;
   const int64_t full_layer = kFloatBytes * tokens * per_token_layer;
   const int64_t layers = std::max(1, m.layers());
+  const int64_t chunk = spec.recompute().query_chunk();
+  const int64_t chunk_tokens =
+      chunk > 0 ? int64_t{std::max(1, spec.data().batch_size())} *
+                      std::min<int64_t>(chunk, std::max(1, spec.data().seq_len()))
+                : tokens;
   const int64_t saved = spec.recompute().enabled()
-                            ? layers * kFloatBytes * tokens * m.d_model() + full_layer
+                            ? layers * kFloatBytes * tokens * m.d_model() +
+                                  kFloatBytes * chunk_tokens * per_token_layer
                             : layers * full_layer;
   const int64_t logits = 2 * kFloatBytes * tokens * m.vocab_size();
   e.activation_bytes = saved + logits;
@@ -152,7 +158,7 @@ PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options) {
   const Workload work = Workload::Of(spec);
   PlanResult plan;
   for (const Candidate& c : EnumerateCandidates(work, options)) {
-    plan.candidates.push_back(Predict(work, c, options.profile, options.gpus));
+    plan.candidates.push_back(PredictFitted(work, c, options.profile, options.gpus));
   }
   std::stable_sort(plan.candidates.begin(), plan.candidates.end(),
                    [](const Prediction& a, const Prediction& b) {
@@ -232,6 +238,7 @@ Candidate CandidateOf(const v1::JobSpec& spec) {
   if (spec.recompute().enabled()) {
     c.recompute = spec.recompute().selection_replay() ? Recompute::kReplay : Recompute::kReselect;
   }
+  c.query_chunk = spec.recompute().query_chunk();
   return c;
 }
 

@@ -37,7 +37,7 @@ int64_t ParameterCount(const v1::ModelSpec& model);
 //     (norm inputs and outputs, q/k/v, indexer queries, SwiGLU gate/up/hidden, attention
 //      probabilities and scores over the attended keys)
 //   with recompute.enabled only each layer's input (4 B x B x T x d) is kept per layer, plus one
-//   layer's full activations during its recomputation
+//   layer's full activations during its recomputation (of B x query_chunk tokens when chunked)
 //   plus logits and their gradient: 2 x 4 B x B x T x vocab
 //   plus 10% for allocator slack and workspaces.
 MemoryEstimate EstimateMemory(const v1::JobSpec& spec);

@@ -365,6 +365,11 @@ void validate_training(const v1::JobSpec& spec, Problems& p) {
   p.AtLeast("checkpoint.keep", c.keep(), 1);
   p.AtLeast("log_every", spec.log_every(), 1);
   p.AtLeast("eval_every", spec.eval_every(), 0);
+  p.AtLeast("recompute.query_chunk", spec.recompute().query_chunk(), 0);
+  if (spec.recompute().query_chunk() > kMaxSeqLen) {
+    p.Add("recompute.query_chunk",
+          absl::StrCat("must be <= ", kMaxSeqLen, " (got ", spec.recompute().query_chunk(), ")"));
+  }
   p.AtLeast("threads", spec.threads(), 0);
   if (spec.threads() > kMaxThreads) {
     p.Add("threads", absl::StrCat("must be <= ", kMaxThreads, " (got ", spec.threads(), ")"));

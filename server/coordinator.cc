@@ -92,7 +92,8 @@ planner::PlanOptions PlannerOptions(const v1::Resources& resources,
 absl::StatusOr<int64_t> MemoryPerRank(const v1::JobSpec& spec, const v1::Resources& resources,
                                       const planner::DeviceProfile& profile) {
   const planner::PlanOptions options = PlannerOptions(resources, profile);
-  const planner::Prediction own = planner::Predict(
+  // A query_chunk of 0 lets the trainer choose one that fits (recomputed layers).
+  const planner::Prediction own = planner::PredictFitted(
       planner::Workload::Of(spec), planner::CandidateOf(spec), options.profile, options.gpus);
   if (!own.rejected.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("spec: does not fit ", options.gpus, " ",
@@ -121,6 +122,7 @@ absl::Status ApplyPlan(const v1::Resources& resources, const planner::DeviceProf
   par->set_separate_indexer_group(best.indexer == planner::IndexerGroup::kSeparate);
   spec->mutable_recompute()->set_enabled(best.recompute != planner::Recompute::kNone);
   spec->mutable_recompute()->set_selection_replay(best.recompute == planner::Recompute::kReplay);
+  spec->mutable_recompute()->set_query_chunk(static_cast<int32_t>(best.query_chunk));
   return absl::OkStatus();
 }
 
@@ -1010,6 +1012,7 @@ absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request)
     plan.set_context_parallel(best.candidate.cp);
     plan.set_cp_layout(best.candidate.cp > 1 ? CpLayoutName(best.candidate.layout) : "none");
     plan.set_query_group(best.candidate.group);
+    plan.set_query_chunk(static_cast<int32_t>(best.candidate.query_chunk));
     plan.set_step_seconds(best.step_s);
     memory = static_cast<int64_t>(best.memory.total);
   }

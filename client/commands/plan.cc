@@ -146,6 +146,8 @@ int Plan(const Context& context, const PlanArgs& args) {
   table.AddRow(
       {"context parallel", absl::StrCat(plan.context_parallel(), " (", plan.cp_layout(), ")")});
   table.AddRow({"query group", absl::StrCat(plan.query_group())});
+  table.AddRow({"query chunk", plan.query_chunk() > 0 ? absl::StrCat(plan.query_chunk(), " queries")
+                                                      : "whole sequence"});
   table.AddRow({"memory per rank", FormatBytes(plan.memory_bytes_per_rank())});
   table.AddRow({"step time", plan.step_seconds() > 0
                                  ? absl::StrFormat("%.3f s", plan.step_seconds())

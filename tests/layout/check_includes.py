@@ -5,7 +5,7 @@ Each folder may include only the folders its rule lists (our headers by their pa
 root, "hyscale/v1/..." for the generated protobuf code). The rules form a graph without cycles:
 
   kernels <- worker/model <- worker/parallel <- worker/trainer
-  proto <- planner <- server, client, worker/calibrate
+  proto <- planner <- server, client, worker/calibrate, worker/trainer
   proto <- worker/agent, bench/service
   util (subprocess, files, temp folders, logging): a leaf every folder may include
 
@@ -29,7 +29,8 @@ RULES = {
     "planner": ["planner"] + PROTO,
     "worker/model": ["worker/model", "kernels"] + PROTO,
     "worker/parallel": ["worker/parallel", "worker/model", "kernels"] + PROTO,
-    "worker/trainer": ["worker/trainer", "worker/model", "worker/parallel", "kernels"] + PROTO,
+    "worker/trainer": ["worker/trainer", "worker/model", "worker/parallel", "planner",
+                       "kernels"] + PROTO,
     "worker/calibrate": ["worker/calibrate", "planner", "kernels"] + PROTO,
     "worker/agent": ["worker/agent"] + PROTO,
     "server": ["server", "planner"] + PROTO,

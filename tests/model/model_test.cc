@@ -41,9 +41,10 @@ struct TrainedOnce {
 
 // One forward + backward of lm_loss + indexer_loss on a fixed batch, from a fixed init.
 TrainedOnce run_once(const ModelConfig& config, const ForwardOptions& options, bool lm = true,
-                     bool indexer = true) {
+                     bool indexer = true, torch::Dtype dtype = torch::kFloat) {
   torch::manual_seed(7);
   DsaModel model(config);
+  model->to(dtype);
   const auto tokens = torch::randint(config.vocab_size, {2, 19}, torch::kLong);
   auto result = model->forward(tokens, options);
   torch::Tensor loss = torch::zeros({});
@@ -143,6 +144,54 @@ TEST(ModelTest, LatentKvTakesTheValuesFromTheKeys) {
       has_keys |= name.find(".wk.") != std::string::npos;
     }
     EXPECT_TRUE(has_keys);
+  }
+}
+
+void expect_close(const TrainedOnce& got, const TrainedOnce& want, const std::string& what) {
+  ASSERT_EQ(got.grads.size(), want.grads.size()) << what;
+  for (const auto& [name, grad] : want.grads) {
+    ASSERT_TRUE(got.grads.count(name)) << what << ": " << name;
+    EXPECT_TRUE(torch::allclose(got.grads.at(name), grad, 1e-10, 1e-12))
+        << what << ": " << name << " max |diff| "
+        << (got.grads.at(name) - grad).abs().max().item<double>();
+  }
+  EXPECT_TRUE(torch::allclose(got.logits, want.logits, 1e-10, 1e-12)) << what;
+  EXPECT_NEAR(got.indexer_loss, want.indexer_loss, 1e-12) << what;
+}
+
+// options.query_chunk: a layer runs its queries a chunk at a time (forward, recomputation and
+// backward) and trains exactly as it does on the whole sequence, in float64, for chunks that do
+// and do not divide the sequence (19 tokens), one row a chunk included; under recomputation
+// replay and re-selection stay bit-identical and replay still never selects.
+TEST(ModelTest, QueryChunksTrainLikeTheWholeSequence) {
+  for (const bool latent : {false, true}) {
+    auto config = small_config();
+    config.latent_kv = latent;
+    if (latent) config.head_dim_qk = config.head_dim_v + config.rope_dim;
+    for (const auto mode : {AttentionMode::kSparse, AttentionMode::kDense}) {
+      ForwardOptions whole = sparse(false, false);
+      whole.attention = mode;
+      const TrainedOnce want = run_once(config, whole, true, true, torch::kDouble);
+      for (const int64_t chunk : {1, 4, 7, 19, 64}) {
+        for (const bool recompute : {false, true}) {
+          ForwardOptions o = sparse(recompute, true);
+          o.attention = mode;
+          o.query_chunk = chunk;
+          const std::string what = std::string(latent ? "latent " : "") +
+                                   (mode == AttentionMode::kDense ? "dense" : "sparse") +
+                                   (recompute ? " recomputed" : "") + ", chunks of " +
+                                   std::to_string(chunk);
+          const TrainedOnce replay = run_once(config, o, true, true, torch::kDouble);
+          expect_close(replay, want, what);
+          if (recompute && mode == AttentionMode::kSparse) {
+            EXPECT_EQ(replay.stats.recompute_selections, 0) << what;
+            EXPECT_EQ(replay.stats.replays, config.layers) << what;
+            o.selection_replay = false;
+            expect_identical(run_once(config, o, true, true, torch::kDouble), replay);
+          }
+        }
+      }
+    }
   }
 }
 

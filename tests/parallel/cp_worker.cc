@@ -136,10 +136,10 @@ bool close(const char* what, const torch::Tensor& got, const torch::Tensor& want
   return false;
 }
 
-// For each layout and forward variant, with values of their own and with a latent (values =
-// the keys' first features, exchanged as part of the keys): the context-parallel layer's
-// outputs, selection, indexer loss (across shards) and gradients (parameters summed over ranks,
-// inputs per shard) equal the single-process layer's on the whole sequence.
+// For each layout and forward variant (chunked queries included), with values of their own and with
+// a latent (values = the keys' first features, exchanged as part of the keys): the context-parallel
+// layer's outputs, selection, indexer loss (across shards) and gradients (parameters summed over
+// ranks, inputs per shard) equal the single-process layer's on the whole sequence.
 int run_layer(const std::shared_ptr<Communicator>& comm, const trainer::ModelConfig& config,
               const std::string& label) {
   const int world = comm->world_size();
@@ -153,15 +153,21 @@ int run_layer(const std::shared_ptr<Communicator>& comm, const trainer::ModelCon
     const char* name;
     trainer::AttentionMode attention;
     bool recompute;
+    int64_t query_chunk;  // each rank's chunks of its own 8 queries (3: a short last one)
   };
   bool ok = true;
-  for (const Variant& v : {Variant{"sparse", trainer::AttentionMode::kSparse, false},
-                           Variant{"sparse+recompute", trainer::AttentionMode::kSparse, true},
-                           Variant{"dense", trainer::AttentionMode::kDense, false}}) {
+  for (const Variant& v :
+       {Variant{"sparse", trainer::AttentionMode::kSparse, false, 0},
+        Variant{"sparse+recompute", trainer::AttentionMode::kSparse, true, 0},
+        Variant{"sparse+recompute+chunks", trainer::AttentionMode::kSparse, true, 3},
+        Variant{"dense", trainer::AttentionMode::kDense, false, 0},
+        Variant{"dense+recompute+chunks", trainer::AttentionMode::kDense, true, 3}}) {
     trainer::ForwardOptions options;
     options.attention = v.attention;
     options.recompute = v.recompute;
+    // The reference is the whole sequence unchunked.
     const LayerRun whole = forward_backward(layer, x, weight, 1.0, options);
+    options.query_chunk = v.query_chunk;
     for (v1::CpLayout layout : kCpLayouts) {
       auto exchange = ContextParallelExchange::Create(comm, layout, seq_len);
       if (!exchange.ok()) return fail(exchange.status().ToString());

@@ -265,6 +265,16 @@ TEST(ValidateJobSpec, OversizedValuesAreRejected) {
       "stages[0].name: must be at most 4096 bytes (got 4097)");
 }
 
+TEST(ValidateJobSpec, QueryChunkIsACountOfQueries) {
+  EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_recompute()->set_query_chunk(-1); }),
+            "recompute.query_chunk: must be >= 0 (got -1)");
+  EXPECT_EQ(problems_after([](v1::JobSpec& s) { s.mutable_recompute()->set_query_chunk(1 << 25); }),
+            "recompute.query_chunk: must be <= 16777216 (got 33554432)");
+  v1::JobSpec spec = recall_spec();
+  spec.mutable_recompute()->set_query_chunk(64);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
 TEST(ValidateJobSpec, TopkMustFitTheSequence) {
   EXPECT_EQ(
       problems_after([](v1::JobSpec& s) { s.mutable_model()->mutable_indexer()->set_topk(4096); }),

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -106,6 +107,36 @@ TEST_F(TrainCliTest, ResumeContinuesBitIdentically) {
   for (const auto& [step, loss] : after) {
     EXPECT_EQ(loss, expected.at(step)) << "step " << step << " differs after resume";
   }
+}
+
+// --query-chunk: every stage runs its queries 40 at a time (96 tokens: chunks of 40, 40, 16),
+// says so in its stage_started event, and trains as the whole sequence does (float32, CPU: the
+// sums run in another order, so the losses agree to rounding).
+TEST_F(TrainCliTest, QueryChunksTrainLikeWholeSequences) {
+  const std::string spec = write_spec(base_spec());
+  const Result whole = run({"--config", spec, "--eval", "false"});
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const Result chunked = run({"--config", spec, "--eval", "false", "--query-chunk", "40"});
+  ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
+  int stages = 0;
+  std::istringstream lines(chunked.output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto event = ParseEventLine(line);
+    if (event.ok() && event->has_stage_started()) {
+      EXPECT_EQ(event->stage_started().query_chunk(), 40) << line;
+      ++stages;
+    }
+  }
+  EXPECT_EQ(stages, 2) << chunked.output;
+  const auto want = losses(whole.output), got = losses(chunked.output);
+  ASSERT_EQ(got.size(), want.size()) << chunked.output;
+  for (const auto& [step, loss] : want) {
+    EXPECT_NEAR(got.at(step), loss, 1e-4 * std::abs(loss)) << "step " << step;
+  }
+  const Result bad = run({"--config", spec, "--query-chunk", "-3"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("recompute.query_chunk: must be >= 0 (got -3)"), std::string::npos)
+      << bad.output;
 }
 
 TEST_F(TrainCliTest, CorruptNewestCheckpointFallsBackWithAWarning) {

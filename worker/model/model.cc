@@ -89,6 +89,55 @@ torch::Tensor dense_kl(const torch::Tensor& p, const torch::Tensor& scores,
   return (torch::xlogy(p, p) - p * log_q).sum(-1);
 }
 
+// A [B, T, ...] tensor assembled from chunks of its rows: in place when no graph is recorded (each
+// chunk's part can be freed as the next one runs), by concatenation when one is. Undefined parts
+// (a dense layer's indices) leave it undefined.
+class RowAssembler {
+ public:
+  RowAssembler(int64_t rows, size_t chunks) : rows_(rows), chunks_(chunks) {}
+
+  void add(int64_t begin, const torch::Tensor& part) {
+    if (!part.defined()) return;
+    if (chunks_ == 1) {
+      whole_ = part;
+    } else if (torch::GradMode::is_enabled()) {
+      parts_.push_back(part);
+    } else {
+      if (!whole_.defined()) {
+        auto sizes = part.sizes().vec();
+        sizes[1] = rows_;
+        whole_ = torch::empty(sizes, part.options());
+      }
+      whole_.narrow(1, begin, part.size(1)).copy_(part);
+    }
+  }
+  torch::Tensor take() { return parts_.empty() ? whole_ : torch::cat(parts_, 1); }
+
+ private:
+  int64_t rows_;
+  size_t chunks_;
+  torch::Tensor whole_;
+  std::vector<torch::Tensor> parts_;
+};
+
+// Outputs and their gradients for one autograd backward call; a pair is skipped when either is
+// missing or the output has no graph.
+class Gradients {
+ public:
+  void add(const torch::Tensor& output, const torch::Tensor& grad) {
+    if (output.defined() && output.requires_grad() && grad.defined()) {
+      outputs_.push_back(output);
+      grads_.push_back(grad);
+    }
+  }
+  void run() {
+    if (!outputs_.empty()) torch::autograd::backward(outputs_, grads_);
+  }
+
+ private:
+  std::vector<torch::Tensor> outputs_, grads_;
+};
+
 }  // namespace
 
 ModelConfig ModelConfig::FromSpec(const v1::ModelSpec& spec) {
@@ -189,6 +238,157 @@ DsaLayerImpl::DsaLayerImpl(const ModelConfig& c)
   w_down_ = register_module("w_down", linear(c.d_ff, c.d_model, out_std));
 }
 
+// A run of a layer's query rows, processed together.
+struct DsaLayerImpl::Chunk {
+  int64_t begin = 0;           // first local row
+  int64_t length = 0;          // rows
+  torch::Tensor positions;     // [length] their global positions, on the layer's device
+  std::vector<QueryRun> runs;  // maximal runs of consecutive positions among them
+  int64_t keys = 0;            // keys any of them sees: its last position + 1
+};
+
+std::vector<DsaLayerImpl::Chunk> DsaLayerImpl::chunks(const torch::Tensor& x,
+                                                      const ForwardOptions& options) const {
+  const int64_t t = x.size(1);
+  const auto& exchange = options.key_exchange;
+  const auto positions =
+      exchange ? exchange->positions().to(torch::kCPU) : torch::arange(t, torch::kLong);
+  TORCH_CHECK(positions.numel() == t, "the key exchange's positions (", positions.numel(),
+              ") do not match the layer input's rows (", t, ")");
+  const auto on_device = positions.to(x.device());
+  const int64_t size = options.query_chunk > 0 ? std::min(options.query_chunk, t) : t;
+  std::vector<Chunk> out;
+  for (int64_t begin = 0; begin < t; begin += size) {
+    Chunk c;
+    c.begin = begin;
+    c.length = std::min(size, t - begin);
+    const auto mine = positions.narrow(0, begin, c.length);
+    c.positions = on_device.narrow(0, begin, c.length);
+    c.runs = query_runs(mine);
+    c.keys = mine[c.length - 1].item<int64_t>() + 1;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+DsaLayerImpl::KeySide DsaLayerImpl::key_side(const torch::Tensor& h, const torch::Tensor& positions,
+                                             const ForwardOptions& options) {
+  KeySide side;
+  {
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
+    side.key = rope_.apply(wk_(h), positions);
+    if (!config_.latent_kv) side.value = wv_(h);
+  }
+  // The indexer's inputs are detached: it learns only from its KL loss.
+  PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_SELECTION);
+  side.index_k = indexer_->project_keys(h.detach(), positions);
+  return side;
+}
+
+DsaLayerImpl::KeySide DsaLayerImpl::key_side(const torch::Tensor& x,
+                                             const std::vector<Chunk>& chunks,
+                                             const ForwardOptions& options, torch::Tensor* h) {
+  if (chunks.size() == 1) {
+    {
+      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
+      *h = attn_norm_(x);
+    }
+    return key_side(*h, chunks[0].positions, options);
+  }
+  RowAssembler key(x.size(1), chunks.size()), value(key), index_k(key);
+  for (const Chunk& c : chunks) {
+    torch::Tensor h_c;
+    {
+      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
+      h_c = attn_norm_(x.narrow(1, c.begin, c.length));
+    }
+    const KeySide part = key_side(h_c, c.positions, options);
+    key.add(c.begin, part.key);
+    value.add(c.begin, part.value);
+    index_k.add(c.begin, part.index_k);
+  }
+  return {key.take(), value.take(), index_k.take()};
+}
+
+DsaLayerImpl::QuerySide DsaLayerImpl::query_side(const torch::Tensor& h,
+                                                 const torch::Tensor& positions,
+                                                 const ForwardOptions& options) {
+  QuerySide side;
+  {
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
+    side.q = rope_.apply(wq_(h).view({h.size(0), h.size(1), config_.heads, config_.head_dim_qk}),
+                         positions);
+  }
+  PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_SELECTION);
+  indexer_->project_queries(h.detach(), positions, side.index);
+  return side;
+}
+
+void DsaLayerImpl::start_exchange(const KeySide& local, const ForwardOptions& options) {
+  const auto& exchange = options.key_exchange;
+  const auto& indexer_exchange = options.indexer_key_exchange;
+  if (!exchange && !indexer_exchange) return;
+  // The indexer keys travel either with the attention keys or on their own group, concurrently.
+  PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_COMM);
+  if (indexer_exchange) indexer_exchange->start(local.index_k);
+  if (exchange) {
+    std::vector<torch::Tensor> side{local.key};
+    if (!config_.latent_kv) side.push_back(local.value);
+    if (!indexer_exchange) side.push_back(local.index_k);
+    exchange->start(torch::cat(side, -1));
+  }
+}
+
+DsaLayerImpl::KeySide DsaLayerImpl::finish_exchange(const KeySide& local,
+                                                    const ForwardOptions& options) {
+  const auto& exchange = options.key_exchange;
+  const auto& indexer_exchange = options.indexer_key_exchange;
+  KeySide all = local;
+  if (!exchange && !indexer_exchange) return all;
+  PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_COMM);
+  if (exchange) {
+    const torch::Tensor gathered = exchange->finish();
+    std::vector<int64_t> widths{config_.head_dim_qk};
+    if (!config_.latent_kv) widths.push_back(config_.head_dim_v);
+    if (!indexer_exchange) widths.push_back(local.index_k.size(-1));
+    const auto parts = gathered.split_with_sizes(widths, -1);
+    // A latent's keys are made contiguous so that the values stay a view of them (the
+    // attention kernels then gather each row once).
+    all.key = config_.latent_kv ? parts[0].contiguous() : parts[0];
+    if (!config_.latent_kv) all.value = parts[1];
+    if (!indexer_exchange) all.index_k = parts.back();
+  }
+  if (indexer_exchange) all.index_k = indexer_exchange->finish();
+  return all;
+}
+
+void DsaLayerImpl::count_selection(const ForwardOptions& options,
+                                   const torch::Tensor& replay_indices,
+                                   SelectionStats& stats) const {
+  if (options.attention != AttentionMode::kSparse) return;
+  if (replay_indices.defined()) {
+    ++stats.replays;
+  } else {
+    ++(options.clock->recomputing() ? stats.recompute_selections : stats.selections);
+  }
+}
+
+DsaLayerImpl::Attention DsaLayerImpl::attend(const QuerySide& queries, const KeySide& keys,
+                                             const Chunk& chunk, const ForwardOptions& options,
+                                             const torch::Tensor& replay_indices) {
+  // Causal: the chunk's queries see only the keys before its last position.
+  const auto seen = [&chunk](const torch::Tensor& t) {
+    return t.defined() ? t.narrow(1, 0, chunk.keys) : t;
+  };
+  LightningIndexerImpl::Projections index = queries.index;
+  index.k = seen(keys.index_k);
+  const auto key = seen(keys.key);
+  const auto value = config_.latent_kv ? key.narrow(-1, 0, config_.head_dim_v) : seen(keys.value);
+  return options.attention == AttentionMode::kDense
+             ? dense_attention(queries.q, key, value, index, chunk.positions, options)
+             : sparse_attention(queries.q, key, value, index, chunk, options, replay_indices);
+}
+
 DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
     const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
     const LightningIndexerImpl::Projections& index, const torch::Tensor& positions,
@@ -214,19 +414,14 @@ DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
 
 DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
     const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
-    const LightningIndexerImpl::Projections& index, const torch::Tensor& positions,
-    const ForwardOptions& options, const torch::Tensor& replay_indices, SelectionStats& stats) {
+    const LightningIndexerImpl::Projections& index, const Chunk& chunk,
+    const ForwardOptions& options, const torch::Tensor& replay_indices) {
   Attention a;
   torch::Tensor scores;
   {
     PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_SELECTION);
-    if (replay_indices.defined()) {
-      ++stats.replays;
-    } else {
-      ++(options.clock->recomputing() ? stats.recompute_selections : stats.selections);
-    }
-    auto selection = select(index, query_runs(positions), config_.topk, config_.index_fp8,
-                            replay_indices, options.indexer_loss);
+    auto selection = select(index, chunk.runs, config_.topk, config_.index_fp8, replay_indices,
+                            options.indexer_loss);
     a.indices = selection.indices;
     scores = selection.scores;
   }
@@ -249,6 +444,17 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
   return a;
 }
 
+torch::Tensor DsaLayerImpl::residuals(const torch::Tensor& x, const torch::Tensor& attention_out,
+                                      const ForwardOptions& options) {
+  torch::Tensor out;
+  {
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
+    out =
+        x + wo_(attention_out.reshape({x.size(0), x.size(1), config_.heads * config_.head_dim_v}));
+  }
+  return mlp(out, options);
+}
+
 torch::Tensor DsaLayerImpl::mlp(const torch::Tensor& x, const ForwardOptions& options) {
   PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_MLP);
   const auto h = mlp_norm_(x);
@@ -257,89 +463,205 @@ torch::Tensor DsaLayerImpl::mlp(const torch::Tensor& x, const ForwardOptions& op
 
 LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& options,
                                   const torch::Tensor& replay_indices, SelectionStats& stats) {
-  auto& clock = *options.clock;
-  const int64_t b = x.size(0), t = x.size(1);
-  const auto& exchange = options.key_exchange;
-  const auto positions = exchange ? exchange->positions().to(x.device())
-                                  : torch::arange(t, x.options().dtype(torch::kLong));
-  torch::Tensor h, key, value;
-  LightningIndexerImpl::Projections index;
-  {
-    PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
-    h = attn_norm_(x);
-    key = rope_.apply(wk_(h), positions);
-    if (!config_.latent_kv) value = wv_(h);
-  }
-  {
-    // The indexer's inputs are detached: it learns only from its KL loss.
-    PhaseClock::Scope scope(clock, v1::STEP_PHASE_SELECTION);
-    index.k = indexer_->project_keys(h.detach(), positions);
-  }
-  // Under context parallelism the key side travels while the query side is projected; the
-  // indexer keys either with the attention keys or on their own group, concurrently.
-  const auto& indexer_exchange = options.indexer_key_exchange;
-  if (indexer_exchange || exchange) {
-    PhaseClock::Scope scope(clock, v1::STEP_PHASE_COMM);
-    if (indexer_exchange) indexer_exchange->start(index.k);
-    if (exchange) {
-      // The key side: the keys, the values unless they are the keys' first features, and the
-      // indexer keys unless they travel on their own.
-      std::vector<torch::Tensor> side{key};
-      if (!config_.latent_kv) side.push_back(value);
-      if (!indexer_exchange) side.push_back(index.k);
-      exchange->start(torch::cat(side, -1));
+  const int64_t t = x.size(1);
+  const std::vector<Chunk> parts = chunks(x, options);
+  count_selection(options, replay_indices, stats);
+  torch::Tensor h;  // attn_norm(x), kept for the queries when they run as one chunk
+  const KeySide local = key_side(x, parts, options, &h);
+  start_exchange(local, options);
+  KeySide keys;
+  RowAssembler out_x(t, parts.size()), indices(out_x), probe_q(out_x), probe_indices(out_x);
+  torch::Tensor loss;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Chunk& c = parts[i];
+    const auto x_c = x.narrow(1, c.begin, c.length);
+    if (!h.defined()) {
+      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
+      h = attn_norm_(x_c);
+    }
+    const QuerySide queries = query_side(h, c.positions, options);
+    if (parts.size() > 1) h = torch::Tensor();
+    if (i == 0) keys = finish_exchange(local, options);
+    const auto replay =
+        replay_indices.defined() ? replay_indices.narrow(1, c.begin, c.length) : replay_indices;
+    const Attention a = attend(queries, keys, c, options, replay);
+    out_x.add(c.begin, residuals(x_c, a.out, options));
+    indices.add(c.begin, a.indices);
+    if (a.loss.defined()) {
+      // The chunk's mean, weighted by its share of the queries: the mean over all of them.
+      const auto share = a.loss * (static_cast<double>(c.length) / static_cast<double>(t));
+      loss = loss.defined() ? loss + share : share;
+    }
+    if (options.keep_probes) {
+      probe_q.add(c.begin, queries.q.detach());
+      const LightningIndexerImpl::Projections detached{queries.index.q.detach(),
+                                                       keys.index_k.narrow(1, 0, c.keys).detach(),
+                                                       queries.index.w.detach()};
+      probe_indices.add(
+          c.begin,
+          a.indices.defined()
+              ? a.indices
+              : select(detached, c.runs, config_.topk, config_.index_fp8, torch::Tensor()).indices);
     }
   }
-  torch::Tensor q;
-  {
-    PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
-    q = rope_.apply(wq_(h).view({b, t, config_.heads, config_.head_dim_qk}), positions);
-  }
-  {
-    PhaseClock::Scope scope(clock, v1::STEP_PHASE_SELECTION);
-    indexer_->project_queries(h.detach(), positions, index);
-  }
-  if (exchange) {
-    PhaseClock::Scope scope(clock, v1::STEP_PHASE_COMM);
-    const torch::Tensor gathered = exchange->finish();
-    std::vector<int64_t> widths{config_.head_dim_qk};
-    if (!config_.latent_kv) widths.push_back(config_.head_dim_v);
-    if (!indexer_exchange) widths.push_back(index.k.size(-1));
-    const auto parts = gathered.split_with_sizes(widths, -1);
-    // A latent's keys are made contiguous so that the values stay a view of them (the
-    // attention kernels then gather each row once).
-    key = config_.latent_kv ? parts[0].contiguous() : parts[0];
-    if (!config_.latent_kv) value = parts[1];
-    if (!indexer_exchange) index.k = parts.back();
-  }
-  if (config_.latent_kv) value = key.narrow(-1, 0, config_.head_dim_v);
-  if (indexer_exchange) {
-    PhaseClock::Scope scope(clock, v1::STEP_PHASE_COMM);
-    index.k = indexer_exchange->finish();
-  }
-  Attention a =
-      options.attention == AttentionMode::kDense
-          ? dense_attention(q, key, value, index, positions, options)
-          : sparse_attention(q, key, value, index, positions, options, replay_indices, stats);
   LayerOutput out;
-  {
-    PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
-    out.x = x + wo_(a.out.reshape({b, t, config_.heads * config_.head_dim_v}));
-  }
-  out.x = mlp(out.x, options);
-  out.indexer_loss = a.loss;
-  out.indices = a.indices;
+  out.x = out_x.take();
+  out.indexer_loss = loss;
+  out.indices = indices.take();
   if (options.keep_probes) {
-    out.probe.q = q.detach();
-    out.probe.key = key.detach();
-    const LightningIndexerImpl::Projections detached{index.q.detach(), index.k.detach(),
-                                                     index.w.detach()};
-    out.probe.indices = a.indices.defined() ? a.indices
-                                            : select(detached, query_runs(positions), config_.topk,
-                                                     config_.index_fp8, torch::Tensor())
-                                                  .indices;
+    out.probe.q = probe_q.take();
+    out.probe.key = keys.key.detach();
+    out.probe.indices = probe_indices.take();
   }
   return out;
+}
+
+DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
+    const torch::Tensor& x, const torch::Tensor& grad_out, const torch::Tensor& grad_loss,
+    const ForwardOptions& options, const torch::Tensor& replay_indices, SelectionStats& stats) {
+  torch::AutoGradMode grad_mode(true);
+  auto& clock = *options.clock;
+  Recomputed result;
+  const std::vector<Chunk> parts = chunks(x, options);
+  if (parts.size() == 1) {
+    // One chunk: the layer again with its graph, and one backward through all of it.
+    const auto input = x.detach().requires_grad_(true);
+    LayerOutput out;
+    {
+      PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
+      out = forward(input, options, replay_indices, stats);
+    }
+    Gradients backward;
+    backward.add(out.x, grad_out);
+    backward.add(out.indexer_loss, grad_loss);
+    backward.run();
+    result.x_grad = input.grad();
+    if (out.indexer_loss.defined()) result.indexer_loss = out.indexer_loss.detach();
+    return result;
+  }
+
+  // Several chunks. The key side is recomputed without a graph and becomes a leaf (its graph
+  // from x is rebuilt chunk by chunk at the end); each chunk's queries then run forward and
+  // backward against it, accumulating the key side's gradient.
+  const double rows = static_cast<double>(x.size(1));
+  KeySide local;
+  {
+    PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
+    count_selection(options, replay_indices, stats);
+    torch::NoGradGuard no_grad;
+    local = key_side(x, parts, options, nullptr);
+  }
+  const auto leaf = [](const torch::Tensor& t) {
+    return t.defined() ? t.detach().requires_grad_(true) : t;
+  };
+  local = {leaf(local.key), leaf(local.value), leaf(local.index_k)};
+  {
+    PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
+    start_exchange(local, options);
+  }
+  KeySide keys, key_grads;
+  // Accumulated over chunks in fp32 at least: bf16 sums of many chunks would lose bits.
+  const auto accumulator = [](const torch::Tensor& t) {
+    return t.defined()
+               ? torch::zeros(t.sizes(),
+                              t.options().dtype(at::promote_types(t.scalar_type(), torch::kFloat)))
+               : t;
+  };
+  const auto accumulate = [](const torch::Tensor& into, const torch::Tensor& seen) {
+    if (into.defined() && seen.grad().defined()) {
+      into.narrow(1, 0, seen.size(1)).add_(seen.grad());
+    }
+  };
+  auto x_grad = torch::empty_like(x);
+  torch::Tensor loss;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Chunk& c = parts[i];
+    const auto x_c = x.narrow(1, c.begin, c.length).detach().requires_grad_(true);
+    KeySide seen;
+    Attention a;
+    torch::Tensor out_c, loss_c;
+    {
+      PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
+      torch::Tensor h;
+      {
+        PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
+        h = attn_norm_(x_c);
+      }
+      const QuerySide queries = query_side(h, c.positions, options);
+      if (i == 0) {
+        keys = finish_exchange(local, options);
+        key_grads = {accumulator(keys.key), accumulator(keys.value), accumulator(keys.index_k)};
+      }
+      // The keys this chunk sees, as leaves of its own graph.
+      const auto prefix = [&c, &leaf](const torch::Tensor& t) {
+        return t.defined() ? leaf(t.narrow(1, 0, c.keys)) : t;
+      };
+      seen = {prefix(keys.key), prefix(keys.value), prefix(keys.index_k)};
+      const auto replay =
+          replay_indices.defined() ? replay_indices.narrow(1, c.begin, c.length) : replay_indices;
+      a = attend(queries, seen, c, options, replay);
+      out_c = residuals(x_c, a.out, options);
+      if (a.loss.defined()) {
+        loss_c = a.loss * (static_cast<double>(c.length) / rows);
+      }
+    }
+    Gradients backward;
+    backward.add(out_c, grad_out.defined() ? grad_out.narrow(1, c.begin, c.length) : grad_out);
+    backward.add(loss_c, grad_loss);
+    backward.run();
+    accumulate(key_grads.key, seen.key);
+    accumulate(key_grads.value, seen.value);
+    accumulate(key_grads.index_k, seen.index_k);
+    auto chunk_grad = x_grad.narrow(1, c.begin, c.length);
+    if (x_c.grad().defined()) {
+      chunk_grad.copy_(x_c.grad());
+    } else {
+      chunk_grad.zero_();
+    }
+    if (loss_c.defined()) {
+      const auto value = loss_c.detach();
+      loss = loss.defined() ? loss + value : value;
+    }
+  }
+  result.indexer_loss = loss;
+
+  // The key side's gradient: through the exchange's reduce-scatter to this rank's rows (the
+  // gathered tensors are then the local leaves themselves), then through the key projections of
+  // each chunk into x.
+  {
+    Gradients backward;
+    const auto add = [&backward](const torch::Tensor& t, const torch::Tensor& grad) {
+      if (grad.defined()) backward.add(t, grad.to(t.scalar_type()));
+    };
+    add(keys.key, key_grads.key);
+    add(keys.value, key_grads.value);
+    add(keys.index_k, key_grads.index_k);
+    backward.run();
+  }
+  for (const Chunk& c : parts) {
+    const auto x_c = x.narrow(1, c.begin, c.length).detach().requires_grad_(true);
+    KeySide side;
+    {
+      PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
+      torch::Tensor h;
+      {
+        PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
+        h = attn_norm_(x_c);
+      }
+      side = key_side(h, c.positions, options);
+    }
+    const auto mine = [&c](const torch::Tensor& leaf_grad) {
+      return leaf_grad.defined() ? leaf_grad.narrow(1, c.begin, c.length) : leaf_grad;
+    };
+    Gradients backward;
+    backward.add(side.key, mine(local.key.grad()));
+    if (side.value.defined()) backward.add(side.value, mine(local.value.grad()));
+    backward.add(side.index_k, mine(local.index_k.grad()));
+    backward.run();
+    if (x_c.grad().defined()) x_grad.narrow(1, c.begin, c.length).add_(x_c.grad());
+  }
+  result.x_grad = x_grad;
+  return result;
 }
 
 DsaModelImpl::DsaModelImpl(const ModelConfig& c) : config_(c) {

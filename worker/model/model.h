@@ -72,6 +72,10 @@ struct ForwardOptions {
   bool keep_probes = false;      // keep per-layer tensors for evaluation (indexer recall)
   bool bf16_autocast = false;    // CUDA: matmuls in bf16 (recomputation re-enters it)
   int64_t query_group = 0;       // G of the sparse attention kernels (0: theirs by default)
+  // Queries a layer runs at once, forward, recomputation and backward; 0: all of them. Under
+  // recomputation only the key side (keys, values, indexer keys and their gradients), the layer's
+  // input and output and the top-k indices are held for the whole sequence.
+  int64_t query_chunk = 0;
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
   std::shared_ptr<KeyExchange> key_exchange;  // context parallelism; null: the whole sequence
   // The indexer keys' own exchange (a separate CP group); null: they travel with key_exchange.
@@ -159,28 +163,73 @@ class DsaLayerImpl : public torch::nn::Module {
   explicit DsaLayerImpl(const ModelConfig& config);
 
   // replay_indices: a selection made by an earlier forward of this layer on the same input
-  // (recomputation); when given, scores are recomputed only at those entries.
+  // (recomputation); when given, scores are recomputed only at those entries. Runs the queries
+  // options.query_chunk at a time.
   LayerOutput forward(const torch::Tensor& x, const ForwardOptions& options,
                       const torch::Tensor& replay_indices, SelectionStats& stats);
+
+  struct Recomputed {
+    torch::Tensor x_grad;        // the gradient of the layer's input
+    torch::Tensor indexer_loss;  // the recomputed loss's value, detached; undefined if not computed
+  };
+  // The backward of a layer whose forward kept only its input x (recompute.h): runs the layer
+  // again and backpropagates grad_out (and grad_loss, the indexer loss's gradient, if defined)
+  // through it; the parameters' gradients accumulate. With several query chunks each chunk's
+  // queries are recomputed and backpropagated in turn against the whole key side, whose gradient
+  // is accumulated (in fp32 at least) and backpropagated once at the end.
+  Recomputed recompute_backward(const torch::Tensor& x, const torch::Tensor& grad_out,
+                                const torch::Tensor& grad_loss, const ForwardOptions& options,
+                                const torch::Tensor& replay_indices, SelectionStats& stats);
 
   std::vector<torch::Tensor> indexer_parameters() const { return indexer_->parameters(); }
 
  private:
+  struct Chunk;  // a run of query rows (model.cc)
+  // What every query reads: this rank's rows, or after the exchange the whole sequence's.
+  struct KeySide {
+    torch::Tensor key;      // [B, rows, d_qk] after RoPE; a latent's first d_v features: values
+    torch::Tensor value;    // [B, rows, d_v]; undefined with a latent
+    torch::Tensor index_k;  // [B, rows, d_I]
+  };
+  // What belongs to the queries of one chunk.
+  struct QuerySide {
+    torch::Tensor q;                          // [B, rows, H, d_qk] after RoPE
+    LightningIndexerImpl::Projections index;  // q and w (k is the key side's)
+  };
   struct Attention {
-    torch::Tensor out;   // [B, T, H, d_v]
-    torch::Tensor loss;  // indexer KL, scalar or undefined
+    torch::Tensor out;   // [B, rows, H, d_v]
+    torch::Tensor loss;  // indexer KL, scalar mean over the chunk's queries, or undefined
     torch::Tensor indices;
   };
-  // positions [T]: global positions of the queries; keys cover the whole sequence.
+
+  std::vector<Chunk> chunks(const torch::Tensor& x, const ForwardOptions& options) const;
+  KeySide key_side(const torch::Tensor& h, const torch::Tensor& positions,
+                   const ForwardOptions& options);
+  // The key side of all rows, projected chunk by chunk; `h` gets attn_norm(x) if one chunk.
+  KeySide key_side(const torch::Tensor& x, const std::vector<Chunk>& chunks,
+                   const ForwardOptions& options, torch::Tensor* h);
+  QuerySide query_side(const torch::Tensor& h, const torch::Tensor& positions,
+                       const ForwardOptions& options);
+  // Under context parallelism the key side travels while the first chunk's queries are
+  // projected; without it, finish_exchange returns `local`.
+  void start_exchange(const KeySide& local, const ForwardOptions& options);
+  KeySide finish_exchange(const KeySide& local, const ForwardOptions& options);
+  void count_selection(const ForwardOptions& options, const torch::Tensor& replay_indices,
+                       SelectionStats& stats) const;
+  // One chunk's attention over `keys` (at least the keys its queries see).
+  Attention attend(const QuerySide& queries, const KeySide& keys, const Chunk& chunk,
+                   const ForwardOptions& options, const torch::Tensor& replay_indices);
   Attention dense_attention(const torch::Tensor& q, const torch::Tensor& key,
                             const torch::Tensor& value,
                             const LightningIndexerImpl::Projections& index,
                             const torch::Tensor& positions, const ForwardOptions& options);
   Attention sparse_attention(const torch::Tensor& q, const torch::Tensor& key,
                              const torch::Tensor& value,
-                             const LightningIndexerImpl::Projections& index,
-                             const torch::Tensor& positions, const ForwardOptions& options,
-                             const torch::Tensor& replay_indices, SelectionStats& stats);
+                             const LightningIndexerImpl::Projections& index, const Chunk& chunk,
+                             const ForwardOptions& options, const torch::Tensor& replay_indices);
+  // x plus the attention's output projection, then plus the MLP of that.
+  torch::Tensor residuals(const torch::Tensor& x, const torch::Tensor& attention_out,
+                          const ForwardOptions& options);
   // x plus the MLP of x.
   torch::Tensor mlp(const torch::Tensor& x, const ForwardOptions& options);
 

@@ -94,9 +94,9 @@ class PhaseClock : public torch::CustomClassHolder {
   class Timeline;  // host clock or CUDA events (phases.cc)
 
  private:
-  void forget_step();                 // drops the stamps, slots and creators of a step
+  void forget_step();                         // drops the stamps, slots and creators of a step
   void enter(int slot, v1::StepPhase phase);  // switches the slot and records where `phase` began
-  void switch_to(int slot);           // under mutex_
+  void switch_to(int slot);                   // under mutex_
 
   std::mutex mutex_;
   std::unique_ptr<Timeline> timeline_;

@@ -1,6 +1,5 @@
 #include "worker/model/recompute.h"
 
-#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/torch/compat.h"
@@ -40,32 +39,17 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto state =
         c10::static_intrusive_pointer_cast<RecomputeState>(ctx->saved_data["state"].toCapsule());
-    const auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    torch::AutoGradMode grad_mode(true);
+    const auto x = ctx->get_saved_variables()[0];
     compat::CudaBf16Autocast autocast(state->options.bf16_autocast);
-    LayerOutput out;
-    {
-      PhaseClock::PassGuard pass(*state->options.clock, v1::STEP_PASS_RECOMPUTE);
-      const auto replay = state->options.selection_replay ? state->indices : torch::Tensor();
-      out = state->layer->forward(x, state->options, replay, *state->stats);
-    }
+    const auto replay = state->options.selection_replay ? state->indices : torch::Tensor();
+    const DsaLayerImpl::Recomputed out = state->layer->recompute_backward(
+        x, grads[0], grads[1], state->options, replay, *state->stats);
     if (out.indexer_loss.defined() && state->loss_report.defined()) {
       torch::NoGradGuard no_grad;
-      state->loss_report.add_(out.indexer_loss.detach().to(state->loss_report.scalar_type()) *
+      state->loss_report.add_(out.indexer_loss.to(state->loss_report.scalar_type()) *
                               state->report_scale);
     }
-
-    std::vector<torch::Tensor> outputs, output_grads;
-    const auto add = [&](const torch::Tensor& output, const torch::Tensor& grad) {
-      if (output.defined() && output.requires_grad() && grad.defined()) {
-        outputs.push_back(output);
-        output_grads.push_back(grad);
-      }
-    };
-    add(out.x, grads[0]);
-    add(out.indexer_loss, grads[1]);
-    if (!outputs.empty()) torch::autograd::backward(outputs, output_grads);
-    return {x.grad(), torch::Tensor()};
+    return {out.x_grad, torch::Tensor()};
   }
 };
 

@@ -76,7 +76,8 @@ void EventSink::JobStarted(const v1::JobSpec& spec, const std::string& device) {
   Emit(std::move(event), absl::StrCat("job ", spec.name(), ": ", total, " steps on ", device));
 }
 
-void EventSink::StageStarted(int index, const v1::StageSpec& stage, int64_t step) {
+void EventSink::StageStarted(int index, const v1::StageSpec& stage, int64_t step,
+                             int64_t query_chunk) {
   const std::string attention = v1::AttentionMode_Name(stage.attention());
   const std::string trains = v1::Trainable_Name(stage.trains());
   v1::TrainerEventLine event;
@@ -87,9 +88,11 @@ void EventSink::StageStarted(int index, const v1::StageSpec& stage, int64_t step
   started->set_steps(stage.steps());
   started->set_attention(stage.attention());
   started->set_trains(stage.trains());
+  started->set_query_chunk(query_chunk);
   Emit(std::move(event),
        absl::StrCat("stage ", index, " (", stage.name(), "): ", stage.steps(), " steps from step ",
-                    step, ", ", attention, " attention, trains ", trains));
+                    step, ", ", attention, " attention, trains ", trains,
+                    query_chunk > 0 ? absl::StrCat(", queries in chunks of ", query_chunk) : ""));
 }
 
 void EventSink::Step(StepEvent step, int64_t total_steps) {

@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   std::optional<bool> recompute, replay;
   bool evaluate = true;
   int threads = -1;
+  int query_chunk = -1;
   std::string device_name = "auto";
   app.add_option("-c,--config", config_path, "Job spec (.json, .yaml or .yml)")->required();
   app.add_flag("--resume", resume, "Continue from the newest valid checkpoint");
@@ -120,6 +121,9 @@ int main(int argc, char** argv) {
                  "Evaluate at stage ends and every eval_every steps (true/false; benchmarks "
                  "time the steps alone)");
   app.add_option("--checkpoint-dir", checkpoint_dir, "Override checkpoint.dir");
+  app.add_option(
+      "--query-chunk", query_chunk,
+      "Override recompute.query_chunk: queries a layer runs at once (0: fit the device)");
   app.add_option("--events", events_path, "Also write JSON-line events to this file");
   app.add_option("--threads", threads, "CPU threads (overrides the spec's threads)");
   app.add_option("--device", device_name, "Where to train: cpu, cuda, or auto (cuda if present)")
@@ -133,6 +137,7 @@ int main(int argc, char** argv) {
   }
   if (!checkpoint_dir.empty()) spec->mutable_checkpoint()->set_dir(checkpoint_dir);
   if (threads >= 0) spec->set_threads(threads);
+  if (query_chunk != -1) spec->mutable_recompute()->set_query_chunk(query_chunk);
   hyscale::ApplyDefaults(&*spec);
   if (auto status = hyscale::ValidateJobSpec(*spec); !status.ok()) {
     std::cerr << "hyscale-train: invalid job spec " << config_path << ": " << status.message()

@@ -6,12 +6,17 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <utility>
 #ifdef HYSCALE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include "kernels/torch/compat.h"
-
+#include "planner/cost_model.h"
+#include "planner/planner.h"
 #include "worker/parallel/context_parallel_group.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/data.h"
@@ -57,6 +62,23 @@ DsaModel seeded_model(const v1::JobSpec& spec, torch::Device device) {
   DsaModel model(ModelConfig::FromSpec(spec.model()));
   model->to(device);
   return model;
+}
+
+// The device memory this process can use: what the device has free plus what the CUDA caching
+// allocator already holds (the weights, say).
+int64_t usable_memory_bytes(torch::Device device) {
+#ifdef HYSCALE_HAVE_CUDA
+  if (device.is_cuda()) {
+    const c10::DeviceIndex index = device.has_index() ? device.index() : c10::DeviceIndex{0};
+    size_t free = 0, total = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    return static_cast<int64_t>(free) + stats.reserved_bytes[0].current;
+  }
+#else
+  (void)device;
+#endif
+  return 0;
 }
 
 void throw_if_error(const absl::Status& status) {
@@ -126,7 +148,8 @@ class Trainer::Impl {
       const auto position = plan_.locate(step);
       if (position.stage != current_stage) {
         current_stage = position.stage;
-        events_.StageStarted(position.stage, plan_.stage(position.stage), step);
+        const auto& stage = plan_.stage(position.stage);
+        events_.StageStarted(position.stage, stage, step, forward_options(stage).query_chunk);
       }
       StepEvent metrics = TrainStep(step, position);
       if (!std::isfinite(metrics.loss())) {
@@ -200,7 +223,29 @@ class Trainer::Impl {
     o.selection_replay = options_.selection_replay.value_or(spec_.recompute().selection_replay());
     o.bf16_autocast = options_.device.is_cuda();
     o.query_group = spec_.parallelism().query_group();
+    if (o.recompute) o.query_chunk = query_chunk(shape_of(stage));
     return o;
+  }
+
+  // recompute.query_chunk, or for 0 on a GPU the planner's largest chunk that fits the memory
+  // this process can have (what the device has free plus what the caching allocator holds): 0
+  // when the whole local sequence fits. The CPU runs whole sequences.
+  int64_t query_chunk(const BatchShape& shape) const {
+    const int64_t configured = spec_.recompute().query_chunk();
+    if (configured > 0 || !options_.device.is_cuda()) return configured;
+    const auto known = fitted_chunks_.find({shape.seq_len, shape.batch_size});
+    if (known != fitted_chunks_.end()) return known->second;
+    v1::JobSpec at_shape = spec_;
+    at_shape.mutable_data()->set_seq_len(static_cast<int32_t>(shape.seq_len));
+    at_shape.mutable_data()->set_batch_size(static_cast<int32_t>(shape.batch_size));
+    auto profile = server::planner::BuiltinProfile("h200").value();
+    profile.memory_bytes = static_cast<double>(usable_memory_bytes(options_.device));
+    const auto fitted = server::planner::PredictFitted(server::planner::Workload::Of(at_shape),
+                                                       server::planner::CandidateOf(at_shape),
+                                                       profile, world_size());
+    const int64_t chunk = fitted.candidate.query_chunk;
+    fitted_chunks_[{shape.seq_len, shape.batch_size}] = chunk;
+    return chunk;
   }
 
   // The stage's own batch shape, or the data's (0 in the spec).
@@ -352,6 +397,8 @@ class Trainer::Impl {
   std::set<const void*> indexer_params_;
   c10::intrusive_ptr<PhaseClock> clock_;  // every step's phases, on the training device
   int64_t step_ = 0;
+  // query_chunk() by (seq_len, batch_size), decided once a shape (before its first step).
+  mutable std::map<std::pair<int64_t, int64_t>, int64_t> fitted_chunks_;
 };
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
