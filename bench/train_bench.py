@@ -6,18 +6,21 @@ examples/train-ref-4096x2.yaml) and every N of --sizes, the bench writes a job s
 the model's: data.seq_len = N, batch 1, byte-level `text_file` data (a corpus it makes from the
 repository's tracked text files unless --text is given), ONE stage of --steps steps with SPARSE
 attention that trains ALL, log_every 1, no checkpoint directory, recomputation enabled with
-selection replay. It runs
+selection replay and recompute.query_chunk = --query-chunk (default 0: the trainer runs whole
+sequences while they fit the GPU and otherwise the largest query chunk that does). It runs
 
     hyscale-train --config SPEC.json --device cuda|cpu --eval false
 
 (a trainer without the --eval flag runs without it and evaluates one batch after the last step,
 untimed; the bench says so) as a subprocess and reads the JSON-line events it prints on stdout
 (proto/hyscale/v1/events.proto; `{"step": {...}}`: step, step_seconds, tokens_per_second,
-peak_memory_bytes, phase_seconds {name: seconds}; `{"job_finished": {...}}`: ok, reason; int64
-fields are JSON strings). The first --warmup steps (default 2) are excluded;
+peak_memory_bytes, phase_seconds {name: seconds}; `{"stage_started": {...}}`: query_chunk and the
+planner's predicted_memory {weights, activations, indices, gathered, workspace, total}_bytes;
+`{"job_finished": {...}}`: ok, reason; int64 fields are JSON strings). The first --warmup steps (default 2) are excluded;
 over the timed steps it reports the median step time (and min/max), tokens/s, MFU, the peak memory,
-the peak memory per token beyond weights and optimizer state, every phase's median and share of the
-step (phases are taken by whatever names the trainer reports), and how the phases add up to the step
+the peak memory per token beyond weights and optimizer state, the planner's predicted peak beside the
+measured one and its breakdown a token (what remains beyond the model state), every phase's median
+and share of the step (phases are taken by whatever names the trainer reports), and how the phases add up to the step
 (the target: within 3 %). With --longest it then finds the longest N (a multiple of --granularity,
 at most --max-n) whose steps fit on the device: see `longest_n`.
 
@@ -247,7 +250,7 @@ def make_corpus(folder, need_bytes):
     return path, written, len(text)
 
 
-def job_spec(base, model, n, steps, corpus, threads):
+def job_spec(base, model, n, steps, corpus, threads, query_chunk):
     """The bench's job: the model's spec with data, one SPARSE stage and the bench's settings."""
     spec = copy.deepcopy(base)
     spec["model"] = copy.deepcopy(model)
@@ -260,7 +263,7 @@ def job_spec(base, model, n, steps, corpus, threads):
                            lr=stage.get("lr", 3e-4), min_lr=stage.get("min_lr", 0.0),
                            warmup_steps=0, attention="SPARSE", trains="ALL",
                            indexer_loss_weight=stage.get("indexer_loss_weight", 0.01))]
-    spec["recompute"] = dict(enabled=True, selection_replay=True)
+    spec["recompute"] = dict(enabled=True, selection_replay=True, query_chunk=query_chunk)
     spec.pop("checkpoint", None)
     spec.pop("parallelism", None)
     spec["log_every"] = 1
@@ -273,15 +276,15 @@ def job_spec(base, model, n, steps, corpus, threads):
 # ---- one trainer run ---------------------------------------------------------------------------
 
 def run_trainer(cfg, spec, label):
-    """Runs hyscale-train on `spec`; returns (step events, job_started event). Raises OutOfMemory
-    when it ran out of memory, BenchError on any other failure."""
+    """Runs hyscale-train on `spec`; returns (step events, job_started event, stage_started event).
+    Raises OutOfMemory when it ran out of memory, BenchError on any other failure."""
     spec_path = Path(cfg.tmp) / f"{spec['name']}.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     cmd = [str(cfg.trainer), "--config", str(spec_path), "--device", cfg.device]
     if cfg.eval_flag:
         cmd += ["--eval", "false"]
     err_path = Path(cfg.tmp) / "stderr.txt"
-    steps, started, finished, other = [], None, None, []
+    steps, started, stage, finished, other = [], None, None, None, []
     with open(err_path, "wb") as err:
         # Its own process group, so that a kill reaches whatever it started too.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
@@ -319,6 +322,11 @@ def run_trainer(cfg, spec, label):
                           f"{int(step.get('peak_memory_bytes') or 0) / GiB:.2f} GiB", flush=True)
                 elif isinstance(event.get("job_started"), dict):
                     started = event["job_started"]
+                elif isinstance(event.get("stage_started"), dict):
+                    stage = event["stage_started"]
+                    chunk = int(stage.get("query_chunk") or 0)
+                    print(f"  {label}: queries in chunks of {chunk or 'N (all)'}, "
+                          f"predicted peak {predicted_gib(stage):.2f} GiB", flush=True)
                 elif isinstance(event.get("job_finished"), dict):
                     finished = event["job_finished"]
             rc = proc.wait()
@@ -336,7 +344,7 @@ def run_trainer(cfg, spec, label):
         if len(steps) < spec["stages"][0]["steps"]:
             raise BenchError(f"{label}: hyscale-train finished but printed {len(steps)} step "
                              f"events for {spec['stages'][0]['steps']} steps: {' '.join(cmd)}")
-        return steps, started
+        return steps, started, stage
     reason = (finished or {}).get("reason", "")
     everything = "\n".join([reason, stderr] + other)
     if "out of memory" in everything.lower():
@@ -345,6 +353,20 @@ def run_trainer(cfg, spec, label):
     tail = "\n".join(stderr.strip().splitlines()[-20:] or other[-20:])
     raise BenchError(f"{label}: hyscale-train failed (exit {rc}) after {len(steps)} steps: "
                      f"{' '.join(cmd)}\n  reason: {reason or '-'}\n  stderr:\n{tail}")
+
+
+MEMORY_PARTS = ("activations", "indices", "gathered", "workspace")
+
+
+def predicted_bytes(stage):
+    """The planner's predicted memory from a stage_started event, {part: bytes} (int64s arrive as
+    JSON strings)."""
+    memory = (stage or {}).get("predicted_memory") or {}
+    return {k[:-len("_bytes")]: int(v) for k, v in memory.items() if k.endswith("_bytes")}
+
+
+def predicted_gib(stage):
+    return predicted_bytes(stage).get("total", 0) / GiB
 
 
 def median(xs):
@@ -358,7 +380,7 @@ def phase_seconds(event):
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def summarize(cfg, model, n, steps, warmup):
+def summarize(cfg, model, n, steps, warmup, stage=None):
     """The figures of one run from its step events (the first `warmup` excluded)."""
     timed = [s for s in steps if int(s.get("step", 0)) > warmup]
     if not timed:
@@ -378,7 +400,13 @@ def summarize(cfg, model, n, steps, warmup):
     ratios = [sum(p.values()) / float(s["step_seconds"]) for s, p in zip(timed, per_step)
               if p and float(s["step_seconds"]) > 0]
     phase_sum = median(ratios)
+    predicted = predicted_bytes(stage)
     return dict(
+        query_chunk=int((stage or {}).get("query_chunk") or 0),
+        predicted_memory_bytes=predicted or None,
+        peak_over_predicted=peak / predicted["total"] if predicted.get("total") else None,
+        predicted_mib_per_token={k: predicted.get(k, 0) / n / MiB for k in MEMORY_PARTS}
+        if predicted else None,
         n=n, ok=True, steps_run=len(steps), warmup_steps=warmup, timed_steps=len(timed),
         step_seconds=dict(median=step_s, min=min(secs), max=max(secs), all=secs),
         tokens_per_second=tokens / step_s,
@@ -396,16 +424,17 @@ def summarize(cfg, model, n, steps, warmup):
 
 
 def measure(cfg, entry, n, steps, warmup, label):
-    spec = job_spec(entry["base"], entry["model"], n, steps, cfg.corpus, cfg.threads)
+    spec = job_spec(entry["base"], entry["model"], n, steps, cfg.corpus, cfg.threads,
+                    cfg.query_chunk)
     print(f"{label}: N={n}, {steps} steps ({warmup} warm-up)", flush=True)
     try:
-        events, started = run_trainer(cfg, spec, f"{entry['name']} N={n}")
+        events, started, stage = run_trainer(cfg, spec, f"{entry['name']} N={n}")
     except OutOfMemory as e:
         print(f"  {entry['name']} N={n}: out of memory: {e}", flush=True)
         return dict(n=n, ok=False, oom=True, reason=str(e))
     if started and started.get("device"):
         cfg.report["device_name"] = started["device"]
-    r = summarize(cfg, entry["model"], n, events, warmup)
+    r = summarize(cfg, entry["model"], n, events, warmup, stage)
     print(f"  {entry['name']} N={n}: median step {r['step_seconds']['median']:.3f} s, "
           f"{r['tokens_per_second']:,.0f} tokens/s, MFU {100 * r['mfu']:.1f} %, peak "
           f"{r['peak_gib']:.2f} GiB", flush=True)
@@ -515,9 +544,9 @@ def table(cfg, report):
     if not cfg.eval_flag:
         lines.append("note: this hyscale-train has no --eval flag: it evaluated once after the "
                      "last step (not timed; its memory counts in out-of-memory answers)")
-    head = (f"{'model':<24} {'N':>8} {'step s':>8} {'min':>7} {'max':>7} {'tokens/s':>9} "
-            f"{'FLOP/step':>10} {'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>9} {'MiB/tok*':>9} "
-            f"{'phases/step':>11}")
+    head = (f"{'model':<24} {'N':>8} {'chunk':>7} {'step s':>8} {'min':>7} {'max':>7} "
+            f"{'tokens/s':>9} {'FLOP/step':>10} {'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>9} "
+            f"{'/pred':>6} {'MiB/tok*':>9} {'phases/step':>11}")
     lines.append(head)
     for m in report["models"]:
         rows = list(m["runs"])
@@ -527,22 +556,34 @@ def table(cfg, report):
         for r in rows:
             name = m["name"] + (" (probe)" if r.get("probe") else "")
             if not r.get("ok"):
-                lines.append(f"{name:<24} {r['n']:>8} {'out of memory':>24}")
+                lines.append(f"{name:<24} {r['n']:>8} {'out of memory':>32}")
                 continue
             s = r["step_seconds"]
             tf = r["tflops_per_second"]
             lines.append(
-                f"{name:<24} {r['n']:>8} {s['median']:>8.3f} {s['min']:>7.3f} {s['max']:>7.3f} "
+                f"{name:<24} {r['n']:>8} {r.get('query_chunk') or 'N':>7} {s['median']:>8.3f} "
+                f"{s['min']:>7.3f} {s['max']:>7.3f} "
                 f"{r['tokens_per_second']:>9,.0f} {r['flops']['total']:>10.3e} "
                 f"{tf:>8.{1 if tf >= 1 else 4}f} {100 * r['mfu']:>6.2f}% {r['peak_gib']:>9.2f} "
+                f"{fmt(r.get('peak_over_predicted'), '.2f', 6)} "
                 f"{r['mib_per_token_beyond_state']:>9.4f} "
                 f"{fmt(r['phase_sum_over_step'], '.3f', 11)}"
                 + ("" if r["phase_sum_within_target"] in (True, None) else " (off by > 3 %)"))
     lines.append(f"* MiB/tok: (peak - {STATE_BYTES_PER_PARAM} B x parameters) / N: the peak beyond "
                  f"fp32 weights, gradients and AdamW's two moments"
                  + ("; on the CPU the peak is the process's RSS" if cfg.device == "cpu" else ""))
+    lines.append("chunk: the queries a layer ran at once (N: all); /pred: the peak over the "
+                 "planner's prediction (planner/cost_model.h)")
     lines.append(f"phases/step: the phases' sum over the step, median over the timed steps "
                  f"(target 1 +- {PHASE_SUM_TARGET:g})")
+    lines.append("memory a token beyond the model state, as the planner predicts it (MiB):")
+    for m in report["models"]:
+        for r in list(m["runs"]) + ([m["longest"]["row"]] if m.get("longest") and
+                                    m["longest"].get("row") else []):
+            if r.get("ok") and r.get("predicted_mib_per_token"):
+                parts = " | ".join(f"{k} {v:.4f}" for k, v in r["predicted_mib_per_token"].items())
+                lines.append(f"  {m['name']} N={r['n']}: {parts} (+10 % slack); measured "
+                             f"{r['mib_per_token_beyond_state']:.4f}")
     lines.append("phases (median seconds, share of the median step), largest first:")
     for m in report["models"]:
         rows = list(m["runs"]) + ([m["longest"]["row"]] if m.get("longest") and
@@ -639,6 +680,8 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, help="steps a run (default 6; --smoke: 3)")
     p.add_argument("--warmup", type=int, help="first steps excluded from the medians "
                    "(default 2; --smoke: 1)")
+    p.add_argument("--query-chunk", type=int, default=0, help="recompute.query_chunk of every "
+                   "run: queries a layer runs at once (default 0: the trainer fits it to the GPU)")
     p.add_argument("--longest", action="store_true", help="also find the longest N that fits")
     p.add_argument("--granularity", type=int, default=8192, help="the longest N is a multiple "
                    "of this (default 8192)")
@@ -678,6 +721,8 @@ def parse_args(argv):
     if cfg.steps <= cfg.warmup:
         p.error(f"--steps: must exceed --warmup {cfg.warmup} so that a step is timed "
                 f"(got {cfg.steps})")
+    if cfg.query_chunk < 0:
+        p.error(f"--query-chunk: must be >= 0 (got {cfg.query_chunk})")
     if cfg.probe_steps < 1:
         p.error(f"--probe-steps: must be >= 1 (got {cfg.probe_steps})")
     if cfg.granularity <= 0:

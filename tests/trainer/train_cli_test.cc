@@ -124,6 +124,8 @@ TEST_F(TrainCliTest, QueryChunksTrainLikeWholeSequences) {
     const auto event = ParseEventLine(line);
     if (event.ok() && event->has_stage_started()) {
       EXPECT_EQ(event->stage_started().query_chunk(), 40) << line;
+      // The planner's memory model for the stage's shape and chunk.
+      EXPECT_GT(event->stage_started().predicted_memory().total_bytes(), 0) << line;
       ++stages;
     }
   }

@@ -1,6 +1,7 @@
 #include "worker/trainer/events.h"
 
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -77,7 +78,8 @@ void EventSink::JobStarted(const v1::JobSpec& spec, const std::string& device) {
 }
 
 void EventSink::StageStarted(int index, const v1::StageSpec& stage, int64_t step,
-                             int64_t query_chunk) {
+                             int64_t query_chunk,
+                             const v1::TrainerEventLine::MemoryPrediction& memory) {
   const std::string attention = v1::AttentionMode_Name(stage.attention());
   const std::string trains = v1::Trainable_Name(stage.trains());
   v1::TrainerEventLine event;
@@ -89,10 +91,15 @@ void EventSink::StageStarted(int index, const v1::StageSpec& stage, int64_t step
   started->set_attention(stage.attention());
   started->set_trains(stage.trains());
   started->set_query_chunk(query_chunk);
+  if (memory.total_bytes() > 0) *started->mutable_predicted_memory() = memory;
   Emit(std::move(event),
        absl::StrCat("stage ", index, " (", stage.name(), "): ", stage.steps(), " steps from step ",
                     step, ", ", attention, " attention, trains ", trains,
-                    query_chunk > 0 ? absl::StrCat(", queries in chunks of ", query_chunk) : ""));
+                    query_chunk > 0 ? absl::StrCat(", queries in chunks of ", query_chunk) : "",
+                    memory.total_bytes() > 0
+                        ? absl::StrFormat(", predicted peak %.1f GiB",
+                                          static_cast<double>(memory.total_bytes()) / (1 << 30))
+                        : ""));
 }
 
 void EventSink::Step(StepEvent step, int64_t total_steps) {

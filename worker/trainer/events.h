@@ -33,8 +33,10 @@ class EventSink {
   explicit EventSink(std::ostream* file);
 
   void JobStarted(const v1::JobSpec& spec, const std::string& device);
-  // query_chunk: the queries a layer runs at once in the stage (0: all).
-  void StageStarted(int index, const v1::StageSpec& stage, int64_t step, int64_t query_chunk = 0);
+  // query_chunk: the queries a layer runs at once in the stage (0: all); `memory`: the planner's
+  // prediction of a step's memory.
+  void StageStarted(int index, const v1::StageSpec& stage, int64_t step, int64_t query_chunk = 0,
+                    const v1::TrainerEventLine::MemoryPrediction& memory = {});
   // Call every step: the bar follows every step, a step event is written on the first step seen,
   // every spec.log_every steps, after an evaluation and on the last step.
   void Step(StepEvent step, int64_t total_steps);

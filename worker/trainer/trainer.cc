@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <utility>
 #ifdef HYSCALE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -81,6 +82,18 @@ int64_t usable_memory_bytes(torch::Device device) {
   return 0;
 }
 
+v1::TrainerEventLine::MemoryPrediction predicted_memory(
+    const server::planner::MemoryBreakdown& memory) {
+  v1::TrainerEventLine::MemoryPrediction out;
+  out.set_weights_bytes(static_cast<int64_t>(memory.weights));
+  out.set_activations_bytes(static_cast<int64_t>(memory.activations));
+  out.set_indices_bytes(static_cast<int64_t>(memory.indices));
+  out.set_gathered_bytes(static_cast<int64_t>(memory.gathered));
+  out.set_workspace_bytes(static_cast<int64_t>(memory.workspace));
+  out.set_total_bytes(static_cast<int64_t>(memory.total));
+  return out;
+}
+
 void throw_if_error(const absl::Status& status) {
   if (!status.ok()) throw std::runtime_error(std::string(status.message()));
 }
@@ -149,7 +162,9 @@ class Trainer::Impl {
       if (position.stage != current_stage) {
         current_stage = position.stage;
         const auto& stage = plan_.stage(position.stage);
-        events_.StageStarted(position.stage, stage, step, forward_options(stage).query_chunk);
+        const ForwardOptions options = forward_options(stage);
+        events_.StageStarted(position.stage, stage, step, options.query_chunk,
+                             predicted_memory(memory_plan(shape_of(stage), options).memory));
       }
       StepEvent metrics = TrainStep(step, position);
       if (!std::isfinite(metrics.loss())) {
@@ -223,29 +238,39 @@ class Trainer::Impl {
     o.selection_replay = options_.selection_replay.value_or(spec_.recompute().selection_replay());
     o.bf16_autocast = options_.device.is_cuda();
     o.query_group = spec_.parallelism().query_group();
-    if (o.recompute) o.query_chunk = query_chunk(shape_of(stage));
+    o.query_chunk = memory_plan(shape_of(stage), o).candidate.query_chunk;
     return o;
   }
 
-  // recompute.query_chunk, or for 0 on a GPU the planner's largest chunk that fits the memory
-  // this process can have (what the device has free plus what the caching allocator holds): 0
-  // when the whole local sequence fits. The CPU runs whole sequences.
-  int64_t query_chunk(const BatchShape& shape) const {
-    const int64_t configured = spec_.recompute().query_chunk();
-    if (configured > 0 || !options_.device.is_cuda()) return configured;
-    const auto known = fitted_chunks_.find({shape.seq_len, shape.batch_size});
-    if (known != fitted_chunks_.end()) return known->second;
+  // The planner's prediction (planner/cost_model.h) of a step at `shape` as `o` runs it, with its
+  // query chunk: recompute.query_chunk, or for 0 with recomputation on a GPU the largest chunk
+  // that fits the memory this process can have (what the device has free plus what the caching
+  // allocator holds), 0 when the whole local sequence fits. The CPU runs whole sequences unless
+  // told otherwise. Made once a shape, before its first step.
+  const server::planner::Prediction& memory_plan(const BatchShape& shape,
+                                                 const ForwardOptions& o) const {
+    const bool dense = o.attention == AttentionMode::kDense;
+    const auto key = std::make_tuple(shape.seq_len, shape.batch_size, dense, o.recompute);
+    if (const auto known = memory_plans_.find(key); known != memory_plans_.end()) {
+      return known->second;
+    }
     v1::JobSpec at_shape = spec_;
     at_shape.mutable_data()->set_seq_len(static_cast<int32_t>(shape.seq_len));
     at_shape.mutable_data()->set_batch_size(static_cast<int32_t>(shape.batch_size));
-    auto profile = server::planner::BuiltinProfile("h200").value();
-    profile.memory_bytes = static_cast<double>(usable_memory_bytes(options_.device));
-    const auto fitted = server::planner::PredictFitted(server::planner::Workload::Of(at_shape),
-                                                       server::planner::CandidateOf(at_shape),
-                                                       profile, world_size());
-    const int64_t chunk = fitted.candidate.query_chunk;
-    fitted_chunks_[{shape.seq_len, shape.batch_size}] = chunk;
-    return chunk;
+    at_shape.clear_stages();
+    at_shape.add_stages()->set_attention(dense ? v1::DENSE : v1::SPARSE);
+    at_shape.mutable_recompute()->set_enabled(o.recompute);
+    at_shape.mutable_recompute()->set_selection_replay(o.selection_replay);
+    if (!o.recompute) at_shape.mutable_recompute()->set_query_chunk(0);
+    const bool cuda = options_.device.is_cuda();
+    auto profile = server::planner::BuiltinProfile(cuda ? "h200" : "cpu").value();
+    if (cuda) profile.memory_bytes = static_cast<double>(usable_memory_bytes(options_.device));
+    const auto work = server::planner::Workload::Of(at_shape);
+    const auto candidate = server::planner::CandidateOf(at_shape);
+    return memory_plans_
+        .emplace(key, cuda ? server::planner::PredictFitted(work, candidate, profile, world_size())
+                           : server::planner::Predict(work, candidate, profile, world_size()))
+        .first->second;
   }
 
   // The stage's own batch shape, or the data's (0 in the spec).
@@ -397,8 +422,9 @@ class Trainer::Impl {
   std::set<const void*> indexer_params_;
   c10::intrusive_ptr<PhaseClock> clock_;  // every step's phases, on the training device
   int64_t step_ = 0;
-  // query_chunk() by (seq_len, batch_size), decided once a shape (before its first step).
-  mutable std::map<std::pair<int64_t, int64_t>, int64_t> fitted_chunks_;
+  // memory_plan() by (seq_len, batch_size, dense, recompute).
+  mutable std::map<std::tuple<int64_t, int64_t, bool, bool>, server::planner::Prediction>
+      memory_plans_;
 };
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
