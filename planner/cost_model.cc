@@ -113,7 +113,11 @@ Workload Workload::Of(const v1::JobSpec& spec) {
   w.parameters = ParameterCount(m);
   w.fp8_selection = m.indexer().fp8_scores();
   w.latent_kv = m.latent_kv();
-  for (const auto& stage : spec.stages()) w.sparse |= stage.attention() == v1::SPARSE;
+  w.indexer_only = spec.stages_size() > 0;
+  for (const auto& stage : spec.stages()) {
+    w.sparse |= stage.attention() == v1::SPARSE;
+    w.indexer_only &= stage.trains() == v1::INDEXER_ONLY;
+  }
   return w;
 }
 
@@ -204,7 +208,8 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double calls = c.recompute == Recompute::kNone ? 4 : 6;
   // Query chunks (recomputation only): each one calls every kernel again, and the key side's
   // projections (forward) are recomputed once more to rebuild their graph.
-  const double chunk = c.recompute != Recompute::kNone && c.query_chunk > 0
+  const bool frozen = w.indexer_only;
+  const double chunk = (c.recompute != Recompute::kNone || frozen) && c.query_chunk > 0
                            ? std::min<double>(static_cast<double>(c.query_chunk), n)
                            : n;
   const double chunks = std::ceil(n / chunk);
@@ -274,18 +279,46 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   MemoryBreakdown& mem = out.memory;
   const double seqs = static_cast<double>(out.sequences);
   mem.weights = 16.0 * static_cast<double>(w.parameters);
-  double per_token_layer = 6 * d + 3 * w.d_ff + H * (dqk + dv) + hi * di + H;  // H: lse
-  if (megatron && w.sparse) per_token_layer += H * k;  // gather attention saves probabilities
   const double layers = static_cast<double>(w.layers);
-  // The residual stream (each layer's input) is fp32 under autocast.
-  mem.activations = c.recompute == Recompute::kNone
-                        ? layers * seqs * n * per_token_layer * ab
-                        : layers * seqs * n * d * 4 + seqs * chunk * per_token_layer * ab;
+  constexpr double f = 4;  // fp32 bytes
+  // One query row of a layer, saved for its backward and the backward's transients on top, bytes.
+  double row_saved = 0, row_backward = 0;
+  if (megatron) {
+    row_saved = (6 * d + 3 * w.d_ff + H * (dqk + dv) + hi * di + H) * ab;
+    if (w.sparse) row_saved += H * k * ab;  // gather attention saves probabilities
+    row_backward = H * (dqk + dv) * ab;
+  } else {
+    // hyscale-train's layer under bf16 autocast (worker/model/model.cc), tensor by tensor: the two
+    // RMSNorms' fp32 normalized rows and outputs and the residual (5 d fp32) with the linears'
+    // bf16 casts of their inputs (6 d); the queries' projection and its RoPE'd copy; the indexer's
+    // likewise and its head weights; the attention output and its log-sum-exp; SwiGLU's gate,
+    // activation, up and product; the indexer loss's scores, target and KL gradient (3 k fp32).
+    row_saved = 5 * d * f + 6 * d * ab + 2 * H * dqk * ab + 2 * hi * di * ab + hi * ab +
+                H * dv * ab + H * f + 4 * w.d_ff * ab + (w.sparse ? 3 * k * f : 0);
+    // While the attention backward runs: the queries' gradient through RoPE (two bf16 copies)
+    // and the kernel's fp32 one, and the output's gradient.
+    row_backward = (2 * ab + f) * H * dqk + H * dv * ab;
+  }
+  // HyScale's dense attention (the trainer's) forms a query chunk's score tables over every key in
+  // fp32: the attention's logits and probabilities (H each), the indexer's per-head scores and
+  // their ReLU (H_I each); autograd keeps about half of them.
+  const double dense_table_row = !w.sparse && !megatron ? N * (2 * H + 2 * hi + 4) * f : 0;
+  // The residual stream (each layer's input) is fp32 under autocast. A frozen main model keeps
+  // nothing: one layer's input and output.
+  if (frozen) {
+    mem.activations = 2 * seqs * n * d * f;
+  } else if (c.recompute == Recompute::kNone) {
+    mem.activations = layers * seqs * n * (row_saved + dense_table_row / 2);
+  } else {
+    mem.activations = layers * seqs * n * d * f + seqs * chunk * row_saved;
+  }
   if (w.sparse) {
     const double one_layer = seqs * n * k * 4;
-    mem.indices = c.recompute == Recompute::kReselect ? one_layer : layers * one_layer;
+    mem.indices = c.recompute == Recompute::kReselect || frozen ? one_layer : layers * one_layer;
   }
-  mem.gathered = N * (key_elems + idx_elems) * (2 * ab + 4);  // two in flight + fp32 gradients
+  // Two in flight + fp32 gradients; frozen, only the indexer keys' gradient.
+  mem.gathered = frozen ? N * (key_elems + idx_elems) * ab + N * idx_elems * f
+                        : N * (key_elems + idx_elems) * (2 * ab + f);
   if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
   double scratch = 0;
   if (w.sparse && megatron) {
@@ -293,12 +326,14 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   } else if (w.sparse) {
     scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
   }
-  // While a layer runs backward, the gradients of its queries and of its attention output live
-  // beside what it saved (n H (d_qk + d_v) elements; the layer benchmark's peak showed them).
-  const double layer_backward = seqs * chunk * H * (dqk + dv) * ab;
-  // A chunked layer's backward holds its input's and output's gradients whole (fp32).
-  const double chunked_grads = chunks > 1 ? 2 * seqs * n * d * 4 : 0;
-  mem.workspace = scratch + layer_backward + chunked_grads + 2 * seqs * n * w.vocab * 4;
+  // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
+  // output's gradients whole (fp32).
+  const double layer_backward = frozen ? 0 : seqs * chunk * row_backward;
+  const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
+  // Logits and (unless frozen) their gradient.
+  const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
+  mem.workspace =
+      scratch + seqs * chunk * dense_table_row + layer_backward + chunked_grads + logits_bytes;
   const double sum = mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace;
   mem.total = sum * 1.1;
   if (out.rejected.empty() && mem.total > prof.memory_bytes) {
@@ -313,15 +348,26 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus) {
   Prediction whole = Predict(work, candidate, profile, gpus);
-  if (candidate.recompute == Recompute::kNone || candidate.query_chunk > 0 ||
-      whole.memory.total <= profile.memory_bytes) {
+  if ((candidate.recompute == Recompute::kNone && !work.indexer_only) ||
+      candidate.query_chunk > 0 || whole.memory.total <= profile.memory_bytes) {
     return whole;
   }
   const int64_t local = std::max<int64_t>(1, work.seq_len / std::max(1, candidate.cp));
   Prediction fitted = whole;
-  int64_t largest = kMinQueryChunk;
+  const int64_t smallest = work.sparse ? kMinQueryChunk : kMinDenseQueryChunk;
+  int64_t largest = smallest;
   while (largest * 2 < local) largest *= 2;
-  for (int64_t chunk = largest; chunk >= kMinQueryChunk && chunk < local; chunk /= 2) {
+  if (!work.sparse) {
+    // A dense chunk's tables grow with every row, its speed does not beyond a few: keep them
+    // within kDenseTableBytes.
+    const double table_row = static_cast<double>(work.seq_len) *
+                             (2.0 * static_cast<double>(work.heads + work.indexer_heads) + 4) * 4 *
+                             static_cast<double>(work.batch);
+    while (largest > smallest && static_cast<double>(largest) * table_row > kDenseTableBytes) {
+      largest /= 2;
+    }
+  }
+  for (int64_t chunk = largest; chunk >= smallest && chunk < local; chunk /= 2) {
     Candidate c = candidate;
     c.query_chunk = chunk;
     fitted = Predict(work, c, profile, gpus);

@@ -67,6 +67,9 @@ struct Workload {
   bool sparse = false;  // some stage attends sparsely: plan for it (the costly stage at length)
   bool fp8_selection = false;  // model.indexer.fp8_scores
   bool latent_kv = false;      // model.latent_kv: the values are the keys' first features
+  // Every stage trains only the indexer (INDEXER_ONLY): the main model is frozen and nothing is
+  // kept for a backward (worker/model/model.h ForwardOptions::frozen_main).
+  bool indexer_only = false;
 
   static Workload Of(const v1::JobSpec& spec);
 };
@@ -111,12 +114,19 @@ Prediction Predict(const Workload& work, const Candidate& candidate, const Devic
                    int gpus);
 
 // The smallest query chunk the planner and the trainer choose: below it a chunk's kernel calls
-// cost more than its memory saves.
+// cost more than its memory saves. A dense stage's chunks may be smaller: each of their rows
+// scores every key.
 inline constexpr int64_t kMinQueryChunk = 1024;
+inline constexpr int64_t kMinDenseQueryChunk = 16;
+// The score tables a dense query chunk may form: beyond a few rows a chunk is no faster.
+inline constexpr double kDenseTableBytes = 4.0 * (1 << 30);
 
-// With a query_chunk of 0 and recomputation: the prediction at the largest chunk that fits the
+// With a query_chunk of 0 and recomputation (or a frozen main model): the prediction at the
+// largest chunk that fits the
 // profile's memory, 0 (all local queries) when they fit, else powers of two from the local
-// sequence down to kMinQueryChunk (the smallest when none fits). Otherwise Predict as given.
+// sequence down to kMinQueryChunk (the smallest when none fits). Dense work goes down to
+// kMinDenseQueryChunk and starts where a chunk's tables fit kDenseTableBytes. Otherwise Predict as
+// given.
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus);
 

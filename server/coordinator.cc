@@ -122,7 +122,6 @@ absl::Status ApplyPlan(const v1::Resources& resources, const planner::DeviceProf
   par->set_separate_indexer_group(best.indexer == planner::IndexerGroup::kSeparate);
   spec->mutable_recompute()->set_enabled(best.recompute != planner::Recompute::kNone);
   spec->mutable_recompute()->set_selection_replay(best.recompute == planner::Recompute::kReplay);
-  spec->mutable_recompute()->set_query_chunk(static_cast<int32_t>(best.query_chunk));
   return absl::OkStatus();
 }
 

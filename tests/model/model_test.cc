@@ -147,6 +147,10 @@ TEST(ModelTest, LatentKvTakesTheValuesFromTheKeys) {
   }
 }
 
+bool is_indexer(const std::string& name) {
+  return name.find(".indexer.") != std::string::npos;
+}
+
 void expect_close(const TrainedOnce& got, const TrainedOnce& want, const std::string& what) {
   ASSERT_EQ(got.grads.size(), want.grads.size()) << what;
   for (const auto& [name, grad] : want.grads) {
@@ -195,6 +199,56 @@ TEST(ModelTest, QueryChunksTrainLikeTheWholeSequence) {
   }
 }
 
+// An INDEXER_ONLY step of a float64 model: the main model's parameters frozen, the indexer's
+// gradients of `weight` x indexer loss (by autograd after the forward, or with frozen_main inside
+// it), the logits and the loss's value.
+TrainedOnce indexer_only_step(const ModelConfig& config, const ForwardOptions& options,
+                              double weight) {
+  torch::manual_seed(7);
+  DsaModel model(config);
+  model->to(torch::kDouble);
+  for (auto& p : model->named_parameters()) p.value().set_requires_grad(is_indexer(p.key()));
+  const auto tokens = torch::randint(config.vocab_size, {2, 19}, torch::kLong);
+  auto result = model->forward(tokens, options);
+  if (!options.frozen_main) (weight * result.indexer_loss).backward();
+  TrainedOnce run;
+  for (const auto& p : model->named_parameters()) {
+    if (p.value().grad().defined()) run.grads[p.key()] = p.value().grad().clone();
+  }
+  run.logits = result.logits.detach();
+  run.indexer_loss = result.indexer_loss_value.item<double>();
+  run.stats = model->selection_stats();
+  return run;
+}
+
+// options.frozen_main (INDEXER_ONLY stages, the dense warm-up): the indexer learns inside the
+// forward, layer by layer and chunk by chunk, exactly as autograd after the whole forward
+// teaches it, and nothing else gets a gradient.
+TEST(ModelTest, FrozenMainModelTrainsTheIndexerInsideTheForward) {
+  for (const bool latent : {false, true}) {
+    auto config = small_config();
+    config.latent_kv = latent;
+    if (latent) config.head_dim_qk = config.head_dim_v + config.rope_dim;
+    for (const auto mode : {AttentionMode::kDense, AttentionMode::kSparse}) {
+      ForwardOptions whole;
+      whole.attention = mode;
+      const TrainedOnce want = indexer_only_step(config, whole, 0.3);
+      for (const int64_t chunk : {0, 1, 6}) {
+        ForwardOptions frozen = whole;
+        frozen.frozen_main = true;
+        frozen.indexer_grad_scale = 0.3;
+        frozen.query_chunk = chunk;
+        const std::string what = std::string(latent ? "latent " : "") +
+                                 (mode == AttentionMode::kDense ? "dense" : "sparse") +
+                                 ", chunks of " + std::to_string(chunk);
+        const TrainedOnce got = indexer_only_step(config, frozen, 0.3);
+        expect_close(got, want, what);
+        for (const auto& [name, grad] : got.grads) EXPECT_TRUE(is_indexer(name)) << name;
+      }
+    }
+  }
+}
+
 TEST(ModelTest, RopeFromAnOffsetRotatesOnlyThoseFeatures) {
   const auto x = torch::randn({2, 5, 3, 12}, torch::kDouble);
   const auto positions = torch::arange(5, torch::kLong) + 7;
@@ -202,10 +256,6 @@ TEST(ModelTest, RopeFromAnOffsetRotatesOnlyThoseFeatures) {
   EXPECT_TRUE(torch::equal(got.narrow(-1, 0, 8), x.narrow(-1, 0, 8)));
   EXPECT_TRUE(torch::allclose(got.narrow(-1, 8, 4),
                               Rope(4, 10000.0).apply(x.narrow(-1, 8, 4).contiguous(), positions)));
-}
-
-bool is_indexer(const std::string& name) {
-  return name.find(".indexer.") != std::string::npos;
 }
 
 TEST(ModelTest, IndexerLearnsOnlyFromItsLossAndTheModelOnlyFromTheLmLoss) {

@@ -116,12 +116,19 @@ LayerRun forward_backward(trainer::DsaLayer& layer, const torch::Tensor& x,
   LayerRun run;
   // Under recomputation the loss's value comes from the backward's recomputation.
   const auto recomputed_loss = torch::zeros({}, x.options());
-  run.out = options.recompute ? trainer::checkpointed_layer(layer, input, options, stats,
-                                                            recomputed_loss, /*report_scale=*/1.0)
-                              : layer->forward(input, options, torch::Tensor(), stats);
-  ((run.out.x * weight).sum() + loss_scale * run.out.indexer_loss).backward();
-  run.loss = options.recompute ? recomputed_loss.to(x.scalar_type()) : run.out.indexer_loss;
-  run.x_grad = input.grad();
+  if (options.frozen_main) {
+    // Only the indexer learns, inside the forward; the input gets no gradient.
+    run.out = layer->forward_frozen(input, options, loss_scale, stats);
+    run.loss = run.out.indexer_loss;
+    run.x_grad = torch::zeros_like(x);
+  } else {
+    run.out = options.recompute ? trainer::checkpointed_layer(layer, input, options, stats,
+                                                              recomputed_loss, /*report_scale=*/1.0)
+                                : layer->forward(input, options, torch::Tensor(), stats);
+    ((run.out.x * weight).sum() + loss_scale * run.out.indexer_loss).backward();
+    run.loss = options.recompute ? recomputed_loss.to(x.scalar_type()) : run.out.indexer_loss;
+    run.x_grad = input.grad();
+  }
   for (const auto& p : layer->parameters()) {
     run.param_grads.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
   }
@@ -136,7 +143,8 @@ bool close(const char* what, const torch::Tensor& got, const torch::Tensor& want
   return false;
 }
 
-// For each layout and forward variant (chunked queries included), with values of their own and with
+// For each layout and forward variant (chunked queries and the frozen main model of INDEXER_ONLY
+// stages included), with values of their own and with
 // a latent (values = the keys' first features, exchanged as part of the keys): the context-parallel
 // layer's outputs, selection, indexer loss (across shards) and gradients (parameters summed over
 // ranks, inputs per shard) equal the single-process layer's on the whole sequence.
@@ -153,7 +161,8 @@ int run_layer(const std::shared_ptr<Communicator>& comm, const trainer::ModelCon
     const char* name;
     trainer::AttentionMode attention;
     bool recompute;
-    int64_t query_chunk;  // each rank's chunks of its own 8 queries (3: a short last one)
+    int64_t query_chunk;       // each rank's chunks of its own 8 queries (3: a short last one)
+    bool frozen_main = false;  // INDEXER_ONLY: the indexer learns inside the forward
   };
   bool ok = true;
   for (const Variant& v :
@@ -161,10 +170,13 @@ int run_layer(const std::shared_ptr<Communicator>& comm, const trainer::ModelCon
         Variant{"sparse+recompute", trainer::AttentionMode::kSparse, true, 0},
         Variant{"sparse+recompute+chunks", trainer::AttentionMode::kSparse, true, 3},
         Variant{"dense", trainer::AttentionMode::kDense, false, 0},
-        Variant{"dense+recompute+chunks", trainer::AttentionMode::kDense, true, 3}}) {
+        Variant{"dense+recompute+chunks", trainer::AttentionMode::kDense, true, 3},
+        Variant{"frozen dense+chunks", trainer::AttentionMode::kDense, false, 3, true},
+        Variant{"frozen sparse", trainer::AttentionMode::kSparse, false, 0, true}}) {
     trainer::ForwardOptions options;
     options.attention = v.attention;
     options.recompute = v.recompute;
+    options.frozen_main = v.frozen_main;
     // The reference is the whole sequence unchunked.
     const LayerRun whole = forward_backward(layer, x, weight, 1.0, options);
     options.query_chunk = v.query_chunk;

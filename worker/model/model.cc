@@ -676,6 +676,104 @@ DsaModelImpl::DsaModelImpl(const ModelConfig& c) : config_(c) {
   lm_head_ = register_module("lm_head", linear(c.d_model, c.vocab_size, kInitStd));
 }
 
+LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOptions& options,
+                                         double grad_scale, SelectionStats& stats) {
+  auto& clock = *options.clock;
+  const double rows = static_cast<double>(x.size(1));
+  const std::vector<Chunk> parts = chunks(x, options);
+  count_selection(options, torch::Tensor(), stats);
+  const auto leaf = [](const torch::Tensor& t) { return t.detach().requires_grad_(true); };
+  // The key side without a graph; the indexer keys become a leaf whose gradient, accumulated
+  // over the chunks, is backpropagated once at the end (through the exchange, then the indexer's
+  // key projection chunk by chunk).
+  KeySide local;
+  {
+    torch::NoGradGuard no_grad;
+    torch::Tensor h;
+    local = key_side(x, parts, options, parts.size() == 1 ? &h : nullptr);
+  }
+  local.index_k = leaf(local.index_k);
+  start_exchange(local, options);
+  KeySide keys;
+  torch::Tensor index_k_grad, loss;
+  RowAssembler out_x(x.size(1), parts.size()), indices(out_x);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Chunk& c = parts[i];
+    const auto x_c = x.narrow(1, c.begin, c.length);
+    torch::Tensor h;
+    {
+      PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
+      torch::NoGradGuard no_grad;
+      h = attn_norm_(x_c);
+    }
+    QuerySide queries = query_side(h, c.positions, options);
+    queries.q = queries.q.detach();  // the frozen model builds no graph, whatever it requires
+    if (i == 0) {
+      keys = finish_exchange(local, options);
+      index_k_grad =
+          torch::zeros(keys.index_k.sizes(), keys.index_k.options().dtype(at::promote_types(
+                                                 keys.index_k.scalar_type(), torch::kFloat)));
+    }
+    KeySide seen{keys.key.narrow(1, 0, c.keys).detach(),
+                 keys.value.defined() ? keys.value.narrow(1, 0, c.keys).detach() : keys.value,
+                 leaf(keys.index_k.narrow(1, 0, c.keys))};
+    const Attention a = attend(queries, seen, c, options, torch::Tensor());
+    {
+      torch::NoGradGuard no_grad;
+      out_x.add(c.begin, residuals(x_c, a.out.detach(), options));
+    }
+    indices.add(c.begin, a.indices);
+    if (!a.loss.defined()) continue;
+    const auto share = a.loss * (static_cast<double>(c.length) / rows);
+    {
+      // Timed as the backward of the phases that made the graph; the scope returns the clock to
+      // the forward afterwards.
+      PhaseClock::PassGuard pass(clock, v1::STEP_PASS_BWD);
+      PhaseClock::Scope scope(clock, v1::STEP_PHASE_INDEXER_LOSS);
+      PhaseClock::BackwardAttribution attribution(clock);
+      Gradients backward;
+      backward.add(share, torch::full({}, grad_scale, share.options()));
+      backward.run();
+    }
+    if (seen.index_k.grad().defined()) {
+      index_k_grad.narrow(1, 0, c.keys).add_(seen.index_k.grad());
+    }
+    loss = loss.defined() ? loss + share.detach() : share.detach();
+  }
+  {
+    PhaseClock::PassGuard pass(clock, v1::STEP_PASS_BWD);
+    PhaseClock::Scope selection(clock, v1::STEP_PHASE_SELECTION);
+    PhaseClock::BackwardAttribution attribution(clock);
+    Gradients backward;
+    backward.add(keys.index_k, index_k_grad.to(keys.index_k.scalar_type()));
+    backward.run();
+    for (const Chunk& c : parts) {
+      torch::Tensor index_k;
+      {
+        PhaseClock::PassGuard recompute(clock, v1::STEP_PASS_RECOMPUTE);
+        torch::Tensor h;
+        {
+          PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
+          torch::NoGradGuard no_grad;
+          h = attn_norm_(x.narrow(1, c.begin, c.length));
+        }
+        PhaseClock::Scope scope(clock, v1::STEP_PHASE_SELECTION);
+        index_k = indexer_->project_keys(h, c.positions);
+      }
+      Gradients keys_backward;
+      if (local.index_k.grad().defined()) {
+        keys_backward.add(index_k, local.index_k.grad().narrow(1, c.begin, c.length));
+      }
+      keys_backward.run();
+    }
+  }
+  LayerOutput out;
+  out.x = out_x.take();
+  out.indexer_loss = loss;
+  out.indices = indices.take();
+  return out;
+}
+
 ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOptions& options) {
   ForwardResult result;
   auto& clock = *options.clock;
@@ -687,6 +785,24 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
   std::vector<torch::Tensor> losses;
   result.indexer_loss_value = torch::zeros({}, x.options());
   const double per_layer = 1.0 / static_cast<double>(layers_.size());
+  if (options.frozen_main && options.indexer_loss && torch::GradMode::is_enabled()) {
+    x = x.detach();
+    for (auto& layer : layers_) {
+      LayerOutput out =
+          layer->forward_frozen(x, options, options.indexer_grad_scale * per_layer, stats_);
+      x = out.x;
+      if (out.indexer_loss.defined()) {
+        result.indexer_loss_value.add_(out.indexer_loss.to(x.scalar_type()) * per_layer);
+      }
+    }
+    {
+      PhaseClock::Scope scope(clock, v1::STEP_PHASE_LM_HEAD);
+      torch::NoGradGuard no_grad;
+      result.logits = lm_head_(final_norm_(x));
+    }
+    result.indexer_loss = result.indexer_loss_value.clone();
+    return result;
+  }
   const bool recompute = options.recompute && torch::GradMode::is_enabled();
   for (auto& layer : layers_) {
     LayerOutput out = recompute ? checkpointed_layer(layer, x, options, stats_,

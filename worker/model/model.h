@@ -76,6 +76,13 @@ struct ForwardOptions {
   // recomputation only the key side (keys, values, indexer keys and their gradients), the layer's
   // input and output and the top-k indices are held for the whole sequence.
   int64_t query_chunk = 0;
+  // The main model is frozen (an INDEXER_ONLY stage, e.g. the dense warm-up): only the indexer
+  // learns, so no layer keeps anything for a backward. Each layer's indexer loss is
+  // backpropagated where it is computed, a query chunk at a time, into the indexer's parameters,
+  // scaled by indexer_grad_scale (the loss's weight in the step); the result's indexer_loss is a
+  // value without a graph, and `recompute` does not apply.
+  bool frozen_main = false;
+  double indexer_grad_scale = 1;
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
   std::shared_ptr<KeyExchange> key_exchange;  // context parallelism; null: the whole sequence
   // The indexer keys' own exchange (a separate CP group); null: they travel with key_exchange.
@@ -180,6 +187,12 @@ class DsaLayerImpl : public torch::nn::Module {
   Recomputed recompute_backward(const torch::Tensor& x, const torch::Tensor& grad_out,
                                 const torch::Tensor& grad_loss, const ForwardOptions& options,
                                 const torch::Tensor& replay_indices, SelectionStats& stats);
+
+  // options.frozen_main: the frozen layer's output and its indexer loss's value, both without a
+  // graph; on the way the loss times `grad_scale` is backpropagated into the indexer's parameters
+  // (and, under context parallelism, its keys' gradients to their ranks).
+  LayerOutput forward_frozen(const torch::Tensor& x, const ForwardOptions& options,
+                             double grad_scale, SelectionStats& stats);
 
   std::vector<torch::Tensor> indexer_parameters() const { return indexer_->parameters(); }
 

@@ -238,19 +238,23 @@ class Trainer::Impl {
     o.selection_replay = options_.selection_replay.value_or(spec_.recompute().selection_replay());
     o.bf16_autocast = options_.device.is_cuda();
     o.query_group = spec_.parallelism().query_group();
+    // A frozen main model: the indexer learns inside the forward (nothing to backpropagate after).
+    o.frozen_main = stage.trains() == v1::INDEXER_ONLY;
+    o.indexer_grad_scale = stage.indexer_loss_weight() / static_cast<double>(world_size());
     o.query_chunk = memory_plan(shape_of(stage), o).candidate.query_chunk;
     return o;
   }
 
   // The planner's prediction (planner/cost_model.h) of a step at `shape` as `o` runs it, with its
-  // query chunk: recompute.query_chunk, or for 0 with recomputation on a GPU the largest chunk
-  // that fits the memory this process can have (what the device has free plus what the caching
-  // allocator holds), 0 when the whole local sequence fits. The CPU runs whole sequences unless
-  // told otherwise. Made once a shape, before its first step.
+  // query chunk: recompute.query_chunk, or for 0 with recomputation or a frozen main model on a
+  // GPU the largest chunk that fits the memory this process can have (what the device has free plus
+  // what the caching allocator holds), 0 when the whole local sequence fits. The CPU runs whole
+  // sequences unless told otherwise. Made once a shape, before its first step.
   const server::planner::Prediction& memory_plan(const BatchShape& shape,
                                                  const ForwardOptions& o) const {
     const bool dense = o.attention == AttentionMode::kDense;
-    const auto key = std::make_tuple(shape.seq_len, shape.batch_size, dense, o.recompute);
+    const auto key =
+        std::make_tuple(shape.seq_len, shape.batch_size, dense, o.recompute, o.frozen_main);
     if (const auto known = memory_plans_.find(key); known != memory_plans_.end()) {
       return known->second;
     }
@@ -258,7 +262,9 @@ class Trainer::Impl {
     at_shape.mutable_data()->set_seq_len(static_cast<int32_t>(shape.seq_len));
     at_shape.mutable_data()->set_batch_size(static_cast<int32_t>(shape.batch_size));
     at_shape.clear_stages();
-    at_shape.add_stages()->set_attention(dense ? v1::DENSE : v1::SPARSE);
+    auto* stage = at_shape.add_stages();
+    stage->set_attention(dense ? v1::DENSE : v1::SPARSE);
+    if (o.frozen_main) stage->set_trains(v1::INDEXER_ONLY);
     at_shape.mutable_recompute()->set_enabled(o.recompute);
     at_shape.mutable_recompute()->set_selection_replay(o.selection_replay);
     if (!o.recompute) at_shape.mutable_recompute()->set_query_chunk(0);
@@ -320,7 +326,7 @@ class Trainer::Impl {
     }
     {
       PhaseClock::PassGuard pass(*clock_, v1::STEP_PASS_BWD);
-      {
+      if (main_trains) {
         PhaseClock::BackwardAttribution attribution(*clock_);
         loss.backward();
       }
@@ -422,8 +428,8 @@ class Trainer::Impl {
   std::set<const void*> indexer_params_;
   c10::intrusive_ptr<PhaseClock> clock_;  // every step's phases, on the training device
   int64_t step_ = 0;
-  // memory_plan() by (seq_len, batch_size, dense, recompute).
-  mutable std::map<std::tuple<int64_t, int64_t, bool, bool>, server::planner::Prediction>
+  // memory_plan() by (seq_len, batch_size, dense, recompute, frozen_main).
+  mutable std::map<std::tuple<int64_t, int64_t, bool, bool, bool>, server::planner::Prediction>
       memory_plans_;
 };
 
