@@ -24,6 +24,12 @@ and share of the step (phases are taken by whatever names the trainer reports), 
 (the target: within 3 %). With --longest it then finds the longest N (a multiple of --granularity,
 at most --max-n) whose steps fit on the device: see `longest_n`.
 
+--stage warmup benchmarks the dense warm-up instead: one DENSE stage that trains INDEXER_ONLY (the
+main model frozen; the trainer backpropagates the indexer's loss inside the forward). Its useful
+FLOPs: 2 * P_dense * tokens (the frozen forward) + layers * causal pairs * (2H(d_qk + d_v) (the
+dense attention forward) + 6 H_I d_I (the index scores, their gradients to q_I and k_I)), causal
+pairs = batch * N(N+1)/2.
+
 MFU (issue #37 item 2, DESIGN.md section 8): useful FLOPs a step, counted WITHOUT recomputation,
 over the device's dense bf16 rate (--peak-tflops, default 790: the H200):
 
@@ -140,10 +146,20 @@ def valid_pairs(n, k):
     return k * (k + 1) // 2 + (n - k) * k
 
 
-def step_flops(m, n, batch=1):
+def step_flops(m, n, batch=1, stage="sparse"):
     """Useful FLOPs of one training step (no recomputation), by part; see the module docstring."""
     x = model_dims(m)
     h, dqk, dv, hi, di, layers = x["heads"], x["dqk"], x["dv"], x["hi"], x["di"], x["layers"]
+    if stage == "warmup":
+        causal = batch * n * (n + 1) // 2
+        parts = dict(
+            dense=2 * parameter_counts(m)["dense"] * batch * n,
+            attention_fwd=layers * causal * 2 * h * (dqk + dv),
+            indexer=layers * causal * 6 * hi * di,
+        )
+        parts["total"] = sum(parts.values())
+        parts["pairs_per_layer"] = causal
+        return parts
     pairs = batch * valid_pairs(n, x["topk"])
     parts = dict(
         dense=6 * parameter_counts(m)["dense"] * batch * n,
@@ -250,7 +266,7 @@ def make_corpus(folder, need_bytes):
     return path, written, len(text)
 
 
-def job_spec(base, model, n, steps, corpus, threads, query_chunk):
+def job_spec(base, model, n, steps, corpus, threads, query_chunk, stage_kind="sparse"):
     """The bench's job: the model's spec with data, one SPARSE stage and the bench's settings."""
     spec = copy.deepcopy(base)
     spec["model"] = copy.deepcopy(model)
@@ -259,10 +275,13 @@ def job_spec(base, model, n, steps, corpus, threads, query_chunk):
                         text_file=dict(path=str(corpus)))
     stages = base.get("stages") or [{}]
     stage = next((s for s in stages if s.get("attention") == "SPARSE"), stages[0])
-    spec["stages"] = [dict(name=stage.get("name", "sparse"), steps=steps,
+    warmup = stage_kind == "warmup"
+    spec["stages"] = [dict(name="warmup" if warmup else stage.get("name", "sparse"), steps=steps,
                            lr=stage.get("lr", 3e-4), min_lr=stage.get("min_lr", 0.0),
-                           warmup_steps=0, attention="SPARSE", trains="ALL",
-                           indexer_loss_weight=stage.get("indexer_loss_weight", 0.01))]
+                           warmup_steps=0, attention="DENSE" if warmup else "SPARSE",
+                           trains="INDEXER_ONLY" if warmup else "ALL",
+                           indexer_loss_weight=(1.0 if warmup else
+                                                stage.get("indexer_loss_weight", 0.01)))]
     spec["recompute"] = dict(enabled=True, selection_replay=True, query_chunk=query_chunk)
     spec.pop("checkpoint", None)
     spec.pop("parallelism", None)
@@ -388,7 +407,7 @@ def summarize(cfg, model, n, steps, warmup, stage=None):
     secs = [float(s["step_seconds"]) for s in timed]
     step_s = median(secs)
     tokens = n  # batch 1
-    flops = step_flops(model, n)
+    flops = step_flops(model, n, stage=cfg.stage)
     params = parameter_counts(model)
     peak = max(int(s.get("peak_memory_bytes") or 0) for s in steps)
     per_step = [phase_seconds(s) for s in timed]
@@ -425,7 +444,7 @@ def summarize(cfg, model, n, steps, warmup, stage=None):
 
 def measure(cfg, entry, n, steps, warmup, label):
     spec = job_spec(entry["base"], entry["model"], n, steps, cfg.corpus, cfg.threads,
-                    cfg.query_chunk)
+                    cfg.query_chunk, cfg.stage)
     print(f"{label}: N={n}, {steps} steps ({warmup} warm-up)", flush=True)
     try:
         events, started, stage = run_trainer(cfg, spec, f"{entry['name']} N={n}")
@@ -680,6 +699,8 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, help="steps a run (default 6; --smoke: 3)")
     p.add_argument("--warmup", type=int, help="first steps excluded from the medians "
                    "(default 2; --smoke: 1)")
+    p.add_argument("--stage", choices=("sparse", "warmup"), default="sparse", help="the stage "
+                   "benchmarked: sparse (trains ALL, the default) or warmup (DENSE, INDEXER_ONLY)")
     p.add_argument("--query-chunk", type=int, default=0, help="recompute.query_chunk of every "
                    "run: queries a layer runs at once (default 0: the trainer fits it to the GPU)")
     p.add_argument("--longest", action="store_true", help="also find the longest N that fits")

@@ -11,6 +11,8 @@
 #   HYSCALE_DSA_BENCH_MAX_N  bound of its longest-trainable-N search (default 1M)
 #   HYSCALE_TRAIN_BENCH_SIZES  N values for the trainer's benchmark (default 32K, 128K)
 #   HYSCALE_TRAIN_BENCH_MODELS its reference models (default both in examples/train-ref-*.yaml)
+#   HYSCALE_CHUNK_BENCH_SIZES  N values of the 2048x4 model with queries in chunks of 8192 and of
+#                              its dense warm-up in the trainer's chunks (default 32K)
 #   HYSCALE_SANITIZE=1     also run the small GPU tests (FlashTopK, sparse attention) under
 #                          compute-sanitizer memcheck
 set -euo pipefail
@@ -60,3 +62,14 @@ python3 "$root/bench/train_bench.py" --trainer "$build/worker/trainer/hyscale-tr
   --models "${HYSCALE_TRAIN_BENCH_MODELS:-$root/examples/train-ref-2048x4.yaml,$root/examples/train-ref-4096x2.yaml}" \
   --sizes "${HYSCALE_TRAIN_BENCH_SIZES:-32768,131072}" --device cuda \
   --json "$out/train_bench.json" 2>&1 | tee "$out/train_bench.txt"
+
+# Query-chunked layers (issue #39) against the whole-sequence runs above, and the dense warm-up
+# stage (issue #40) with the chunks the trainer picks.
+python3 "$root/bench/train_bench.py" --trainer "$build/worker/trainer/hyscale-train" \
+  --models "$root/examples/train-ref-2048x4.yaml" --query-chunk 8192 \
+  --sizes "${HYSCALE_CHUNK_BENCH_SIZES:-32768}" --device cuda \
+  --json "$out/train_bench_chunked.json" 2>&1 | tee "$out/train_bench_chunked.txt"
+python3 "$root/bench/train_bench.py" --trainer "$build/worker/trainer/hyscale-train" \
+  --models "$root/examples/train-ref-2048x4.yaml" --stage warmup --steps 4 --warmup 1 \
+  --sizes "${HYSCALE_CHUNK_BENCH_SIZES:-32768}" --device cuda \
+  --json "$out/train_bench_warmup.json" 2>&1 | tee "$out/train_bench_warmup.txt"
