@@ -255,7 +255,10 @@ std::vector<DsaLayerImpl::Chunk> DsaLayerImpl::chunks(const torch::Tensor& x,
       exchange ? exchange->positions().to(torch::kCPU) : torch::arange(t, torch::kLong);
   TORCH_CHECK(positions.numel() == t, "the key exchange's positions (", positions.numel(),
               ") do not match the layer input's rows (", t, ")");
-  const auto on_device = positions.to(x.device());
+  // Made on the device without a copy from the host where possible: a blocking copy would make
+  // the host wait for the stream at every layer.
+  const auto on_device = exchange ? positions.to(x.device())
+                                  : torch::arange(t, x.options().dtype(torch::kLong));
   const int64_t size = options.query_chunk > 0 ? std::min(options.query_chunk, t) : t;
   std::vector<Chunk> out;
   for (int64_t begin = 0; begin < t; begin += size) {
