@@ -305,12 +305,15 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double dense_table_row = !w.sparse && !megatron ? N * (2 * H + 2 * hi + 4) * f : 0;
   // The residual stream (each layer's input) is fp32 under autocast. A frozen main model keeps
   // nothing: one layer's input and output.
+  // The final norm and output projection keep the last layer's output (fp32), and unless
+  // recomputed (as the trainer does under recomputation) their normalized rows and bf16 cast.
+  const double head = megatron ? 0 : (c.recompute == Recompute::kNone ? d * (2 * f + ab) : d * f);
   if (frozen) {
     mem.activations = 2 * seqs * n * d * f;
   } else if (c.recompute == Recompute::kNone) {
-    mem.activations = layers * seqs * n * (row_saved + dense_table_row / 2);
+    mem.activations = layers * seqs * n * (row_saved + dense_table_row / 2) + seqs * n * head;
   } else {
-    mem.activations = layers * seqs * n * d * f + seqs * chunk * row_saved;
+    mem.activations = (layers * d * f + head) * seqs * n + seqs * chunk * row_saved;
   }
   if (w.sparse) {
     const double one_layer = seqs * n * k * 4;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/torch/compat.h"
 #include "kernels/torch/ops.h"
 #include "worker/model/recompute.h"
 
@@ -821,7 +822,14 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
   }
   {
     PhaseClock::Scope scope(clock, v1::STEP_PHASE_LM_HEAD);
-    result.logits = lm_head_(final_norm_(x));
+    // Recomputed in the backward, where it re-enters the forward's autocast and phase.
+    const auto head = [this, clock_ptr = options.clock,
+                       bf16 = options.bf16_autocast](const torch::Tensor& h) {
+      compat::CudaBf16Autocast autocast(bf16);
+      PhaseClock::Scope lm_head(*clock_ptr, v1::STEP_PHASE_LM_HEAD);
+      return lm_head_(final_norm_(h));
+    };
+    result.logits = recompute ? checkpointed(head, x, options.clock) : head(x);
   }
   PhaseClock::Scope scope(clock, v1::STEP_PHASE_INDEXER_LOSS);
   result.indexer_loss =

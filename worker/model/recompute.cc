@@ -53,7 +53,44 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
+struct RecomputedFunction : torch::CustomClassHolder {
+  std::function<torch::Tensor(const torch::Tensor&)> f;
+  c10::intrusive_ptr<PhaseClock> clock;
+};
+
+struct Checkpointed : torch::autograd::Function<Checkpointed> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const c10::intrusive_ptr<RecomputedFunction>& state) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    return state->f(x);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto state = c10::static_intrusive_pointer_cast<RecomputedFunction>(
+        ctx->saved_data["state"].toCapsule());
+    const auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::AutoGradMode grad_mode(true);
+    torch::Tensor y;
+    {
+      PhaseClock::PassGuard pass(*state->clock, v1::STEP_PASS_RECOMPUTE);
+      y = state->f(x);
+    }
+    if (y.requires_grad() && grads[0].defined()) torch::autograd::backward({y}, {grads[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor checkpointed(std::function<torch::Tensor(const torch::Tensor&)> f,
+                           const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>& clock) {
+  auto state = c10::make_intrusive<RecomputedFunction>();
+  state->f = std::move(f);
+  state->clock = clock;
+  const auto input = x.requires_grad() ? x : x.detach().requires_grad_(true);
+  return Checkpointed::apply(input, state);
+}
 
 LayerOutput checkpointed_layer(const DsaLayer& layer, const torch::Tensor& x,
                                const ForwardOptions& options, SelectionStats& stats,

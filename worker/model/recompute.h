@@ -4,6 +4,8 @@
 
 #include <torch/types.h>
 
+#include <functional>
+
 #include "worker/model/model.h"
 
 namespace hyscale::trainer {
@@ -17,5 +19,11 @@ namespace hyscale::trainer {
 LayerOutput checkpointed_layer(const DsaLayer& layer, const torch::Tensor& x,
                                const ForwardOptions& options, SelectionStats& stats,
                                const torch::Tensor& loss_report, double report_scale);
+
+// f(x), keeping only x for the backward, which runs f again (in the clock's recompute pass) and
+// backpropagates through it. For parts whose activations are wider than their input: the final
+// norm and the output projection keep 6 bytes a model feature and token otherwise.
+torch::Tensor checkpointed(std::function<torch::Tensor(const torch::Tensor&)> f,
+                           const torch::Tensor& x, const c10::intrusive_ptr<PhaseClock>& clock);
 
 }  // namespace hyscale::trainer
