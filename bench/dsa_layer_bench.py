@@ -40,7 +40,9 @@ indexer target and loss, and gradients of all six inputs (else no timings, exit 
 import argparse
 import gc
 import json
+import os
 import statistics
+import subprocess
 import time
 
 import torch
@@ -611,6 +613,37 @@ def longest_n(cfg, device, dtype, clock, stack, peaks):
 
 # ---- report ------------------------------------------------------------------------------------
 
+DSA_PHASES = ("selection", "attention", "indexer_loss")
+
+
+def trainer_layer(cfg, sizes):
+    """The trainer's own layer (worker/model's DsaLayer, as hyscale-train runs it: recomputed with
+    replay, bf16 autocast, phases timed on the device) at this bench's shape, by
+    hyscale-layer-bench; one dict a size, or None without the binary."""
+    if not cfg.layer_bench or not os.access(cfg.layer_bench, os.X_OK):
+        return None
+    cmd = [cfg.layer_bench, "--device", cfg.device, "--sizes", ",".join(map(str, sizes)),
+           "--heads", str(cfg.heads), "--dqk", str(cfg.dqk), "--dv", str(cfg.dv),
+           "--heads-i", str(cfg.heads_i), "--dim-i", str(cfg.dim_i), "--topk", str(cfg.topk),
+           # RoPE on 64 features (DeepSeek-V3.2's), fewer where the heads are narrower.
+           "--rope", str(min(64, cfg.dqk - cfg.dv if cfg.value_in_key else cfg.dqk) // 2 * 2),
+           "--rope-i", str(min(64, cfg.dim_i) // 2 * 2),
+           "--latent", "true" if cfg.value_in_key else "false",
+           "--runs", str(cfg.runs), "--query-chunk", str(cfg.layer_query_chunk)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
+    rows = []
+    for line in out.stdout.splitlines():
+        r = json.loads(line)
+        phases = r.get("phase_seconds", {})
+        r["step_ms"] = r["step_seconds"]["median"] * 1e3
+        r["dsa_ms"] = 1e3 * sum(v for k, v in phases.items() if k.startswith(DSA_PHASES))
+        r["peak_gib"] = r["peak_memory_bytes"] / GiB if r["peak_memory_bytes"] else None
+        rows.append(r)
+    return rows
+
+
 def summary(cfg, report):
     def num(x, width, prec, suffix=""):
         if isinstance(x, (int, float)):
@@ -654,6 +687,17 @@ def summary(cfg, report):
                          f"{num(ratio, 9, 2, 'x')}")
     lines.append("megatron / hyscale step time (target >= 2.5x): " + ", ".join(
         f"N={r['n']}: {r['megatron_over_hyscale']:.2f}x" for r in report["speedups"]))
+    if report.get("trainer_layer"):
+        lines.append("c) the trainer's own layer (hyscale-layer-bench: worker/model, recomputed with "
+                     "replay, phases on the device; d_model 2048, SwiGLU 5632) (ms)")
+        lines.append(f"{'N':>8} {'step':>10} {'DSA part':>10} {'rest':>9} {'peak GiB':>9} "
+                     f"{'megatron / DSA part':>20}")
+        megatron = {r["n"]: r.get("step_ms") for r in report["step"] if r["stack"] == "megatron"}
+        for r in report["trainer_layer"]:
+            ratio = megatron.get(r["n"]) / r["dsa_ms"] if megatron.get(r["n"]) else None
+            lines.append(f"{r['n']:>8} {num(r['step_ms'], 10, 1)} {num(r['dsa_ms'], 10, 1)} "
+                         f"{num(r['step_ms'] - r['dsa_ms'], 9, 1)} {num(r['peak_gib'], 9, 1)} "
+                         f"{num(ratio, 19, 2, 'x')}")
     for m in report["longest_n"]:
         bound = f"stopped at --max-n {cfg.max_n}" if m["bounded_by_max_n"] else \
             f"N={m['first_oom_n']} ran out of memory"
@@ -708,7 +752,14 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense rate (DESIGN.md)")
     ap.add_argument("--peak-gbps", type=float, default=4000.0, help="device memory bandwidth")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--layer-bench", help="hyscale-layer-bench, to time the trainer's own layer "
+                    "too (default: bench/layer/ of the build holding --lib, if built)")
+    ap.add_argument("--layer-query-chunk", type=int, default=0,
+                    help="recompute.query_chunk of the trainer's layer (0: all queries at once)")
     cfg = ap.parse_args()
+    if cfg.layer_bench is None:
+        build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(cfg.lib))))
+        cfg.layer_bench = os.path.join(build, "bench", "layer", "hyscale-layer-bench")
     cfg.dtype = cfg.dtype or ("bf16" if cfg.device == "cuda" else "fp32")
     cfg.naive_chunk_bytes = int(cfg.naive_chunk_gib * GiB)
     torch.ops.load_library(cfg.lib)
@@ -762,6 +813,11 @@ def main():
         if len(both) == 2:
             report["speedups"].append(dict(n=n, megatron_over_hyscale=both["megatron"]["step_ms"] /
                                            both["hyscale"]["step_ms"]))
+
+    report["trainer_layer"] = trainer_layer(cfg, sizes)
+    for r in report["trainer_layer"] or []:
+        print(f"trainer layer N={r['n']}: step {r['step_ms']:.1f} ms, DSA part {r['dsa_ms']:.1f} ms",
+              flush=True)
 
     report["longest_n"] = []
     for stack in ("hyscale", "megatron"):

@@ -258,8 +258,8 @@ std::vector<DsaLayerImpl::Chunk> DsaLayerImpl::chunks(const torch::Tensor& x,
               ") do not match the layer input's rows (", t, ")");
   // Made on the device without a copy from the host where possible: a blocking copy would make
   // the host wait for the stream at every layer.
-  const auto on_device = exchange ? positions.to(x.device())
-                                  : torch::arange(t, x.options().dtype(torch::kLong));
+  const auto on_device =
+      exchange ? positions.to(x.device()) : torch::arange(t, x.options().dtype(torch::kLong));
   const int64_t size = options.query_chunk > 0 ? std::min(options.query_chunk, t) : t;
   std::vector<Chunk> out;
   for (int64_t begin = 0; begin < t; begin += size) {
