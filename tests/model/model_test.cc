@@ -39,6 +39,19 @@ struct TrainedOnce {
   double indexer_loss = 0;  // the reported value, read after backward
 };
 
+// What a step left: the parameters' gradients, the logits and the reported indexer loss (read
+// after backward), the selection counts.
+TrainedOnce trained(const DsaModel& model, const ForwardResult& result) {
+  TrainedOnce run;
+  for (const auto& p : model->named_parameters()) {
+    if (p.value().grad().defined()) run.grads[p.key()] = p.value().grad().clone();
+  }
+  run.logits = result.logits.detach();
+  run.indexer_loss = result.indexer_loss_value.item<double>();
+  run.stats = model->selection_stats();
+  return run;
+}
+
 // One forward + backward of lm_loss + indexer_loss on a fixed batch, from a fixed init.
 TrainedOnce run_once(const ModelConfig& config, const ForwardOptions& options, bool lm = true,
                      bool indexer = true, torch::Dtype dtype = torch::kFloat) {
@@ -54,14 +67,7 @@ TrainedOnce run_once(const ModelConfig& config, const ForwardOptions& options, b
   }
   if (indexer) loss = loss + result.indexer_loss;
   loss.backward();
-  TrainedOnce run;
-  for (const auto& p : model->named_parameters()) {
-    if (p.value().grad().defined()) run.grads[p.key()] = p.value().grad().clone();
-  }
-  run.logits = result.logits.detach();
-  run.indexer_loss = result.indexer_loss_value.item<double>();
-  run.stats = model->selection_stats();
-  return run;
+  return trained(model, result);
 }
 
 ForwardOptions sparse(bool recompute, bool replay) {
@@ -211,14 +217,7 @@ TrainedOnce indexer_only_step(const ModelConfig& config, const ForwardOptions& o
   const auto tokens = torch::randint(config.vocab_size, {2, 19}, torch::kLong);
   auto result = model->forward(tokens, options);
   if (!options.frozen_main) (weight * result.indexer_loss).backward();
-  TrainedOnce run;
-  for (const auto& p : model->named_parameters()) {
-    if (p.value().grad().defined()) run.grads[p.key()] = p.value().grad().clone();
-  }
-  run.logits = result.logits.detach();
-  run.indexer_loss = result.indexer_loss_value.item<double>();
-  run.stats = model->selection_stats();
-  return run;
+  return trained(model, result);
 }
 
 // options.frozen_main (INDEXER_ONLY stages, the dense warm-up): the indexer learns inside the
