@@ -636,6 +636,9 @@ def trainer_layer(cfg, sizes):
     rows = []
     for line in out.stdout.splitlines():
         r = json.loads(line)
+        if "oom" in r:
+            rows.append(r)
+            continue
         phases = r.get("phase_seconds", {})
         r["step_ms"] = r["step_seconds"]["median"] * 1e3
         r["dsa_ms"] = 1e3 * sum(v for k, v in phases.items() if k.startswith(DSA_PHASES))
@@ -694,6 +697,9 @@ def summary(cfg, report):
                      f"{'megatron / DSA part':>20}")
         megatron = {r["n"]: r.get("step_ms") for r in report["step"] if r["stack"] == "megatron"}
         for r in report["trainer_layer"]:
+            if "oom" in r:
+                lines.append(f"{r['n']:>8} {'OOM':>10}")
+                continue
             ratio = megatron.get(r["n"]) / r["dsa_ms"] if megatron.get(r["n"]) else None
             lines.append(f"{r['n']:>8} {num(r['step_ms'], 10, 1)} {num(r['dsa_ms'], 10, 1)} "
                          f"{num(r['step_ms'] - r['dsa_ms'], 9, 1)} {num(r['peak_gib'], 9, 1)} "
@@ -816,8 +822,8 @@ def main():
 
     report["trainer_layer"] = trainer_layer(cfg, sizes)
     for r in report["trainer_layer"] or []:
-        print(f"trainer layer N={r['n']}: step {r['step_ms']:.1f} ms, DSA part {r['dsa_ms']:.1f} ms",
-              flush=True)
+        print(f"trainer layer N={r['n']}: " + (f"out of memory ({r['oom']})" if "oom" in r else
+              f"step {r['step_ms']:.1f} ms, DSA part {r['dsa_ms']:.1f} ms"), flush=True)
 
     report["longest_n"] = []
     for stack in ("hyscale", "megatron"):

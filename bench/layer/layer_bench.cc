@@ -6,7 +6,8 @@
 //   hyscale-layer-bench --sizes 32768,65536 [--query-chunk 8192] [--device cuda] [shape flags]
 //
 // One JSON object a line on stdout, per N: {"n", "query_chunk", "step_seconds": {"median",
-// "min", "max"}, "phase_seconds": {name: median}, "peak_memory_bytes", "device"}.
+// "min", "max"}, "phase_seconds": {name: median}, "peak_memory_bytes", "device"}, or {"n",
+// "query_chunk", "oom": message} when the step does not fit.
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
@@ -164,9 +165,16 @@ int run(int argc, char** argv) {
   }
   const torch::Device device(flags.device == "cuda" ? torch::kCUDA : torch::kCPU, 0);
   for (const int64_t n : flags.sizes) {
-    std::cout
-        << measure(flags, n, flags.device == "cuda" ? device : torch::Device(torch::kCPU)).dump()
-        << std::endl;
+    nlohmann::json row;
+    try {
+      row = measure(flags, n, flags.device == "cuda" ? device : torch::Device(torch::kCPU));
+    } catch (const c10::Error& e) {
+      // Out of memory is an answer (the size does not fit), anything else a failure.
+      const std::string what = e.what_without_backtrace();
+      if (what.find("out of memory") == std::string::npos) throw;
+      row = {{"n", n}, {"query_chunk", flags.query_chunk}, {"oom", what.substr(0, 200)}};
+    }
+    std::cout << row.dump() << std::endl;
   }
   return 0;
 }
