@@ -18,6 +18,10 @@ constexpr double kGiga = 1e9;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
+// fp32 passes over a dense chunk's score tables (mask, softmax, head sum, ReLU, weighting, KL and
+// their gradients): an assumption until the warm-up is measured (bench/train_bench.py --stage
+// warmup).
+constexpr double kDenseTablePasses = 8;
 
 // Sum of (t + 1) over the positions the busiest rank holds: the causal work of one layer.
 double BusiestCausalWork(CpLayout layout, double n_total, int p) {
@@ -272,6 +276,30 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   for (const auto& [term, s] : out.seconds) out.compute_s += s;
   out.exposed_comm_s = per_layer * layer_exposed + std::max(0.0, allreduce - backward);
   out.comm_s = per_layer * (gather_s + reduce_scatter + recompute_comm) + allreduce;
+  if (frozen) {
+    // INDEXER_ONLY: the forward alone, the indexer's loss and its backward inside it; no
+    // recomputation, no backward of the main model, only the indexer keys' gradient travels. A
+    // dense stage runs the trainer's table attention: its matmuls at the dense rate, then
+    // kDenseTablePasses fp32 passes over the [H + H_I, rows, keys] tables.
+    double attention = attn_fwd, indexer = selection + loss_fwd + loss_bwd;
+    if (!w.sparse && !megatron) {
+      attention = 2 * H * (dqk + dv) * causal / dense_rate +
+                  causal * (H + hi) * 4 * kDenseTablePasses / hbm;
+      indexer = 3 * 2 * hi * di * causal / dense_rate;  // scores, their gradients to q_I and k_I
+    }
+    const double indexer_keys_back = RingSeconds(N * idx_elems * ab, p, prof);
+    out.seconds = {{"dense", per_layer * dense_fwd + out.sequences * logits / 3},
+                   {"attention", per_layer * attention},
+                   {"indexer_loss", per_layer * indexer},
+                   {"launches", per_layer * launches}};
+    out.compute_s = 0;
+    for (const auto& [term, s] : out.seconds) out.compute_s += s;
+    const double indexer_allreduce =
+        gpus > 1 ? 2 * RingSeconds(hi * di * d * static_cast<double>(w.layers) * ab, gpus, prof) : 0;
+    out.exposed_comm_s = per_layer * (exposed_gather(selection) + indexer_keys_back) +
+                         indexer_allreduce;
+    out.comm_s = per_layer * (gather_s + indexer_keys_back) + indexer_allreduce;
+  }
   out.seconds["exposed_comm"] = out.exposed_comm_s;
   out.step_s = out.compute_s + out.exposed_comm_s;
 

@@ -12,7 +12,7 @@
 #   HYSCALE_TRAIN_BENCH_SIZES  N values for the trainer's benchmark (default 32K, 128K)
 #   HYSCALE_TRAIN_BENCH_MODELS its reference models (default both in examples/train-ref-*.yaml)
 #   HYSCALE_CHUNK_BENCH_SIZES  N values of the 2048x4 model with queries in chunks of 8192 and of
-#                              its dense warm-up in the trainer's chunks (default 32K)
+#                              its dense warm-up in the trainer's chunks (default 32K; none: skip)
 #   HYSCALE_SANITIZE=1     also run the small GPU tests (FlashTopK, sparse attention) under
 #                          compute-sanitizer memcheck
 set -euo pipefail
@@ -65,11 +65,13 @@ python3 "$root/bench/train_bench.py" --trainer "$build/worker/trainer/hyscale-tr
 
 # Query-chunked layers (issue #39) against the whole-sequence runs above, and the dense warm-up
 # stage (issue #40) with the chunks the trainer picks.
+chunk_sizes=${HYSCALE_CHUNK_BENCH_SIZES:-32768}
+[[ $chunk_sizes == none ]] && exit 0
 python3 "$root/bench/train_bench.py" --trainer "$build/worker/trainer/hyscale-train" \
   --models "$root/examples/train-ref-2048x4.yaml" --query-chunk 8192 \
-  --sizes "${HYSCALE_CHUNK_BENCH_SIZES:-32768}" --device cuda \
+  --sizes "$chunk_sizes" --device cuda \
   --json "$out/train_bench_chunked.json" 2>&1 | tee "$out/train_bench_chunked.txt"
 python3 "$root/bench/train_bench.py" --trainer "$build/worker/trainer/hyscale-train" \
   --models "$root/examples/train-ref-2048x4.yaml" --stage warmup --steps 4 --warmup 1 \
-  --sizes "${HYSCALE_CHUNK_BENCH_SIZES:-32768}" --device cuda \
+  --sizes "$chunk_sizes" --device cuda \
   --json "$out/train_bench_warmup.json" 2>&1 | tee "$out/train_bench_warmup.txt"

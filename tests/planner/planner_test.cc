@@ -232,6 +232,12 @@ TEST(PlannerTest, TheDenseWarmUpFitsInQueryChunks) {
   EXPECT_GE(fitted.candidate.query_chunk, kMinDenseQueryChunk);
   EXPECT_LT(fitted.candidate.query_chunk, kMinQueryChunk);
   EXPECT_LE(fitted.memory.total, 1.1 * sparse.memory.total);
+  // Its time: a forward with the indexer's loss and backward inside it, no recomputation; on the
+  // torch path the score tables' fp32 passes dominate (4.5x the sparse step at 128K: issue #40's
+  // 3x needs its flash-style kernels).
+  EXPECT_EQ(fitted.seconds.count("recompute"), 0u);
+  EXPECT_GT(fitted.seconds.at("attention"), 10 * fitted.seconds.at("dense"));
+  EXPECT_GT(fitted.step_s, 3 * sparse.step_s);
 }
 
 TEST(PlannerTest, LongSequencesRunInTheLargestQueryChunkThatFits) {
