@@ -295,9 +295,10 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     out.compute_s = 0;
     for (const auto& [term, s] : out.seconds) out.compute_s += s;
     const double indexer_allreduce =
-        gpus > 1 ? 2 * RingSeconds(hi * di * d * static_cast<double>(w.layers) * ab, gpus, prof) : 0;
-    out.exposed_comm_s = per_layer * (exposed_gather(selection) + indexer_keys_back) +
-                         indexer_allreduce;
+        gpus > 1 ? 2 * RingSeconds(hi * di * d * static_cast<double>(w.layers) * ab, gpus, prof)
+                 : 0;
+    out.exposed_comm_s =
+        per_layer * (exposed_gather(selection) + indexer_keys_back) + indexer_allreduce;
     out.comm_s = per_layer * (gather_s + indexer_keys_back) + indexer_allreduce;
   }
   out.seconds["exposed_comm"] = out.exposed_comm_s;
