@@ -474,7 +474,11 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   const KeySide local = key_side(x, parts, options, &h);
   start_exchange(local, options);
   KeySide keys;
-  RowAssembler out_x(t, parts.size()), indices(out_x), probe_q(out_x), probe_indices(out_x);
+  RowAssembler out_x(t, parts.size()), indices(out_x);
+  const auto probe_rows = options.probe_rows.defined()
+                              ? options.probe_rows.to(torch::kCPU, torch::kLong)
+                              : torch::arange(t, torch::kLong);
+  std::vector<torch::Tensor> probe_q, probe_indices;
   torch::Tensor loss;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Chunk& c = parts[i];
@@ -497,15 +501,20 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
       loss = loss.defined() ? loss + share : share;
     }
     if (options.keep_probes) {
-      probe_q.add(c.begin, queries.q.detach());
+      // The chunk's kept rows, as rows of the chunk.
+      const auto mine =
+          probe_rows.masked_select((probe_rows >= c.begin) & (probe_rows < c.begin + c.length)) -
+          c.begin;
+      const auto kept = mine.to(x.device());
       const LightningIndexerImpl::Projections detached{queries.index.q.detach(),
                                                        keys.index_k.narrow(1, 0, c.keys).detach(),
                                                        queries.index.w.detach()};
-      probe_indices.add(
-          c.begin,
+      const auto selected =
           a.indices.defined()
               ? a.indices
-              : select(detached, c.runs, config_.topk, config_.index_fp8, torch::Tensor()).indices);
+              : select(detached, c.runs, config_.topk, config_.index_fp8, torch::Tensor()).indices;
+      probe_q.push_back(queries.q.detach().index_select(1, kept));
+      probe_indices.push_back(selected.index_select(1, kept));
     }
   }
   LayerOutput out;
@@ -513,9 +522,10 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   out.indexer_loss = loss;
   out.indices = indices.take();
   if (options.keep_probes) {
-    out.probe.q = probe_q.take();
+    out.probe.rows = probe_rows;
+    out.probe.q = torch::cat(probe_q, 1);
     out.probe.key = keys.key.detach();
-    out.probe.indices = probe_indices.take();
+    out.probe.indices = torch::cat(probe_indices, 1);
   }
   return out;
 }

@@ -70,8 +70,11 @@ struct ForwardOptions {
   bool recompute = false;        // per-layer activation recomputation
   bool selection_replay = true;  // in recomputation, replay the forward's indices
   bool keep_probes = false;      // keep per-layer tensors for evaluation (indexer recall)
-  bool bf16_autocast = false;    // CUDA: matmuls in bf16 (recomputation re-enters it)
-  int64_t query_group = 0;       // G of the sparse attention kernels (0: theirs by default)
+  // With keep_probes: the local query rows [R] (int64, increasing) whose queries and selection
+  // the probes keep; undefined: every row (a probe's q is H d_qk a token and layer).
+  torch::Tensor probe_rows;
+  bool bf16_autocast = false;  // CUDA: matmuls in bf16 (recomputation re-enters it)
+  int64_t query_group = 0;     // G of the sparse attention kernels (0: theirs by default)
   // Queries a layer runs at once, forward, recomputation and backward; 0: all of them. Under
   // recomputation only the key side (keys, values, indexer keys and their gradients), the layer's
   // input and output and the top-k indices are held for the whole sequence.
@@ -91,9 +94,10 @@ struct ForwardOptions {
 
 // Per-layer tensors kept for evaluation: main queries/keys and the indexer's selection.
 struct LayerProbe {
-  torch::Tensor q;        // [B, T, H, d_qk] after RoPE
-  torch::Tensor key;      // [B, T, d_qk] after RoPE
-  torch::Tensor indices;  // [B, T, topk] the indexer's top-k
+  torch::Tensor rows;     // [R] the local query rows kept (ForwardOptions::probe_rows, or all)
+  torch::Tensor q;        // [B, R, H, d_qk] after RoPE
+  torch::Tensor key;      // [B, N, d_qk] after RoPE, every key
+  torch::Tensor indices;  // [B, R, topk] the indexer's top-k
 };
 
 struct ForwardResult {

@@ -53,20 +53,41 @@ IndexerRecall indexer_recall(const std::vector<LayerProbe>& probes, const torch:
   IndexerRecall recall;
   for (const auto& probe : probes) {
     const auto indices = probe.indices.to(torch::kCPU);
+    const auto kept = probe.rows.to(torch::kCPU, torch::kInt64).contiguous();
+    const int64_t* kept_begin = kept.data_ptr<int64_t>();
+    const int64_t* kept_end = kept_begin + kept.numel();
     for (int64_t b = 0; b < probe.q.size(0); ++b) {
       // Rows seeing at most topk keys select all of them: recall 1 by construction, skipped.
       for (int64_t row : sample_rows(targets_cpu, positions_cpu, b, config.topk, max_rows)) {
-        const auto keys = probe.key[b].narrow(0, 0, pos[row] + 1);             // [t+1, D]
-        const auto logits = torch::matmul(probe.q[b][row], keys.t()) * scale;  // [H, t+1]
+        const int64_t* at = std::lower_bound(kept_begin, kept_end, row);
+        TORCH_CHECK(at != kept_end && *at == row, "indexer_recall: the probes lack row ", row);
+        const int64_t j = at - kept_begin;
+        const auto keys = probe.key[b].narrow(0, 0, pos[row] + 1);           // [t+1, D]
+        const auto logits = torch::matmul(probe.q[b][j], keys.t()) * scale;  // [H, t+1]
         const auto mass = torch::softmax(logits, -1).sum(0);
         const auto dense = std::get<1>(mass.topk(config.topk)).to(torch::kCPU);
-        const auto chosen = indices[b][row].to(torch::kCPU, torch::kInt64);
+        const auto chosen = indices[b][j].to(torch::kCPU, torch::kInt64);
         recall.total += torch::isin(dense, chosen).sum().item<double>() / config.topk;
         ++recall.rows;
       }
     }
   }
   return recall;
+}
+
+torch::Tensor recall_rows(const torch::Tensor& targets, const torch::Tensor& positions,
+                          const ModelConfig& config, int64_t max_rows) {
+  const auto targets_cpu = targets.to(torch::kCPU, torch::kInt64);
+  const auto positions_cpu = positions.to(torch::kCPU, torch::kInt64).contiguous();
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < targets_cpu.size(0); ++b) {
+    for (int64_t row : sample_rows(targets_cpu, positions_cpu, b, config.topk, max_rows)) {
+      rows.push_back(row);
+    }
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return torch::tensor(rows, torch::kLong);
 }
 
 }  // namespace hyscale::trainer

@@ -28,4 +28,9 @@ IndexerRecall indexer_recall(const std::vector<LayerProbe>& probes, const torch:
                              const torch::Tensor& positions, const ModelConfig& config,
                              int64_t max_rows);
 
+// The local rows indexer_recall scores in some sequence of the batch, increasing: what the
+// forward's probes need to keep (ForwardOptions::probe_rows).
+torch::Tensor recall_rows(const torch::Tensor& targets, const torch::Tensor& positions,
+                          const ModelConfig& config, int64_t max_rows);
+
 }  // namespace hyscale::trainer

@@ -378,13 +378,20 @@ class Trainer::Impl {
     torch::NoGradGuard no_grad;
     ForwardOptions options = forward_options(plan_.stage(position.stage));
     options.recompute = false;
-    options.keep_probes = true;
     QueryAccuracy accuracy;
     IndexerRecall recall;
     const int batches = std::max(1, spec_.data().eval_batches());
     for (int i = 0; i < batches; ++i) {
       const Batch whole = data_->Get(Split::kEval, i);
       const Shard batch = shard(whole, options);
+      // The first batch's recall rows only: every row's queries would be H d_qk a token and
+      // layer (tens of GiB at long context).
+      options.keep_probes = i == 0;
+      if (options.keep_probes) {
+        options.probe_rows = recall_rows(to_tensor(whole.targets, whole.batch_size, whole.seq_len),
+                                         batch.positions, model_->config(), kRecallRows)
+                                 .to(options_.device);
+      }
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
       const auto result = model_->forward(batch.inputs, options);
       // Same layout by construction: a length mismatch is a bug, and value() throws on it.
