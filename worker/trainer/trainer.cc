@@ -377,6 +377,9 @@ class Trainer::Impl {
   v1::TrainerEventLine::Evaluation Evaluate(const StagePlan::Position& position) {
     torch::NoGradGuard no_grad;
     ForwardOptions options = forward_options(plan_.stage(position.stage));
+    // Evaluation runs at the data's shape, which a stage's may not be: its chunk is the one a
+    // training step of that shape would take (no graph is kept, so it fits).
+    options.query_chunk = memory_plan(data_->default_shape(), options).candidate.query_chunk;
     options.recompute = false;
     QueryAccuracy accuracy;
     IndexerRecall recall;
