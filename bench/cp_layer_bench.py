@@ -34,6 +34,11 @@ Correctness gate first, at --gate-n: for every layout and stack, the CP step's o
 and the gradients of all six inputs, gathered to rank 0, equal the one-rank step on the same
 inputs (fp32 inputs holding bf16 values on the GPU, fp64 on the CPU); else exit status 1.
 
+Then, where hyscale-layer-bench is built (--layer-bench, default bench/layer/ of --lib's build),
+the trainer's own layer (worker/model with worker/parallel's key exchange) runs over the same
+ranks, layouts and sizes, one process a rank as hyscale-train's: its slowest rank's step and DSA
+part (selection, attention and indexer-loss phases) and its exposed communication.
+
 --budget-s bounds the run: rows whose estimated time (from the last measured step of the stack,
 scaled by N^1.5) would pass it are reported as skipped. Order: HyScale rows, the one-GPU HyScale
 rows, then the Megatron-style ones.
@@ -537,6 +542,46 @@ def worker(rank, cfg, port):
     finish(0)
 
 
+def trainer_layer_cp(cfg):
+    """The trainer's own layer under context parallelism: hyscale-layer-bench as hyscale-train's
+    ranks run (one process a rank, worker/parallel's key exchange in each layout, the replicated
+    gradients summed). Per (layout, N) the slowest rank's step and DSA part, the most exposed
+    communication and the highest peak; None where the binary is not built."""
+    base = dsa.layer_bench_command(cfg, cfg.size_list)
+    if base is None:
+        return None
+    rows = []
+    for layout in cfg.layouts:
+        port = free_port()
+        ranks = []
+        for rank in range(cfg.world):
+            env = dict(os.environ, HYSCALE_WORLD_SIZE=str(cfg.world), HYSCALE_RANK=str(rank),
+                       HYSCALE_RENDEZVOUS=f"127.0.0.1:{port}")
+            cmd = base + ["--cp-layout", layout, "--warmup", str(cfg.warmup)]
+            ranks.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = [r.communicate() for r in ranks]
+        for r, (_, err) in zip(ranks, outs):
+            if r.returncode != 0:
+                raise SystemExit(f"{' '.join(base)} (a rank of {cfg.world}, {layout}) failed "
+                                 f"({r.returncode}): {err.strip()}")
+        by_n = {}
+        for out, _ in outs:
+            for r in dsa.layer_bench_rows(out):
+                by_n.setdefault(r["n"], []).append(r)
+        for n, per_rank in sorted(by_n.items()):
+            if any("oom" in r for r in per_rank):
+                rows.append(dict(layout=layout, n=n, oom=True))
+                continue
+            peaks = [r["peak_gib"] for r in per_rank if r["peak_gib"] is not None]
+            rows.append(dict(layout=layout, n=n,
+                             step_ms=max(r["step_ms"] for r in per_rank),
+                             dsa_ms=max(r["dsa_ms"] for r in per_rank),
+                             exposed_ms=1e3 * max(r["comm"]["exposed"] for r in per_rank),
+                             peak_gib=max(peaks) if peaks else None))
+    return rows
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -596,11 +641,28 @@ def main():
         ap.error("--world: at least 2 ranks")
     if cfg.hyscale and not os.access(cfg.hyscale, os.X_OK):
         ap.error(f"--hyscale: {cfg.hyscale} is not an executable")
+    dsa.find_layer_bench(cfg)
     try:
         mp.spawn(worker, args=(cfg, free_port()), nprocs=cfg.world)
     except mp.ProcessExitedException as e:
         print(f"rank {e.error_index} exited with status {e.exit_code}", file=sys.stderr)
         sys.exit(1)
+    rows = trainer_layer_cp(cfg)
+    if rows:
+        print(f"the trainer's own layer over {cfg.world} ranks (hyscale-layer-bench: worker/model "
+              f"with worker/parallel's exchange, recomputed with replay; slowest rank), ms:")
+        for r in rows:
+            print(f"  {r['layout']:>10} N={r['n']:>8}: " + (
+                "out of memory" if r.get("oom") else
+                f"step {r['step_ms']:.1f}, DSA part {r['dsa_ms']:.1f}, exposed communication "
+                f"{r['exposed_ms']:.1f}" + (f", peak {r['peak_gib']:.1f} GiB"
+                                            if r["peak_gib"] else "")), flush=True)
+        if cfg.json and os.path.exists(cfg.json):
+            with open(cfg.json) as f:
+                report = json.load(f)
+            report["trainer_layer"] = rows
+            with open(cfg.json, "w") as f:
+                json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

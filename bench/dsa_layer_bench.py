@@ -616,13 +616,11 @@ def longest_n(cfg, device, dtype, clock, stack, peaks):
 DSA_PHASES = ("selection", "attention", "indexer_loss")
 
 
-def trainer_layer(cfg, sizes):
-    """The trainer's own layer (worker/model's DsaLayer, as hyscale-train runs it: recomputed with
-    replay, bf16 autocast, phases timed on the device) at this bench's shape, by
-    hyscale-layer-bench; one dict a size, or None without the binary."""
+def layer_bench_command(cfg, sizes):
+    """hyscale-layer-bench at this bench's shape, or None where it is not built."""
     if not cfg.layer_bench or not os.access(cfg.layer_bench, os.X_OK):
         return None
-    cmd = [cfg.layer_bench, "--device", cfg.device, "--sizes", ",".join(map(str, sizes)),
+    return [cfg.layer_bench, "--device", cfg.device, "--sizes", ",".join(map(str, sizes)),
            "--heads", str(cfg.heads), "--dqk", str(cfg.dqk), "--dv", str(cfg.dv),
            "--heads-i", str(cfg.heads_i), "--dim-i", str(cfg.dim_i), "--topk", str(cfg.topk),
            # RoPE on 64 features (DeepSeek-V3.2's), fewer where the heads are narrower.
@@ -630,21 +628,34 @@ def trainer_layer(cfg, sizes):
            "--rope-i", str(min(64, cfg.dim_i) // 2 * 2),
            "--latent", "true" if cfg.value_in_key else "false",
            "--runs", str(cfg.runs), "--query-chunk", str(cfg.layer_query_chunk)]
+
+
+def layer_bench_rows(stdout):
+    """hyscale-layer-bench's lines, each with step_ms, dsa_ms (the selection, attention and
+    indexer-loss phases of every pass) and peak_gib added; out-of-memory lines as they are."""
+    rows = []
+    for line in stdout.splitlines():
+        r = json.loads(line)
+        if "oom" not in r:
+            phases = r.get("phase_seconds", {})
+            r["step_ms"] = r["step_seconds"]["median"] * 1e3
+            r["dsa_ms"] = 1e3 * sum(v for k, v in phases.items() if k.startswith(DSA_PHASES))
+            r["peak_gib"] = r["peak_memory_bytes"] / GiB if r["peak_memory_bytes"] else None
+        rows.append(r)
+    return rows
+
+
+def trainer_layer(cfg, sizes):
+    """The trainer's own layer (worker/model's DsaLayer, as hyscale-train runs it: recomputed with
+    replay, bf16 autocast, phases timed on the device) at this bench's shape, by
+    hyscale-layer-bench; one dict a size, or None without the binary."""
+    cmd = layer_bench_command(cfg, sizes)
+    if cmd is None:
+        return None
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
-    rows = []
-    for line in out.stdout.splitlines():
-        r = json.loads(line)
-        if "oom" in r:
-            rows.append(r)
-            continue
-        phases = r.get("phase_seconds", {})
-        r["step_ms"] = r["step_seconds"]["median"] * 1e3
-        r["dsa_ms"] = 1e3 * sum(v for k, v in phases.items() if k.startswith(DSA_PHASES))
-        r["peak_gib"] = r["peak_memory_bytes"] / GiB if r["peak_memory_bytes"] else None
-        rows.append(r)
-    return rows
+    return layer_bench_rows(out.stdout)
 
 
 def summary(cfg, report):
@@ -713,6 +724,13 @@ def summary(cfg, report):
     return "\n".join(lines)
 
 
+def find_layer_bench(cfg):
+    """--layer-bench's default: bench/layer/ of the build holding --lib."""
+    if cfg.layer_bench is None:
+        build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(cfg.lib))))
+        cfg.layer_bench = os.path.join(build, "bench", "layer", "hyscale-layer-bench")
+
+
 def add_layer_args(ap, recompute_rows=8192):
     """The layer's shape, dtype and both stacks' chunking (shared with cp_layer_bench)."""
     ap.add_argument("--heads", type=int, default=128)
@@ -732,6 +750,10 @@ def add_layer_args(ap, recompute_rows=8192):
                     help="score-table chunk of the naive selection")
     ap.add_argument("--value-in-key", action="store_true",
                     help="absorbed MLA: value = key[:, :d_v], for both stacks")
+    ap.add_argument("--layer-bench", help="hyscale-layer-bench, to time the trainer's own layer "
+                    "too (default: bench/layer/ of the build holding --lib, if built)")
+    ap.add_argument("--layer-query-chunk", type=int, default=0,
+                    help="recompute.query_chunk of the trainer's layer (0: all queries at once)")
 
 
 def main():
@@ -758,14 +780,8 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense rate (DESIGN.md)")
     ap.add_argument("--peak-gbps", type=float, default=4000.0, help="device memory bandwidth")
     ap.add_argument("--json", help="write every figure here")
-    ap.add_argument("--layer-bench", help="hyscale-layer-bench, to time the trainer's own layer "
-                    "too (default: bench/layer/ of the build holding --lib, if built)")
-    ap.add_argument("--layer-query-chunk", type=int, default=0,
-                    help="recompute.query_chunk of the trainer's layer (0: all queries at once)")
     cfg = ap.parse_args()
-    if cfg.layer_bench is None:
-        build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(cfg.lib))))
-        cfg.layer_bench = os.path.join(build, "bench", "layer", "hyscale-layer-bench")
+    find_layer_bench(cfg)
     cfg.dtype = cfg.dtype or ("bf16" if cfg.device == "cuda" else "fp32")
     cfg.naive_chunk_bytes = int(cfg.naive_chunk_gib * GiB)
     torch.ops.load_library(cfg.lib)

@@ -5,6 +5,12 @@
 //
 //   hyscale-layer-bench --sizes 32768,65536 [--query-chunk 8192] [--device cuda] [shape flags]
 //
+// Under context parallelism each rank is one process, placed as hyscale-train's ranks are
+// (HYSCALE_WORLD_SIZE, HYSCALE_RANK, HYSCALE_RENDEZVOUS; worker/parallel/rendezvous.h): the
+// layer then runs the trainer's key exchange in --cp-layout and sums the replicated parameters'
+// gradients, and each rank prints its own lines with "rank" and "comm" (exposed and overlapped
+// seconds a step). bench/cp_layer_bench.py launches them.
+//
 // One JSON object a line on stdout, per N: {"n", "query_chunk", "step_seconds": {"median",
 // "min", "max"}, "phase_seconds": {name: median}, "peak_memory_bytes", "device"}, or {"n",
 // "query_chunk", "oom": message} when the step does not fit.
@@ -19,11 +25,14 @@
 #include <vector>
 #ifdef HYSCALE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include "kernels/torch/compat.h"
+#include "proto/cp_layout.h"
 #include "worker/model/model.h"
 #include "worker/model/recompute.h"
+#include "worker/parallel/context_parallel_group.h"
 
 namespace hyscale::trainer {
 namespace {
@@ -33,6 +42,7 @@ struct Flags {
   int runs = 5, warmup = 2;
   int64_t query_chunk = 0;
   std::string device = "cuda";
+  std::string cp_layout = "zigzag";
   ModelConfig model;
 };
 
@@ -59,14 +69,28 @@ int64_t peak_bytes(torch::Device device) {
   return 0;
 }
 
-nlohmann::json measure(const Flags& flags, int64_t n, torch::Device device) {
-  torch::manual_seed(1);
+void throw_if_error(const absl::Status& status) {
+  if (!status.ok()) throw std::runtime_error(status.ToString());
+}
+
+// `group`: this rank's context-parallel group, or null for the whole sequence in one process.
+nlohmann::json measure(const Flags& flags, int64_t n, torch::Device device,
+                       parallel::ContextParallelGroup* group) {
+  torch::manual_seed(1);  // the same layer and sequence on every rank
   DsaLayer layer(flags.model);
   layer->to(device);
-  const auto x =
-      torch::randn({1, n, flags.model.d_model}, torch::dtype(torch::kFloat).device(device));
-  const auto grad = torch::randn_like(x);
+  auto x = torch::randn({1, n, flags.model.d_model}, torch::dtype(torch::kFloat).device(device));
+  auto grad = torch::randn_like(x);
   ForwardOptions options;
+  if (group != nullptr) {
+    auto exchanges = group->exchanges(n);
+    throw_if_error(exchanges.status());
+    options.key_exchange = exchanges->keys;
+    options.indexer_key_exchange = exchanges->indexer_keys;
+    const auto rows = exchanges->keys->positions().to(device);
+    x = x.index_select(1, rows);
+    grad = grad.index_select(1, rows);
+  }
   options.attention = AttentionMode::kSparse;
   options.recompute = true;
   options.selection_replay = true;
@@ -74,7 +98,7 @@ nlohmann::json measure(const Flags& flags, int64_t n, torch::Device device) {
   options.query_chunk = flags.query_chunk;
   options.clock = c10::make_intrusive<PhaseClock>(device);
   SelectionStats stats;
-  std::vector<double> steps;
+  std::vector<double> steps, exposed, overlapped;
   std::map<std::string, std::vector<double>> phases;
   reset_peak(device);
   for (int run = 0; run < flags.warmup + flags.runs; ++run) {
@@ -91,10 +115,17 @@ nlohmann::json measure(const Flags& flags, int64_t n, torch::Device device) {
     }
     {
       PhaseClock::PassGuard pass(clock, v1::STEP_PASS_BWD);
-      PhaseClock::BackwardAttribution attribution(clock);
-      out.backward();
+      {
+        PhaseClock::BackwardAttribution attribution(clock);
+        out.backward();
+      }
+      if (group != nullptr) {
+        PhaseClock::Scope scope(clock, v1::STEP_PHASE_COMM);
+        throw_if_error(group->sum_gradients(layer->parameters()));
+      }
     }
     const auto seconds = clock.take();
+    const parallel::CommTimes comm = group != nullptr ? group->take_times() : parallel::CommTimes{};
     if (run < flags.warmup) continue;
     double total = 0;
     for (const auto& [name, s] : seconds) {
@@ -102,6 +133,8 @@ nlohmann::json measure(const Flags& flags, int64_t n, torch::Device device) {
       total += s;
     }
     steps.push_back(total);
+    exposed.push_back(comm.exposed_s);
+    overlapped.push_back(comm.overlapped_s);
   }
   nlohmann::json r;
   r["n"] = n;
@@ -112,6 +145,12 @@ nlohmann::json measure(const Flags& flags, int64_t n, torch::Device device) {
                        {"max", *std::max_element(steps.begin(), steps.end())}};
   for (auto& [name, values] : phases) r["phase_seconds"][name] = median(values);
   r["peak_memory_bytes"] = peak_bytes(device);
+  if (group != nullptr) {
+    r["rank"] = group->rank();
+    r["world"] = group->world_size();
+    r["layout"] = flags.cp_layout;
+    r["comm"] = {{"exposed", median(exposed)}, {"overlapped", median(overlapped)}};
+  }
   return r;
 }
 
@@ -139,6 +178,8 @@ int run(int argc, char** argv) {
   app.add_option("--query-chunk", flags.query_chunk, "Queries the layer runs at once (0: all)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--device", flags.device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--cp-layout", flags.cp_layout,
+                 "Context parallelism's layout under HYSCALE_WORLD_SIZE > 1");
   app.add_option("--d-model", m.d_model, "Model width")->check(CLI::PositiveNumber);
   app.add_option("--d-ff", m.d_ff, "SwiGLU width")->check(CLI::PositiveNumber);
   app.add_option("--heads", m.heads, "Attention heads H")->check(CLI::PositiveNumber);
@@ -163,11 +204,44 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
-  const torch::Device device(flags.device == "cuda" ? torch::kCUDA : torch::kCPU, 0);
+  const auto layout = ParseCpLayout(flags.cp_layout);
+  if (!layout.ok()) {
+    std::cerr << "hyscale-layer-bench: --cp-layout: " << layout.status().message() << "\n";
+    return 2;
+  }
+  const auto rendezvous = parallel::RendezvousFromEnv();
+  if (!rendezvous.ok()) {
+    std::cerr << "hyscale-layer-bench: " << rendezvous.status().message() << "\n";
+    return 2;
+  }
+  const bool cuda = flags.device == "cuda";
+  // A rank uses GPU rank mod the visible GPUs, as hyscale-train's do.
+  const int rank = rendezvous->has_value() ? (*rendezvous)->rank : 0;
+  const torch::Device device =
+      cuda ? torch::Device(torch::kCUDA,
+                           static_cast<c10::DeviceIndex>(
+                               rank % std::max<int64_t>(1, torch::cuda::device_count())))
+           : torch::Device(torch::kCPU);
+#ifdef HYSCALE_HAVE_CUDA
+  if (device.is_cuda()) c10::cuda::set_device(device.index());  // NCCL's and the kernels' device
+#endif
+  std::unique_ptr<parallel::ContextParallelGroup> group;
+  if (rendezvous->has_value()) {
+    parallel::ContextParallelGroup::Options options;
+    options.rendezvous = **rendezvous;
+    options.layout = *layout;
+    options.cuda = cuda;
+    auto joined = parallel::ContextParallelGroup::Join(options);
+    if (!joined.ok()) {
+      std::cerr << "hyscale-layer-bench: joining the group: " << joined.status().message() << "\n";
+      return 1;
+    }
+    group = *std::move(joined);
+  }
   for (const int64_t n : flags.sizes) {
     nlohmann::json row;
     try {
-      row = measure(flags, n, flags.device == "cuda" ? device : torch::Device(torch::kCPU));
+      row = measure(flags, n, device, group.get());
     } catch (const c10::Error& e) {
       // Out of memory is an answer (the size does not fit), anything else a failure.
       const std::string what = e.what_without_backtrace();
