@@ -704,13 +704,13 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
   {
     torch::NoGradGuard no_grad;
     torch::Tensor h;
-    local = key_side(x, parts, options, parts.size() == 1 ? &h : nullptr);
+    local = key_side(x, parts, options, &h);
   }
   local.index_k = leaf(local.index_k);
   start_exchange(local, options);
   KeySide keys;
   torch::Tensor index_k_grad, loss;
-  RowAssembler out_x(x.size(1), parts.size()), indices(out_x);
+  RowAssembler out_x(x.size(1), parts.size());  // filled without a graph: in place
   for (size_t i = 0; i < parts.size(); ++i) {
     const Chunk& c = parts[i];
     const auto x_c = x.narrow(1, c.begin, c.length);
@@ -736,7 +736,6 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
       torch::NoGradGuard no_grad;
       out_x.add(c.begin, residuals(x_c, a.out.detach(), options));
     }
-    indices.add(c.begin, a.indices);
     if (!a.loss.defined()) continue;
     const auto share = a.loss * (static_cast<double>(c.length) / rows);
     {
@@ -784,7 +783,6 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
   LayerOutput out;
   out.x = out_x.take();
   out.indexer_loss = loss;
-  out.indices = indices.take();
   return out;
 }
 

@@ -193,8 +193,9 @@ class DsaLayerImpl : public torch::nn::Module {
                                 const torch::Tensor& replay_indices, SelectionStats& stats);
 
   // options.frozen_main: the frozen layer's output and its indexer loss's value, both without a
-  // graph; on the way the loss times `grad_scale` is backpropagated into the indexer's parameters
-  // (and, under context parallelism, its keys' gradients to their ranks).
+  // graph (no indices: nothing replays them); on the way the loss times `grad_scale` is
+  // backpropagated into the indexer's parameters (and, under context parallelism, its keys'
+  // gradients to their ranks).
   LayerOutput forward_frozen(const torch::Tensor& x, const ForwardOptions& options,
                              double grad_scale, SelectionStats& stats);
 
