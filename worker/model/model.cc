@@ -701,10 +701,10 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
   // over the chunks, is backpropagated once at the end (through the exchange, then the indexer's
   // key projection chunk by chunk).
   KeySide local;
+  torch::Tensor whole_h;  // attn_norm(x), shared with the queries when they run as one chunk
   {
     torch::NoGradGuard no_grad;
-    torch::Tensor h;
-    local = key_side(x, parts, options, &h);
+    local = key_side(x, parts, options, &whole_h);
   }
   local.index_k = leaf(local.index_k);
   start_exchange(local, options);
@@ -714,8 +714,8 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
   for (size_t i = 0; i < parts.size(); ++i) {
     const Chunk& c = parts[i];
     const auto x_c = x.narrow(1, c.begin, c.length);
-    torch::Tensor h;
-    {
+    torch::Tensor h = whole_h;
+    if (!h.defined()) {
       PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
       torch::NoGradGuard no_grad;
       h = attn_norm_(x_c);
