@@ -2,6 +2,7 @@
 // except where a stream must block.
 #include "server/coordinator.h"
 
+#include <absl/strings/str_cat.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
@@ -11,6 +12,7 @@
 #include <map>
 #include <thread>
 
+#include "planner/cost_model.h"
 #include "proto/job_spec.h"
 #include "server/trainer_events.h"
 #include "tests/server/test_util.h"
@@ -1319,6 +1321,55 @@ TEST_F(CoordinatorTest, ContextParallelJobsRunOneRankPerCpProcess) {
   EXPECT_NE(std::string(mismatch.status().message()).find("resources.ranks: must be 2"),
             std::string::npos)
       << mismatch.status();
+}
+
+// A job longer than one GPU holds whole (the 4-layer reference model at 1M tokens, recomputed):
+// the plan names the query chunk the trainer will run in; an AUTO submission leaves the spec's 0,
+// so that the trainer fits the chunk to the device it lands on, stage by stage.
+TEST_F(CoordinatorTest, PlanNamesTheQueryChunkOfALongJob) {
+  v1::JobSpec spec = testing::TinySpec();
+  auto* m = spec.mutable_model();
+  m->set_vocab_size(256);
+  m->set_d_model(2048);
+  m->set_layers(4);
+  m->set_heads(64);
+  m->set_head_dim_qk(576);
+  m->set_rope_dim(64);
+  m->set_head_dim_v(512);
+  m->set_latent_kv(true);
+  m->set_d_ff(5632);
+  m->mutable_indexer()->set_heads(64);
+  m->mutable_indexer()->set_dim(128);
+  m->mutable_indexer()->set_rope_dim(64);
+  m->mutable_indexer()->set_topk(2048);
+  spec.mutable_data()->set_seq_len(1 << 20);
+  spec.mutable_data()->set_batch_size(1);
+  spec.clear_stages();
+  auto* stage = spec.add_stages();
+  stage->set_steps(1);
+  stage->set_lr(1e-4f);
+  stage->set_attention(v1::SPARSE);
+  stage->set_indexer_loss_weight(0.01f);
+  spec.mutable_recompute()->set_enabled(true);
+  spec.mutable_recompute()->set_selection_replay(true);
+  v1::PlanJobRequest request;
+  *request.mutable_spec() = spec;
+  request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  const auto plan = c_->PlanJob(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GE(plan->query_chunk(), planner::kMinQueryChunk) << plan->notes(0);
+  EXPECT_LT(plan->query_chunk(), 1 << 20);
+  EXPECT_NE(plan->notes(0).find(absl::StrCat(" chunks of ", plan->query_chunk())),
+            std::string::npos)
+      << plan->notes(0);
+
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = spec;
+  submit.mutable_spec()->mutable_parallelism()->set_mode(v1::AUTO);
+  submit.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  const auto job = c_->SubmitJob(submit);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().recompute().query_chunk(), 0);
 }
 
 TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
