@@ -10,26 +10,14 @@
 #include <string>
 
 #include "proto/events.h"
+#include "tests/model/small_model.h"
 #include "worker/model/model.h"
 
 namespace hyscale::trainer {
 namespace {
 
-ModelConfig small_config() {
-  ModelConfig c;
-  c.vocab_size = 32;
-  c.d_model = 16;
-  c.layers = 2;
-  c.heads = 2;
-  c.head_dim_qk = 8;
-  c.rope_dim = 4;
-  c.head_dim_v = 8;
-  c.d_ff = 32;
-  c.index_heads = 2;
-  c.index_dim = 8;
-  c.index_rope_dim = 4;
-  c.topk = 4;
-  return c;
+ModelConfig testing::SmallConfig() {
+  return testing::SmallConfig();
 }
 
 struct TrainedOnce {
@@ -87,7 +75,7 @@ void expect_identical(const TrainedOnce& a, const TrainedOnce& b) {
 }
 
 TEST(ModelTest, ReplayGivesTheGradientsOfReselectionAndOfNoRecompute) {
-  const auto config = small_config();
+  const auto config = testing::SmallConfig();
   const TrainedOnce plain = run_once(config, sparse(false, false));
   const TrainedOnce replay = run_once(config, sparse(true, true));
   const TrainedOnce reselect = run_once(config, sparse(true, false));
@@ -97,7 +85,7 @@ TEST(ModelTest, ReplayGivesTheGradientsOfReselectionAndOfNoRecompute) {
 }
 
 TEST(ModelTest, ReplayNeverSelectsDuringRecomputation) {
-  const auto config = small_config();
+  const auto config = testing::SmallConfig();
   const TrainedOnce replay = run_once(config, sparse(true, true));
   EXPECT_EQ(replay.stats.selections, config.layers);
   EXPECT_EQ(replay.stats.recompute_selections, 0);
@@ -110,7 +98,7 @@ TEST(ModelTest, ReplayNeverSelectsDuringRecomputation) {
 // fp8 index scores select; the loss rescores the selected keys in full precision, so replay,
 // re-selection and no recomputation give the same gradients; and fp8 changes what is selected.
 TEST(ModelTest, Fp8SelectionReplaysLikeReselection) {
-  auto config = small_config();
+  auto config = testing::SmallConfig();
   config.index_fp8 = true;
   const TrainedOnce plain = run_once(config, sparse(false, false));
   const TrainedOnce replay = run_once(config, sparse(true, true));
@@ -130,7 +118,7 @@ TEST(ModelTest, Fp8SelectionReplaysLikeReselection) {
 // RoPE the keys' and queries' last rope_dim; replay, re-selection and no recomputation still
 // train alike, dense attention too, and the keys' gradient carries the values'.
 TEST(ModelTest, LatentKvTakesTheValuesFromTheKeys) {
-  auto config = small_config();
+  auto config = testing::SmallConfig();
   config.latent_kv = true;
   config.head_dim_qk = config.head_dim_v + config.rope_dim;
   const TrainedOnce plain = run_once(config, sparse(false, false));
@@ -175,7 +163,7 @@ void expect_close(const TrainedOnce& got, const TrainedOnce& want, const std::st
 // replay and re-selection stay bit-identical and replay still never selects.
 TEST(ModelTest, QueryChunksTrainLikeTheWholeSequence) {
   for (const bool latent : {false, true}) {
-    auto config = small_config();
+    auto config = testing::SmallConfig();
     config.latent_kv = latent;
     if (latent) config.head_dim_qk = config.head_dim_v + config.rope_dim;
     for (const auto mode : {AttentionMode::kSparse, AttentionMode::kDense}) {
@@ -225,7 +213,7 @@ TrainedOnce indexer_only_step(const ModelConfig& config, const ForwardOptions& o
 // teaches it, and nothing else gets a gradient.
 TEST(ModelTest, FrozenMainModelTrainsTheIndexerInsideTheForward) {
   for (const bool latent : {false, true}) {
-    auto config = small_config();
+    auto config = testing::SmallConfig();
     config.latent_kv = latent;
     if (latent) config.head_dim_qk = config.head_dim_v + config.rope_dim;
     for (const auto mode : {AttentionMode::kDense, AttentionMode::kSparse}) {
@@ -258,7 +246,7 @@ TEST(ModelTest, RopeFromAnOffsetRotatesOnlyThoseFeatures) {
 }
 
 TEST(ModelTest, IndexerLearnsOnlyFromItsLossAndTheModelOnlyFromTheLmLoss) {
-  const auto config = small_config();
+  const auto config = testing::SmallConfig();
   for (const auto mode : {AttentionMode::kDense, AttentionMode::kSparse}) {
     for (const bool recompute : {false, true}) {
       ForwardOptions o = sparse(recompute, true);
@@ -284,7 +272,7 @@ TEST(ModelTest, IndexerLearnsOnlyFromItsLossAndTheModelOnlyFromTheLmLoss) {
 }
 
 TEST(ModelTest, SparseAttentionOverEveryKeyIsDenseAttention) {
-  auto config = small_config();
+  auto config = testing::SmallConfig();
   config.topk = 19;  // the sequence length: every row selects all its visible keys
   ForwardOptions dense = sparse(false, false);
   dense.attention = AttentionMode::kDense;
@@ -300,9 +288,9 @@ TEST(ModelTest, SparseAttentionOverEveryKeyIsDenseAttention) {
 
 TEST(ModelTest, RecomputationReportsTheIndexerLossOfTheForward) {
   // Under recomputation the forward skips the indexer loss; backward's recomputation reports it.
-  const TrainedOnce plain = run_once(small_config(), sparse(false, false));
-  const TrainedOnce replay = run_once(small_config(), sparse(true, true));
-  const TrainedOnce reselect = run_once(small_config(), sparse(true, false));
+  const TrainedOnce plain = run_once(testing::SmallConfig(), sparse(false, false));
+  const TrainedOnce replay = run_once(testing::SmallConfig(), sparse(true, true));
+  const TrainedOnce reselect = run_once(testing::SmallConfig(), sparse(true, false));
   EXPECT_GT(plain.indexer_loss, 0);
   EXPECT_DOUBLE_EQ(replay.indexer_loss, plain.indexer_loss);
   EXPECT_DOUBLE_EQ(reselect.indexer_loss, plain.indexer_loss);
@@ -312,10 +300,10 @@ TEST(ModelTest, QueryGroupReachesTheAttentionOps) {
   // The job's G goes to the sparse attention ops: an unsupported one is refused there by name.
   ForwardOptions options = sparse(true, true);
   options.query_group = 4;
-  EXPECT_NO_THROW(run_once(small_config(), options));
+  EXPECT_NO_THROW(run_once(testing::SmallConfig(), options));
   options.query_group = 3;
   try {
-    run_once(small_config(), options);
+    run_once(testing::SmallConfig(), options);
     ADD_FAILURE() << "G = 3 reached no op";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("group must be 0"), std::string::npos) << e.what();
@@ -325,7 +313,7 @@ TEST(ModelTest, QueryGroupReachesTheAttentionOps) {
 // One training step's forward and backward with the clock running, as the trainer times it.
 std::map<std::string, double> timed_step(const ForwardOptions& options, double* wall_seconds) {
   torch::manual_seed(7);
-  DsaModel model(small_config());
+  DsaModel model(testing::SmallConfig());
   const auto tokens = torch::randint(32, {2, 19}, torch::kLong);
   PhaseClock& clock = *options.clock;
   const auto start = std::chrono::steady_clock::now();

@@ -3,31 +3,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/model/small_model.h"
 #include "worker/model/model.h"
 #include "worker/trainer/evaluation.h"
 
 namespace hyscale::trainer {
 namespace {
 
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.vocab_size = 32;
-  c.d_model = 16;
-  c.layers = 2;
-  c.heads = 2;
-  c.head_dim_qk = 8;
-  c.rope_dim = 4;
-  c.head_dim_v = 8;
-  c.d_ff = 32;
-  c.index_heads = 2;
-  c.index_dim = 8;
-  c.index_rope_dim = 4;
-  c.topk = 4;
-  return c;
-}
-
 TEST(EvaluationTest, ProbesOfTheScoredRowsGiveTheRecallOfEveryRow) {
-  const ModelConfig config = tiny_config();
+  const ModelConfig config = testing::SmallConfig();
   torch::manual_seed(3);
   DsaModel model(config);
   model->to(torch::kDouble);
