@@ -16,10 +16,6 @@
 namespace hyscale::trainer {
 namespace {
 
-ModelConfig testing::SmallConfig() {
-  return testing::SmallConfig();
-}
-
 struct TrainedOnce {
   std::map<std::string, torch::Tensor> grads;
   torch::Tensor logits;
