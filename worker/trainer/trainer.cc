@@ -163,8 +163,16 @@ class Trainer::Impl {
         current_stage = position.stage;
         const auto& stage = plan_.stage(position.stage);
         const ForwardOptions options = forward_options(stage);
+        const auto& predicted = memory_plan(shape_of(stage), options);
         events_.StageStarted(position.stage, stage, step, options.query_chunk,
-                             predicted_memory(memory_plan(shape_of(stage), options).memory));
+                             predicted_memory(predicted.memory));
+        // On a GPU the prediction is against what this process can have: say when even the
+        // smallest chunk is predicted not to fit, before the step that would run out of memory.
+        if (options_.device.is_cuda() && !predicted.rejected.empty()) {
+          events_.Warning(
+              absl::StrCat("stage ", position.stage, " (", stage.name(),
+                           "): the planner predicts it does not fit: ", predicted.rejected));
+        }
       }
       StepEvent metrics = TrainStep(step, position);
       if (!std::isfinite(metrics.loss())) {
