@@ -380,8 +380,10 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus) {
   Prediction whole = Predict(work, candidate, profile, gpus);
+  // Query-chunked layers are HyScale's (the Megatron-style stacks hold whole sequences).
   if ((candidate.recompute == Recompute::kNone && !work.indexer_only) ||
-      candidate.query_chunk > 0 || whole.memory.total <= profile.memory_bytes) {
+      candidate.stack != Stack::kHyScale || candidate.query_chunk > 0 ||
+      whole.memory.total <= profile.memory_bytes) {
     return whole;
   }
   const int64_t local = std::max<int64_t>(1, work.seq_len / std::max(1, candidate.cp));

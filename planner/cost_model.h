@@ -121,8 +121,8 @@ inline constexpr int64_t kMinDenseQueryChunk = 16;
 // The score tables a dense query chunk may form: beyond a few rows a chunk is no faster.
 inline constexpr double kDenseTableBytes = 4.0 * (1 << 30);
 
-// With a query_chunk of 0 and recomputation (or a frozen main model): the prediction at the
-// largest chunk that fits the
+// HyScale with a query_chunk of 0 and recomputation (or a frozen main model): the prediction at
+// the largest chunk that fits the
 // profile's memory, 0 (all local queries) when they fit, else powers of two from the local
 // sequence down to kMinQueryChunk (the smallest when none fits). Dense work goes down to
 // kMinDenseQueryChunk and starts where a chunk's tables fit kDenseTableBytes. Otherwise Predict as
