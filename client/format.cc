@@ -243,7 +243,14 @@ std::string DescribeTrainerEvent(const v1::TrainerEventLine& event) {
       const auto& stage = event.stage_started();
       return absl::StrCat(kind, ": ", stage.stage(), " (", stage.name(), "): ", stage.steps(),
                           " steps, ", v1::AttentionMode_Name(stage.attention()),
-                          " attention, trains ", v1::Trainable_Name(stage.trains()));
+                          " attention, trains ", v1::Trainable_Name(stage.trains()),
+                          stage.query_chunk() > 0
+                              ? absl::StrCat(", queries in chunks of ", stage.query_chunk())
+                              : "",
+                          stage.predicted_memory().total_bytes() > 0
+                              ? absl::StrCat(", predicted peak ",
+                                             FormatBytes(stage.predicted_memory().total_bytes()))
+                              : "");
     }
     case v1::TrainerEventLine::kStep:
       return DescribeStep(event.step());

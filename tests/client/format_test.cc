@@ -127,6 +127,11 @@ TEST(FormatTest, EventLines) {
   line.mutable_stage_started()->set_trains(v1::ALL);
   EXPECT_EQ(DescribeEvent(trainer),
             "--:--:-- rank 1 stage_started: 0 (sparse): 100 steps, SPARSE attention, trains ALL");
+  line.mutable_stage_started()->set_query_chunk(8192);
+  line.mutable_stage_started()->mutable_predicted_memory()->set_total_bytes(int64_t{3} << 30);
+  EXPECT_EQ(DescribeEvent(trainer),
+            "--:--:-- rank 1 stage_started: 0 (sparse): 100 steps, SPARSE attention, trains ALL, "
+            "queries in chunks of 8192, predicted peak 3.0 GiB");
   // An event stored before the trainer's lines were typed has no kind.
   line.Clear();
   EXPECT_EQ(DescribeEvent(trainer), "--:--:-- rank 1 event of an unknown kind");
