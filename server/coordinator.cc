@@ -332,11 +332,11 @@ void Coordinator::Track(const std::string& job_id, v1::JobState state, int delta
 void Coordinator::ExportPlan(const v1::Job& job) {
   if (metrics_ == nullptr) return;
   const planner::PlanOptions options = PlannerOptions(job.resources(), ProfileFor(job.resources()));
-  const double step_seconds =
-      planner::Predict(planner::Workload::Of(job.spec()), planner::CandidateOf(job.spec()),
-                       options.profile, options.gpus)
-          .step_s;
-  metrics_->JobPlanned(job.id(), planner::EstimateMemory(job.spec()).total_bytes, step_seconds);
+  // The prediction placement used (MemoryPerRank), query chunks included.
+  const planner::Prediction predicted =
+      planner::PredictFitted(planner::Workload::Of(job.spec()), planner::CandidateOf(job.spec()),
+                             options.profile, options.gpus);
+  metrics_->JobPlanned(job.id(), static_cast<int64_t>(predicted.memory.total), predicted.step_s);
 }
 
 void Coordinator::UpdateGauges() {
@@ -1513,6 +1513,10 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
       const v1::TrainerEventLine& line = event->trainer().event();
       if (line.has_rendezvous() && ref.rank() == 0) {
         return PublishRendezvous(entry, *std::move(event));
+      }
+      if (line.has_stage_started() && ref.rank() == 0 && metrics_ != nullptr &&
+          line.stage_started().predicted_memory().total_bytes() > 0) {
+        metrics_->StagePredicted(job.id(), line.stage_started().predicted_memory().total_bytes());
       }
       v1::Job updated = job;
       if (line.has_step() && ref.rank() == 0) {

@@ -126,6 +126,10 @@ void ServerMetrics::JobPlanned(const std::string& job_id, int64_t predicted_memo
   predicted_step_->Set({job_id}, predicted_step_seconds);
 }
 
+void ServerMetrics::StagePredicted(const std::string& job_id, int64_t predicted_memory_bytes) {
+  predicted_memory_->Set({job_id}, static_cast<double>(predicted_memory_bytes));
+}
+
 void ServerMetrics::JobState(const std::string& job_id, v1::JobState state) {
   if (state == v1::JOB_STATE_PENDING) return;  // queued jobs get series once placed
   running_->Set({job_id}, state == v1::JOB_STATE_RUNNING ? 1 : 0);

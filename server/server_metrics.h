@@ -27,10 +27,13 @@ class ServerMetrics {
   // Rank 0's step event. Phases: only the trainer's (IsPhaseName), so a worker making names up
   // cannot grow the series.
   void Step(const std::string& job_id, const v1::TrainerEventLine::Step& step);
-  // The predicted peak memory of one rank (planner::EstimateMemory), beside the measured peak,
-  // and the predicted step time (planner::Predict; 0 when unknown) beside the measured one.
+  // The predicted peak memory of one rank and step time (planner::PredictFitted on the job's
+  // profile; 0 when unknown), beside the measured ones.
   void JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes,
                   double predicted_step_seconds);
+  // Rank 0's trainer starting a stage: its own memory prediction (for the stage's shape and query
+  // chunk, on the memory its device has) replaces the plan's.
+  void StagePredicted(const std::string& job_id, int64_t predicted_memory_bytes);
   // A non-terminal state the job entered (or was loaded in): whether it is RUNNING, so alerts on
   // a stalled step counter do not fire for jobs that wait, restart or ended. PENDING jobs get no
   // series: every queued job would add some.

@@ -79,6 +79,8 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
   step.mutable_comm()->set_exposed(0.01);
   step.mutable_comm()->set_overlapped(0.03);
   metrics.Step("job-1", step);
+  metrics.JobPlanned("job-1", 3 << 20, 0.5);
+  metrics.StagePredicted("job-1", 2 << 20);  // the trainer's own prediction replaces the plan's
   const std::string text = metrics.Render();
   for (const char* name :
        {"hyscale_jobs{state=\"running\"} 2", "hyscale_job_submissions_total 1",
@@ -94,6 +96,8 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
         "hyscale_job_tokens_per_second{job_id=\"job-1\"} 1000",
         "hyscale_job_loss{job_id=\"job-1\"} 2", "hyscale_job_indexer_recall{job_id=\"job-1\"} 0.75",
         "hyscale_job_peak_memory_bytes{job_id=\"job-1\"} 1048576",
+        "hyscale_job_predicted_memory_bytes{job_id=\"job-1\"} 2097152",
+        "hyscale_job_predicted_step_seconds{job_id=\"job-1\"} 0.5",
         "hyscale_job_step{job_id=\"job-1\"} 10"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name;
   }
