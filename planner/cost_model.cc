@@ -55,6 +55,14 @@ double Runs(CpLayout layout, double n_local) {
 }
 
 // A ring all-gather (or reduce-scatter) of `bytes` in total over p ranks.
+// The score tables HyScale's dense attention (the trainer's, worker/model) forms a query row, over
+// every key of a sequence, in fp32: the attention's logits and probabilities (H each), the
+// indexer's per-head scores and their ReLU (H_I each), and a few of one row each.
+double DenseTableRowBytes(const Workload& w) {
+  return static_cast<double>(w.seq_len) *
+         (2.0 * static_cast<double>(w.heads + w.indexer_heads) + 4) * 4;
+}
+
 double RingSeconds(double bytes, int p, const DeviceProfile& prof) {
   if (p <= 1 || bytes <= 0) return 0;
   const double link = p <= prof.devices_per_node ? prof.intra_node_gbps : prof.inter_node_gbps;
@@ -328,15 +336,13 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     // and the kernel's fp32 one, and the output's gradient.
     row_backward = (2 * ab + f) * H * dqk + H * dv * ab;
   }
-  // HyScale's dense attention (the trainer's) forms a query chunk's score tables over every key in
-  // fp32: the attention's logits and probabilities (H each), the indexer's per-head scores and
-  // their ReLU (H_I each); autograd keeps about half of them.
-  const double dense_table_row = !w.sparse && !megatron ? N * (2 * H + 2 * hi + 4) * f : 0;
-  // The residual stream (each layer's input) is fp32 under autocast. A frozen main model keeps
-  // nothing: one layer's input and output.
+  // A dense query row's score tables (autograd keeps about half of them).
+  const double dense_table_row = !w.sparse && !megatron ? DenseTableRowBytes(w) : 0;
   // The final norm and output projection keep the last layer's output (fp32), and unless
   // recomputed (as the trainer does under recomputation) their normalized rows and bf16 cast.
   const double head = megatron ? 0 : (c.recompute == Recompute::kNone ? d * (2 * f + ab) : d * f);
+  // The residual stream (each layer's input) is fp32 under autocast. A frozen main model keeps
+  // nothing: one layer's input and output.
   if (frozen) {
     mem.activations = 2 * seqs * n * d * f;
   } else if (c.recompute == Recompute::kNone) {
@@ -394,9 +400,7 @@ Prediction PredictFitted(const Workload& work, const Candidate& candidate,
   if (!work.sparse) {
     // A dense chunk's tables grow with every row, its speed does not beyond a few: keep them
     // within kDenseTableBytes.
-    const double table_row = static_cast<double>(work.seq_len) *
-                             (2.0 * static_cast<double>(work.heads + work.indexer_heads) + 4) * 4 *
-                             static_cast<double>(work.batch);
+    const double table_row = DenseTableRowBytes(work) * static_cast<double>(work.batch);
     while (largest > smallest && static_cast<double>(largest) * table_row > kDenseTableBytes) {
       largest /= 2;
     }

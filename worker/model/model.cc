@@ -121,6 +121,20 @@ class RowAssembler {
   std::vector<torch::Tensor> parts_;
 };
 
+// `t` (if defined) as a leaf of a graph of its own.
+torch::Tensor as_leaf(const torch::Tensor& t) {
+  return t.defined() ? t.detach().requires_grad_(true) : t;
+}
+
+// Zeros shaped as `t` (if defined) in fp32 at least: a gradient summed over many chunks in bf16
+// would lose bits.
+torch::Tensor gradient_accumulator(const torch::Tensor& t) {
+  return t.defined()
+             ? torch::zeros(t.sizes(),
+                            t.options().dtype(at::promote_types(t.scalar_type(), torch::kFloat)))
+             : t;
+}
+
 // Outputs and their gradients for one autograd backward call; a pair is skipped when either is
 // missing or the output has no graph.
 class Gradients {
@@ -275,6 +289,11 @@ std::vector<DsaLayerImpl::Chunk> DsaLayerImpl::chunks(const torch::Tensor& x,
   return out;
 }
 
+torch::Tensor DsaLayerImpl::normed(const torch::Tensor& x, const ForwardOptions& options) {
+  PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
+  return attn_norm_(x);
+}
+
 DsaLayerImpl::KeySide DsaLayerImpl::key_side(const torch::Tensor& h, const torch::Tensor& positions,
                                              const ForwardOptions& options) {
   KeySide side;
@@ -293,20 +312,13 @@ DsaLayerImpl::KeySide DsaLayerImpl::key_side(const torch::Tensor& x,
                                              const std::vector<Chunk>& chunks,
                                              const ForwardOptions& options, torch::Tensor* h) {
   if (chunks.size() == 1) {
-    {
-      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
-      *h = attn_norm_(x);
-    }
+    *h = normed(x, options);
     return key_side(*h, chunks[0].positions, options);
   }
   RowAssembler key(x.size(1), chunks.size()), value(key), index_k(key);
   for (const Chunk& c : chunks) {
-    torch::Tensor h_c;
-    {
-      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
-      h_c = attn_norm_(x.narrow(1, c.begin, c.length));
-    }
-    const KeySide part = key_side(h_c, c.positions, options);
+    const KeySide part =
+        key_side(normed(x.narrow(1, c.begin, c.length), options), c.positions, options);
     key.add(c.begin, part.key);
     value.add(c.begin, part.value);
     index_k.add(c.begin, part.index_k);
@@ -483,10 +495,7 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   for (size_t i = 0; i < parts.size(); ++i) {
     const Chunk& c = parts[i];
     const auto x_c = x.narrow(1, c.begin, c.length);
-    if (!h.defined()) {
-      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
-      h = attn_norm_(x_c);
-    }
+    if (!h.defined()) h = normed(x_c, options);
     const QuerySide queries = query_side(h, c.positions, options);
     if (parts.size() > 1) h = torch::Tensor();
     if (i == 0) keys = finish_exchange(local, options);
@@ -536,8 +545,7 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
   torch::AutoGradMode grad_mode(true);
   auto& clock = *options.clock;
   Recomputed result;
-  const std::vector<Chunk> parts = chunks(x, options);
-  if (parts.size() == 1) {
+  if (options.query_chunk <= 0 || options.query_chunk >= x.size(1)) {
     // One chunk: the layer again with its graph, and one backward through all of it.
     const auto input = x.detach().requires_grad_(true);
     LayerOutput out;
@@ -557,6 +565,7 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
   // Several chunks. The key side is recomputed without a graph and becomes a leaf (its graph
   // from x is rebuilt chunk by chunk at the end); each chunk's queries then run forward and
   // backward against it, accumulating the key side's gradient.
+  const std::vector<Chunk> parts = chunks(x, options);
   const double rows = static_cast<double>(x.size(1));
   KeySide local;
   {
@@ -565,22 +574,12 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
     torch::NoGradGuard no_grad;
     local = key_side(x, parts, options, nullptr);
   }
-  const auto leaf = [](const torch::Tensor& t) {
-    return t.defined() ? t.detach().requires_grad_(true) : t;
-  };
-  local = {leaf(local.key), leaf(local.value), leaf(local.index_k)};
+  local = {as_leaf(local.key), as_leaf(local.value), as_leaf(local.index_k)};
   {
     PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
     start_exchange(local, options);
   }
   KeySide keys, key_grads;
-  // Accumulated over chunks in fp32 at least: bf16 sums of many chunks would lose bits.
-  const auto accumulator = [](const torch::Tensor& t) {
-    return t.defined()
-               ? torch::zeros(t.sizes(),
-                              t.options().dtype(at::promote_types(t.scalar_type(), torch::kFloat)))
-               : t;
-  };
   const auto accumulate = [](const torch::Tensor& into, const torch::Tensor& seen) {
     if (into.defined() && seen.grad().defined()) {
       into.narrow(1, 0, seen.size(1)).add_(seen.grad());
@@ -596,19 +595,15 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
     torch::Tensor out_c, loss_c;
     {
       PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
-      torch::Tensor h;
-      {
-        PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
-        h = attn_norm_(x_c);
-      }
-      const QuerySide queries = query_side(h, c.positions, options);
+      const QuerySide queries = query_side(normed(x_c, options), c.positions, options);
       if (i == 0) {
         keys = finish_exchange(local, options);
-        key_grads = {accumulator(keys.key), accumulator(keys.value), accumulator(keys.index_k)};
+        key_grads = {gradient_accumulator(keys.key), gradient_accumulator(keys.value),
+                     gradient_accumulator(keys.index_k)};
       }
       // The keys this chunk sees, as leaves of its own graph.
-      const auto prefix = [&c, &leaf](const torch::Tensor& t) {
-        return t.defined() ? leaf(t.narrow(1, 0, c.keys)) : t;
+      const auto prefix = [&c](const torch::Tensor& t) {
+        return t.defined() ? as_leaf(t.narrow(1, 0, c.keys)) : t;
       };
       seen = {prefix(keys.key), prefix(keys.value), prefix(keys.index_k)};
       const auto replay =
@@ -657,12 +652,7 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
     KeySide side;
     {
       PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
-      torch::Tensor h;
-      {
-        PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
-        h = attn_norm_(x_c);
-      }
-      side = key_side(h, c.positions, options);
+      side = key_side(normed(x_c, options), c.positions, options);
     }
     const auto mine = [&c](const torch::Tensor& leaf_grad) {
       return leaf_grad.defined() ? leaf_grad.narrow(1, c.begin, c.length) : leaf_grad;
@@ -696,7 +686,6 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
   const double rows = static_cast<double>(x.size(1));
   const std::vector<Chunk> parts = chunks(x, options);
   count_selection(options, torch::Tensor(), stats);
-  const auto leaf = [](const torch::Tensor& t) { return t.detach().requires_grad_(true); };
   // The key side without a graph; the indexer keys become a leaf whose gradient, accumulated
   // over the chunks, is backpropagated once at the end (through the exchange, then the indexer's
   // key projection chunk by chunk).
@@ -706,7 +695,7 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
     torch::NoGradGuard no_grad;
     local = key_side(x, parts, options, &whole_h);
   }
-  local.index_k = leaf(local.index_k);
+  local.index_k = as_leaf(local.index_k);
   start_exchange(local, options);
   KeySide keys;
   torch::Tensor index_k_grad, loss;
@@ -716,21 +705,18 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
     const auto x_c = x.narrow(1, c.begin, c.length);
     torch::Tensor h = whole_h;
     if (!h.defined()) {
-      PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
       torch::NoGradGuard no_grad;
-      h = attn_norm_(x_c);
+      h = normed(x_c, options);
     }
     QuerySide queries = query_side(h, c.positions, options);
     queries.q = queries.q.detach();  // the frozen model builds no graph, whatever it requires
     if (i == 0) {
       keys = finish_exchange(local, options);
-      index_k_grad =
-          torch::zeros(keys.index_k.sizes(), keys.index_k.options().dtype(at::promote_types(
-                                                 keys.index_k.scalar_type(), torch::kFloat)));
+      index_k_grad = gradient_accumulator(keys.index_k);
     }
     KeySide seen{keys.key.narrow(1, 0, c.keys).detach(),
                  keys.value.defined() ? keys.value.narrow(1, 0, c.keys).detach() : keys.value,
-                 leaf(keys.index_k.narrow(1, 0, c.keys))};
+                 as_leaf(keys.index_k.narrow(1, 0, c.keys))};
     const Attention a = attend(queries, seen, c, options, torch::Tensor());
     {
       torch::NoGradGuard no_grad;
@@ -766,9 +752,8 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
         PhaseClock::PassGuard recompute(clock, v1::STEP_PASS_RECOMPUTE);
         torch::Tensor h;
         {
-          PhaseClock::Scope scope(clock, v1::STEP_PHASE_ATTN_PROJ);
           torch::NoGradGuard no_grad;
-          h = attn_norm_(x.narrow(1, c.begin, c.length));
+          h = normed(x.narrow(1, c.begin, c.length), options);
         }
         PhaseClock::Scope scope(clock, v1::STEP_PHASE_SELECTION);
         index_k = indexer_->project_keys(h, c.positions);

@@ -220,7 +220,9 @@ class DsaLayerImpl : public torch::nn::Module {
     torch::Tensor indices;
   };
 
+  // The query rows in chunks of options.query_chunk: one chunk when it is 0 or >= the rows.
   std::vector<Chunk> chunks(const torch::Tensor& x, const ForwardOptions& options) const;
+  torch::Tensor normed(const torch::Tensor& x, const ForwardOptions& options);  // attn_norm, timed
   KeySide key_side(const torch::Tensor& h, const torch::Tensor& positions,
                    const ForwardOptions& options);
   // The key side of all rows, projected chunk by chunk; `h` gets attn_norm(x) if one chunk.

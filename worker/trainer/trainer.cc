@@ -398,9 +398,10 @@ class Trainer::Impl {
       // The first batch's recall rows only: every row's queries would be H d_qk a token and
       // layer (tens of GiB at long context).
       options.keep_probes = i == 0;
+      torch::Tensor targets;  // the whole batch's, for the recall
       if (options.keep_probes) {
-        options.probe_rows = recall_rows(to_tensor(whole.targets, whole.batch_size, whole.seq_len),
-                                         batch.positions, model_->config(), kRecallRows)
+        targets = to_tensor(whole.targets, whole.batch_size, whole.seq_len);
+        options.probe_rows = recall_rows(targets, batch.positions, model_->config(), kRecallRows)
                                  .to(options_.device);
       }
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
@@ -410,10 +411,9 @@ class Trainer::Impl {
           ScoreQueries(predicted_tokens(result.logits), to_vector(batch.targets)).value();
       accuracy.correct += scored.correct;
       accuracy.counted += scored.counted;
-      if (i == 0) {
+      if (options.keep_probes) {
         recall =
-            indexer_recall(result.probes, to_tensor(whole.targets, whole.batch_size, whole.seq_len),
-                           batch.positions, model_->config(), kRecallRows);
+            indexer_recall(result.probes, targets, batch.positions, model_->config(), kRecallRows);
       }
     }
     const auto sums = sum_over_ranks({static_cast<double>(accuracy.correct),
