@@ -7,6 +7,7 @@
 #   HYSCALE_BENCH_SIZES    N values for the FlashTopK benchmark (default 16K..256K)
 #   HYSCALE_SA_BENCH_SIZES   N values for the sparse attention benchmark (default 32K, 64K)
 #   HYSCALE_SA_BENCH_GROUPS  query-group sizes G it runs (default 1, 4, 16)
+#   HYSCALE_INDEXER_BENCH_SIZES  N values for the indexer-loss benchmark (default 32K, 128K)
 #   HYSCALE_DSA_BENCH_SIZES  N values for the DSA layer benchmark (default 32K, 64K, 128K)
 #   HYSCALE_DSA_BENCH_MAX_N  bound of its longest-trainable-N search (default 1M)
 #   HYSCALE_TRAIN_BENCH_SIZES  N values for the trainer's benchmark (default 32K, 128K)
@@ -52,6 +53,9 @@ python3 "$root/bench/sparse_attn_bench.py" --lib "$build/kernels/torch/libhyscal
   --json "$out/sparse_attn.json" 2>&1 | tee "$out/sparse_attn.txt"
 
 "$build/tests/kernels/indexer_loss_cuda_test" 2>&1 | tail -3
+python3 "$root/bench/indexer_loss_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
+  --sizes "${HYSCALE_INDEXER_BENCH_SIZES:-32768,131072}" \
+  --json "$out/indexer_loss.json" 2>&1 | tee "$out/indexer_loss.txt"
 python3 "$root/bench/dsa_layer_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
   --sizes "${HYSCALE_DSA_BENCH_SIZES:-32768,65536,131072}" \
   --max-n "${HYSCALE_DSA_BENCH_MAX_N:-1048576}" \

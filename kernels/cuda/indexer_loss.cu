@@ -3,12 +3,13 @@
 // main-attention mass at the selected keys) runs on tensor cores through cuBLAS, in
 // kernels/torch/cuda.cc.
 //
-// The gather kernel never touches an [N, M] table: a block owns one query row and walks its
-// selected keys in tiles (indexer_loss_traits.cuh), on CUDA cores in fp32: the index backward is
-// a few GFLOP per thousand rows.
+// The index-score backward never touches an [N, M] table: a warpgroup owns one query row and walks
+// its selected keys in gathered tiles of 64 (indexer_loss_traits.cuh), its three products per tile
+// on tensor cores (wgmma, sm_90a), the scores' product being flash_topk's own.
 //
-// grad_k sums over the rows that selected a key, with fp32 atomics or, in the deterministic mode,
-// with 64-bit fixed-point integer atomics (fixed_point_accumulate.cuh): the same bits every run.
+// grad_k sums over the rows that selected a key, with fp32 bulk reductions in L2 or, in the
+// deterministic mode, with 64-bit fixed-point integer atomics (fixed_point_accumulate.cuh): the
+// same bits every run.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -18,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/fixed_point_accumulate.cuh"
+#include "kernels/cuda/index_score_warpgroup.cuh"
 #include "kernels/cuda/indexer_loss_cuda.h"
 #include "kernels/cuda/indexer_loss_traits.cuh"
 #include "kernels/cuda/launch_util.cuh"
@@ -39,24 +41,6 @@ __device__ __forceinline__ float warp_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   }
   return x;
-}
-
-__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
-  acc = fmaf(a.x, b.x, acc);
-  acc = fmaf(a.y, b.y, acc);
-  acc = fmaf(a.z, b.z, acc);
-  return fmaf(a.w, b.w, acc);
-}
-
-// Rows of a bf16 matrix into shared fp32 rows of `stride` floats: row r of the tile is
-// source(r) (null: zeros), `dim` values each.
-template <class Source>
-__device__ void load_rows(float* dst, int rows, int dim, int stride, Source source) {
-  for (int e = threadIdx.x; e < rows * dim; e += blockDim.x) {
-    const int r = e / dim, d = e % dim;
-    const __nv_bfloat16* src = source(r);
-    dst[r * stride + d] = src ? __bfloat162float(src[d]) : 0.f;
-  }
 }
 
 // ---- index_score_backward ---------------------------------------------------------------------
@@ -92,127 +76,206 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   if (lane == 0) atomic_max_nonnegative(out, bound);
 }
 
-// One block per query row. Per tile of 32 selected keys: each lane scores its key against the
-// warp's heads (dots), the open ReLU gates become coefficients c[j, i] = g_i * w_j (0 when closed
-// or the slot is unused), then grad_q[j] += sum_i c[j, i] k_i stays in registers across tiles,
-// grad_w[j] += sum_i g_i * ReLU(dot) in a warp sum, and grad_k[s_i] += sum_j c[j, i] q_j goes to
-// global memory with atomics (keys are shared between rows): fp32 into grad_k, or fixed point
-// into fixed_k (kFixed, deterministic).
+// One warpgroup per query row t, its selected keys 64 at a time (a tile of slots i). Per tile:
+//   1. S^T [keys x H_I] = K_tile q_t^T, the product flash_topk scores with (the same gates);
+//   2. the gates' coefficients C^T[i, j] = g_i w_j [S_ij > 0] (0 in unused slots), in registers
+//      as bf16 A fragments, and grad_w[j] += sum_i g_i ReLU(S_ij) per lane;
+//   3. grad_k rows of the tile, C^T q_t [keys x d_I] (A from registers), staged in fp32 and added
+//      into grad_k[s_i] by bulk reductions (keys are shared between rows), or in fixed point
+//      (kFixed, deterministic);
+//   4. grad_q^T [d_I x H_I] += K_tile^T C^T, accumulated in registers across tiles, with C^T
+//      stored transposed (C [H_I x keys]) by stmatrix as the K-major B operand and the key tile
+//      read MN-major as A.
+// The next key tile is gathered (cp.async) while a tile computes; two blocks share an SM.
 template <class Tr, bool kFixed>
 __global__ void __launch_bounds__(Tr::kThreads)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
                                 float* grad_q, float* grad_k, float* grad_w,
                                 unsigned long long* fixed_k, GradKScaleOf fixed_scale_of) {
-  extern __shared__ float4 smem4[];
-  float* qs = reinterpret_cast<float*>(smem4);  // [kHeads][kStride]
-  float* ks = qs + Tr::kHeads * Tr::kStride;    // [kKeys][kStride]
-  float* coef = ks + Tr::kKeys * Tr::kStride;   // [kHeads][kKeys]
-  __shared__ int32_t tile_keys[Tr::kKeys];
-  __shared__ float tile_grads[Tr::kKeys];
+  using Tile = typename Tr::Tile;
+  using bf16 = __nv_bfloat16;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ float head_sums[4][Tr::kHeads];
+  auto* const query_tile =
+      reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  bf16* const key_tiles = query_tile + Tr::kQueryBytes / 2;
+  bf16* const coef_tile = key_tiles + Tr::kStages * Tr::kKeyTileBytes / 2;
+  float* const stage = reinterpret_cast<float*>(coef_tile + Tr::kCoefBytes / 2);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
+  const int32_t* const row_indices = indices + row * topk;
+  const float* const row_grads = grad_scores + row * topk;
+  const int64_t tiles = ceil_div(topk, Tr::kKeys);
   double fixed_scale = 1;
   if constexpr (kFixed) fixed_scale = fixed_scale_of();
+  const uint64_t policy = l2_evict_last_policy();
 
-  load_rows(qs, Tr::kHeads, Tr::kDim, Tr::kStride,
-            [&](int h) { return q + (row * Tr::kHeads + h) * Tr::kDim; });
-  float weights[Tr::kHeadsPerWarp], gq[Tr::kHeadsPerWarp][Tr::kDimsPerLane], gw[Tr::kHeadsPerWarp];
+  // Slot `slot`'s key, -1 when unused or past the row.
+  auto key_at = [&](int64_t slot) { return slot < topk ? row_indices[slot] : -1; };
+  auto gather = [&](int64_t tile) {
+    load_rows_async<Tr::kDim, Tr::kKeys>(
+        key_tiles + (tile % Tr::kStages) * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys, threadIdx.x,
+        Tr::kThreads, [&](int r) -> const bf16* {
+          const int32_t key = key_at(tile * Tr::kKeys + r);
+          return key >= 0 ? keys + int64_t(key) * Tr::kDim : nullptr;
+        });
+  };
+  load_rows_async<Tr::kDim, Tr::kHeads>(
+      query_tile, 0, Tr::kHeads, threadIdx.x, Tr::kThreads,
+      [&](int h) { return q + (row * Tr::kHeads + h) * Tr::kDim; });
+  gather(0);
+  cp_async_commit();
+
+  float weights[Tile::kHeadsPerLane], head_grad[Tile::kHeadsPerLane];
+  load_lane_weights<Tile>(w + row * Tr::kHeads, lane, weights);
 #pragma unroll
-  for (int r = 0; r < Tr::kHeadsPerWarp; ++r) {
-    weights[r] = w[row * Tr::kHeads + warp + r * Tr::kWarps];
-    gw[r] = 0.f;
+  for (int h = 0; h < Tile::kHeadsPerLane; ++h) head_grad[h] = 0.f;
+  float query_grad[Tr::kDimBlocks][Tr::kHeads / 2];
 #pragma unroll
-    for (int c = 0; c < Tr::kDimsPerLane; ++c) gq[r][c] = 0.f;
+  for (int m = 0; m < Tr::kDimBlocks; ++m) {
+#pragma unroll
+    for (int i = 0; i < Tr::kHeads / 2; ++i) query_grad[m][i] = 0.f;
   }
+  // This thread's two keys of a tile (the accumulator rows), and its staging rows.
+  const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
 
-  for (int64_t first = 0; first < topk; first += Tr::kKeys) {
-    __syncthreads();  // the previous tile is consumed (and the query loaded)
-    if (threadIdx.x < Tr::kKeys) {
-      const int64_t slot = first + threadIdx.x;
-      const int32_t key = slot < topk ? indices[row * topk + slot] : -1;
-      tile_keys[threadIdx.x] = key;
-      tile_grads[threadIdx.x] = key >= 0 ? grad_scores[row * topk + slot] : 0.f;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) gather(tile + 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile (and the query) landed
+    fence_async_shared();
+    __syncthreads();
+    const bf16* const key_tile = key_tiles + (tile % Tr::kStages) * (Tr::kKeyTileBytes / 2);
+    const int64_t first = tile * Tr::kKeys;
+
+    float scores[Tr::kHeads / 2];
+    wgmma_fence();
+    issue_key_tile<Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(scores);
+
+    const float g_lo = key_at(first + key_lo) >= 0 ? row_grads[first + key_lo] : 0.f;
+    const float g_hi = key_at(first + key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
+    uint32_t coef[Tr::kHeadSteps][4];
+#pragma unroll
+    for (int j = 0; j < Tile::kNTiles; ++j) {
+      float c[4];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float s_lo = scores[4 * j + e], s_hi = scores[4 * j + 2 + e];
+        c[e] = s_lo > 0.f ? g_lo * weights[2 * j + e] : 0.f;
+        c[2 + e] = s_hi > 0.f ? g_hi * weights[2 * j + e] : 0.f;
+        head_grad[2 * j + e] += (s_lo > 0.f ? g_lo * s_lo : 0.f) + (s_hi > 0.f ? g_hi * s_hi : 0.f);
+      }
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(c[0], c[1]);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(c[2], c[3]);
+      coef[j / 2][2 * (j % 2)] = *reinterpret_cast<const uint32_t*>(&lo);
+      coef[j / 2][2 * (j % 2) + 1] = *reinterpret_cast<const uint32_t*>(&hi);
     }
-    __syncthreads();
-    load_rows(ks, Tr::kKeys, Tr::kDim, Tr::kStride, [&](int i) -> const __nv_bfloat16* {
-      return tile_keys[i] >= 0 ? keys + static_cast<int64_t>(tile_keys[i]) * Tr::kDim : nullptr;
-    });
+    // C [H_I x keys]: matrix i of step s is heads 8 (2 s + i / 2) .., keys 16 warp + 8 (i % 2) ..
+#pragma unroll
+    for (int s = 0; s < Tr::kHeadSteps; ++s) {
+      const int i = lane / 8, head = 8 * (2 * s + i / 2) + lane % 8;
+      stmatrix_x4_trans(coef_tile + swizzled_offset<Tr::kHeads>(head, 2 * warp + i % 2), coef[s]);
+    }
+    fence_async_shared();
     __syncthreads();
 
-    float dots[Tr::kHeadsPerWarp];
+    float key_grad[Tr::kDim / 2];
 #pragma unroll
-    for (int r = 0; r < Tr::kHeadsPerWarp; ++r) dots[r] = 0.f;
-    const float* my_key = ks + lane * Tr::kStride;
-#pragma unroll 4
-    for (int d = 0; d < Tr::kDim; d += 4) {
-      const float4 kv = *reinterpret_cast<const float4*>(my_key + d);
+    for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
+    wgmma_fence();
 #pragma unroll
-      for (int r = 0; r < Tr::kHeadsPerWarp; ++r) {
-        const float4 qv =
-            *reinterpret_cast<const float4*>(qs + (warp + r * Tr::kWarps) * Tr::kStride + d);
-        dots[r] = dot4(qv, kv, dots[r]);
+    for (int s = 0; s < Tr::kHeadSteps; ++s) {
+      WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
+                                  mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
+    }
+#pragma unroll
+    for (int m = 0; m < Tr::kDimBlocks; ++m) {
+#pragma unroll
+      for (int s = 0; s < Tr::kKeySteps; ++s) {
+        Wgmma<Tr::kHeads, 0, bf16, 1>::run(query_grad[m],
+                                           mn_major_descriptor<Tr::kKeys>(key_tile, 64 * m, 16 * s),
+                                           matrix_descriptor<Tr::kHeads>(coef_tile, 0, s), 1);
       }
     }
-    const bool used = tile_keys[lane] >= 0;
-    const float g = tile_grads[lane];
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(key_grad);
 #pragma unroll
-    for (int r = 0; r < Tr::kHeadsPerWarp; ++r) {
-      const bool open = used && dots[r] > 0.f;
-      coef[(warp + r * Tr::kWarps) * Tr::kKeys + lane] = open ? g * weights[r] : 0.f;
-      gw[r] += warp_sum(open ? g * dots[r] : 0.f);
-    }
-    __syncthreads();
+    for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+#pragma unroll
+    for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
 
-#pragma unroll 2
-    for (int i = 0; i < Tr::kKeys; ++i) {
-      float kv[Tr::kDimsPerLane];
+    // The warp's 16 key rows: staged, then added into grad_k.
+    if constexpr (!kFixed) {
+      bulk_wait_read<0>();  // the previous tile's reductions have read the staging rows
+    }
+    __syncwarp();
 #pragma unroll
-      for (int cc = 0; cc < Tr::kDimsPerLane; ++cc) kv[cc] = ks[i * Tr::kStride + lane + cc * 32];
+    for (int half = 0; half < 2; ++half) {
+      float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
 #pragma unroll
-      for (int r = 0; r < Tr::kHeadsPerWarp; ++r) {
-        const float c = coef[(warp + r * Tr::kWarps) * Tr::kKeys + i];
-#pragma unroll
-        for (int cc = 0; cc < Tr::kDimsPerLane; ++cc) gq[r][cc] = fmaf(c, kv[cc], gq[r][cc]);
+      for (int j = 0; j < Tr::kDim / 8; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
       }
     }
-#pragma unroll
-    for (int rr = 0; rr < Tr::kKeysPerWarp; ++rr) {
-      const int i = warp + rr * Tr::kWarps;
-      const int32_t key = tile_keys[i];
-      if (key < 0) continue;  // uniform across the warp
-      float acc[Tr::kDimsPerLane];
-#pragma unroll
-      for (int cc = 0; cc < Tr::kDimsPerLane; ++cc) acc[cc] = 0.f;
-#pragma unroll 4
-      for (int j = 0; j < Tr::kHeads; ++j) {
-        const float c = coef[j * Tr::kKeys + i];
-#pragma unroll
-        for (int cc = 0; cc < Tr::kDimsPerLane; ++cc) {
-          acc[cc] = fmaf(c, qs[j * Tr::kStride + lane + cc * 32], acc[cc]);
+    if constexpr (kFixed) {
+      __syncwarp();
+      for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
+        const int32_t key = key_at(first + r);
+        if (key < 0) continue;  // uniform across the warp
+        for (int d = lane; d < Tr::kDim; d += 32) {
+          fixed_add(fixed_k + int64_t(key) * Tr::kDim + d, stage[r * Tr::kStageStride + d],
+                    fixed_scale);
         }
       }
+    } else {
+      fence_async_shared();
+      __syncwarp();
+      const int r = 16 * warp + lane;
+      const int32_t key = lane < 16 ? key_at(first + r) : -1;
+      if (key >= 0) {
+        bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim, stage + r * Tr::kStageStride,
+                        Tr::kDim * 4, policy);
+      }
+      bulk_commit();
+    }
+    __syncthreads();  // every warp is done with this tile's key stage before it is refilled
+  }
+
+  // grad_w: a lane's heads summed over its keys, across the quads' rows, then across warps.
 #pragma unroll
-      for (int cc = 0; cc < Tr::kDimsPerLane; ++cc) {
-        const int64_t at = static_cast<int64_t>(key) * Tr::kDim + lane + cc * 32;
-        if constexpr (kFixed) {
-          fixed_add(fixed_k + at, acc[cc], fixed_scale);
-        } else {
-          atomicAdd(grad_k + at, acc[cc]);
-        }
+  for (int h = 0; h < Tile::kHeadsPerLane; ++h) {
+    float x = head_grad[h];
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    x += __shfl_xor_sync(0xffffffffu, x, 16);
+    if (lane < 4) head_sums[warp][8 * (h / 2) + 2 * lane + h % 2] = x;
+  }
+  // grad_q^T: rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1).
+  float* const q_row = grad_q + row * Tr::kHeads * Tr::kDim;
+#pragma unroll
+  for (int m = 0; m < Tr::kDimBlocks; ++m) {
+#pragma unroll
+    for (int j = 0; j < Tile::kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 64 * m + 16 * warp + lane / 4 + 8 * (e / 2);
+        const int head = 8 * j + 2 * (lane % 4) + e % 2;
+        q_row[head * Tr::kDim + d] = query_grad[m][4 * j + e];
       }
     }
   }
-
-#pragma unroll
-  for (int r = 0; r < Tr::kHeadsPerWarp; ++r) {
-    const int64_t head = row * Tr::kHeads + warp + r * Tr::kWarps;
-#pragma unroll
-    for (int cc = 0; cc < Tr::kDimsPerLane; ++cc) {
-      grad_q[head * Tr::kDim + lane + cc * 32] = gq[r][cc];
-    }
-    if (lane == 0) grad_w[head] = gw[r];
+  __syncthreads();
+  for (int h = threadIdx.x; h < Tr::kHeads; h += Tr::kThreads) {
+    grad_w[row * Tr::kHeads + h] =
+        head_sums[0][h] + head_sums[1][h] + head_sums[2][h] + head_sums[3][h];
   }
+  if constexpr (!kFixed) bulk_wait_all();  // the staging rows outlive the block's reductions
 }
 
 // ---- indexer_kl ---------------------------------------------------------------------------------
@@ -328,7 +391,7 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
   }
   dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
     using Tr = decltype(traits);
-    constexpr size_t kSmem = Tr::kSmemFloats * sizeof(float);
+    constexpr size_t kSmem = Tr::kSmemBytes;
     auto kernel = deterministic ? index_score_backward_kernel<Tr, true>
                                 : index_score_backward_kernel<Tr, false>;
     throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),

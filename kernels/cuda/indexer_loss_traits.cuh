@@ -1,33 +1,41 @@
 // Tiling of the indexer-loss kernels (indexer_loss.cu), in one place.
 //
-// The gather kernel runs one block per query row and walks the row's selected keys in tiles of 32,
-// one key per lane: a tile's keys are gathered
-// into shared memory as fp32 rows padded by 4 floats, so each lane reads its own key row 16 bytes
-// at a time without bank conflicts while the query rows are broadcast. Products run on CUDA cores
-// in fp32.
+// index_score_backward runs one warpgroup per query row on tensor cores (wgmma, sm_90a) and walks
+// the row's selected keys in tiles of 64, gathered into shared memory as flash_topk gathers them;
+// the three products of a tile are m64 wgmmas (docs/sparse_attn.md, "The indexer's loss on the
+// GPU").
 #pragma once
+
+#include "kernels/cuda/index_tile_traits.cuh"
 
 namespace hyscale::cuda {
 
-struct GatherTileTraits {
-  static constexpr int kThreads = 256;
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kKeys = 32;  // keys per tile: one per lane
-  static constexpr int kPad = 4;    // floats of padding per shared row (16 bytes)
-};
-
-// index_score_backward: one block per query row, all H_I heads; warp w owns heads w, w + 8, ...
 template <int kHeads_, int kDim_>
-struct ScoreGradTraits : GatherTileTraits {
+struct ScoreGradTraits {
+  // The scores' product is flash_topk's (bf16), so the ReLU gates are the forward's bit for bit.
+  using Tile = IndexTileTraits<kHeads_, kDim_>;
   static constexpr int kHeads = kHeads_;
   static constexpr int kDim = kDim_;
-  static constexpr int kStride = kDim + kPad;
-  static constexpr int kHeadsPerWarp = kHeads / kWarps;  // grad_q rows and dots per thread
-  static constexpr int kDimsPerLane = kDim / 32;         // grad_q / grad_k columns per thread
-  static constexpr int kKeysPerWarp = kKeys / kWarps;    // grad_k rows per warp
-  // Shared floats: the query's heads, a key tile, and the tile's coefficients [heads, keys].
-  static constexpr int kSmemFloats = kHeads * kStride + kKeys * kStride + kHeads * kKeys;
-  static_assert(kHeads % kWarps == 0 && kDim % 32 == 0, "unsupported indexer shape");
+  static constexpr int kThreads = 128;  // one warpgroup
+  static constexpr int kKeys = Tile::kKeysPerTile;
+  static constexpr int kStages = 2;               // key tiles in flight
+  static constexpr int kHeadSteps = kHeads / 16;  // k16 steps over heads (the key gradient's K)
+  static constexpr int kKeySteps = kKeys / 16;    // k16 steps over keys (the query gradient's K)
+  static constexpr int kDimBlocks = kDim / 64;    // m64 blocks of the query gradient (d in M)
+  // fp32 key-gradient rows staged for the bulk reductions, padded by 8 floats: a warp's float2
+  // stores of 8 rows then fall into distinct banks.
+  static constexpr int kStageStride = kDim + 8;
+  // Shared memory in bytes: the query tile [H_I x d_I], the key tiles [64 x d_I] and the gates'
+  // coefficients [H_I x 64] (bf16, 1 KB-aligned swizzled tiles), the staging rows, and the slack
+  // that aligns the first tile.
+  static constexpr int kQueryBytes = kHeads * kDim * 2;
+  static constexpr int kKeyTileBytes = kKeys * kDim * 2;
+  static constexpr int kCoefBytes = kHeads * kKeys * 2;
+  static constexpr int kStageBytes = kKeys * kStageStride * 4;
+  static constexpr int kSmemBytes =
+      1024 + kQueryBytes + kStages * kKeyTileBytes + kCoefBytes + kStageBytes;
+  static_assert(kHeads % 16 == 0 && kDim % 64 == 0 && kCoefBytes % 1024 == 0,
+                "unsupported indexer shape");
 };
 
 // indexer_kl: one warp per row.

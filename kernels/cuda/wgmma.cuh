@@ -51,6 +51,15 @@ __device__ __forceinline__ void stmatrix_x4(void* row, const uint32_t (&regs)[4]
       "r"(regs[0]), "r"(regs[1]), "r"(regs[2]), "r"(regs[3])
       : "memory");
 }
+// stmatrix_x4 storing each 8 x 8 matrix transposed: the thread's pair (row lane / 4, columns
+// 2 (lane % 4) ..) lands in rows 2 (lane % 4) .. of the 16-byte row at column lane / 4, so a
+// [keys x heads] accumulator becomes a [heads x keys] tile.
+__device__ __forceinline__ void stmatrix_x4_trans(void* row, const uint32_t (&regs)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                   smem_address(row)),
+               "r"(regs[0]), "r"(regs[1]), "r"(regs[2]), "r"(regs[3])
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }

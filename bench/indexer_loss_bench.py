@@ -1,0 +1,162 @@
+"""The indexer's loss path on one GPU (issue #38), at DeepSeek-V3.2's shape.
+
+a) hyscale::index_score_backward alone (atomic and deterministic modes) in TFLOP/s, counting
+   6 H_I d_I FLOPs per valid (query, key) pair, with its SM clock, beside Megatron's unfused path
+   (gather k_I per row chunk, fp32 einsum, ReLU, weighted sum, autograd; DESIGN.md section 4,
+   baseline 4 applied to the index scores) where it fits a time budget.
+b) The whole indexer-loss path as the trainer runs it: the target (selected_attention_mass) +
+   indexer_kl forward and backward + index_score_backward, against the latent attention backward
+   (H = 128, d_qk 576, d_v 512) at the same N and selection: the issue asks for at most 15 %.
+
+Correctness first: each size's gradients against a float64 reference on a sample of fresh rows.
+Selections are causal, duplicate-free and score-ordered (sparse_attn_bench.make_indices).
+
+    python3 bench/indexer_loss_bench.py --lib build-pytorch/kernels/torch/libhyscale_ops.so \
+        --sizes 32768,131072 [--json out.json]
+"""
+import argparse
+import json
+
+import torch
+
+from sparse_attn_bench import DQK, DV, H, make_indices, timed_with_clock
+from gpu_clock import describe
+
+HEADS_I, DIM_I = 64, 128
+
+
+def index_inputs(n, topk, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q_i = torch.randn(n, HEADS_I, DIM_I, device="cuda", generator=g).bfloat16()
+    k_i = torch.randn(n, DIM_I, device="cuda", generator=g).bfloat16()
+    w = torch.randn(n, HEADS_I, device="cuda", generator=g) * HEADS_I ** -0.5
+    idx = make_indices(n, topk, "shuffled", seed)
+    grad = torch.randn(n, topk, device="cuda", generator=g) * (idx >= 0)
+    return q_i, k_i, w, idx, grad
+
+
+def reference_backward(q_i, k_i, w, idx, grad, rows):
+    """float64 gradients of sum(grad * score) for `rows`: (grad_q, grad_w, grad_k)."""
+    q = q_i[rows].double().requires_grad_(True)
+    k = k_i.double().requires_grad_(True)
+    wd = w[rows].double().requires_grad_(True)
+    sel = idx[rows].long()
+    dots = torch.einsum("chd,ckd->chk", q, k[sel.clamp(min=0)])
+    scores = (wd.unsqueeze(-1) * dots.relu()).sum(1)
+    (scores * grad[rows].double() * (sel >= 0)).sum().backward()
+    return q.grad, wd.grad, k.grad
+
+
+def check(n, topk, seed):
+    """Largest error of grad_q, grad_w, grad_k relative to the float64 reference's largest
+    magnitude, on 256 rows (grad_k from those rows only)."""
+    q_i, k_i, w, idx, grad = index_inputs(n, topk, seed + 1)
+    rows = torch.randperm(n, device="cuda")[:256]
+    only = torch.zeros_like(grad)
+    only[rows] = grad[rows]
+    gq, gk, gw = torch.ops.hyscale.index_score_backward(only, q_i, k_i, w, idx)
+    wq, ww, wk = reference_backward(q_i, k_i, w, idx, grad, rows)
+    rel = lambda got, want: float((got.double() - want).abs().max() / want.abs().max())
+    return max(rel(gq[rows], wq), rel(gw[rows], ww), rel(gk, wk))
+
+
+def megatron_backward(q_i, k_i, w, idx, grad, chunk):
+    """The unfused path: per row chunk, gather the selected k_I, fp32 scores, autograd."""
+    k = k_i.float().requires_grad_(True)
+    for first in range(0, q_i.shape[0], chunk):
+        c = slice(first, first + chunk)
+        q = q_i[c].float().requires_grad_(True)
+        wc = w[c].detach().requires_grad_(True)
+        sel = idx[c].long()
+        dots = torch.einsum("chd,ckd->chk", q, k[sel.clamp(min=0)])
+        scores = (wc.unsqueeze(-1) * dots.relu()).sum(1)
+        (scores * grad[c] * (sel >= 0)).sum().backward()
+    return k.grad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--sizes", default="32768,131072")
+    ap.add_argument("--topk", type=int, default=2048)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--peak-tflops", type=float, default=790.0)
+    ap.add_argument("--baseline-max-n", type=int, default=32768,
+                    help="largest N the unfused baseline runs at (it is ~100x slower)")
+    ap.add_argument("--chunk", type=int, default=1024, help="the baseline's rows per chunk")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    torch.ops.load_library(a.lib)
+    ops = torch.ops.hyscale
+    print(f"# {torch.cuda.get_device_name()}  H_I={HEADS_I} d_I={DIM_I} k={a.topk}; "
+          f"H={H} d_qk={DQK} d_v={DV}; medians of {a.runs} runs, CUDA events")
+    results = []
+    for n in [int(x) for x in a.sizes.split(",")]:
+        r = dict(n=n, topk=a.topk, rel_err_vs_float64=check(min(n, 8192), a.topk, n))
+        q_i, k_i, w, idx, grad = index_inputs(n, a.topk, n)
+        pairs = int((idx >= 0).sum())
+        flops = 6.0 * HEADS_I * DIM_I * pairs
+        backward = lambda: ops.index_score_backward(grad, q_i, k_i, w, idx)
+        r["isb_ms"], r["isb_clock"] = timed_with_clock(backward, a.runs)
+        r["isb_tflops"] = flops / r["isb_ms"] / 1e9
+        torch.use_deterministic_algorithms(True)
+        r["isb_det_ms"], _ = timed_with_clock(backward, a.runs)
+        torch.use_deterministic_algorithms(False)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        backward()
+        torch.cuda.synchronize()
+        r["isb_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+        if n <= a.baseline_max_n:
+            r["megatron_ms"], _ = timed_with_clock(
+                lambda: megatron_backward(q_i, k_i, w, idx, grad, a.chunk), 1)
+        print(f"a) N {n:>7}  index_score_backward {r['isb_ms']:8.2f} ms "
+              f"{r['isb_tflops']:6.1f} TFLOP/s ({r['isb_tflops'] / a.peak_tflops:.2f} of "
+              f"{a.peak_tflops:.0f}) at {describe(r['isb_clock'])}; deterministic "
+              f"{r['isb_det_ms']:.2f} ms; +{r['isb_extra_gib']:.2f} GiB; "
+              f"rel err vs float64 {r['rel_err_vs_float64']:.1e}"
+              + (f"; unfused {r['megatron_ms']:.0f} ms ({r['megatron_ms'] / r['isb_ms']:.0f}x)"
+                 if "megatron_ms" in r else ""))
+
+        # b) the whole loss path beside the latent attention backward on the same selection.
+        g = torch.Generator(device="cuda").manual_seed(n + 7)
+        q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
+        kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
+        grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
+        scale = DQK ** -0.5
+        out, lse = ops.sparse_attn_latent(q, kv, idx, scale, DV)
+        score = ops.index_score_gather(q_i, k_i, w, idx)
+        target = ops.selected_attention_mass(q, kv, idx, lse, scale)
+        ones = torch.ones(n, device="cuda")
+
+        def loss_path():
+            t = ops.selected_attention_mass(q, kv, idx, lse, scale)
+            ops.indexer_kl(score, t)
+            g_score = ops.indexer_kl_backward(ones, score, t)
+            ops.index_score_backward(g_score, q_i, k_i, w, idx)
+
+        r["target_ms"], _ = timed_with_clock(
+            lambda: ops.selected_attention_mass(q, kv, idx, lse, scale), a.runs)
+        r["kl_ms"], _ = timed_with_clock(
+            lambda: (ops.indexer_kl(score, target), ops.indexer_kl_backward(ones, score, target)),
+            a.runs)
+        r["loss_path_ms"], _ = timed_with_clock(loss_path, a.runs)
+        r["latent_bwd_ms"], r["latent_bwd_clock"] = timed_with_clock(
+            lambda: ops.sparse_attn_latent_backward(grad_out, q, kv, idx, scale, DV, out, lse),
+            a.runs)
+        r["loss_path_share"] = r["loss_path_ms"] / r["latent_bwd_ms"]
+        print(f"b) N {n:>7}  loss path {r['loss_path_ms']:8.2f} ms (target {r['target_ms']:.2f}, "
+              f"KL fwd+bwd {r['kl_ms']:.2f}, index_score_backward {r['isb_ms']:.2f}) = "
+              f"{100 * r['loss_path_share']:.0f} % of the latent attention backward "
+              f"{r['latent_bwd_ms']:.2f} ms (issue #38: at most 15 %)")
+        results.append(r)
+        del q, kv, grad_out, out, lse, score, target, q_i, k_i, w, idx, grad
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
