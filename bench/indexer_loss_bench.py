@@ -4,9 +4,11 @@ a) hyscale::index_score_backward alone (atomic and deterministic modes) in TFLOP
    6 H_I d_I FLOPs per valid (query, key) pair, with its SM clock, beside Megatron's unfused path
    (gather k_I per row chunk, fp32 einsum, ReLU, weighted sum, autograd; DESIGN.md section 4,
    baseline 4 applied to the index scores) where it fits a time budget.
-b) The whole indexer-loss path as the trainer runs it: the target (selected_attention_mass) +
-   indexer_kl forward and backward + index_score_backward, against the latent attention backward
-   (H = 128, d_qk 576, d_v 512) at the same N and selection: the issue asks for at most 15 %.
+b) The whole indexer-loss path: the target + indexer_kl forward and backward +
+   index_score_backward, against the latent attention backward (H = 128, d_qk 576, d_v 512) at
+   the same N and selection (the issue asks for at most 15 %); with the target apart
+   (selected_attention_mass) and as the trainer's recomputation takes it, from the latent
+   backward (sparse_attn_latent_backward_target: what it adds to the backward's time).
 
 Correctness first: each size's gradients against a float64 reference on a sample of fresh rows.
 Selections are causal, duplicate-free and score-ordered (sparse_attn_bench.make_indices).
@@ -146,10 +148,22 @@ def main():
             lambda: ops.sparse_attn_latent_backward(grad_out, q, kv, idx, scale, DV, out, lse),
             a.runs)
         r["loss_path_share"] = r["loss_path_ms"] / r["latent_bwd_ms"]
-        print(f"b) N {n:>7}  loss path {r['loss_path_ms']:8.2f} ms (target {r['target_ms']:.2f}, "
-              f"KL fwd+bwd {r['kl_ms']:.2f}, index_score_backward {r['isb_ms']:.2f}) = "
-              f"{100 * r['loss_path_share']:.0f} % of the latent attention backward "
-              f"{r['latent_bwd_ms']:.2f} ms (issue #38: at most 15 %)")
+        # The target as the latent backward's by-product: its cost is what the backward adds.
+        with_target = lambda: ops.sparse_attn_latent_backward_target(
+            grad_out, q, kv, idx, scale, DV, out, lse)
+        r["target_diff"] = float((with_target()[2] - target).abs().max())
+        r["latent_bwd_target_ms"], _ = timed_with_clock(with_target, a.runs)
+        r["target_in_bwd_ms"] = max(0.0, r["latent_bwd_target_ms"] - r["latent_bwd_ms"])
+        r["fused_loss_path_ms"] = r["target_in_bwd_ms"] + r["kl_ms"] + r["isb_ms"]
+        r["fused_loss_path_share"] = r["fused_loss_path_ms"] / r["latent_bwd_ms"]
+        print(f"b) N {n:>7}  loss path, target apart: {r['loss_path_ms']:8.2f} ms (target "
+              f"{r['target_ms']:.2f}, KL fwd+bwd {r['kl_ms']:.2f}, index_score_backward "
+              f"{r['isb_ms']:.2f}) = {100 * r['loss_path_share']:.0f} % of the latent attention "
+              f"backward {r['latent_bwd_ms']:.2f} ms")
+        print(f"   N {n:>7}  loss path, target from the backward: {r['fused_loss_path_ms']:8.2f} ms "
+              f"(backward {r['latent_bwd_ms']:.2f} -> {r['latent_bwd_target_ms']:.2f} ms with the "
+              f"target, max |diff| vs selected_attention_mass {r['target_diff']:.1e}) = "
+              f"{100 * r['fused_loss_path_share']:.0f} % (issue #38: at most 15 %)")
         results.append(r)
         del q, kv, grad_out, out, lse, score, target, q_i, k_i, w, idx, grad
         torch.cuda.empty_cache()

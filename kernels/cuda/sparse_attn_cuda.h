@@ -54,13 +54,16 @@ void sparse_attn_bwd(const SparseAttnShape& shape, const void* q, const void* ke
 // rows' gradient. grad_q [N, H, d_qk] bf16; grad_kv [M, d_qk] fp32 (overwritten) holds both
 // roles' gradients, the value part added into the first d_v columns. fp32 atomics only: where
 // the next function says no (deterministic, G > 1, other shapes), take sparse_attn_bwd with the
-// values apart and add its grad_value into grad_key.
+// values apart and add its grad_value into grad_key. mass (null: not asked for): [N, topk] fp32,
+// written (overwritten) with the probabilities the backward recomputes, summed over heads, at
+// each slot (0 in -1 slots): the indexer's target before its row normalisation
+// (selected_attention_mass), a by-product of the backward rather than a second pass.
 bool sparse_attn_bwd_latent_supported(const SparseAttnShape& shape, int64_t group,
                                       bool deterministic);
 size_t sparse_attn_bwd_latent_workspace_bytes(const SparseAttnShape& shape);
 void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const void* kv,
                             const int32_t* indices, float scale, const void* out, const float* lse,
-                            const void* grad_out, void* grad_q, float* grad_kv, void* workspace,
-                            Stream stream);
+                            const void* grad_out, void* grad_q, float* grad_kv, float* mass,
+                            void* workspace, Stream stream);
 
 }  // namespace hyscale::cuda

@@ -128,6 +128,57 @@ struct IndexerKl : torch::autograd::Function<IndexerKl> {
   }
 };
 
+// The attention's backward gives the loss's target; the KL's gradient then goes to the scores.
+// Both the target and the loss are constants of the attention (the model detaches the target).
+// `latent`: value is key itself (an input must be defined) and takes no gradient of its own.
+struct SparseAttnIndexerLoss : torch::autograd::Function<SparseAttnIndexerLoss> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& key,
+                               const at::Tensor& value, const at::Tensor& indices,
+                               const at::Tensor& scores, const at::Tensor& loss_rows, double scale,
+                               bool latent, int64_t dim_v, int64_t group) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    TORCH_CHECK(loss_rows.sizes() == scores.sizes().slice(0, scores.dim() - 1),
+                "hyscale::sparse_attn_indexer_loss: loss_rows must be ",
+                scores.sizes().slice(0, scores.dim() - 1), " (the scores' rows), got ",
+                loss_rows.sizes());
+    auto attn = latent ? ops::sparse_attn_latent(q, key, indices, scale, dim_v, group)
+                       : ops::sparse_attn(q, key, value, indices, scale, group);
+    ctx->save_for_backward({q, key, value, indices, scores, attn.out, attn.lse});
+    ctx->saved_data["loss_rows"] = loss_rows;
+    ctx->saved_data["latent"] = latent;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["dim_v"] = dim_v;
+    ctx->saved_data["group"] = group;
+    auto loss = at::zeros_like(loss_rows);
+    ctx->mark_non_differentiable({attn.lse});
+    return {attn.out, attn.lse, loss};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &key = s[1], &value = s[2], &indices = s[3], &scores = s[4],
+                     &out = s[5], &lse = s[6];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t group = ctx->saved_data["group"].toInt();
+    const auto grad_out = zeros_if_undefined(grads[0], out);
+    at::Tensor grad_q, grad_key, grad_value, target;
+    if (!ctx->saved_data["latent"].toBool()) {
+      auto g = ops::sparse_attn_backward(grad_out, q, key, value, indices, scale, out, lse, group);
+      grad_q = g.q, grad_key = g.key, grad_value = g.value;
+      target = ops::selected_attention_mass(q, key, indices, lse, scale);
+    } else {
+      auto g = ops::sparse_attn_latent_backward_target(
+          grad_out, q, key, indices, scale, ctx->saved_data["dim_v"].toInt(), out, lse, group);
+      grad_q = g.q, grad_key = g.kv, target = g.target;
+    }
+    auto loss_rows = ctx->saved_data["loss_rows"].toTensor();
+    loss_rows.copy_(ops::indexer_kl(scores, target));
+    const auto grad_scores =
+        grads[2].defined() ? ops::indexer_kl_backward(grads[2], scores, target) : at::Tensor();
+    return {grad_q,     grad_key,   grad_value, Variable(), grad_scores,
+            Variable(), Variable(), Variable(), Variable(), Variable()};
+  }
+};
+
 std::tuple<at::Tensor, at::Tensor> flash_topk(const at::Tensor& q, const at::Tensor& k,
                                               const at::Tensor& w, int64_t topk, int64_t q_offset,
                                               int64_t tokens_per_key, bool fp8) {
@@ -165,6 +216,15 @@ at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
   return IndexerKl::apply(score, target)[0];
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_indexer_loss(
+    const at::Tensor& q, const at::Tensor& key, const c10::optional<at::Tensor>& value,
+    const at::Tensor& indices, const at::Tensor& scores, const at::Tensor& loss_rows, double scale,
+    int64_t dim_v, int64_t group) {
+  auto r = SparseAttnIndexerLoss::apply(q, key, value.value_or(key), indices, scores, loss_rows,
+                                        scale, !value.has_value(), dim_v, group);
+  return {r[0], r[1], r[2]};
+}
+
 }  // namespace
 }  // namespace hyscale::torch_ops
 
@@ -176,4 +236,5 @@ TORCH_LIBRARY_IMPL(hyscale, Autograd, m) {
   m.impl("sparse_attn_latent", &sparse_attn_latent);
   m.impl("selected_attention_mass", &selected_attention_mass);
   m.impl("indexer_kl", &indexer_kl);
+  m.impl("sparse_attn_indexer_loss", &sparse_attn_indexer_loss);
 }

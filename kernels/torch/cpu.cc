@@ -260,6 +260,17 @@ at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
   return unbatch(mass.tensor(), a.batching);
 }
 
+// The reference: the two ops one after the other (the CPU backward keeps its probabilities in
+// another order, so the target is computed again).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_latent_backward_target(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
+    const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
+    const at::Tensor& lse, int64_t group) {
+  auto [grad_q, grad_kv] =
+      sparse_attn_latent_backward(grad_out, q, kv, indices, scale, dim_v, out, lse, group);
+  return {grad_q, grad_kv, selected_attention_mass(q, kv, indices, lse, scale)};
+}
+
 at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
   const char* op = "hyscale::indexer_kl";
   check_kl_args(op, score, target);
@@ -306,6 +317,7 @@ TORCH_LIBRARY_IMPL(hyscale, CPU, m) {
   m.impl("sparse_attn_latent", &sparse_attn_latent);
   m.impl("sparse_attn_latent_backward", &sparse_attn_latent_backward);
   m.impl("selected_attention_mass", &selected_attention_mass);
+  m.impl("sparse_attn_latent_backward_target", &sparse_attn_latent_backward_target);
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);
 }

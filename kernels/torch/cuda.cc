@@ -273,21 +273,33 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn_latent(const at::Tensor& q, const
                      scale, group);
 }
 
-std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
+at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
+                                   const at::Tensor& indices, const at::Tensor& lse, double scale);
+
+// Each row of mass [.., topk] divided by its sum (rows summing to 0 left as they are).
+at::Tensor l1_normalised(const at::Tensor& mass) {
+  const auto total = mass.sum(-1, /*keepdim=*/true);
+  return at::where(total.gt(0), mass / total, mass);
+}
+
+// The latent backward and, with_target, the indexer's target: from the latent kernel's mass where
+// it runs, else from selected_attention_mass after the backward by parts.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> latent_backward(
+    const char* op, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
     const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
-    const at::Tensor& lse, int64_t requested_group) {
-  const char* op = "hyscale::sparse_attn_latent_backward";
+    const at::Tensor& lse, int64_t requested_group, bool with_target) {
   const auto value = latent_values(op, kv, dim_v);
   const int64_t group = group_or_default(requested_group, q, indices);
   const bool deterministic = at::globalContext().deterministicAlgorithms();
   if (!cuda::sparse_attn_bwd_latent_supported(check_sparse_attn(op, q, kv, value, indices).shape,
                                               group, deterministic)) {
-    return latent_backward_by_parts(
+    auto [grad_q, grad_kv] = latent_backward_by_parts(
         op, kv, dim_v, [&](const at::Tensor& key, const at::Tensor& value_of_key) {
           return sparse_attn_backward_grouped(grad_out, q, key, value_of_key, indices, scale, out,
                                               lse, group, deterministic);
         });
+    return {grad_q, grad_kv,
+            with_target ? selected_attention_mass(q, kv, indices, lse, scale) : at::Tensor()};
   }
   const c10::cuda::CUDAGuard guard(q.device());
   const AttnInputs in = attn_inputs(op, q, kv, value, indices, group,
@@ -296,6 +308,7 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
   const auto [go, o, l] = forward_results(op, in, grad_out, out, lse);
   auto grad_q = at::empty_like(in.q);
   auto grad_kv = at::empty(in.key.sizes(), in.key.options().dtype(at::kFloat));
+  auto mass = with_target ? at::empty(in.indices.sizes(), grad_kv.options()) : at::Tensor();
   auto workspace =
       at::empty({static_cast<int64_t>(cuda::sparse_attn_bwd_latent_workspace_bytes(s))},
                 q.options().dtype(at::kByte));
@@ -303,10 +316,30 @@ std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
     cuda::sparse_attn_bwd_latent(
         s, in.q[b].data_ptr(), in.key[b].data_ptr(), in.indices[b].data_ptr<int32_t>(),
         static_cast<float>(scale), o[b].data_ptr(), l[b].data_ptr<float>(), go[b].data_ptr(),
-        grad_q[b].data_ptr(), grad_kv[b].data_ptr<float>(), workspace.data_ptr(), current_stream());
+        grad_q[b].data_ptr(), grad_kv[b].data_ptr<float>(),
+        with_target ? mass[b].data_ptr<float>() : nullptr, workspace.data_ptr(), current_stream());
   }
   return {unbatch(grad_q, in.a.batching).to(q.scalar_type()),
-          unbatch(grad_kv, in.a.batching).to(kv.scalar_type())};
+          unbatch(grad_kv, in.a.batching).to(kv.scalar_type()),
+          with_target ? unbatch(l1_normalised(mass), in.a.batching) : at::Tensor()};
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_attn_latent_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
+    const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
+    const at::Tensor& lse, int64_t group) {
+  auto [grad_q, grad_kv, target] = latent_backward("hyscale::sparse_attn_latent_backward", grad_out,
+                                                   q, kv, indices, scale, dim_v, out, lse, group,
+                                                   /*with_target=*/false);
+  return {grad_q, grad_kv};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_latent_backward_target(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
+    const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
+    const at::Tensor& lse, int64_t group) {
+  return latent_backward("hyscale::sparse_attn_latent_backward_target", grad_out, q, kv, indices,
+                         scale, dim_v, out, lse, group, /*with_target=*/true);
 }
 
 // ---- The indexer's training path: score backward, attention mass target, KL loss ----
@@ -375,8 +408,7 @@ void mass_by_chunks(const at::Tensor& q, const at::Tensor& key, const at::Tensor
     const auto logits = at::bmm(q.narrow(0, first, rows), keys.transpose(1, 2), at::kFloat);
     auto summed = logits.mul_(scale).sub_(lse.narrow(0, first, rows).unsqueeze(-1)).exp_().sum(1);
     summed.masked_fill_(idx.lt(0), 0.0);
-    const auto total = summed.sum(-1, /*keepdim=*/true);
-    mass.narrow(0, first, rows).copy_(at::where(total.gt(0), summed / total, summed));
+    mass.narrow(0, first, rows).copy_(l1_normalised(summed));
   }
 }
 
@@ -449,6 +481,7 @@ TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   m.impl("sparse_attn_latent_backward", &sparse_attn_latent_backward);
   m.impl("index_score_backward", &index_score_backward);
   m.impl("selected_attention_mass", &selected_attention_mass);
+  m.impl("sparse_attn_latent_backward_target", &sparse_attn_latent_backward_target);
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);
 }

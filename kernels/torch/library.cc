@@ -48,9 +48,21 @@ TORCH_LIBRARY(hyscale, m) {
       "sparse_attn_backward_grouped(Tensor grad_out, Tensor q, Tensor key, Tensor value,"
       " Tensor indices, float scale, Tensor out, Tensor lse, int group, bool deterministic)"
       " -> (Tensor grad_q, Tensor grad_key, Tensor grad_value)");
+  // sparse_attn_latent_backward and, as its by-product, selected_attention_mass's target (the
+  // probabilities the backward recomputes, summed over heads, L1-normalised per row).
+  m.def(
+      "sparse_attn_latent_backward_target(Tensor grad_out, Tensor q, Tensor kv, Tensor indices,"
+      " float scale, int dim_v, Tensor out, Tensor lse, int group=0)"
+      " -> (Tensor grad_q, Tensor grad_kv, Tensor target)");
   m.def(
       "selected_attention_mass(Tensor q, Tensor key, Tensor indices, Tensor lse, float scale)"
       " -> Tensor");
+  // Sparse attention (latent when value is None) and the indexer's KL loss on its selection, one
+  // autograd node whose backward takes the loss's target from the attention backward (ops.h).
+  m.def(
+      "sparse_attn_indexer_loss(Tensor q, Tensor key, Tensor? value, Tensor indices,"
+      " Tensor scores, Tensor loss_rows, float scale, int dim_v, int group=0)"
+      " -> (Tensor out, Tensor lse, Tensor loss)");
   m.def("indexer_kl(Tensor score, Tensor target) -> Tensor");
   m.def("indexer_kl_backward(Tensor grad_loss, Tensor score, Tensor target) -> Tensor");
 }

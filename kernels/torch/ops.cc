@@ -103,6 +103,35 @@ LatentAttentionGrads sparse_attn_latent_backward(const at::Tensor& grad_out, con
   return {grad_q, grad_kv};
 }
 
+LatentAttentionGradsAndTarget sparse_attn_latent_backward_target(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
+    const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
+    const at::Tensor& lse, int64_t group) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+      const at::Tensor&, const at::Tensor&, int64_t)>(
+      "hyscale::sparse_attn_latent_backward_target");
+  auto [grad_q, grad_kv, target] =
+      handle.call(grad_out, q, kv, indices, scale, dim_v, out, lse, group);
+  return {grad_q, grad_kv, target};
+}
+
+AttentionAndIndexerLoss sparse_attn_indexer_loss(const at::Tensor& q, const at::Tensor& key,
+                                                 const at::Tensor& value, const at::Tensor& indices,
+                                                 const at::Tensor& scores,
+                                                 const at::Tensor& loss_rows, double scale,
+                                                 int64_t dim_v, int64_t group) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&,
+      const at::Tensor&, const at::Tensor&, double, int64_t, int64_t)>(
+      "hyscale::sparse_attn_indexer_loss");
+  const c10::optional<at::Tensor> values =
+      value.defined() ? c10::optional<at::Tensor>(value) : c10::nullopt;
+  auto [out, lse, loss] =
+      handle.call(q, key, values, indices, scores, loss_rows, scale, dim_v, group);
+  return {out, lse, loss};
+}
+
 at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
                                const at::Tensor& target) {
   static const auto handle =

@@ -83,7 +83,35 @@ LatentAttentionGrads sparse_attn_latent_backward(const at::Tensor& grad_out, con
                                                  double scale, int64_t dim_v, const at::Tensor& out,
                                                  const at::Tensor& lse, int64_t group = 0);
 
+// sparse_attn_latent_backward's gradients and the indexer's target, selected_attention_mass(q, kv,
+// indices, lse, scale), which the CUDA latent kernel forms from the probabilities it recomputes
+// anyway (elsewhere the two ops run one after the other).
+struct LatentAttentionGradsAndTarget {
+  at::Tensor q, kv, target;
+};
+LatentAttentionGradsAndTarget sparse_attn_latent_backward_target(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& kv,
+    const at::Tensor& indices, double scale, int64_t dim_v, const at::Tensor& out,
+    const at::Tensor& lse, int64_t group = 0);
+
 at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
                                const at::Tensor& target);
+
+// Sparse attention and the indexer's KL loss on its selection as one autograd node, for a
+// forward whose backward follows at once (a recomputation's): the loss's target is a by-product
+// of the attention backward (sparse_attn_latent_backward_target), so the forward cannot know the
+// loss. `value` undefined means the latent (sparse_attn_latent with `dim_v`). `scores` are the
+// differentiable index scores at `indices`. Returns the attention's out and lse, and `loss`:
+// zeros [.., N], the handle through which the loss's gradient (per row) reaches the backward. The
+// backward writes each row's KL(target || softmax(scores)) into `loss_rows` (a plain [.., N]
+// buffer the caller reads after it) and gives the scores their gradient.
+struct AttentionAndIndexerLoss {
+  at::Tensor out, lse, loss;
+};
+AttentionAndIndexerLoss sparse_attn_indexer_loss(const at::Tensor& q, const at::Tensor& key,
+                                                 const at::Tensor& value, const at::Tensor& indices,
+                                                 const at::Tensor& scores,
+                                                 const at::Tensor& loss_rows, double scale,
+                                                 int64_t dim_v, int64_t group = 0);
 
 }  // namespace hyscale::ops

@@ -321,6 +321,18 @@ TEST_F(SparseAttnCudaTest, LatentBackwardMatchesFloat64Reference) {
         EXPECT_TRUE(torch::equal(grads.q, again.q) && torch::equal(grads.kv, again.kv))
             << "deterministic latent backward differs between runs";
       }
+      // The indexer's target as the backward's by-product (the latent kernel's mass, else
+      // selected_attention_mass after the backward), against the float64 mass.
+      context.setDeterministicAlgorithms(deterministic, false);
+      const auto with_target = ops::sparse_attn_latent_backward_target(
+          grad_out.to(torch::kCUDA, torch::kBFloat16), q, kv, in.indices.cuda(), c.scale, c.dv,
+          attn.out, attn.lse);
+      context.setDeterministicAlgorithms(was, false);
+      expect_close(with_target.q.to(torch::kFloat).cpu(), ref.grad_q, 2e-2, "grad_q with target");
+      expect_close(with_target.kv.to(torch::kFloat).cpu(), want_kv, 2e-2, "grad_kv with target");
+      const auto want_target = ops::selected_attention_mass(
+          in.q.to(torch::kDouble), in.key.to(torch::kDouble), in.indices, ref.lse, c.scale);
+      expect_close(with_target.target.cpu(), want_target, 2e-3, "target");
     }
   }
 }

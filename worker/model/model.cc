@@ -441,6 +441,16 @@ DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
     a.indices = selection.indices;
     scores = selection.scores;
   }
+  if (options.indexer_loss && options.indexer_loss_rows.defined()) {
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTENTION);
+    const auto attn = ops::sparse_attn_indexer_loss(
+        q, key, config_.latent_kv ? torch::Tensor() : value, a.indices, scores,
+        options.indexer_loss_rows.narrow(1, chunk.begin, chunk.length), scale_,
+        config_.latent_kv ? config_.head_dim_v : 0, options.query_group);
+    a.out = attn.out;
+    a.loss = attn.loss.mean();
+    return a;
+  }
   torch::Tensor lse;
   {
     PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTENTION);
@@ -545,20 +555,30 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
   torch::AutoGradMode grad_mode(true);
   auto& clock = *options.clock;
   Recomputed result;
+  // A sparse layer's indexer loss comes out of the attention backward below: its rows land here.
+  ForwardOptions recomputed = options;
+  if (options.indexer_loss && options.attention == AttentionMode::kSparse) {
+    recomputed.indexer_loss_rows = torch::zeros(
+        {x.size(0), x.size(1)},
+        x.options().dtype(x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat));
+  }
+  const auto& loss_rows = recomputed.indexer_loss_rows;
   if (options.query_chunk <= 0 || options.query_chunk >= x.size(1)) {
     // One chunk: the layer again with its graph, and one backward through all of it.
     const auto input = x.detach().requires_grad_(true);
     LayerOutput out;
     {
       PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
-      out = forward(input, options, replay_indices, stats);
+      out = forward(input, recomputed, replay_indices, stats);
     }
     Gradients backward;
     backward.add(out.x, grad_out);
     backward.add(out.indexer_loss, grad_loss);
     backward.run();
     result.x_grad = input.grad();
-    if (out.indexer_loss.defined()) result.indexer_loss = out.indexer_loss.detach();
+    if (out.indexer_loss.defined()) {
+      result.indexer_loss = loss_rows.defined() ? loss_rows.mean() : out.indexer_loss.detach();
+    }
     return result;
   }
 
@@ -608,7 +628,7 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
       seen = {prefix(keys.key), prefix(keys.value), prefix(keys.index_k)};
       const auto replay =
           replay_indices.defined() ? replay_indices.narrow(1, c.begin, c.length) : replay_indices;
-      a = attend(queries, seen, c, options, replay);
+      a = attend(queries, seen, c, recomputed, replay);
       out_c = residuals(x_c, a.out, options);
       if (a.loss.defined()) {
         loss_c = a.loss * (static_cast<double>(c.length) / rows);
@@ -627,12 +647,12 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
     } else {
       chunk_grad.zero_();
     }
-    if (loss_c.defined()) {
+    if (loss_c.defined() && !loss_rows.defined()) {
       const auto value = loss_c.detach();
       loss = loss.defined() ? loss + value : value;
     }
   }
-  result.indexer_loss = loss;
+  result.indexer_loss = loss_rows.defined() ? loss_rows.mean() : loss;
 
   // The key side's gradient: through the exchange's reduce-scatter to this rank's rows (the
   // gathered tensors are then the local leaves themselves), then through the key projections of

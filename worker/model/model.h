@@ -86,6 +86,11 @@ struct ForwardOptions {
   // value without a graph, and `recompute` does not apply.
   bool frozen_main = false;
   double indexer_grad_scale = 1;
+  // Set by the recomputation, whose backward follows at once: [B, T] (the layer's query rows).
+  // Sparse attention then takes the indexer loss's target from its own backward
+  // (ops::sparse_attn_indexer_loss) rather than computing it in the forward, and that backward
+  // writes each row's loss here; the layer's indexer_loss is then only a gradient handle (0).
+  torch::Tensor indexer_loss_rows;
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
   std::shared_ptr<KeyExchange> key_exchange;  // context parallelism; null: the whole sequence
   // The indexer keys' own exchange (a separate CP group); null: they travel with key_exchange.

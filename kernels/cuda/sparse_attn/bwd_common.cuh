@@ -24,6 +24,9 @@ struct BwdArgs {
   unsigned long long* fixed_value;
   const float* amax;     // [3]: max |q|, max |dO|, max |value| (fixed-point scales)
   int resident_queries;  // queries the device runs at once (the latent backward's tile rotation)
+  // The latent backward's optional by-product: P summed over heads at each (query, slot), [N,
+  // topk] fp32, zeroed by the launcher (null: not asked for).
+  float* mass;
 };
 
 // Fixed-point scales (fixed_point_accumulate.cuh) from bounds no partial sum can exceed:

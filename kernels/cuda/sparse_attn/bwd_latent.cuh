@@ -200,14 +200,42 @@ __device__ void add_chunk_into_keys(const float (&acc)[32], const int32_t* tile_
   }
 }
 
+// A query's key slots with its tiles rotated: slot s reads the list's tile (s / kKeys + first)
+// mod tiles. In position-ordered selections (FlashTopK's) a tile's keys lie in one stretch of the
+// sequence; rotating each query by its launch position makes the queries resident at a time work
+// in the same stretch, so that more of their key rows and gradient rows are found in L2.
+template <int kKeys>
+struct RotatedKeys {
+  KeyList list;
+  int first_slot;
+  __device__ RotatedKeys(const KeyList& keys, int grp, int resident_queries) : list(keys) {
+    // Query grp starts about grp / resident_queries item times after query 0, so by then query 0
+    // has advanced grp * tiles / resident_queries tiles; mod tiles, that is the formula below.
+    first_slot =
+        resident_queries > 0 ? grp % resident_queries * tiles() / resident_queries * kKeys : 0;
+  }
+  __device__ int tiles() const { return static_cast<int>(ceil_div(list.count, kKeys)); }
+  // The list's slot that rotated slot `rotated` (< tiles() * kKeys) reads.
+  __device__ int slot(int rotated) const {
+    const int span = tiles() * kKeys, at = rotated + first_slot;
+    return at >= span ? at - span : at;
+  }
+  __device__ int key(int rotated) const {
+    return rotated >= tiles() * kKeys ? -1 : list.key(slot(rotated));
+  }
+};
+
 // Tile j's S and dP for warpgroup wg's half of the keys, then its P and dS into their tiles: the
 // k-steps over K(j)'s early blocks (landed and visible), then, once late_blocks_landed() has
 // made the late ones visible, the rest. Both products read their A operand (Q, dO) whole, so the
 // halves together read it twice; in exchange P stays fp32 for dS and no warpgroup waits for the
-// other here.
-template <class Tr, class LateBlocksLanded>
+// other here. With kMass, P's sums over the block's heads at the warpgroup's slots are added into
+// mass_row (the query's row of BwdArgs::mass; its other head blocks add theirs), in fp32 from the
+// registers P is formed in.
+template <class Tr, bool kMass, class LateBlocksLanded>
 __device__ void latent_bwd_scores(const Problem& p, int j, const LatentBwdTiles<Tr>& t,
                                   const BwdRows& r, int wg, int lane,
+                                  const RotatedKeys<Tr::kKeys>& list, float* mass_row,
                                   LateBlocksLanded late_blocks_landed) {
   constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, kHalf = BK / 2;
   constexpr int kEarlySteps = Tr::kEarlyBlocks * 4;
@@ -236,6 +264,7 @@ __device__ void latent_bwd_scores(const Problem& p, int j, const LatentBwdTiles<
   wgmma_wait<0>();
   fence_accumulators(s);
   fence_accumulators(dp);
+  float mass[kHalf / 8][2] = {};  // this thread's columns, over its two rows
 #pragma unroll
   for (int i = 0; i < kHalf / 2; i += 2) {
     const int col = wg * kHalf + 8 * (i / 4) + 2 * (lane % 4);
@@ -247,35 +276,30 @@ __device__ void latent_bwd_scores(const Problem& p, int j, const LatentBwdTiles<
       const bool seen = t.tile_keys[j % 3][col + e] >= 0;
       prob[e] = seen ? exp2f(s[i + e] * p.scale_log2 - lse) : 0.f;
       ds[e] = prob[e] * (dp[i + e] - delta) * p.scale;
+      if constexpr (kMass) mass[i / 4][e] += prob[e];
     }
     const int at = swizzled_offset<64>(lower ? r.ra : r.rb, col / 8) + col % 8;
     *reinterpret_cast<uint32_t*>(t.prob + at) = pack_bf16(prob[0], prob[1]);
     *reinterpret_cast<uint32_t*>(t.grad_score + at) = pack_bf16(ds[0], ds[1]);
   }
+  if constexpr (kMass) {
+    // The warp's 16 rows: across the quads by shuffles, then one add a slot from lanes 0-3.
+#pragma unroll
+    for (int c = 0; c < kHalf / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = mass[c][e];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        const int col = wg * kHalf + 8 * c + 2 * lane + e;
+        if (lane < 4 && t.tile_keys[j % 3][col] >= 0) {
+          atomicAdd(mass_row + list.slot(j * Tr::kKeys + col), x);
+        }
+      }
+    }
+  }
 }
-
-// A query's key slots with its tiles rotated: slot s reads the list's tile (s / kKeys + first)
-// mod tiles. In position-ordered selections (FlashTopK's) a tile's keys lie in one stretch of the
-// sequence; rotating each query by its launch position makes the queries resident at a time work
-// in the same stretch, so that more of their key rows and gradient rows are found in L2.
-template <int kKeys>
-struct RotatedKeys {
-  KeyList list;
-  int first_slot;
-  __device__ RotatedKeys(const KeyList& keys, int grp, int resident_queries) : list(keys) {
-    // Query grp starts about grp / resident_queries item times after query 0, so by then query 0
-    // has advanced grp * tiles / resident_queries tiles; mod tiles, that is the formula below.
-    first_slot =
-        resident_queries > 0 ? grp % resident_queries * tiles() / resident_queries * kKeys : 0;
-  }
-  __device__ int tiles() const { return static_cast<int>(ceil_div(list.count, kKeys)); }
-  __device__ int key(int slot) const {
-    const int span = tiles() * kKeys;
-    if (slot >= span) return -1;
-    const int at = slot + first_slot;
-    return list.key(at >= span ? at - span : at);
-  }
-};
 
 // Warpgroup kWg's products of tile j once P and dS are visible: dq (+)= dS K over its column
 // blocks; then, K(j) free in both warpgroups, the gather of K(j + 1) starts; then its chunks of
@@ -401,7 +425,7 @@ __device__ void latent_bwd_grads(const Problem& p, const BwdArgs& g,
   }
 }
 
-template <class Tr, bool kPaired>
+template <class Tr, bool kPaired, bool kMass>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     sparse_attn_bwd_latent_kernel(Problem p, BwdArgs g) {
   constexpr int DQ = Tr::kDimQk, DV = Tr::kDimV, BK = Tr::kKeys, T = Tr::kThreads;
@@ -410,6 +434,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int tid = threadIdx.x, wg = warpgroup_index(), warp = (tid % 128) / 32, lane = tid % 32;
   const auto [grp, h0] = block_tile(p);
   const RotatedKeys<BK> list(key_list(p, grp), grp, g.resident_queries);
+  float* const mass_row = kMass ? g.mass + int64_t(grp) * p.topk : nullptr;
   load_block_rows<DQ, T>(t.q, p.q, p, grp, h0, tid);
   load_block_rows<DV, T>(t.grad_out, g.grad_out, p, grp, h0, tid);
   // K's early blocks and its late blocks are separate copy groups, as in every later tile.
@@ -436,7 +461,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cp_async_wait<1>();  // K(j)'s early blocks (and, first, Q and dO) have landed
     fence_async_shared();
     __syncthreads();  // and the previous tile's P and dS are no longer read
-    latent_bwd_scores<Tr>(p, j, t, r, wg, lane, [&] {
+    latent_bwd_scores<Tr, kMass>(p, j, t, r, wg, lane, list, mass_row, [&] {
       cp_async_wait<0>();  // and its late blocks
       fence_async_shared();
       __syncthreads();

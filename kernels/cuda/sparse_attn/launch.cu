@@ -252,8 +252,8 @@ size_t sparse_attn_bwd_latent_workspace_bytes(const SparseAttnShape& shape) {
 
 void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const void* kv,
                             const int32_t* indices, float scale, const void* out, const float* lse,
-                            const void* grad_out, void* grad_q, float* grad_kv, void* workspace,
-                            Stream stream_) {
+                            const void* grad_out, void* grad_q, float* grad_kv, float* mass,
+                            void* workspace, Stream stream_) {
   check_call(shape, 1);
   if (!sparse_attn_bwd_latent_supported(shape, 1, false)) {
     throw std::invalid_argument(
@@ -262,8 +262,12 @@ void sparse_attn_bwd_latent(const SparseAttnShape& shape, const void* q, const v
   }
   auto stream = static_cast<cudaStream_t>(stream_);
   check(cudaMemsetAsync(grad_kv, 0, shape.num_keys * shape.dim_qk * 4, stream), "memset");
+  if (mass != nullptr) {
+    check(cudaMemsetAsync(mass, 0, shape.num_queries * shape.topk * 4, stream), "memset");
+  }
   if (shape.num_queries == 0 || shape.heads == 0) return;
   BwdArgs g{};
+  g.mass = mass;
   g.grad_out = static_cast<const bf16*>(grad_out);
   g.lse = lse;
   g.grad_q = static_cast<bf16*>(grad_q);

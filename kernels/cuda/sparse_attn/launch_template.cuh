@@ -89,9 +89,14 @@ void launch_bwd_latent(const BwdCall& call) {
   if constexpr (Tr::kSupported) {
     // The query's 64-head blocks are adjacent in the grid: pairs of them form the clusters.
     const bool paired = Tr::kPairable && call.shape.heads % (2 * Tr::kRows) == 0;
-    auto kernel = sparse_attn_bwd_latent_kernel<Tr, false>;
+    const bool mass = call.g.mass != nullptr;
+    auto kernel = mass ? sparse_attn_bwd_latent_kernel<Tr, false, true>
+                       : sparse_attn_bwd_latent_kernel<Tr, false, false>;
     if constexpr (Tr::kPairable) {
-      if (paired) kernel = sparse_attn_bwd_latent_kernel<Tr, true>;
+      if (paired) {
+        kernel = mass ? sparse_attn_bwd_latent_kernel<Tr, true, true>
+                      : sparse_attn_bwd_latent_kernel<Tr, true, false>;
+      }
     }
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
           "backward smem");
