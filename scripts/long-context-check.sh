@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The long-context measurements of issues #39 and #40 on one GPU, after scripts/gpu-check.sh has
+# The long-context measurements of issues #37, #39 and #40 on one GPU, after scripts/gpu-check.sh has
 # built build-pytorch (or with HYSCALE_BUILD=1, building hyscale-train first): hyscale-train's
 # step on the 2048x4 reference model
+#   0. at 128K, whole: the sparse step of record (issue #37's 128K figure);
 #   1. at 128K in query chunks of HYSCALE_LC_CHUNK (default 4096): memory a token beyond the
 #      model state, against the planner's prediction;
 #   2. at HYSCALE_LC_LONG_N (default 1,048,576) with the chunk the trainer picks: the million
@@ -11,7 +12,7 @@
 # Each run is bench/train_bench.py (its JSON and table under OUT) and is bounded by
 # HYSCALE_LC_TIMEOUT_S (default 300 s a run, twice that for the long one); a run that times out or
 # runs out of memory is reported and the next one still runs. HYSCALE_LC_RUNS picks runs (default
-# "chunked_128k long warmup_128k"; a device call of 10 minutes holds about two). Summary:
+# "whole_128k chunked_128k long warmup_128k"; a device call of 10 minutes holds about two). Summary:
 # OUT/summary.txt (appended to).
 #   scripts/long-context-check.sh [OUT]   (default $OUT, else build-pytorch/long-context)
 set -uo pipefail
@@ -33,7 +34,7 @@ status=0
 run() {  # name, seconds allowed, then train_bench.py's arguments
   local name=$1 limit=$2
   shift 2
-  [[ " ${HYSCALE_LC_RUNS:-chunked_128k long warmup_128k} " == *" $name "* ]] || return 0
+  [[ " ${HYSCALE_LC_RUNS:-whole_128k chunked_128k long warmup_128k} " == *" $name "* ]] || return 0
   echo "== $name: train_bench.py $*" | tee -a "$out/summary.txt"
   python3 "$root/bench/train_bench.py" --trainer "$trainer" --models "$model" --device cuda \
     --timeout "$limit" --json "$out/$name.json" "$@" >"$out/$name.txt" 2>&1
@@ -43,6 +44,7 @@ run() {  # name, seconds allowed, then train_bench.py's arguments
   [[ $rc == 0 ]] || { echo "   $name: exit $rc" | tee -a "$out/summary.txt"; status=1; }
 }
 
+run whole_128k "$timeout_s" --sizes 131072 --steps 3 --warmup 1
 run chunked_128k "$timeout_s" --sizes 131072 --steps 3 --warmup 1 \
   --query-chunk "${HYSCALE_LC_CHUNK:-4096}"
 run long $((2 * timeout_s)) --sizes "${HYSCALE_LC_LONG_N:-1048576}" --steps 2 --warmup 1
