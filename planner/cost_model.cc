@@ -207,12 +207,19 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
 
   // The indexer loss of a sparse stage: the target (attention mass at the k selected keys; the
   // Megatron-style stack computes it like its gather attention) in forward, the index scores'
-  // backward in backward. Replay saves the target, so recomputation does not pay it again.
+  // backward in backward. Replay saves the target, so recomputation does not pay it again. A
+  // recomputed latent at G = 1 forms the target inside its backward instead (latent_mass_tflops).
   double loss_fwd = 0, loss_bwd = 0;
   if (w.sparse) {
-    const double mass_rate = megatron ? prof.gather_fwd_tflops : prof.indexer_mass_tflops;
-    loss_fwd = IndexerMassFlops(H, dqk, k * n) / (mass_rate * kTera);
-    loss_bwd = IndexScoreBackwardFlops(hi, di, k * n) / (prof.index_score_bwd_tflops * kTera);
+    const double mass = IndexerMassFlops(H, dqk, k * n);
+    const bool target_in_backward = !megatron && w.latent_kv && c.group == 1 &&
+                                    c.recompute != Recompute::kNone && prof.latent_mass_tflops > 0;
+    if (target_in_backward) {
+      loss_bwd = mass / (prof.latent_mass_tflops * kTera);
+    } else {
+      loss_fwd = mass / ((megatron ? prof.gather_fwd_tflops : prof.indexer_mass_tflops) * kTera);
+    }
+    loss_bwd += IndexScoreBackwardFlops(hi, di, k * n) / (prof.index_score_bwd_tflops * kTera);
   }
 
   // Kernel calls: one per run of consecutive positions, per kernel (selection and attention in

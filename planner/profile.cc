@@ -59,7 +59,8 @@ DeviceProfile H200() {
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
-  p.index_score_bwd_tflops = 7.5;
+  p.index_score_bwd_tflops = 101;
+  p.latent_mass_tflops = 1079;
   p.kernel_launch_s = 5e-6;
   p.topk_scratch_bytes = 1 * kGiB;
   p.devices_per_node = 8;
@@ -109,8 +110,11 @@ DeviceProfile H200() {
       "measured: selected_attention_mass in the layer step, 585 ms for 128K queries on H200 "
       "(bench/cp_layer_bench.py, docs/performance.md section 12)";
   p.sources["index_score_bwd_tflops"] =
-      "measured: the layer step's backward less sparse_attn's, ~1.14 s for 128K queries on H200 "
-      "(docs/performance.md section 12)";
+      "measured: index_score_backward on tensor cores, 87.1 ms for 128K queries, k = 2048, on "
+      "H200 (bench/indexer_loss_bench.py, docs/performance.md section 13, 2026-12-05)";
+  p.sources["latent_mass_tflops"] =
+      "measured: the target adds 36.7 ms to the latent backward's 668.3 ms at 128K, H = 128, on "
+      "H200 (bench/indexer_loss_bench.py, docs/performance.md section 13, 2026-12-05)";
   p.sources["intra_node_gbps"] = "published: NVLink 4, 900 GB/s both directions";
   return p;
 }
@@ -126,9 +130,10 @@ DeviceProfile H800() {
   p.sources["flash_topk_fp8_tflops"] = "assumption: the H200's measured 695";
   p.sources["table_topk_tflops"] = "assumption: the H200's measured 304";
   p.sources["naive_topk_tflops"] = "assumption: the H200's measured 27.5";
-  for (const char* key : {"sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
-                          "latent_fwd_tflops", "latent_bwd_tflops", "gather_fwd_tflops",
-                          "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
+  for (const char* key :
+       {"sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "latent_fwd_tflops",
+        "latent_bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops", "indexer_mass_tflops",
+        "index_score_bwd_tflops", "latent_mass_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
@@ -145,10 +150,10 @@ DeviceProfile H20() {
   p.hbm_gbps = 3300;
   SetSparse(&p, 210 * kCompute, 91 * kCompute, 127 * kCompute, 72 * kCompute);
   // The H200's measured rates, scaled (fp8 peaks keep the bf16 ratio, 296 / 1979).
-  for (double* rate :
-       {&p.dense_tflops, &p.flash_topk_tflops, &p.flash_topk_fp8_tflops, &p.table_topk_tflops,
-        &p.naive_topk_tflops, &p.latent_fwd_tflops, &p.latent_bwd_tflops, &p.gather_fwd_tflops,
-        &p.gather_bwd_tflops, &p.indexer_mass_tflops, &p.index_score_bwd_tflops}) {
+  for (double* rate : {&p.dense_tflops, &p.flash_topk_tflops, &p.flash_topk_fp8_tflops,
+                       &p.table_topk_tflops, &p.naive_topk_tflops, &p.latent_fwd_tflops,
+                       &p.latent_bwd_tflops, &p.gather_fwd_tflops, &p.gather_bwd_tflops,
+                       &p.indexer_mass_tflops, &p.index_score_bwd_tflops, &p.latent_mass_tflops}) {
     *rate *= kCompute;
   }
   const std::string scaled = "assumption: the H200 figure x 148/989 (published dense bf16 peaks)";
@@ -156,7 +161,7 @@ DeviceProfile H20() {
        {"dense_tflops", "flash_topk_tflops", "flash_topk_fp8_tflops", "table_topk_tflops",
         "naive_topk_tflops", "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
         "latent_fwd_tflops", "latent_bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
-        "indexer_mass_tflops", "index_score_bwd_tflops"}) {
+        "indexer_mass_tflops", "index_score_bwd_tflops", "latent_mass_tflops"}) {
     p.sources[key] = scaled;
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.0 TB/s";
@@ -198,6 +203,8 @@ DeviceProfile Cpu() {
   p.sources["sparse_attention.dedup"] = "assumption: as on the GPUs";
   p.sources["latent_fwd_tflops"] = "none: the CPU kernels take latents at the G = 1 rates";
   p.sources["latent_bwd_tflops"] = "none: the CPU kernels take latents at the G = 1 rates";
+  p.sources["latent_mass_tflops"] =
+      "none: the CPU backward's target is selected_attention_mass after it";
   p.sources["memory_bytes"] = "assumption: 64 GiB of host memory per rank";
   p.sources["hbm_gbps"] = "assumption: 20 GB/s of DRAM bandwidth per rank";
   p.sources["kernel_launch_s"] = "assumption: 1 us per call";
@@ -304,6 +311,7 @@ absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profi
               {"index_score_bwd_tflops", &p.index_score_bwd_tflops},
               {"latent_fwd_tflops", &p.latent_fwd_tflops},
               {"latent_bwd_tflops", &p.latent_bwd_tflops},
+              {"latent_mass_tflops", &p.latent_mass_tflops},
               {"kernel_launch_s", &p.kernel_launch_s}},
              "", source, profile);
   for (const auto& row : calibration->sparse_attention()) {

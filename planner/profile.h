@@ -48,9 +48,12 @@ struct DeviceProfile {
   double gather_bwd_tflops = 0;
   // The sparse stage's indexer loss: its target, the attention mass at the k selected keys
   // (2 H d_qk k FLOPs a query), and the backward of the index scores into q_I and k_I
-  // (4 H_I d_I k FLOPs a query; CUDA cores, atomics on the shared keys).
+  // (4 H_I d_I k FLOPs a query; tensor cores, reductions into the shared keys).
   double indexer_mass_tflops = 0;
   double index_score_bwd_tflops = 0;
+  // The same target formed inside the latent backward (a latent at G = 1, with recomputation):
+  // its FLOPs as above over the time it adds to that backward.
+  double latent_mass_tflops = 0;
   double kernel_launch_s = 0;       // fixed cost of one kernel call (round-robin pays it per token)
   double topk_scratch_bytes = 0;    // FlashTopK scratch besides its O(n k) candidates
   int devices_per_node = 1;         // devices joined by the fast link

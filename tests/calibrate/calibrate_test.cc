@@ -54,7 +54,8 @@ class CalibrateTest : public ::testing::Test {
 constexpr const char* kFigures[] = {
     "dense_tflops",      "hbm_gbps",          "flash_topk_tflops",      "flash_topk_fp8_tflops",
     "table_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",      "indexer_mass_tflops",
-    "latent_fwd_tflops", "latent_bwd_tflops", "index_score_bwd_tflops", "kernel_launch_s"};
+    "latent_fwd_tflops", "latent_bwd_tflops", "index_score_bwd_tflops", "kernel_launch_s",
+    "latent_mass_tflops"};
 
 double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "dense_tflops") return p.dense_tflops;
@@ -68,6 +69,7 @@ double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "index_score_bwd_tflops") return p.index_score_bwd_tflops;
   if (name == "latent_fwd_tflops") return p.latent_fwd_tflops;
   if (name == "latent_bwd_tflops") return p.latent_bwd_tflops;
+  if (name == "latent_mass_tflops") return p.latent_mass_tflops;
   return p.kernel_launch_s;
 }
 

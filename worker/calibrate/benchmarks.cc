@@ -203,7 +203,7 @@ SparseAttentionMeasurement Benchmarks::SparseAttention(int group) const {
   return m;
 }
 
-SparseAttentionMeasurement Benchmarks::Latent() const {
+LatentMeasurement Benchmarks::Latent() const {
   const AttentionInputs in = MakeAttentionInputs(shapes_, shapes_.seq_len, Options(dtype_));
   const double scale = 1 / std::sqrt(static_cast<double>(shapes_.dim_qk));
   const int64_t dim_v = shapes_.dim_v;
@@ -213,13 +213,21 @@ SparseAttentionMeasurement Benchmarks::Latent() const {
   const ops::Attention attention = forward();
   const double valid = static_cast<double>(indices_.ge(0).sum().item<int64_t>());
   const double flops = AttentionFlops(shapes_.heads, shapes_.dim_qk, dim_v, valid);
-  SparseAttentionMeasurement m;
+  LatentMeasurement m;
   m.fwd = {timer_.Median([&] { forward(); }), flops};
   m.bwd = {timer_.Median([&] {
              ops::sparse_attn_latent_backward(in.grad_out, in.q, in.key, indices_, scale, dim_v,
                                               attention.out, attention.lse);
            }),
            kBackwardFlops * flops};
+  const double with_target = timer_.Median([&] {
+    ops::sparse_attn_latent_backward_target(in.grad_out, in.q, in.key, indices_, scale, dim_v,
+                                            attention.out, attention.lse);
+  });
+  // The difference of two medians: floored so that noise cannot make it zero or negative.
+  m.target = {
+      std::max(with_target - m.bwd.seconds, 1e-3 * m.bwd.seconds),
+      IndexerMassFlops(shapes_.heads, shapes_.dim_qk, static_cast<double>(indices_.numel()))};
   return m;
 }
 

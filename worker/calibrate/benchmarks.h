@@ -25,6 +25,11 @@ struct SparseAttentionMeasurement {
   Measurement fwd, bwd;
 };
 
+// The latent's, and what its backward adds when it also forms the indexer's target.
+struct LatentMeasurement : SparseAttentionMeasurement {
+  Measurement target;
+};
+
 struct GatherMeasurement {
   Measurement fwd, bwd;
 };
@@ -57,7 +62,9 @@ class Benchmarks {
   // hyscale::sparse_attn_latent (the values are the keys' first d_v columns, d_v <= d_qk) at
   // G = 1 on the same selections: on CUDA its own kernels (the warp-specialized forward and the
   // one-kernel backward), which the planner prices for model.latent_kv. FLOPs as SparseAttention's.
-  SparseAttentionMeasurement Latent() const;
+  // The target: the backward with the indexer's target (sparse_attn_latent_backward_target) less
+  // the backward, 2 H d_qk FLOPs per slot (every one of the N k, as IndexerLoss counts).
+  LatentMeasurement Latent() const;
   // Gather the selected keys, matmul-softmax-matmul; backward by autograd (fwd+bwd minus fwd).
   // Useful FLOPs on the valid pairs, backward x kBackwardFlops.
   GatherMeasurement Gather() const;

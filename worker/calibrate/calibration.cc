@@ -63,8 +63,10 @@ v1::Calibration ToProto(const Calibration& c) {
   if (c.latent) {
     doc.set_latent_fwd_tflops(c.latent->fwd.Rate() / kTera);
     doc.set_latent_bwd_tflops(c.latent->bwd.Rate() / kTera);
+    doc.set_latent_mass_tflops(c.latent->target.Rate() / kTera);
     *timings.mutable_latent_fwd() = Flops(c.latent->fwd);
     *timings.mutable_latent_bwd() = Flops(c.latent->bwd);
+    *timings.mutable_latent_mass() = Flops(c.latent->target);
   }
   *doc.mutable_shapes() = ToProto(s);
   *timings.mutable_dense() = Flops(c.dense);

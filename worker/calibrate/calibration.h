@@ -22,7 +22,7 @@ struct Calibration {
   Shapes shapes;
   Measurement dense, copy, flash_topk, flash_topk_fp8, table_topk;
   std::vector<SparseAttentionMeasurement> sparse_attention;
-  std::optional<SparseAttentionMeasurement> latent;  // measured when d_v <= d_qk
+  std::optional<LatentMeasurement> latent;  // measured when d_v <= d_qk
   GatherMeasurement gather;
   IndexerLossMeasurement indexer_loss;
   double kernel_launch_s = 0;

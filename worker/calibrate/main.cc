@@ -135,6 +135,8 @@ int Run(const Flags& flags) {
       c.latent = bench.Latent();
       Report("latent_fwd_tflops", c.latent->fwd.Rate() / 1e12, "TFLOP/s", c.latent->fwd.seconds);
       Report("latent_bwd_tflops", c.latent->bwd.Rate() / 1e12, "TFLOP/s", c.latent->bwd.seconds);
+      Report("latent_mass_tflops", c.latent->target.Rate() / 1e12, "TFLOP/s",
+             c.latent->target.seconds);
     }
     c.gather = bench.Gather();
     Report("gather_fwd_tflops", c.gather.fwd.Rate() / 1e12, "TFLOP/s", c.gather.fwd.seconds);
