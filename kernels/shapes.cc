@@ -30,6 +30,12 @@ void IndexerShape::validate() const {
           visibility.tokens_per_key);
 }
 
+void DenseIndexerShape::validate() const {
+  indexer.validate();
+  require(heads > 0, "DenseIndexerShape", "heads", "> 0", heads);
+  require(dim_qk > 0, "DenseIndexerShape", "dim_qk", "> 0", dim_qk);
+}
+
 void SparseAttnShape::validate() const {
   require(num_queries >= 0, "SparseAttnShape", "num_queries", ">= 0", num_queries);
   require(num_keys >= 0, "SparseAttnShape", "num_keys", ">= 0", num_keys);

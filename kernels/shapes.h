@@ -20,6 +20,9 @@ struct KeyVisibility {
     const int64_t v = (t + 1) / tokens_per_key;
     return v < 0 ? 0 : (v < num_keys ? v : num_keys);
   }
+
+  // The first global position that sees key s.
+  int64_t first_position(int64_t s) const { return s * tokens_per_key + tokens_per_key - 1; }
 };
 
 // Lightning-indexer problem: q [N, H_I, d_I], k [M, d_I], w [N, H_I].
@@ -37,6 +40,17 @@ struct IndexerShape {
   int64_t visible_keys(int64_t row) const {
     return visibility.visible_keys(position(row), num_keys);
   }
+  void validate() const;
+};
+
+// The dense indexer loss (the warm-up stage): the frozen main attention's q [N, H, d_qk] and
+// key [M, d_qk] against every visible key, and the lightning indexer on the same queries and keys.
+// indexer gives N, M, the visibility and q_offset to both.
+struct DenseIndexerShape {
+  IndexerShape indexer;
+  int64_t heads = 0;  // H
+  int64_t dim_qk = 0;
+
   void validate() const;
 };
 

@@ -35,16 +35,22 @@ void check_floating(const char* op, const char* name, const at::Tensor& t, const
               " but the first argument is on ", ref.device());
 }
 
-}  // namespace
+// The indexer's tensors under the names an op gives them; q's layout is the batch layout.
+struct IndexerNames {
+  const char* q;
+  const char* k;
+  const char* w;
+};
 
-IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& w, int64_t q_offset, int64_t tokens_per_key) {
+IndexerArgs indexer_args(const char* op, const IndexerNames& names, const at::Tensor& q,
+                         const at::Tensor& k, const at::Tensor& w, int64_t q_offset,
+                         int64_t tokens_per_key) {
   IndexerArgs a;
-  a.batching = batching_of(op, "q", q, 3);
-  check_same_batching(op, "k", k, 2, a.batching);
-  check_same_batching(op, "w", w, 2, a.batching);
+  a.batching = batching_of(op, names.q, q, 3);
+  check_same_batching(op, names.k, k, 2, a.batching);
+  check_same_batching(op, names.w, w, 2, a.batching);
   for (const auto& [name, t] :
-       {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"w", w}}) {
+       {std::pair<const char*, const at::Tensor&>{names.q, q}, {names.k, k}, {names.w, w}}) {
     check_floating(op, name, t, q);
   }
   a.shape.num_queries = seq_dim(q, a.batching, 0);
@@ -53,14 +59,49 @@ IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor&
   a.shape.num_keys = seq_dim(k, a.batching, 0);
   a.shape.q_offset = q_offset;
   a.shape.visibility.tokens_per_key = tokens_per_key;
-  TORCH_CHECK(seq_dim(k, a.batching, 1) == a.shape.dim, op,
-              ": k must be [M, d_I] with d_I = ", a.shape.dim, " (from q), got shape ", k.sizes());
+  TORCH_CHECK(seq_dim(k, a.batching, 1) == a.shape.dim, op, ": ", names.k,
+              " must be [M, d_I] with d_I = ", a.shape.dim, " (from ", names.q, "), got shape ",
+              k.sizes());
   TORCH_CHECK(seq_dim(w, a.batching, 0) == a.shape.num_queries &&
                   seq_dim(w, a.batching, 1) == a.shape.heads,
-              op, ": w must be [N, H_I] = [", a.shape.num_queries, ", ", a.shape.heads,
-              "] (from q), got shape ", w.sizes());
+              op, ": ", names.w, " must be [N, H_I] = [", a.shape.num_queries, ", ", a.shape.heads,
+              "] (from ", names.q, "), got shape ", w.sizes());
   TORCH_CHECK(q_offset >= 0, op, ": q_offset must be >= 0, got ", q_offset);
   TORCH_CHECK(tokens_per_key >= 1, op, ": tokens_per_key must be >= 1, got ", tokens_per_key);
+  return a;
+}
+
+}  // namespace
+
+IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& w, int64_t q_offset, int64_t tokens_per_key) {
+  return indexer_args(op, {"q", "k", "w"}, q, k, w, q_offset, tokens_per_key);
+}
+
+DenseIndexerArgs check_dense_indexer_kl(const char* op, const at::Tensor& q, const at::Tensor& key,
+                                        const at::Tensor& q_I, const at::Tensor& k_I,
+                                        const at::Tensor& w, int64_t q_offset,
+                                        int64_t tokens_per_key) {
+  DenseIndexerArgs a;
+  a.batching = batching_of(op, "q", q, 3);
+  check_same_batching(op, "key", key, 2, a.batching);
+  check_same_batching(op, "q_I", q_I, 3, a.batching);
+  check_floating(op, "q", q, q);
+  check_floating(op, "key", key, q);
+  check_floating(op, "q_I", q_I, q);
+  a.shape.indexer =
+      indexer_args(op, {"q_I", "k_I", "w"}, q_I, k_I, w, q_offset, tokens_per_key).shape;
+  a.shape.heads = seq_dim(q, a.batching, 1);
+  a.shape.dim_qk = seq_dim(q, a.batching, 2);
+  TORCH_CHECK(seq_dim(key, a.batching, 1) == a.shape.dim_qk, op,
+              ": key must be [M, d_qk] with d_qk = ", a.shape.dim_qk, " (from q), got shape ",
+              key.sizes());
+  TORCH_CHECK(seq_dim(q, a.batching, 0) == a.shape.indexer.num_queries, op,
+              ": q_I must have one row per query of q (", seq_dim(q, a.batching, 0),
+              "), got shape ", q_I.sizes());
+  TORCH_CHECK(seq_dim(key, a.batching, 0) == a.shape.indexer.num_keys, op,
+              ": k_I must have one row per key of key (", seq_dim(key, a.batching, 0),
+              "), got shape ", k_I.sizes());
   return a;
 }
 

@@ -32,6 +32,18 @@ struct SparseAttnArgs {
 IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& w, int64_t q_offset, int64_t tokens_per_key);
 
+struct DenseIndexerArgs {
+  DenseIndexerShape shape;
+  Batching batching;
+};
+
+// dense_indexer_kl's arguments: the main attention's q [B?, N, H, d_qk] and key [B?, M, d_qk], the
+// indexer's q_I, k_I, w as check_indexer takes them, on the same queries and keys.
+DenseIndexerArgs check_dense_indexer_kl(const char* op, const at::Tensor& q, const at::Tensor& key,
+                                        const at::Tensor& q_I, const at::Tensor& k_I,
+                                        const at::Tensor& w, int64_t q_offset,
+                                        int64_t tokens_per_key);
+
 struct IndexerBackwardArgs {
   IndexerArgs indexer;
   int64_t topk = 0;

@@ -7,6 +7,7 @@
 #include <array>
 #include <tuple>
 
+#include "kernels/dense_indexer_kl.h"
 #include "kernels/flash_topk.h"
 #include "kernels/fp8.h"
 #include "kernels/index_score.h"
@@ -303,6 +304,45 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
   return grad_score.to(score.scalar_type());
 }
 
+// The kernels' three steps per sequence; the log-sum-exps stay inside ([B, N, H] and [B, N]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
+    const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I, const at::Tensor& k_I,
+    const at::Tensor& w, double scale, int64_t q_offset, int64_t tokens_per_key) {
+  const DenseIndexerArgs a = check_dense_indexer_kl("hyscale::dense_indexer_kl", q, key, q_I, k_I,
+                                                    w, q_offset, tokens_per_key);
+  const DenseIndexerShape& s = a.shape;
+  const int64_t n = s.indexer.num_queries;
+  const auto dtype = cpu_compute_dtype(q);
+  const SeqView vq(q, a.batching, dtype), vkey(key, a.batching, dtype);
+  const SeqView viq(q_I, a.batching, dtype), vik(k_I, a.batching, dtype), viw(w, a.batching, dtype);
+  const Batching batched{a.batching.batch, true};
+  const auto options = q.options().dtype(dtype);
+  const SeqView lse(at::empty(batched_sizes(a.batching, {n, s.heads}), options), batched, dtype);
+  const SeqView index_lse(at::empty(batched_sizes(a.batching, {n}), options), batched, dtype);
+  const SeqView loss(at::empty(batched_sizes(a.batching, {n}), options), batched, dtype);
+  const SeqView gq(at::empty_like(viq.tensor()), batched, dtype);
+  const SeqView gk(at::empty_like(vik.tensor()), batched, dtype);
+  const SeqView gw(at::empty_like(viw.tensor()), batched, dtype);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "dense_indexer_kl", [&] {
+    const auto scale_t = static_cast<scalar_t>(scale);
+    for (int64_t b = 0; b < a.batching.batch; ++b) {
+      dense_attention_lse_cpu<scalar_t>(s, vq.at<scalar_t>(b), vkey.at<scalar_t>(b), scale_t,
+                                        lse.at<scalar_t>(b), cpu_context());
+      dense_index_lse_cpu<scalar_t>(s.indexer, viq.at<scalar_t>(b), vik.at<scalar_t>(b),
+                                    viw.at<scalar_t>(b), index_lse.at<scalar_t>(b), cpu_context());
+      dense_indexer_kl_cpu<scalar_t>(s, vq.at<scalar_t>(b), vkey.at<scalar_t>(b), scale_t,
+                                     lse.at<scalar_t>(b), viq.at<scalar_t>(b), vik.at<scalar_t>(b),
+                                     viw.at<scalar_t>(b), index_lse.at<scalar_t>(b),
+                                     loss.at<scalar_t>(b), gq.at<scalar_t>(b), gk.at<scalar_t>(b),
+                                     gw.at<scalar_t>(b), cpu_context());
+    }
+  });
+  return {unbatch(loss.tensor(), a.batching),
+          unbatch(gq.tensor(), a.batching).to(q_I.scalar_type()),
+          unbatch(gk.tensor(), a.batching).to(k_I.scalar_type()),
+          unbatch(gw.tensor(), a.batching).to(w.scalar_type())};
+}
+
 }  // namespace
 }  // namespace hyscale::torch_ops
 
@@ -320,4 +360,5 @@ TORCH_LIBRARY_IMPL(hyscale, CPU, m) {
   m.impl("sparse_attn_latent_backward_target", &sparse_attn_latent_backward_target);
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);
+  m.impl("dense_indexer_kl", &dense_indexer_kl);
 }

@@ -70,6 +70,16 @@ at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
   return handle.call(score, target);
 }
 
+DenseIndexerLoss dense_indexer_kl(const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I,
+                                  const at::Tensor& k_I, const at::Tensor& w, double scale,
+                                  int64_t q_offset, int64_t tokens_per_key) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      double, int64_t, int64_t)>("hyscale::dense_indexer_kl");
+  auto [loss, gq, gk, gw] = handle.call(q, key, q_I, k_I, w, scale, q_offset, tokens_per_key);
+  return {loss, gq, gk, gw};
+}
+
 IndexScoreGrads index_score_backward(const at::Tensor& grad_scores, const at::Tensor& q,
                                      const at::Tensor& k, const at::Tensor& w,
                                      const at::Tensor& indices, int64_t q_offset,

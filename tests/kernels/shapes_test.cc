@@ -78,6 +78,17 @@ TEST(ShapesTest, SparseAttnShapeNamesTheBadField) {
   }
 }
 
+TEST(ShapesTest, DenseIndexerShapeNamesTheBadField) {
+  DenseIndexerShape s{valid_indexer_shape(), 3, 7};
+  EXPECT_NO_THROW(s.validate());
+  s.indexer.dim = 0;
+  expect_rejected([&] { s.validate(); }, "IndexerShape.dim must be > 0 (got 0)");
+  s = {valid_indexer_shape(), 0, 7};
+  expect_rejected([&] { s.validate(); }, "DenseIndexerShape.heads must be > 0 (got 0)");
+  s = {valid_indexer_shape(), 3, -1};
+  expect_rejected([&] { s.validate(); }, "DenseIndexerShape.dim_qk must be > 0 (got -1)");
+}
+
 TEST(ShapesTest, KeyIsVisibleOnceItsLastTokenIs) {
   const KeyVisibility one{1}, four{4};
   EXPECT_EQ(one.visible_keys(0, 10), 1);
@@ -87,6 +98,12 @@ TEST(ShapesTest, KeyIsVisibleOnceItsLastTokenIs) {
   EXPECT_EQ(four.visible_keys(3, 10), 1);
   EXPECT_EQ(four.visible_keys(6, 10), 1);
   EXPECT_EQ(four.visible_keys(7, 10), 2);
+  for (const KeyVisibility& v : {one, four}) {  // the first position that sees key s
+    for (int64_t s = 0; s < 5; ++s) {
+      EXPECT_EQ(v.visible_keys(v.first_position(s) - 1, 10), s);
+      EXPECT_EQ(v.visible_keys(v.first_position(s), 10), s + 1);
+    }
+  }
   IndexerShape shard = valid_indexer_shape();
   shard.q_offset = 5;
   shard.visibility.tokens_per_key = 2;
