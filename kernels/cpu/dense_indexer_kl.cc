@@ -104,19 +104,12 @@ void dense_attention_lse_cpu(const DenseIndexerShape& shape, const T* q, const T
     cpu::RowTile<T> keys(shape.dim_qk);
     std::vector<T> logits(heads * kTile);
     std::vector<OnlineLse<T>> sums((hi - lo) * heads);
-    // Later rows see at least as many keys: the chunk's last row bounds the keys to load.
-    const int64_t chunk_visible = s.visible_keys(hi - 1);
-    for (int64_t first = 0; first < chunk_visible; first += kTile) {
-      keys.load_range(key, first, std::min(kTile, chunk_visible - first));
-      for (int64_t row = lo; row < hi; ++row) {
-        const int64_t count = std::min(kTile, s.visible_keys(row) - first);
-        if (count <= 0) continue;
-        attention_logits(q + row * heads * shape.dim_qk, heads, scale, keys, logits.data());
-        for (int64_t h = 0; h < heads; ++h) {
-          sums[(row - lo) * heads + h].add(logits.data() + h * kTile, count);
-        }
+    cpu::for_each_visible_tile(s, lo, hi, key, keys, [&](int64_t row, int64_t, int64_t count) {
+      attention_logits(q + row * heads * shape.dim_qk, heads, scale, keys, logits.data());
+      for (int64_t h = 0; h < heads; ++h) {
+        sums[(row - lo) * heads + h].add(logits.data() + h * kTile, count);
       }
-    }
+    });
     for (int64_t i = 0; i < (hi - lo) * heads; ++i) lse[lo * heads + i] = sums[i].value();
   });
 }
@@ -130,17 +123,11 @@ void dense_index_lse_cpu(const IndexerShape& s, const T* index_q, const T* index
     cpu::RowTile<T> keys(s.dim);
     T scores[kTile];
     std::vector<OnlineLse<T>> sums(hi - lo);
-    const int64_t chunk_visible = s.visible_keys(hi - 1);
-    for (int64_t first = 0; first < chunk_visible; first += kTile) {
-      keys.load_range(index_k, first, std::min(kTile, chunk_visible - first));
-      for (int64_t row = lo; row < hi; ++row) {
-        const int64_t count = std::min(kTile, s.visible_keys(row) - first);
-        if (count <= 0) continue;
-        cpu::index_scores(index_q + row * s.heads * s.dim, index_w + row * s.heads, keys, s.heads,
-                          scores);
-        sums[row - lo].add(scores, count);
-      }
-    }
+    cpu::for_each_visible_tile(s, lo, hi, index_k, keys, [&](int64_t row, int64_t, int64_t count) {
+      cpu::index_scores(index_q + row * s.heads * s.dim, index_w + row * s.heads, keys, s.heads,
+                        scores);
+      sums[row - lo].add(scores, count);
+    });
     for (int64_t row = lo; row < hi; ++row) index_lse[row] = sums[row - lo].value();
   });
 }

@@ -95,19 +95,13 @@ void flash_topk_cpu(const IndexerShape& shape, const T* q, const T* k, const T* 
     for (int64_t row = lo; row < hi; ++row) top.emplace_back(topk);
     cpu::RowTile<T> keys(dim);
     T tile_scores[kTile];
-    // Later rows see at least as many keys: the chunk's last row bounds the keys to load.
-    const int64_t chunk_visible = shape.visible_keys(hi - 1);
-    for (int64_t first = 0; first < chunk_visible; first += kTile) {
-      keys.load_range(k, first, std::min(kTile, chunk_visible - first));
-      for (int64_t row = lo; row < hi; ++row) {
-        const int64_t count = std::min(kTile, shape.visible_keys(row) - first);
-        if (count <= 0) continue;
-        cpu::index_scores(q + row * heads * dim, w + row * heads, keys, heads, tile_scores);
-        for (int64_t lane = 0; lane < count; ++lane) {
-          top[row - lo].offer(tile_scores[lane], static_cast<int32_t>(first + lane));
-        }
-      }
-    }
+    cpu::for_each_visible_tile(
+        shape, lo, hi, k, keys, [&](int64_t row, int64_t first, int64_t count) {
+          cpu::index_scores(q + row * heads * dim, w + row * heads, keys, heads, tile_scores);
+          for (int64_t lane = 0; lane < count; ++lane) {
+            top[row - lo].offer(tile_scores[lane], static_cast<int32_t>(first + lane));
+          }
+        });
     for (int64_t row = lo; row < hi; ++row) {
       top[row - lo].write(indices + row * topk, scores + row * topk);
     }

@@ -7,6 +7,7 @@
 // what makes flash_topk's scores and index_score_gather's recomputed scores bit-identical.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -59,6 +60,23 @@ class RowTile {
   int64_t dim_;
   std::vector<T> data_;  // [dim, kWidth]
 };
+
+// The causal walk of rows [lo, hi) over their visible keys (shape.visible_keys(row), growing
+// with the row): each tile of `matrix`'s rows is loaded into `keys` once for all the rows, then
+// row_fn(row, first, count) runs for each row that sees count > 0 of its keys from `first`.
+template <typename T, class Shape, class RowFn>
+void for_each_visible_tile(const Shape& shape, int64_t lo, int64_t hi, const T* matrix,
+                           RowTile<T>& keys, RowFn&& row_fn) {
+  constexpr int64_t kTile = RowTile<T>::kWidth;
+  const int64_t chunk_visible = shape.visible_keys(hi - 1);
+  for (int64_t first = 0; first < chunk_visible; first += kTile) {
+    keys.load_range(matrix, first, std::min(kTile, chunk_visible - first));
+    for (int64_t row = lo; row < hi; ++row) {
+      const int64_t count = std::min(kTile, shape.visible_keys(row) - first);
+      if (count > 0) row_fn(row, first, count);
+    }
+  }
+}
 
 // y += alpha * x
 template <typename T>
