@@ -428,6 +428,70 @@ DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
   return a;
 }
 
+DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
+    const QuerySide& queries, const KeySide& keys, const Chunk& chunk,
+    const ForwardOptions& options, double mean_grad, const torch::Tensor& index_k_grad) {
+  const auto key = keys.key.narrow(1, 0, chunk.keys);
+  const auto index_k = keys.index_k.narrow(1, 0, chunk.keys).detach();
+  const auto& index = queries.index;
+  const int64_t batch = queries.q.size(0);
+  // The kernels place queries by one q_offset: a non-contiguous chunk goes run by run.
+  std::vector<torch::Tensor> out, grad_q, grad_w;
+  torch::Tensor loss_sum;
+  const double row_grad = mean_grad / static_cast<double>(batch * chunk.length);
+  torch::NoGradGuard no_grad;
+  for (const auto& run : chunk.runs) {
+    const auto rows = [&run](const torch::Tensor& t) {
+      return t.narrow(1, run.begin, run.length).detach();
+    };
+    {
+      // The output by the sparse kernels over each row's whole causal prefix: [rows, keys]
+      // indices, -1 past a row's position (skipped, not computed), instead of [H, rows, keys]
+      // probability tables.
+      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTENTION);
+      const auto positions =
+          torch::arange(run.offset, run.offset + run.length, key.options().dtype(torch::kInt));
+      auto every_key = torch::arange(chunk.keys, positions.options()).expand({run.length, -1});
+      every_key = every_key.masked_fill(every_key > positions.unsqueeze(1), -1)
+                      .expand({batch, run.length, chunk.keys});
+      out.push_back(
+          config_.latent_kv
+              ? ops::sparse_attn_latent(rows(queries.q), key, every_key, scale_, config_.head_dim_v)
+                    .out
+              : ops::sparse_attn(rows(queries.q), key, keys.value.narrow(1, 0, chunk.keys),
+                                 every_key, scale_)
+                    .out);
+    }
+    {
+      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_INDEXER_LOSS);
+      const auto kl = ops::dense_indexer_kl(rows(queries.q), key, rows(index.q), index_k,
+                                            rows(index.w), scale_, run.offset);
+      loss_sum = loss_sum.defined() ? loss_sum + kl.loss.sum() : kl.loss.sum();
+      grad_q.push_back(kl.grad_q * row_grad);
+      grad_w.push_back(kl.grad_w * row_grad);
+      index_k_grad.narrow(1, 0, chunk.keys)
+          .add_(kl.grad_k.to(index_k_grad.scalar_type()), row_grad);
+    }
+  }
+  const auto join = [](const std::vector<torch::Tensor>& parts) {
+    return parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
+  };
+  {
+    // Timed as the backward of the phases that made the indexer's queries.
+    PhaseClock::PassGuard pass(*options.clock, v1::STEP_PASS_BWD);
+    PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_INDEXER_LOSS);
+    PhaseClock::BackwardAttribution attribution(*options.clock);
+    Gradients backward;
+    backward.add(index.q, join(grad_q));
+    backward.add(index.w, join(grad_w));
+    backward.run();
+  }
+  Attention a;
+  a.out = join(out);
+  a.loss = loss_sum / static_cast<double>(batch * chunk.length);
+  return a;
+}
+
 DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
     const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
     const LightningIndexerImpl::Projections& index, const Chunk& chunk,
@@ -720,6 +784,9 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
   KeySide keys;
   torch::Tensor index_k_grad, loss;
   RowAssembler out_x(x.size(1), parts.size());  // filled without a graph: in place
+  // Dense: the loss over every visible key without [N, M] tables where a kernel runs it.
+  const bool flash_loss = options.attention == AttentionMode::kDense && options.indexer_loss &&
+                          ops::dense_indexer_kl_runs_on(x.device());
   for (size_t i = 0; i < parts.size(); ++i) {
     const Chunk& c = parts[i];
     const auto x_c = x.narrow(1, c.begin, c.length);
@@ -737,13 +804,18 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
     KeySide seen{keys.key.narrow(1, 0, c.keys).detach(),
                  keys.value.defined() ? keys.value.narrow(1, 0, c.keys).detach() : keys.value,
                  as_leaf(keys.index_k.narrow(1, 0, c.keys))};
-    const Attention a = attend(queries, seen, c, options, torch::Tensor());
+    const double chunk_share = static_cast<double>(c.length) / rows;
+    const Attention a = flash_loss ? frozen_dense_attention(queries, keys, c, options,
+                                                            grad_scale * chunk_share, index_k_grad)
+                                   : attend(queries, seen, c, options, torch::Tensor());
     {
       torch::NoGradGuard no_grad;
       out_x.add(c.begin, residuals(x_c, a.out.detach(), options));
     }
     if (!a.loss.defined()) continue;
-    const auto share = a.loss * (static_cast<double>(c.length) / rows);
+    const auto share = a.loss * chunk_share;
+    loss = loss.defined() ? loss + share.detach() : share.detach();
+    if (flash_loss) continue;
     {
       // Timed as the backward of the phases that made the graph; the scope returns the clock to
       // the forward afterwards.
@@ -757,7 +829,6 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
     if (seen.index_k.grad().defined()) {
       index_k_grad.narrow(1, 0, c.keys).add_(seen.index_k.grad());
     }
-    loss = loss.defined() ? loss + share.detach() : share.detach();
   }
   {
     PhaseClock::PassGuard pass(clock, v1::STEP_PASS_BWD);

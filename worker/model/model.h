@@ -248,6 +248,13 @@ class DsaLayerImpl : public torch::nn::Module {
                             const torch::Tensor& value,
                             const LightningIndexerImpl::Projections& index,
                             const torch::Tensor& positions, const ForwardOptions& options);
+  // options.frozen_main, dense: the chunk's attention output without a graph and its indexer loss
+  // (the mean over its rows, a value) by ops::dense_indexer_kl, which holds no [N, M] table. The
+  // loss's gradients times `mean_grad` (the gradient of that mean) go into the indexer's query
+  // side here, by autograd, and into `index_k_grad` [B, >= keys, d_I] for its keys.
+  Attention frozen_dense_attention(const QuerySide& queries, const KeySide& keys,
+                                   const Chunk& chunk, const ForwardOptions& options,
+                                   double mean_grad, const torch::Tensor& index_k_grad);
   Attention sparse_attention(const torch::Tensor& q, const torch::Tensor& key,
                              const torch::Tensor& value,
                              const LightningIndexerImpl::Projections& index, const Chunk& chunk,
