@@ -18,10 +18,15 @@ constexpr double kGiga = 1e9;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
-// fp32 passes over a dense chunk's score tables (mask, softmax, head sum, ReLU, weighting, KL and
-// their gradients): an assumption until the warm-up is measured (bench/train_bench.py --stage
-// warmup).
-constexpr double kDenseTablePasses = 8;
+// The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc): fp32 passes
+// over its [H, rows, keys] logits (write, log-sum-exp, exponentials, head sum), a block of rows at
+// a time whose logits it keeps near kDenseLossBlockBytes. Assumptions until the warm-up is measured
+// (bench/train_bench.py --stage warmup).
+constexpr double kDenseLossPasses = 5;
+constexpr double kDenseLossBlockBytes = 1.0 * (1 << 30);
+// Bytes a frozen dense query row holds: its key list (int32 over the sequence) and the copies the
+// attention op makes of it.
+constexpr double kFrozenDenseRowKeyBytes = 3 * 4;
 
 // Sum of (t + 1) over the positions the busiest rank holds: the causal work of one layer.
 double BusiestCausalWork(CpLayout layout, double n_total, int p) {
@@ -294,13 +299,19 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   if (frozen) {
     // INDEXER_ONLY: the forward alone, the indexer's loss and its backward inside it; no
     // recomputation, no backward of the main model, only the indexer keys' gradient travels. A
-    // dense stage runs the trainer's table attention: its matmuls at the dense rate, then
-    // kDenseTablePasses fp32 passes over the [H + H_I, rows, keys] tables.
+    // dense stage (worker/model DsaLayer::frozen_dense_attention) takes its output from the sparse
+    // attention kernels over each row's causal prefix and its loss from dense_indexer_kl: the
+    // logits at the dense rate and kDenseLossPasses fp32 passes over them, the index scores at
+    // FlashTopK's rate and their backward at the index-score backward's.
     double attention = attn_fwd, indexer = selection + loss_fwd + loss_bwd;
     if (!w.sparse && !megatron) {
-      attention = 2 * H * (dqk + dv) * causal / dense_rate +
-                  causal * (H + hi) * 4 * kDenseTablePasses / hbm;
-      indexer = 3 * 2 * hi * di * causal / dense_rate;  // scores, their gradients to q_I and k_I
+      const double fwd_tflops = w.latent_kv && prof.latent_fwd_tflops > 0
+                                    ? prof.latent_fwd_tflops
+                                    : prof.sparse_attention.at(1).fwd_tflops;
+      attention = 2 * H * (dqk + dv) * causal / (fwd_tflops * kTera);
+      indexer = 2 * H * dqk * causal / dense_rate + causal * H * 4 * kDenseLossPasses / hbm +
+                SelectionFlops(hi, di, causal) / (prof.flash_topk_tflops * kTera) +
+                IndexScoreBackwardFlops(hi, di, causal) / (prof.index_score_bwd_tflops * kTera);
     }
     const double indexer_keys_back = RingSeconds(N * idx_elems * ab, p, prof);
     out.seconds = {{"dense", per_layer * dense_fwd + out.sequences * logits / 3},
@@ -343,8 +354,11 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     // and the kernel's fp32 one, and the output's gradient.
     row_backward = (2 * ab + f) * H * dqk + H * dv * ab;
   }
-  // A dense query row's score tables (autograd keeps about half of them).
-  const double dense_table_row = !w.sparse && !megatron ? DenseTableRowBytes(w) : 0;
+  // A dense query row's score tables (autograd keeps about half of them); frozen, its key lists.
+  const bool dense_hyscale = !w.sparse && !megatron;
+  const double dense_table_row = !dense_hyscale ? 0
+                                 : frozen       ? N * kFrozenDenseRowKeyBytes
+                                                : DenseTableRowBytes(w);
   // The final norm and output projection keep the last layer's output (fp32), and unless
   // recomputed (as the trainer does under recomputation) their normalized rows and bf16 cast.
   const double head = megatron ? 0 : (c.recompute == Recompute::kNone ? d * (2 * f + ab) : d * f);
@@ -370,6 +384,8 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     scratch = std::min(kTableChunkRows, n) * N * 4 + std::min(kGatherChunkRows, n) * k * row_bytes;
   } else if (w.sparse) {
     scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
+  } else if (dense_hyscale && frozen) {
+    scratch = 1.25 * kDenseLossBlockBytes;  // the loss's block of logits and index scores
   }
   // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
   // output's gradients whole (fp32).
@@ -405,9 +421,12 @@ Prediction PredictFitted(const Workload& work, const Candidate& candidate,
   int64_t largest = smallest;
   while (largest * 2 < local) largest *= 2;
   if (!work.sparse) {
-    // A dense chunk's tables grow with every row, its speed does not beyond a few: keep them
-    // within kDenseTableBytes.
-    const double table_row = DenseTableRowBytes(work) * static_cast<double>(work.batch);
+    // A dense chunk's tables (frozen: its key lists) grow with every row, its speed does not
+    // beyond a few: keep them within kDenseTableBytes.
+    const double row_bytes = work.indexer_only
+                                 ? static_cast<double>(work.seq_len) * kFrozenDenseRowKeyBytes
+                                 : DenseTableRowBytes(work);
+    const double table_row = row_bytes * static_cast<double>(work.batch);
     while (largest > smallest && static_cast<double>(largest) * table_row > kDenseTableBytes) {
       largest /= 2;
     }

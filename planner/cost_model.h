@@ -118,7 +118,8 @@ Prediction Predict(const Workload& work, const Candidate& candidate, const Devic
 // scores every key.
 inline constexpr int64_t kMinQueryChunk = 1024;
 inline constexpr int64_t kMinDenseQueryChunk = 16;
-// The score tables a dense query chunk may form: beyond a few rows a chunk is no faster.
+// What a dense query chunk may hold of rows that span the sequence (score tables; a frozen
+// model's key lists): beyond a few rows a chunk is no faster.
 inline constexpr double kDenseTableBytes = 4.0 * (1 << 30);
 
 // HyScale with a query_chunk of 0 and recomputation (or a frozen main model): the prediction at

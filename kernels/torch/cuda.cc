@@ -8,7 +8,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/flash_topk_cuda.h"
 #include "kernels/cuda/indexer_loss_cuda.h"
@@ -464,7 +466,104 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
   return grad_score.to(score.scalar_type());
 }
 
+// ---- The dense warm-up's indexer loss ----------------------------------------------------------
+
+// A row block's fp32 attention logits [rows, H, keys] are kept near this size: large enough for
+// long GEMMs, small enough that the loss's memory stays linear in N.
+constexpr int64_t kDenseBlockBytes = int64_t(1) << 30;
+
+// dense_indexer_kl (kernels/dense_indexer_kl.h) on the GPU, a block of query rows at a time over
+// the keys its last row sees: the attention logits q . key on tensor cores (bf16 in, fp32 out),
+// their log-sum-exp and the target; the indexer's scores by flash_topk's scoring
+// (index_score_table); the KL and its gradient with respect to the scores; then the indexer's
+// gradients by index_score_backward's wgmma kernel with the block's visible keys as its key list.
+// Memory is O(rows * H * keys) for a block, never [N, M].
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
+    const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I, const at::Tensor& k_I,
+    const at::Tensor& w, double scale, int64_t q_offset, int64_t tokens_per_key) {
+  const char* op = "hyscale::dense_indexer_kl";
+  const DenseIndexerArgs a =
+      check_dense_indexer_kl(op, q, key, q_I, k_I, w, q_offset, tokens_per_key);
+  const IndexerShape& shape = a.shape.indexer;
+  const Batching& b = a.batching;
+  const int64_t n = shape.num_queries, heads = a.shape.heads;
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  const c10::cuda::CUDAGuard guard(q.device());
+  const IndexerInputs in = indexer_inputs(op, IndexerArgs{shape, b}, q_I, k_I, w);
+  auto batched = [&](const at::Tensor& t) { return b.batched ? t : t.unsqueeze(0); };
+  const auto vq = batched(q).to(at::kBFloat16).contiguous();
+  const auto vkey = batched(key).to(at::kBFloat16).contiguous();
+  const auto f32 = vq.options().dtype(at::kFloat);
+  auto loss = at::zeros({b.batch, n}, f32);
+  auto grad_q = at::zeros(in.q.sizes(), f32);
+  auto grad_k = at::zeros(in.k.sizes(), f32);
+  auto grad_w = at::zeros(in.w.sizes(), f32);
+  const int64_t block_rows =
+      std::max<int64_t>(1, kDenseBlockBytes / (heads * std::max<int64_t>(1, shape.num_keys) * 4));
+  for (int64_t seq = 0; seq < b.batch; ++seq) {
+    for (int64_t first = 0; first < n; first += block_rows) {
+      const int64_t rows = std::min(block_rows, n - first);
+      const int64_t keys = shape.visible_keys(first + rows - 1);  // rows see prefixes
+      if (keys == 0) continue;                                   // loss 0, gradients 0
+      // Key s is visible to row r when s < visible_keys(r) (the indexer's visibility).
+      std::vector<int64_t> limits(rows);
+      for (int64_t r = 0; r < rows; ++r) limits[r] = shape.visible_keys(first + r);
+      const auto limit = at::tensor(limits, f32.dtype(at::kLong)).to(q.device());
+      const auto every_key = at::arange(keys, limit.options()).unsqueeze(0);
+      const auto hidden = every_key.ge(limit.unsqueeze(1));  // [rows, keys]
+
+      // The target: the frozen attention's probabilities summed over heads, divided by H.
+      auto logits = at::bmm(vq[seq].narrow(0, first, rows).reshape({1, rows * heads, -1}),
+                            vkey[seq].narrow(0, 0, keys).t().unsqueeze(0), at::kFloat)
+                        .view({rows, heads, keys});
+      logits.mul_(scale).masked_fill_(hidden.unsqueeze(1), -std::numeric_limits<double>::infinity());
+      auto lse = at::logsumexp(logits, -1, /*keepdim=*/true);
+      lse.masked_fill_(lse.isinf(), 0.0);  // a row without keys: exp(-inf) = 0 everywhere
+      const auto target = logits.sub_(lse).exp_().sum(1).div_(static_cast<double>(heads));
+      logits = at::Tensor();
+
+      // The indexer's log-probabilities over the same keys (-infinity where hidden).
+      auto scores = at::empty({rows, shape.num_keys}, f32);
+      cuda::index_score_table(shape, in.q[seq].data_ptr(), in.k[seq].data_ptr(),
+                              in.w[seq].data_ptr<float>(), first, rows, scores.data_ptr<float>(),
+                              current_stream());
+      auto log_q = scores.narrow(1, 0, keys);
+      auto index_lse = at::logsumexp(log_q, -1, /*keepdim=*/true);
+      index_lse.masked_fill_(index_lse.isinf(), 0.0);
+      log_q = log_q - index_lse;
+      loss[seq].narrow(0, first, rows)
+          .copy_((at::xlogy(target, target) - target * log_q.masked_fill(hidden, 0.0)).sum(-1));
+      // d loss / d score = softmax - target: 0 where hidden (both are).
+      const auto grad_scores = (log_q.exp() - target).contiguous();
+
+      IndexerShape block = shape;
+      block.num_queries = rows;
+      block.num_keys = keys;
+      block.q_offset = shape.position(first);
+      const auto key_list = every_key.expand({rows, keys})
+                                .masked_fill(hidden, -1)
+                                .to(at::kInt)
+                                .contiguous();
+      auto block_grad_k = at::empty({keys, shape.dim}, f32);
+      auto workspace = at::empty(
+          {static_cast<int64_t>(cuda::index_score_backward_workspace_bytes(block, deterministic))},
+          q.options().dtype(at::kByte));
+      cuda::index_score_backward(
+          block, in.q[seq].narrow(0, first, rows).data_ptr(), in.k[seq].data_ptr(),
+          in.w[seq].narrow(0, first, rows).data_ptr<float>(), key_list.data_ptr<int32_t>(), keys,
+          grad_scores.data_ptr<float>(), deterministic,
+          grad_q[seq].narrow(0, first, rows).data_ptr<float>(), block_grad_k.data_ptr<float>(),
+          grad_w[seq].narrow(0, first, rows).data_ptr<float>(), workspace.data_ptr(),
+          current_stream());
+      grad_k[seq].narrow(0, 0, keys).add_(block_grad_k);
+    }
+  }
+  return {unbatch(loss, b), unbatch(grad_q, b).to(q_I.scalar_type()),
+          unbatch(grad_k, b).to(k_I.scalar_type()), unbatch(grad_w, b).to(w.scalar_type())};
+}
+
 }  // namespace
+
 }  // namespace hyscale::torch_ops
 
 TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
@@ -484,4 +583,5 @@ TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   m.impl("sparse_attn_latent_backward_target", &sparse_attn_latent_backward_target);
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);
+  m.impl("dense_indexer_kl", &dense_indexer_kl);
 }

@@ -2,7 +2,8 @@
 // index_score_backward, selected_attention_mass, indexer_kl and its backward, on N not a multiple
 // of any tile, topk not a multiple of 32, -1 slots, rows with t + 1 < topk (causal selections) and
 // rows without a valid slot; then the whole chain (q_I, k_I, w -> index_score_gather; q, key ->
-// sparse_attn -> selected_attention_mass; indexer_kl -> backward) on CUDA against the CPU ops.
+// sparse_attn -> selected_attention_mass; indexer_kl -> backward) on CUDA against the CPU ops;
+// the dense warm-up's dense_indexer_kl against the CPU op.
 // The deterministic mode of index_score_backward: grad_k bit-identical across runs, and within
 // its documented tolerance of the float64 reference. Skips without a GPU.
 #include <ATen/Context.h>
@@ -331,6 +332,59 @@ TEST_F(IndexerLossCudaTest, IndexerLossChainOnCudaMatchesTheCpuOps) {
   expect_close(gpu.grad_q, cpu.grad_q, 1e-4, "grad q_I");
   expect_close(gpu.grad_k, cpu.grad_k, 1e-4, "grad k_I");
   expect_close(gpu.grad_w, cpu.grad_w, 1e-4, "grad w");
+}
+
+// The dense warm-up's loss (dense_indexer_kl) on CUDA against the CPU op in float64 on the same
+// values: exact in bf16 (attention) and eighths (indexer, so the ReLU gates agree); N not a
+// multiple of any tile, q_offset > 0 (a context-parallel shard), tokens_per_key 2 (rows that see no
+// key), H_I and d_I at each end of what the kernels take. The GPU's error is the bf16 coefficients
+// of the index-score backward and fp32 sums.
+TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
+  struct DenseCase {
+    int64_t n, m, heads, dim_qk, index_heads, index_dim, q_offset, tokens_per_key;
+  };
+  const DenseCase cases[] = {{300, 300, 8, 72, 16, 64, 0, 1},
+                             {250, 400, 64, 576, 64, 128, 150, 1},
+                             {131, 70, 4, 64, 32, 128, 9, 2}};
+  for (const DenseCase& c : cases) {
+    SCOPED_TRACE("N " + std::to_string(c.n) + " M " + std::to_string(c.m) + " H " +
+                 std::to_string(c.heads) + " d_qk " + std::to_string(c.dim_qk) + " H_I " +
+                 std::to_string(c.index_heads) + " d_I " + std::to_string(c.index_dim) +
+                 " q_offset " + std::to_string(c.q_offset) + " tokens_per_key " +
+                 std::to_string(c.tokens_per_key));
+    const auto q = bf16_values({c.n, c.heads, c.dim_qk}), key = bf16_values({c.m, c.dim_qk});
+    const auto q_i = eighths({c.n, c.index_heads, c.index_dim});
+    const auto k_i = eighths({c.m, c.index_dim}), w = eighths({c.n, c.index_heads});
+    const double scale = 1 / std::sqrt(static_cast<double>(c.dim_qk));
+    auto run = [&](const torch::Device& device, torch::Dtype dtype) {
+      const auto on = [&](const torch::Tensor& t) { return t.to(device, dtype); };
+      return ops::dense_indexer_kl(on(q), on(key), on(q_i), on(k_i), on(w), scale, c.q_offset,
+                                   c.tokens_per_key);
+    };
+    const auto gpu = run(torch::kCUDA, torch::kFloat);
+    const auto want = run(torch::kCPU, torch::kDouble);
+    ASSERT_TRUE(want.grad_k.ne(0).any().item<bool>()) << "grad_k is all zeros";
+    expect_close(gpu.loss, want.loss, 1e-4, "loss");
+    expect_close(gpu.grad_q, want.grad_q, 1e-2, "grad q_I");
+    expect_close(gpu.grad_k, want.grad_k, 1e-2, "grad k_I");
+    expect_close(gpu.grad_w, want.grad_w, 1e-2, "grad w");
+  }
+}
+
+TEST_F(IndexerLossCudaTest, DeterministicDenseIndexerKlIsBitIdenticalAcrossRuns) {
+  const int64_t n = 400, heads = 8, dim_qk = 64, index_heads = 64, index_dim = 128;
+  const auto q = bf16_values({n, heads, dim_qk}).cuda(), key = bf16_values({n, dim_qk}).cuda();
+  const auto q_i = bf16_values({n, index_heads, index_dim}).cuda();
+  const auto k_i = bf16_values({n, index_dim}).cuda(), w = torch::randn({n, index_heads}).cuda();
+  const DeterministicAlgorithms deterministic;
+  const auto first = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125);
+  for (int run = 1; run < 3; ++run) {
+    const auto again = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125);
+    EXPECT_TRUE(torch::equal(again.loss, first.loss)) << "loss differs, run " << run;
+    EXPECT_TRUE(torch::equal(again.grad_k, first.grad_k)) << "grad_k differs, run " << run;
+    EXPECT_TRUE(torch::equal(again.grad_q, first.grad_q)) << "grad_q differs, run " << run;
+    EXPECT_TRUE(torch::equal(again.grad_w, first.grad_w)) << "grad_w differs, run " << run;
+  }
 }
 
 TEST_F(IndexerLossCudaTest, RejectsUnsupportedShapes) {
