@@ -19,10 +19,10 @@ constexpr double kGiB = 1024.0 * 1024 * 1024;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
 // The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc): fp32 passes
-// over its [H, rows, keys] logits (write, log-sum-exp, exponentials, head sum), a block of rows at
-// a time whose logits it keeps near kDenseLossBlockBytes. Assumptions until the warm-up is measured
-// (bench/train_bench.py --stage warmup).
-constexpr double kDenseLossPasses = 5;
+// over its [H, rows, keys] logits (written by the GEMM, read by the log-sum-exp and by the head
+// sum), a block of rows at a time whose logits it keeps near kDenseLossBlockBytes. Assumptions
+// until the warm-up is measured (bench/train_bench.py --stage warmup).
+constexpr double kDenseLossPasses = 3;
 constexpr double kDenseLossBlockBytes = 1.0 * (1 << 30);
 // Bytes a frozen dense query row holds: its key list (int32 over the sequence) and the copies the
 // attention op makes of it.

@@ -326,6 +326,65 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   }
 }
 
+// ---- dense_attention_target
+// ----------------------------------------------------------------------
+
+// Keys row `r` of the block sees (the indexer's visibility).
+__device__ __forceinline__ int64_t visible_in_block(const IndexerShape& shape, int64_t first,
+                                                    int64_t r, int64_t keys) {
+  const int64_t seen = (shape.q_offset + first + r + 1) / shape.visibility.tokens_per_key;
+  return seen < keys ? seen : keys;
+}
+
+// lse[r, h], one warp per (row, head): an online log-sum-exp over the row's visible logits.
+__global__ void __launch_bounds__(RowWarpTraits::kThreads)
+    dense_attention_lse_kernel(IndexerShape shape, int64_t first, int64_t rows, int64_t heads,
+                               int64_t keys, const float* logits, float scale, float* lse) {
+  const int64_t row_head =
+      static_cast<int64_t>(blockIdx.x) * RowWarpTraits::kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row_head >= rows * heads) return;
+  const int64_t seen = visible_in_block(shape, first, row_head / heads, keys);
+  const float* const x = logits + row_head * keys;
+  float max_x = kNegInf, sum = 0.f;
+  for (int64_t s = lane; s < seen; s += 32) {
+    const float v = scale * x[s];
+    if (v > max_x) {
+      sum = sum * expf(max_x - v) + 1.f;  // exp(-inf) = 0 on the first key
+      max_x = v;
+    } else {
+      sum += expf(v - max_x);
+    }
+  }
+  const float row_max = warp_max(max_x);
+  sum = max_x == kNegInf ? 0.f : sum * expf(max_x - row_max);
+  sum = warp_sum(sum);
+  if (lane == 0) lse[row_head] = row_max == kNegInf ? kNegInf : row_max + logf(sum);
+}
+
+// target[r, s], a thread per key of a row: the heads' probabilities summed (the row's lse in
+// shared memory), divided by H. Launched with the row in blockIdx.y.
+constexpr int kTargetThreads = 256;
+constexpr int kMaxTargetHeads = 256;
+__global__ void __launch_bounds__(kTargetThreads)
+    dense_attention_target_kernel(IndexerShape shape, int64_t first, int64_t heads, int64_t keys,
+                                  const float* logits, float scale, const float* lse,
+                                  float* target) {
+  __shared__ float row_lse[kMaxTargetHeads];
+  const int64_t r = blockIdx.y;
+  for (int64_t h = threadIdx.x; h < heads; h += kTargetThreads) row_lse[h] = lse[r * heads + h];
+  __syncthreads();
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * kTargetThreads + threadIdx.x;
+  if (s >= keys) return;
+  float p = 0.f;
+  if (s < visible_in_block(shape, first, r, keys)) {  // then every head's lse is finite
+    const float* const x = logits + r * heads * keys + s;
+    for (int64_t h = 0; h < heads; ++h) p += expf(scale * x[h * keys] - row_lse[h]);
+    p /= static_cast<float>(heads);
+  }
+  target[r * keys + s] = p;
+}
+
 // ---- Launchers ----------------------------------------------------------------------------------
 
 template <class Fn>
@@ -406,6 +465,26 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
                                                          scale_of, grad_k);
     throw_on_error(cudaGetLastError(), op, "fixed_to_float_kernel launch");
   }
+}
+
+void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,
+                            int64_t keys, const float* logits, float scale, float* lse,
+                            float* target, Stream stream) {
+  const char* op = "hyscale::dense_indexer_kl (CUDA)";
+  if (heads > kMaxTargetHeads) {
+    throw std::invalid_argument(std::string(op) + ": H must be at most " +
+                                std::to_string(kMaxTargetHeads) + ", got " + std::to_string(heads));
+  }
+  if (rows == 0 || keys == 0) return;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  dense_attention_lse_kernel<<<row_warp_blocks(rows * heads), RowWarpTraits::kThreads, 0,
+                               cuda_stream>>>(shape, first, rows, heads, keys, logits, scale, lse);
+  throw_on_error(cudaGetLastError(), op, "dense_attention_lse_kernel launch");
+  const dim3 grid(static_cast<unsigned>(ceil_div(keys, kTargetThreads)),
+                  static_cast<unsigned>(rows));
+  dense_attention_target_kernel<<<grid, kTargetThreads, 0, cuda_stream>>>(
+      shape, first, heads, keys, logits, scale, lse, target);
+  throw_on_error(cudaGetLastError(), op, "dense_attention_target_kernel launch");
 }
 
 void indexer_kl_fwd(int64_t rows, int64_t topk, const float* score, const float* target,

@@ -1,7 +1,8 @@
 // CUDA kernels of the indexer's training path: the backward of the index scores at selected keys
 // (selection replay) and the KL loss between the indexer's scores and its target, forward and
 // backward. The target (the main-attention mass at the selected keys) is computed in
-// kernels/torch/cuda.cc, on tensor cores through cuBLAS.
+// kernels/torch/cuda.cc, on tensor cores through cuBLAS; the dense warm-up's is formed here from
+// logits made there.
 //
 // Host API over raw device pointers, so this header needs neither libtorch nor CUDA headers; the
 // torch binding (kernels/torch/cuda.cc) checks shapes and calls it. All tensors are contiguous on
@@ -39,5 +40,14 @@ void indexer_kl_fwd(int64_t rows, int64_t topk, const float* score, const float*
                     float* loss, Stream stream);
 void indexer_kl_bwd(int64_t rows, int64_t topk, const float* score, const float* target,
                     const float* grad_loss, float* grad_score, Stream stream);
+
+// The dense warm-up's target (kernels/dense_indexer_kl.h) from a block of rows' fp32 attention
+// logits [rows, H, keys] (q . key, unscaled): row r sees keys s < visible_keys(first + r) of
+// `shape` (its positions, tokens_per_key and num_keys); lse [rows, H] = log sum over them of
+// exp(scale * logit), -infinity for a row that sees none; target [rows, keys] = (1/H) sum_h
+// exp(scale * logit - lse), 0 where not seen. Two reads of the logits, no other pass over them.
+void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,
+                            int64_t keys, const float* logits, float scale, float* lse,
+                            float* target, Stream stream);
 
 }  // namespace hyscale::cuda

@@ -8,9 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <limits>
 #include <tuple>
-#include <vector>
 
 #include "kernels/cuda/flash_topk_cuda.h"
 #include "kernels/cuda/indexer_loss_cuda.h"
@@ -471,6 +469,7 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 // A row block's fp32 attention logits [rows, H, keys] are kept near this size: large enough for
 // long GEMMs, small enough that the loss's memory stays linear in N.
 constexpr int64_t kDenseBlockBytes = int64_t(1) << 30;
+constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows still end
 
 // dense_indexer_kl (kernels/dense_indexer_kl.h) on the GPU, a block of query rows at a time over
 // the keys its last row sees: the attention logits q . key on tensor cores (bf16 in, fp32 out),
@@ -498,29 +497,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   auto grad_q = at::zeros(in.q.sizes(), f32);
   auto grad_k = at::zeros(in.k.sizes(), f32);
   auto grad_w = at::zeros(in.w.sizes(), f32);
-  const int64_t block_rows =
-      std::max<int64_t>(1, kDenseBlockBytes / (heads * std::max<int64_t>(1, shape.num_keys) * 4));
+  const int64_t block_rows = std::clamp<int64_t>(
+      kDenseBlockBytes / (heads * std::max<int64_t>(1, shape.num_keys) * 4), 1, kMaxDenseBlockRows);
   for (int64_t seq = 0; seq < b.batch; ++seq) {
     for (int64_t first = 0; first < n; first += block_rows) {
       const int64_t rows = std::min(block_rows, n - first);
       const int64_t keys = shape.visible_keys(first + rows - 1);  // rows see prefixes
-      if (keys == 0) continue;                                   // loss 0, gradients 0
-      // Key s is visible to row r when s < visible_keys(r) (the indexer's visibility).
-      std::vector<int64_t> limits(rows);
-      for (int64_t r = 0; r < rows; ++r) limits[r] = shape.visible_keys(first + r);
-      const auto limit = at::tensor(limits, f32.dtype(at::kLong)).to(q.device());
+      if (keys == 0) continue;                                    // loss 0, gradients 0
+      // Key s is visible to row r when s < visible_keys(first + r) (the indexer's visibility),
+      // made on the device.
+      const auto limit = at::arange(rows, f32.dtype(at::kLong))
+                             .add_(shape.position(first) + 1)
+                             .div_(shape.visibility.tokens_per_key, "floor")
+                             .clamp_max_(keys);
       const auto every_key = at::arange(keys, limit.options()).unsqueeze(0);
       const auto hidden = every_key.ge(limit.unsqueeze(1));  // [rows, keys]
 
-      // The target: the frozen attention's probabilities summed over heads, divided by H.
-      auto logits = at::bmm(vq[seq].narrow(0, first, rows).reshape({1, rows * heads, -1}),
-                            vkey[seq].narrow(0, 0, keys).t().unsqueeze(0), at::kFloat)
-                        .view({rows, heads, keys});
-      logits.mul_(scale).masked_fill_(hidden.unsqueeze(1), -std::numeric_limits<double>::infinity());
-      auto lse = at::logsumexp(logits, -1, /*keepdim=*/true);
-      lse.masked_fill_(lse.isinf(), 0.0);  // a row without keys: exp(-inf) = 0 everywhere
-      const auto target = logits.sub_(lse).exp_().sum(1).div_(static_cast<double>(heads));
-      logits = at::Tensor();
+      // The target: the frozen attention's probabilities summed over heads, divided by H, from
+      // logits made on tensor cores and read twice.
+      auto target = at::empty({rows, keys}, f32);
+      {
+        const auto logits = at::bmm(vq[seq].narrow(0, first, rows).reshape({1, rows * heads, -1}),
+                                    vkey[seq].narrow(0, 0, keys).t().unsqueeze(0), at::kFloat);
+        auto lse = at::empty({rows, heads}, f32);
+        cuda::dense_attention_target(shape, first, rows, heads, keys, logits.data_ptr<float>(),
+                                     static_cast<float>(scale), lse.data_ptr<float>(),
+                                     target.data_ptr<float>(), current_stream());
+      }
 
       // The indexer's log-probabilities over the same keys (-infinity where hidden).
       auto scores = at::empty({rows, shape.num_keys}, f32);
@@ -531,7 +534,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       auto index_lse = at::logsumexp(log_q, -1, /*keepdim=*/true);
       index_lse.masked_fill_(index_lse.isinf(), 0.0);
       log_q = log_q - index_lse;
-      loss[seq].narrow(0, first, rows)
+      loss[seq]
+          .narrow(0, first, rows)
           .copy_((at::xlogy(target, target) - target * log_q.masked_fill(hidden, 0.0)).sum(-1));
       // d loss / d score = softmax - target: 0 where hidden (both are).
       const auto grad_scores = (log_q.exp() - target).contiguous();
@@ -540,10 +544,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       block.num_queries = rows;
       block.num_keys = keys;
       block.q_offset = shape.position(first);
-      const auto key_list = every_key.expand({rows, keys})
-                                .masked_fill(hidden, -1)
-                                .to(at::kInt)
-                                .contiguous();
+      const auto key_list =
+          every_key.expand({rows, keys}).masked_fill(hidden, -1).to(at::kInt).contiguous();
       auto block_grad_k = at::empty({keys, shape.dim}, f32);
       auto workspace = at::empty(
           {static_cast<int64_t>(cuda::index_score_backward_workspace_bytes(block, deterministic))},
