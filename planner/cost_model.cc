@@ -18,11 +18,8 @@ constexpr double kGiga = 1e9;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
-// The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc): fp32 passes
-// over its [H, rows, keys] logits (written by the GEMM, read by the log-sum-exp and by the head
-// sum), a block of rows at a time whose logits it keeps near kDenseLossBlockBytes. Assumptions
-// until the warm-up is measured (bench/train_bench.py --stage warmup).
-constexpr double kDenseLossPasses = 3;
+// The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc) works a block
+// of rows at a time, whose fp32 logits [rows, H, keys] it keeps near kDenseLossBlockBytes.
 constexpr double kDenseLossBlockBytes = 1.0 * (1 << 30);
 // Bytes a frozen dense query row holds: its key list (int32 over the sequence) and the copies the
 // attention op makes of it.
@@ -301,17 +298,17 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     // recomputation, no backward of the main model, only the indexer keys' gradient travels. A
     // dense stage (worker/model DsaLayer::frozen_dense_attention) takes its output from the sparse
     // attention kernels over each row's causal prefix and its loss from dense_indexer_kl: the
-    // logits at the dense rate and kDenseLossPasses fp32 passes over them, the index scores at
-    // FlashTopK's rate and their backward at the index-score backward's.
+    // logits, the target, the index scores, the KL and the index scores' backward over every
+    // visible pair, at the profile's rate for that op (dense_indexer_loss_tflops, which
+    // hyscale-calibrate measures; the H200's built-in figure is modelled from its parts).
     double attention = attn_fwd, indexer = selection + loss_fwd + loss_bwd;
     if (!w.sparse && !megatron) {
       const double fwd_tflops = w.latent_kv && prof.latent_fwd_tflops > 0
                                     ? prof.latent_fwd_tflops
                                     : prof.sparse_attention.at(1).fwd_tflops;
       attention = 2 * H * (dqk + dv) * causal / (fwd_tflops * kTera);
-      indexer = 2 * H * dqk * causal / dense_rate + causal * H * 4 * kDenseLossPasses / hbm +
-                SelectionFlops(hi, di, causal) / (prof.flash_topk_tflops * kTera) +
-                IndexScoreBackwardFlops(hi, di, causal) / (prof.index_score_bwd_tflops * kTera);
+      indexer =
+          DenseIndexerLossFlops(H, dqk, hi, di, causal) / (prof.dense_indexer_loss_tflops * kTera);
     }
     const double indexer_keys_back = RingSeconds(N * idx_elems * ab, p, prof);
     out.seconds = {{"dense", per_layer * dense_fwd + out.sequences * logits / 3},

@@ -61,6 +61,13 @@ DeviceProfile H200() {
   p.indexer_mass_tflops = 67.7;
   p.index_score_bwd_tflops = 101;
   p.latent_mass_tflops = 1079;
+  // Until measured: the rate at which DenseIndexerLossFlops takes the time of the model it
+  // replaced (cost_model.cc before issue #40's item 4) for the reference model (H = 64,
+  // d_qk = 576, H_I = 64, d_I = 128) on this profile: per visible pair, the logits (2 H d_qk) at
+  // dense_tflops, three fp32 passes over them (4 H bytes each) at hbm_gbps, the index scores
+  // (2 H_I d_I) at flash_topk_tflops and their backward (4 H_I d_I) at index_score_bwd_tflops,
+  // 641 ps in all: 139264 FLOPs / 641 ps = 217.1 TFLOP/s (5.51 s a layer at 128K either way).
+  p.dense_indexer_loss_tflops = 217;
   p.kernel_launch_s = 5e-6;
   p.topk_scratch_bytes = 1 * kGiB;
   p.devices_per_node = 8;
@@ -115,6 +122,10 @@ DeviceProfile H200() {
   p.sources["latent_mass_tflops"] =
       "measured: the target adds 36.7 ms to the latent backward's 668.3 ms at 128K, H = 128, on "
       "H200 (bench/indexer_loss_bench.py, docs/performance.md section 13, 2026-12-05)";
+  p.sources["dense_indexer_loss_tflops"] =
+      "modelled from its parts, not measured (issue #40): the logits at dense_tflops, three fp32 "
+      "passes over them at hbm_gbps, the index scores at flash_topk_tflops and their backward at "
+      "index_score_bwd_tflops, for H = 64, d_qk = 576, H_I = 64, d_I = 128";
   p.sources["intra_node_gbps"] = "published: NVLink 4, 900 GB/s both directions";
   return p;
 }
@@ -136,6 +147,9 @@ DeviceProfile H800() {
         "index_score_bwd_tflops", "latent_mass_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
+  p.sources["dense_indexer_loss_tflops"] =
+      "assumption: the H200's figure (same SMs), itself modelled from its parts, not measured "
+      "(issue #40)";
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
   p.sources["intra_node_gbps"] = "published: NVLink 400 GB/s both directions";
   return p;
@@ -149,11 +163,13 @@ DeviceProfile H20() {
   p.memory_bytes = 96e9 * 0.95;
   p.hbm_gbps = 3300;
   SetSparse(&p, 210 * kCompute, 91 * kCompute, 127 * kCompute, 72 * kCompute);
-  // The H200's measured rates, scaled (fp8 peaks keep the bf16 ratio, 296 / 1979).
-  for (double* rate : {&p.dense_tflops, &p.flash_topk_tflops, &p.flash_topk_fp8_tflops,
-                       &p.table_topk_tflops, &p.naive_topk_tflops, &p.latent_fwd_tflops,
-                       &p.latent_bwd_tflops, &p.gather_fwd_tflops, &p.gather_bwd_tflops,
-                       &p.indexer_mass_tflops, &p.index_score_bwd_tflops, &p.latent_mass_tflops}) {
+  // The H200's rates (measured, but for the dense warm-up's loss), scaled (fp8 peaks keep the
+  // bf16 ratio, 296 / 1979).
+  for (double* rate :
+       {&p.dense_tflops, &p.flash_topk_tflops, &p.flash_topk_fp8_tflops, &p.table_topk_tflops,
+        &p.naive_topk_tflops, &p.latent_fwd_tflops, &p.latent_bwd_tflops, &p.gather_fwd_tflops,
+        &p.gather_bwd_tflops, &p.indexer_mass_tflops, &p.index_score_bwd_tflops,
+        &p.latent_mass_tflops, &p.dense_indexer_loss_tflops}) {
     *rate *= kCompute;
   }
   const std::string scaled = "assumption: the H200 figure x 148/989 (published dense bf16 peaks)";
@@ -161,7 +177,8 @@ DeviceProfile H20() {
        {"dense_tflops", "flash_topk_tflops", "flash_topk_fp8_tflops", "table_topk_tflops",
         "naive_topk_tflops", "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
         "latent_fwd_tflops", "latent_bwd_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
-        "indexer_mass_tflops", "index_score_bwd_tflops", "latent_mass_tflops"}) {
+        "indexer_mass_tflops", "index_score_bwd_tflops", "latent_mass_tflops",
+        "dense_indexer_loss_tflops"}) {
     p.sources[key] = scaled;
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.0 TB/s";
@@ -184,6 +201,7 @@ DeviceProfile Cpu() {
   p.gather_bwd_tflops = 0.01;
   p.indexer_mass_tflops = 0.02;
   p.index_score_bwd_tflops = 0.01;
+  p.dense_indexer_loss_tflops = 0.01;
   p.kernel_launch_s = 1e-6;
   p.devices_per_node = 1;
   p.intra_node_gbps = 2;
@@ -197,7 +215,8 @@ DeviceProfile Cpu() {
   for (const char* key :
        {"flash_topk_tflops", "flash_topk_fp8_tflops", "table_topk_tflops", "naive_topk_tflops",
         "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops", "gather_fwd_tflops",
-        "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops"}) {
+        "gather_bwd_tflops", "indexer_mass_tflops", "index_score_bwd_tflops",
+        "dense_indexer_loss_tflops"}) {
     p.sources[key] = guess;
   }
   p.sources["sparse_attention.dedup"] = "assumption: as on the GPUs";
@@ -312,6 +331,7 @@ absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profi
               {"latent_fwd_tflops", &p.latent_fwd_tflops},
               {"latent_bwd_tflops", &p.latent_bwd_tflops},
               {"latent_mass_tflops", &p.latent_mass_tflops},
+              {"dense_indexer_loss_tflops", &p.dense_indexer_loss_tflops},
               {"kernel_launch_s", &p.kernel_launch_s}},
              "", source, profile);
   for (const auto& row : calibration->sparse_attention()) {

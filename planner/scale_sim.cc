@@ -146,6 +146,8 @@ int Main(int argc, char** argv) {
       {"indexer_mass_tflops", [](DeviceProfile& p, double f) { p.indexer_mass_tflops *= f; }},
       {"index_score_bwd_tflops", [](DeviceProfile& p, double f) { p.index_score_bwd_tflops *= f; }},
       {"latent_mass_tflops", [](DeviceProfile& p, double f) { p.latent_mass_tflops *= f; }},
+      {"dense_indexer_loss_tflops",
+       [](DeviceProfile& p, double f) { p.dense_indexer_loss_tflops *= f; }},
       {"dense_tflops", [](DeviceProfile& p, double f) { p.dense_tflops *= f; }},
       {"hbm_gbps", [](DeviceProfile& p, double f) { p.hbm_gbps *= f; }},
       {"intra_node_gbps", [](DeviceProfile& p, double f) { p.intra_node_gbps *= f; }},

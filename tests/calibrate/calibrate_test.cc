@@ -51,11 +51,13 @@ class CalibrateTest : public ::testing::Test {
   const util::TempDir dir_ = util::TempDir::Create("hyscale_calibrate_test").value();
 };
 
-constexpr const char* kFigures[] = {
-    "dense_tflops",      "hbm_gbps",          "flash_topk_tflops",      "flash_topk_fp8_tflops",
-    "table_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",      "indexer_mass_tflops",
-    "latent_fwd_tflops", "latent_bwd_tflops", "index_score_bwd_tflops", "kernel_launch_s",
-    "latent_mass_tflops"};
+constexpr const char* kFigures[] = {"dense_tflops",           "hbm_gbps",
+                                    "flash_topk_tflops",      "flash_topk_fp8_tflops",
+                                    "table_topk_tflops",      "gather_fwd_tflops",
+                                    "gather_bwd_tflops",      "indexer_mass_tflops",
+                                    "latent_fwd_tflops",      "latent_bwd_tflops",
+                                    "index_score_bwd_tflops", "kernel_launch_s",
+                                    "latent_mass_tflops",     "dense_indexer_loss_tflops"};
 
 double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "dense_tflops") return p.dense_tflops;
@@ -70,6 +72,7 @@ double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "latent_fwd_tflops") return p.latent_fwd_tflops;
   if (name == "latent_bwd_tflops") return p.latent_bwd_tflops;
   if (name == "latent_mass_tflops") return p.latent_mass_tflops;
+  if (name == "dense_indexer_loss_tflops") return p.dense_indexer_loss_tflops;
   return p.kernel_launch_s;
 }
 
@@ -93,6 +96,11 @@ TEST_F(CalibrateTest, QuickCpuRunWritesAFileThePlannerLoads) {
   // H_I 4, d_I 16), as the cost model counts k a query.
   EXPECT_EQ(doc["measurements"]["indexer_mass"]["flops"], 2.0 * 4 * 32 * 128 * 16);
   EXPECT_EQ(doc["measurements"]["index_score_bwd"]["flops"], 4.0 * 4 * 16 * 128 * 16);
+  // The dense warm-up's loss: every one of the N(N+1)/2 visible pairs of one sequence (N 128 as
+  // --seq-len), 2 H d_qk for the logits and 8 H_I d_I for the index scores and their backward.
+  EXPECT_EQ(doc["shapes"]["dense_loss_seq_len"], "128");
+  EXPECT_EQ(doc["measurements"]["dense_indexer_loss"]["flops"],
+            128.0 * 129 / 2 * (2 * 4 * 32 + 8 * 4 * 16));
 
   auto profile = planner::BuiltinProfile("cpu");
   ASSERT_TRUE(profile.ok());

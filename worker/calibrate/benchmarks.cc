@@ -22,6 +22,7 @@ namespace {
 
 using server::planner::AttentionFlops;
 using server::planner::CausalPairs;
+using server::planner::DenseIndexerLossFlops;
 using server::planner::IndexerMassFlops;
 using server::planner::IndexScoreBackwardFlops;
 using server::planner::kBackwardFlops;
@@ -280,6 +281,20 @@ IndexerLossMeasurement Benchmarks::IndexerLoss() const {
                  }),
                  IndexScoreBackwardFlops(shapes_.indexer_heads, shapes_.indexer_dim, slots)};
   return m;
+}
+
+std::optional<Measurement> Benchmarks::DenseIndexerLoss() const {
+  if (!ops::dense_indexer_kl_runs_on(device_)) return std::nullopt;
+  const int64_t n = shapes_.dense_loss_seq_len;
+  const IndexerInputs indexer = MakeIndexerInputs(shapes_, n, Options(dtype_));
+  const at::Tensor q = at::randn({n, shapes_.heads, shapes_.dim_qk}, Options(dtype_));
+  const at::Tensor key = at::randn({n, shapes_.dim_qk}, Options(dtype_));
+  const double scale = 1 / std::sqrt(static_cast<double>(shapes_.dim_qk));
+  const double seconds =
+      timer_.Median([&] { ops::dense_indexer_kl(q, key, indexer.q, indexer.k, indexer.w, scale); });
+  return Measurement{
+      seconds, DenseIndexerLossFlops(shapes_.heads, shapes_.dim_qk, shapes_.indexer_heads,
+                                     shapes_.indexer_dim, CausalPairs(static_cast<double>(n)))};
 }
 
 double Benchmarks::KernelLaunch() const {

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <optional>
 #include <vector>
 
 #include "worker/calibrate/shapes.h"
@@ -73,6 +74,11 @@ class Benchmarks {
   // 2 H d_qk FLOPs per slot; hyscale::index_score_backward, 4 H_I d_I per slot. Every one of the
   // N k slots is counted, as the cost model counts k a query.
   IndexerLossMeasurement IndexerLoss() const;
+  // The dense warm-up's indexer loss: hyscale::dense_indexer_kl (the frozen attention's target,
+  // the index scores, the KL and the indexer's gradients over every visible key) on one causal
+  // sequence of dense_loss_seq_len random tokens; DenseIndexerLossFlops over its N(N+1)/2 pairs.
+  // nullopt where the op has no kernel for the device.
+  std::optional<Measurement> DenseIndexerLoss() const;
   // One near-empty op (a one-element add): the fixed cost of a kernel call.
   double KernelLaunch() const;
 

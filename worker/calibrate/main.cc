@@ -74,7 +74,7 @@ std::string MeasuredGroups(const Calibration& c) {
 }
 
 void Report(const char* figure, double value, const char* unit, double seconds) {
-  std::printf("%-22s %12.4g %-8s (median %.3f ms)\n", figure, value, unit, seconds * 1e3);
+  std::printf("%-25s %12.4g %-8s (median %.3f ms)\n", figure, value, unit, seconds * 1e3);
   std::fflush(stdout);
 }
 
@@ -95,6 +95,7 @@ int Run(const Flags& flags) {
   if (flags.topk) shapes.topk = *flags.topk;
   if (flags.runs) shapes.runs = *flags.runs;
   shapes.gather_rows = std::min(shapes.gather_rows, shapes.seq_len);
+  shapes.dense_loss_seq_len = std::min(shapes.dense_loss_seq_len, shapes.seq_len);
   if (auto error = CheckShapes(shapes, *device)) return BadFlag(*error);
 
   Calibration c;
@@ -104,12 +105,11 @@ int Run(const Flags& flags) {
   c.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   c.shapes = shapes;
   std::printf(
-      "hyscale-calibrate: %s, N = %ld (selection %ld), k = %ld, H = %ld, d_qk = %ld, d_v = %ld, "
-      "H_I = %ld, "
-      "d_I = %ld; median of %d runs after %d warm-up\n",
-      c.device_name.c_str(), shapes.seq_len, shapes.selection_seq_len, shapes.topk, shapes.heads,
-      shapes.dim_qk, shapes.dim_v, shapes.indexer_heads, shapes.indexer_dim, shapes.runs,
-      shapes.warmup);
+      "hyscale-calibrate: %s, N = %ld (selection %ld, dense loss %ld), k = %ld, H = %ld, "
+      "d_qk = %ld, d_v = %ld, H_I = %ld, d_I = %ld; median of %d runs after %d warm-up\n",
+      c.device_name.c_str(), shapes.seq_len, shapes.selection_seq_len, shapes.dense_loss_seq_len,
+      shapes.topk, shapes.heads, shapes.dim_qk, shapes.dim_v, shapes.indexer_heads,
+      shapes.indexer_dim, shapes.runs, shapes.warmup);
   try {
     at::manual_seed(0);
     const Benchmarks bench(*device, shapes);
@@ -146,6 +146,11 @@ int Run(const Flags& flags) {
            c.indexer_loss.mass.seconds);
     Report("index_score_bwd_tflops", c.indexer_loss.score_bwd.Rate() / 1e12, "TFLOP/s",
            c.indexer_loss.score_bwd.seconds);
+    c.dense_indexer_loss = bench.DenseIndexerLoss();
+    if (c.dense_indexer_loss) {
+      Report("dense_indexer_loss_tflops", c.dense_indexer_loss->Rate() / 1e12, "TFLOP/s",
+             c.dense_indexer_loss->seconds);
+    }
     c.kernel_launch_s = bench.KernelLaunch();
     Report("kernel_launch_s", c.kernel_launch_s, "s", c.kernel_launch_s);
   } catch (const std::exception& e) {
@@ -182,6 +187,14 @@ int Run(const Flags& flags) {
       shapes.seq_len, "; FLOPs per slot, all N k of them (as the cost model counts k a query): ",
       "2 H d_qk for the mass, 4 H_I d_I for the backward"));
   c.notes.push_back(
+      c.dense_indexer_loss
+          ? absl::StrCat("dense_indexer_loss: dense_indexer_kl on one causal sequence of random "
+                         "inputs at N = ",
+                         shapes.dense_loss_seq_len,
+                         "; FLOPs (2 H d_qk + 8 H_I d_I) per visible pair, N(N+1)/2 of them")
+          : "dense_indexer_loss: not measured (dense_indexer_kl has no kernel for this device); "
+            "the built-in profile's figure stays");
+  c.notes.push_back(
       absl::StrCat("flash_topk / table_topk: random (untrained-indexer) inputs at N = ",
                    shapes.selection_seq_len,
                    "; FLOPs H_I d_I N(N+1) for both; rates grow with N (docs/performance.md "
@@ -210,7 +223,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seq-len", flags.seq_len,
                  "N of sparse attention, the gather baseline and the indexer loss (and of "
-                 "selection, unless --selection-seq-len)")
+                 "selection, unless --selection-seq-len); it also caps the dense warm-up "
+                 "loss's N")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 22));
   app.add_option("--selection-seq-len", flags.selection_seq_len,
                  "N of FlashTopK and the score table")

@@ -22,6 +22,9 @@ struct Shapes {
   int64_t gather_rows = 0;       // the gather baseline's queries (the last ones: full windows)
   int64_t gather_chunk = 0;      // queries gathered per block, as bench/sparse_attn_bench.py
   int64_t table_block_rows = 0;  // score-table rows per block (Megatron-style selection)
+  // N of the dense warm-up's indexer loss (dense_indexer_kl): every (query, visible key) pair, so
+  // shorter than seq_len; at most seq_len.
+  int64_t dense_loss_seq_len = 0;
   int warmup = 1;
   int runs = 3;
 };
