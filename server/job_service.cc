@@ -11,14 +11,6 @@ namespace {
 
 using rpc::Access;
 
-// Copies a successful result into the response, or maps the error.
-template <typename T>
-grpc::Status Reply(absl::StatusOr<T> result, T* response) {
-  if (!result.ok()) return rpc::ToGrpc(result.status());
-  *response = std::move(*result);
-  return grpc::Status::OK;
-}
-
 // A read stream once its call is admitted and holds a slot of its host, else why not.
 template <typename Message, typename Open>
 absl::StatusOr<OpenedStream<Message>> OpenReadStream(const grpc::ServerContext& context,

@@ -13,10 +13,7 @@ grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
   if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
     return admitted;
   }
-  auto result = coordinator_->RegisterWorker(*request);
-  if (!result.ok()) return rpc::ToGrpc(result.status());
-  *response = std::move(*result);
-  return grpc::Status::OK;
+  return Reply(coordinator_->RegisterWorker(*request), response);
 }
 
 grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
@@ -25,10 +22,7 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
   if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
     return admitted;
   }
-  auto result = coordinator_->Heartbeat(*request);
-  if (!result.ok()) return rpc::ToGrpc(result.status());
-  *response = std::move(*result);
-  return grpc::Status::OK;
+  return Reply(coordinator_->Heartbeat(*request), response);
 }
 
 void WorkerService::ListenForStreams(StreamQueue* queue) {
@@ -63,10 +57,7 @@ grpc::Status WorkerService::ListWorkers(grpc::ServerContext* context,
   if (auto admitted = Admit(*context, tokens_, rpc::Access::kRead, *request); !admitted.ok()) {
     return admitted;
   }
-  auto listed = coordinator_->ListWorkers(*request);
-  if (!listed.ok()) return rpc::ToGrpc(listed.status());
-  *response = std::move(*listed);
-  return grpc::Status::OK;
+  return Reply(coordinator_->ListWorkers(*request), response);
 }
 
 }  // namespace hyscale::server
