@@ -45,6 +45,19 @@ void dots_at_selected(const T* x, int64_t heads, const T* matrix, const int32_t*
   }
 }
 
+// The transpose of dots_at_selected: out[h] = sum_i weights[h * topk + i] * matrix[idx_row[i]]
+// over the used slots, for h < heads (rows of `dim`).
+template <typename T>
+void sum_selected_rows(const T* weights, int64_t heads, const T* matrix, int64_t dim,
+                       const int32_t* idx_row, int64_t topk, T* out) {
+  std::fill(out, out + heads * dim, T(0));
+  for (int64_t i = 0; i < topk; ++i) {
+    if (idx_row[i] < 0) continue;
+    const T* row = matrix + idx_row[i] * dim;
+    for (int64_t h = 0; h < heads; ++h) cpu::axpy(weights[h * topk + i], row, out + h * dim, dim);
+  }
+}
+
 // Scaled logits of one query row: logits[h * topk + i] = scale * q[t, h] . key[indices[t, i]],
 // -infinity in unused slots.
 template <typename T>
@@ -107,15 +120,7 @@ void sparse_attn_fwd_cpu(const SparseAttnShape& s, const T* q, const T* key, con
       scale_in_place(p, s.topk, T(1) / sum);
       lse[t * s.heads + h] = max_logit + std::log(sum);
     }
-    T* o_row = out + t * s.heads * s.dim_v;
-    std::fill(o_row, o_row + s.heads * s.dim_v, T(0));
-    for (int64_t i = 0; i < s.topk; ++i) {
-      if (idx_row[i] < 0) continue;
-      const T* v = value + idx_row[i] * s.dim_v;
-      for (int64_t h = 0; h < s.heads; ++h) {
-        cpu::axpy(probs[h * s.topk + i], v, o_row + h * s.dim_v, s.dim_v);
-      }
-    }
+    sum_selected_rows(probs, s.heads, value, s.dim_v, idx_row, s.topk, out + t * s.heads * s.dim_v);
   };
   for_each_row_logits(s, q, key, indices, scale, ctx, attend);
 }
@@ -152,14 +157,7 @@ void sparse_attn_bwd_cpu(const SparseAttnShape& s, const T* q, const T* key, con
         }
       }
       T* gq = grad_q + t * s.heads * s.dim_qk;
-      std::fill(gq, gq + s.heads * s.dim_qk, T(0));
-      for (int64_t i = 0; i < s.topk; ++i) {
-        if (idx_row[i] < 0) continue;
-        const T* k_row = key + idx_row[i] * s.dim_qk;
-        for (int64_t h = 0; h < s.heads; ++h) {
-          cpu::axpy(ds[h * s.topk + i], k_row, gq + h * s.dim_qk, s.dim_qk);
-        }
-      }
+      sum_selected_rows(ds, s.heads, key, s.dim_qk, idx_row, s.topk, gq);
       scale_in_place(gq, s.heads * s.dim_qk, scale);
     }
   });
