@@ -17,9 +17,14 @@ namespace hyscale::server {
 grpc::Status Admit(const grpc::ServerContextBase& context, const rpc::ServerTokens& tokens,
                    rpc::Access access, const google::protobuf::Message& request);
 
-// Copies a successful result into the response, or maps the error.
-template <typename T>
-grpc::Status Reply(absl::StatusOr<T> result, T* response) {
+// Admits the call, then answers it with `serve()`, an absl::StatusOr<T> from the coordinator: its
+// value becomes the response, its error the call's status.
+template <typename T, typename ServeFn>
+grpc::Status AdmitThenServe(const grpc::ServerContextBase& context, const rpc::ServerTokens& tokens,
+                            rpc::Access access, const google::protobuf::Message& request,
+                            T* response, ServeFn serve) {
+  if (auto admitted = Admit(context, tokens, access, request); !admitted.ok()) return admitted;
+  absl::StatusOr<T> result = serve();
   if (!result.ok()) return rpc::ToGrpc(result.status());
   *response = std::move(*result);
   return grpc::Status::OK;
