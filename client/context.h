@@ -61,6 +61,16 @@ absl::StatusOr<Response> CallUnary(const Context& context, Stub& stub,
   return response;
 }
 
+// One call of a JobService method on a new connection to the coordinator.
+template <typename Request, typename Response>
+absl::StatusOr<Response> CallJobService(const Context& context,
+                                        UnaryMethod<v1::JobService::Stub, Request, Response> method,
+                                        const Request& request) {
+  auto stub = JobStub(context);
+  if (!stub.ok()) return stub.status();
+  return CallUnary(context, **stub, method, request);
+}
+
 // Every page of a list RPC (ListJobs, ListWorkers): `list` is called with `request` and each next
 // page token, and the pages' items are appended into `all`.
 template <typename Stub, typename Request, typename Response>

@@ -101,11 +101,9 @@ int List(const Context& context, const std::vector<std::string>& states) {
 }
 
 int Get(const Context& context, const std::string& job_id) {
-  auto stub = JobStub(context);
-  if (!stub.ok()) return Fail(context, "get", stub.status());
   v1::GetJobRequest request;
   request.set_job_id(job_id);
-  const auto job = CallUnary(context, **stub, &v1::JobService::Stub::GetJob, request);
+  const auto job = CallJobService(context, &v1::JobService::Stub::GetJob, request);
   if (!job.ok()) return Fail(context, "get", job.status());
   if (context.json()) {
     PrintJson(context, *job);
@@ -116,12 +114,10 @@ int Get(const Context& context, const std::string& job_id) {
 }
 
 int Cancel(const Context& context, const std::string& job_id, const std::string& reason) {
-  auto stub = JobStub(context);
-  if (!stub.ok()) return Fail(context, "cancel", stub.status());
   v1::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
-  const auto job = CallUnary(context, **stub, &v1::JobService::Stub::CancelJob, request);
+  const auto job = CallJobService(context, &v1::JobService::Stub::CancelJob, request);
   if (!job.ok()) return Fail(context, "cancel", job.status());
   if (context.json()) {
     PrintJson(context, *job);

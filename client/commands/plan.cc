@@ -128,9 +128,7 @@ int Plan(const Context& context, const PlanArgs& args) {
   request.mutable_resources()->set_ranks(args.ranks);
   request.mutable_resources()->set_device_kind(*kind);
 
-  auto stub = JobStub(context);
-  if (!stub.ok()) return Fail(context, "plan", stub.status());
-  const auto planned = CallUnary(context, **stub, &v1::JobService::Stub::PlanJob, request);
+  const auto planned = CallJobService(context, &v1::JobService::Stub::PlanJob, request);
   if (!planned.ok()) return Fail(context, "plan", planned.status());
   const v1::Plan& plan = *planned;
   if (context.json()) {
