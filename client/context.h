@@ -7,7 +7,6 @@
 #include <google/protobuf/message.h>
 #include <grpcpp/grpcpp.h>
 
-#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -44,22 +43,48 @@ void PrintJson(const Context& context, const google::protobuf::Message& message,
 absl::StatusOr<std::unique_ptr<v1::JobService::Stub>> JobStub(const Context& context);
 absl::StatusOr<std::unique_ptr<v1::WorkerService::Stub>> WorkerStub(const Context& context);
 
+// A unary method of a service's stub, e.g. &v1::JobService::Stub::GetJob.
+template <typename Stub, typename Request, typename Response>
+using UnaryMethod = grpc::Status (Stub::*)(grpc::ClientContext*, const Request&, Response*);
+
+// One call of `method` with the context's deadline and token.
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<Response> CallUnary(const Context& context, Stub& stub,
+                                   UnaryMethod<Stub, Request, Response> method,
+                                   const Request& request) {
+  Response response;
+  grpc::ClientContext call;
+  rpc::PrepareCall(&call, context.client);
+  if (auto status = (stub.*method)(&call, request, &response); !status.ok()) {
+    return rpc::FromGrpc(status);
+  }
+  return response;
+}
+
+// One call of a JobService method on a new connection to the coordinator.
+template <typename Request, typename Response>
+absl::StatusOr<Response> CallJobService(const Context& context,
+                                        UnaryMethod<v1::JobService::Stub, Request, Response> method,
+                                        const Request& request) {
+  auto stub = JobStub(context);
+  if (!stub.ok()) return stub.status();
+  return CallUnary(context, **stub, method, request);
+}
+
 // Every page of a list RPC (ListJobs, ListWorkers): `list` is called with `request` and each next
 // page token, and the pages' items are appended into `all`.
-template <typename Request, typename Response>
-grpc::Status ReadEveryPage(
-    const Context& context, Request request, Response* all,
-    const std::function<grpc::Status(grpc::ClientContext*, const Request&, Response*)>& list) {
+template <typename Stub, typename Request, typename Response>
+absl::Status ReadEveryPage(const Context& context, Stub& stub,
+                           UnaryMethod<Stub, Request, Response> list, Request request,
+                           Response* all) {
   do {
-    Response page;
-    grpc::ClientContext call;
-    rpc::PrepareCall(&call, context.client);
-    if (auto status = list(&call, request, &page); !status.ok()) return status;
-    request.set_page_token(page.next_page_token());
-    page.clear_next_page_token();
-    all->MergeFrom(page);
+    auto page = CallUnary(context, stub, list, request);
+    if (!page.ok()) return page.status();
+    request.set_page_token(page->next_page_token());
+    page->clear_next_page_token();
+    all->MergeFrom(*page);
   } while (!request.page_token().empty());
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 // Reads, then validates a job spec file (as it will run, with defaults), so a bad spec fails

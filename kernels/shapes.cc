@@ -17,12 +17,16 @@ void require(bool ok, const char* shape, const char* field, const char* rule, in
 // Selections are int32 key indices, so every key index must fit in one.
 constexpr int64_t kMaxKeys = std::numeric_limits<int32_t>::max();
 
+void require_counts(const char* shape, int64_t num_queries, int64_t num_keys) {
+  require(num_queries >= 0, shape, "num_queries", ">= 0", num_queries);
+  require(num_keys >= 0, shape, "num_keys", ">= 0", num_keys);
+  require(num_keys <= kMaxKeys, shape, "num_keys", "<= 2^31 - 1", num_keys);
+}
+
 }  // namespace
 
 void IndexerShape::validate() const {
-  require(num_queries >= 0, "IndexerShape", "num_queries", ">= 0", num_queries);
-  require(num_keys >= 0, "IndexerShape", "num_keys", ">= 0", num_keys);
-  require(num_keys <= kMaxKeys, "IndexerShape", "num_keys", "<= 2^31 - 1", num_keys);
+  require_counts("IndexerShape", num_queries, num_keys);
   require(heads > 0, "IndexerShape", "heads", "> 0", heads);
   require(dim > 0, "IndexerShape", "dim", "> 0", dim);
   require(q_offset >= 0, "IndexerShape", "q_offset", ">= 0", q_offset);
@@ -37,9 +41,7 @@ void DenseIndexerShape::validate() const {
 }
 
 void SparseAttnShape::validate() const {
-  require(num_queries >= 0, "SparseAttnShape", "num_queries", ">= 0", num_queries);
-  require(num_keys >= 0, "SparseAttnShape", "num_keys", ">= 0", num_keys);
-  require(num_keys <= kMaxKeys, "SparseAttnShape", "num_keys", "<= 2^31 - 1", num_keys);
+  require_counts("SparseAttnShape", num_queries, num_keys);
   require(heads > 0, "SparseAttnShape", "heads", "> 0", heads);
   require(dim_qk > 0, "SparseAttnShape", "dim_qk", "> 0", dim_qk);
   require(dim_v > 0, "SparseAttnShape", "dim_v", "> 0", dim_v);

@@ -11,14 +11,6 @@ namespace {
 
 using rpc::Access;
 
-// Copies a successful result into the response, or maps the error.
-template <typename T>
-grpc::Status Reply(absl::StatusOr<T> result, T* response) {
-  if (!result.ok()) return rpc::ToGrpc(result.status());
-  *response = std::move(*result);
-  return grpc::Status::OK;
-}
-
 // A read stream once its call is admitted and holds a slot of its host, else why not.
 template <typename Message, typename Open>
 absl::StatusOr<OpenedStream<Message>> OpenReadStream(const grpc::ServerContext& context,
@@ -39,34 +31,27 @@ absl::StatusOr<OpenedStream<Message>> OpenReadStream(const grpc::ServerContext& 
 
 grpc::Status JobService::SubmitJob(grpc::ServerContext* context,
                                    const v1::SubmitJobRequest* request, v1::Job* response) {
-  if (auto admitted = Admit(*context, tokens_, Access::kWrite, *request); !admitted.ok()) {
-    return admitted;
-  }
-  return Reply(coordinator_->SubmitJob(*request), response);
+  return AdmitThenServe(*context, tokens_, Access::kWrite, *request, response,
+                        [&] { return coordinator_->SubmitJob(*request); });
 }
 
 grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                 v1::Job* response) {
-  if (auto admitted = Admit(*context, tokens_, Access::kRead, *request); !admitted.ok()) {
-    return admitted;
-  }
-  return Reply(coordinator_->GetJob(request->job_id()), response);
+  return AdmitThenServe(*context, tokens_, Access::kRead, *request, response,
+                        [&] { return coordinator_->GetJob(request->job_id()); });
 }
 
 grpc::Status JobService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
-  if (auto admitted = Admit(*context, tokens_, Access::kRead, *request); !admitted.ok()) {
-    return admitted;
-  }
-  return Reply(coordinator_->ListJobs(*request), response);
+  return AdmitThenServe(*context, tokens_, Access::kRead, *request, response,
+                        [&] { return coordinator_->ListJobs(*request); });
 }
 
 grpc::Status JobService::CancelJob(grpc::ServerContext* context,
                                    const v1::CancelJobRequest* request, v1::Job* response) {
-  if (auto admitted = Admit(*context, tokens_, Access::kWrite, *request); !admitted.ok()) {
-    return admitted;
-  }
-  return Reply(coordinator_->CancelJob(request->job_id(), request->reason()), response);
+  return AdmitThenServe(*context, tokens_, Access::kWrite, *request, response, [&] {
+    return coordinator_->CancelJob(request->job_id(), request->reason());
+  });
 }
 
 void JobService::ListenForStreams(StreamQueue* queue) {
@@ -86,10 +71,8 @@ void JobService::ListenForStreams(StreamQueue* queue) {
 
 grpc::Status JobService::PlanJob(grpc::ServerContext* context, const v1::PlanJobRequest* request,
                                  v1::Plan* response) {
-  if (auto admitted = Admit(*context, tokens_, Access::kRead, *request); !admitted.ok()) {
-    return admitted;
-  }
-  return Reply(coordinator_->PlanJob(*request), response);
+  return AdmitThenServe(*context, tokens_, Access::kRead, *request, response,
+                        [&] { return coordinator_->PlanJob(*request); });
 }
 
 }  // namespace hyscale::server

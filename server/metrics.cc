@@ -10,12 +10,15 @@
 
 namespace hyscale::server {
 
-std::string EscapeLabelValue(const std::string& value) {
+namespace {
+
+// Prometheus' escapes: backslash and newline, and double quote where `quote` is set.
+std::string Escape(const std::string& text, bool quote) {
   std::string out;
-  for (char c : value) {
+  for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
-    } else if (c == '"') {
+    } else if (c == '"' && quote) {
       out += "\\\"";
     } else if (c == '\n') {
       out += "\\n";
@@ -26,18 +29,22 @@ std::string EscapeLabelValue(const std::string& value) {
   return out;
 }
 
-std::string EscapeHelp(const std::string& help) {
-  std::string out;
-  for (char c : help) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
+// The labels of every series of a family.
+template <typename Series>
+std::vector<LabelValues> LabelsOf(const std::map<LabelValues, Series>& series) {
+  std::vector<LabelValues> out;
+  for (const auto& entry : series) out.push_back(entry.first);
   return out;
+}
+
+}  // namespace
+
+std::string EscapeLabelValue(const std::string& value) {
+  return Escape(value, /*quote=*/true);
+}
+
+std::string EscapeHelp(const std::string& help) {
+  return Escape(help, /*quote=*/false);
 }
 
 std::string FormatValue(double value) {
@@ -82,42 +89,36 @@ std::string MetricFamily::LabelText(const LabelValues& values, const std::string
   return text + "}";
 }
 
+ValueFamily::ValueFamily(const char* type, std::string name, std::string help,
+                         std::vector<std::string> label_names)
+    : MetricFamily(std::move(name), std::move(help), std::move(label_names)), type_(type) {}
+
+std::vector<LabelValues> ValueFamily::SeriesLabels() const {
+  return LabelsOf(values_);
+}
+
+void ValueFamily::Render(std::string* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  RenderHeader(type_, out);
+  for (const auto& [labels, value] : values_) {
+    absl::StrAppend(out, name_, LabelText(labels), " ", FormatValue(value), "\n");
+  }
+}
+
+Counter::Counter(std::string name, std::string help, std::vector<std::string> label_names)
+    : ValueFamily("counter", std::move(name), std::move(help), std::move(label_names)) {}
+
 void Counter::Inc(const LabelValues& labels, double amount) {
   std::lock_guard<std::mutex> lock(mu_);
   if (labels.size() == label_names_.size()) values_[labels] += amount;
 }
 
-std::vector<LabelValues> Counter::SeriesLabels() const {
-  std::vector<LabelValues> out;
-  for (const auto& entry : values_) out.push_back(entry.first);
-  return out;
-}
-
-void Counter::Render(std::string* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  RenderHeader("counter", out);
-  for (const auto& [labels, value] : values_) {
-    absl::StrAppend(out, name_, LabelText(labels), " ", FormatValue(value), "\n");
-  }
-}
+Gauge::Gauge(std::string name, std::string help, std::vector<std::string> label_names)
+    : ValueFamily("gauge", std::move(name), std::move(help), std::move(label_names)) {}
 
 void Gauge::Set(const LabelValues& labels, double value) {
   std::lock_guard<std::mutex> lock(mu_);
   if (labels.size() == label_names_.size()) values_[labels] = value;
-}
-
-std::vector<LabelValues> Gauge::SeriesLabels() const {
-  std::vector<LabelValues> out;
-  for (const auto& entry : values_) out.push_back(entry.first);
-  return out;
-}
-
-void Gauge::Render(std::string* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  RenderHeader("gauge", out);
-  for (const auto& [labels, value] : values_) {
-    absl::StrAppend(out, name_, LabelText(labels), " ", FormatValue(value), "\n");
-  }
 }
 
 Histogram::Histogram(std::string name, std::string help, std::vector<std::string> label_names,
@@ -137,9 +138,7 @@ void Histogram::Observe(const LabelValues& labels, double value) {
 }
 
 std::vector<LabelValues> Histogram::SeriesLabels() const {
-  std::vector<LabelValues> out;
-  for (const auto& entry : series_) out.push_back(entry.first);
-  return out;
+  return LabelsOf(series_);
 }
 
 void Histogram::Render(std::string* out) const {
@@ -162,27 +161,18 @@ void Histogram::Render(std::string* out) const {
 
 Counter* MetricsRegistry::AddCounter(const std::string& name, const std::string& help,
                                      std::vector<std::string> label_names) {
-  auto family = std::make_unique<Counter>(name, help, std::move(label_names));
-  Counter* raw = family.get();
-  families_.push_back(std::move(family));
-  return raw;
+  return Add<Counter>(name, help, std::move(label_names));
 }
 
 Gauge* MetricsRegistry::AddGauge(const std::string& name, const std::string& help,
                                  std::vector<std::string> label_names) {
-  auto family = std::make_unique<Gauge>(name, help, std::move(label_names));
-  Gauge* raw = family.get();
-  families_.push_back(std::move(family));
-  return raw;
+  return Add<Gauge>(name, help, std::move(label_names));
 }
 
 Histogram* MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
                                          std::vector<std::string> label_names,
                                          std::vector<double> bounds) {
-  auto family = std::make_unique<Histogram>(name, help, std::move(label_names), std::move(bounds));
-  Histogram* raw = family.get();
-  families_.push_back(std::move(family));
-  return raw;
+  return Add<Histogram>(name, help, std::move(label_names), std::move(bounds));
 }
 
 void MetricsRegistry::RemoveWhere(const std::string& label_name, const std::string& value) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hyscale::server {
@@ -35,28 +36,32 @@ class MetricFamily {
   mutable std::mutex mu_;
 };
 
-class Counter : public MetricFamily {
+// Counters and gauges: one value a series, rendered under `type`.
+class ValueFamily : public MetricFamily {
  public:
-  using MetricFamily::MetricFamily;
-  void Inc(const LabelValues& labels, double amount = 1);
+  ValueFamily(const char* type, std::string name, std::string help,
+              std::vector<std::string> label_names);
   void Render(std::string* out) const override;
+
+ protected:
+  std::map<LabelValues, double> values_;
 
  private:
   void EraseSeries(const LabelValues& labels) override { values_.erase(labels); }
   std::vector<LabelValues> SeriesLabels() const override;
-  std::map<LabelValues, double> values_;
+  const char* const type_;
 };
 
-class Gauge : public MetricFamily {
+class Counter : public ValueFamily {
  public:
-  using MetricFamily::MetricFamily;
-  void Set(const LabelValues& labels, double value);
-  void Render(std::string* out) const override;
+  Counter(std::string name, std::string help, std::vector<std::string> label_names);
+  void Inc(const LabelValues& labels, double amount = 1);
+};
 
- private:
-  void EraseSeries(const LabelValues& labels) override { values_.erase(labels); }
-  std::vector<LabelValues> SeriesLabels() const override;
-  std::map<LabelValues, double> values_;
+class Gauge : public ValueFamily {
+ public:
+  Gauge(std::string name, std::string help, std::vector<std::string> label_names);
+  void Set(const LabelValues& labels, double value);
 };
 
 class Histogram : public MetricFamily {
@@ -93,6 +98,12 @@ class MetricsRegistry {
   std::string Render() const;
 
  private:
+  template <typename Family, typename... Args>
+  Family* Add(Args&&... args) {
+    families_.push_back(std::make_unique<Family>(std::forward<Args>(args)...));
+    return static_cast<Family*>(families_.back().get());
+  }
+
   std::vector<std::unique_ptr<MetricFamily>> families_;
 };
 

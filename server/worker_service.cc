@@ -10,25 +10,15 @@ namespace hyscale::server {
 grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) {
-  if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
-    return admitted;
-  }
-  auto result = coordinator_->RegisterWorker(*request);
-  if (!result.ok()) return rpc::ToGrpc(result.status());
-  *response = std::move(*result);
-  return grpc::Status::OK;
+  return AdmitThenServe(*context, tokens_, rpc::Access::kWrite, *request, response,
+                        [&] { return coordinator_->RegisterWorker(*request); });
 }
 
 grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) {
-  if (auto admitted = Admit(*context, tokens_, rpc::Access::kWrite, *request); !admitted.ok()) {
-    return admitted;
-  }
-  auto result = coordinator_->Heartbeat(*request);
-  if (!result.ok()) return rpc::ToGrpc(result.status());
-  *response = std::move(*result);
-  return grpc::Status::OK;
+  return AdmitThenServe(*context, tokens_, rpc::Access::kWrite, *request, response,
+                        [&] { return coordinator_->Heartbeat(*request); });
 }
 
 void WorkerService::ListenForStreams(StreamQueue* queue) {
@@ -60,13 +50,8 @@ grpc::Status WorkerService::ReportStatus(grpc::ServerContext* context,
 grpc::Status WorkerService::ListWorkers(grpc::ServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) {
-  if (auto admitted = Admit(*context, tokens_, rpc::Access::kRead, *request); !admitted.ok()) {
-    return admitted;
-  }
-  auto listed = coordinator_->ListWorkers(*request);
-  if (!listed.ok()) return rpc::ToGrpc(listed.status());
-  *response = std::move(*listed);
-  return grpc::Status::OK;
+  return AdmitThenServe(*context, tokens_, rpc::Access::kRead, *request, response,
+                        [&] { return coordinator_->ListWorkers(*request); });
 }
 
 }  // namespace hyscale::server

@@ -25,7 +25,6 @@
 #include <vector>
 #ifdef HYSCALE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include "kernels/torch/compat.h"
@@ -215,16 +214,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   const bool cuda = flags.device == "cuda";
-  // A rank uses GPU rank mod the visible GPUs, as hyscale-train's do.
-  const int rank = rendezvous->has_value() ? (*rendezvous)->rank : 0;
-  const torch::Device device =
-      cuda ? torch::Device(torch::kCUDA,
-                           static_cast<c10::DeviceIndex>(
-                               rank % std::max<int64_t>(1, torch::cuda::device_count())))
-           : torch::Device(torch::kCPU);
-#ifdef HYSCALE_HAVE_CUDA
-  if (device.is_cuda()) c10::cuda::set_device(device.index());  // NCCL's and the kernels' device
-#endif
+  const torch::Device device = parallel::RankDevice(*rendezvous, cuda);
   std::unique_ptr<parallel::ContextParallelGroup> group;
   if (rendezvous->has_value()) {
     parallel::ContextParallelGroup::Options options;

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -281,6 +282,22 @@ std::string Scrape(const Server& server) {
   return *text;
 }
 
+// hyscaled around one load run: its /metrics before and after, and its peaks during the run.
+struct Observation {
+  std::string metrics_before, metrics_after;
+  std::string peaks;  // PeakSampler::Describe()
+};
+
+Observation ObserveServer(const Server& server, const std::function<void()>& run) {
+  Observation seen;
+  seen.metrics_before = Scrape(server);
+  PeakSampler peak(server.process.get());
+  run();
+  seen.peaks = peak.Describe();
+  seen.metrics_after = Scrape(server);
+  return seen;
+}
+
 void AddServerRpc(Report* report, const std::string& phase, const std::string& before,
                   const std::string& after, const std::string& method) {
   const std::string filter = absl::StrCat("method=\"hyscale.v1.", method, "\"");
@@ -292,14 +309,11 @@ void AddServerRpc(Report* report, const std::string& phase, const std::string& b
 void PhaseA(const Flags& flags, const Server& server,
             const std::vector<std::shared_ptr<grpc::Channel>>& channels,
             const rpc::ClientOptions& client, const v1::JobSpec& spec, Report* report) {
-  const std::string before = Scrape(server);
   SubmitLoadResult result;
-  PeakSampler peak(server.process.get());
-  RunSubmitLoad(channels, client, spec, flags.submit, &result);
-  const std::string peak_note = peak.Describe();
-  const std::string after = Scrape(server);
+  const Observation seen =
+      ObserveServer(server, [&] { RunSubmitLoad(channels, client, spec, flags.submit, &result); });
   report->Add("a", "SubmitJob (never placed, durable)", result.latency);
-  AddServerRpc(report, "a", before, after, "JobService/SubmitJob");
+  AddServerRpc(report, "a", seen.metrics_before, seen.metrics_after, "JobService/SubmitJob");
   const std::string offered =
       flags.submit.rate > 0 ? absl::StrFormat(" (offered %.0f/s, open loop)", flags.submit.rate)
                             : std::string(" (closed loop)");
@@ -314,7 +328,7 @@ void PhaseA(const Flags& flags, const Server& server,
   const double last_rate = result.PerSecondBetween(result.completions.size() - window, window);
   report->Note("a", absl::StrFormat("throughput of the first %zu: %.1f/s, of the last %zu: %.1f/s",
                                     window, first_rate, window, last_rate));
-  if (!peak_note.empty()) report->Note("a", peak_note);
+  if (!seen.peaks.empty()) report->Note("a", seen.peaks);
   if (!result.first_error.empty()) report->Note("a", "first error: " + result.first_error);
   report->Json()["phase_a"] = {{"submissions", flags.submit.submissions},
                                {"threads", flags.submit.threads},
@@ -333,12 +347,10 @@ void PhaseA(const Flags& flags, const Server& server,
 void PhaseB(const Flags& flags, const Server& server,
             const std::vector<std::shared_ptr<grpc::Channel>>& channels,
             const rpc::ClientOptions& client, const v1::JobSpec& spec, Report* report) {
-  const std::string before = Scrape(server);
   WorkerLoadResult r;
-  PeakSampler peak(server.process.get());
-  RunWorkerLoad(channels, client, spec, flags.workers, &r);
-  const std::string peak_note = peak.Describe();
-  const std::string after = Scrape(server);
+  const Observation seen =
+      ObserveServer(server, [&] { RunWorkerLoad(channels, client, spec, flags.workers, &r); });
+  const std::string &before = seen.metrics_before, &after = seen.metrics_after;
   report->Add("b", "RegisterWorker", r.register_latency);
   report->Add("b", "Heartbeat (first 2 intervals, streams opening)", r.first_heartbeats);
   report->Add("b", "Heartbeat (steady, during submissions)", r.heartbeat);
@@ -375,7 +387,7 @@ void PhaseB(const Flags& flags, const Server& server,
                                     static_cast<long long>(r.reports_failed),
                                     static_cast<long long>(r.streams_failed),
                                     static_cast<long long>(r.stops_received)));
-  if (!peak_note.empty()) report->Note("b", peak_note);
+  if (!seen.peaks.empty()) report->Note("b", seen.peaks);
   if (!r.first_error.empty()) report->Note("b", "first error: " + r.first_error);
   report->Json()["phase_b"] = {{"workers", flags.workers.workers},
                                {"slots", flags.workers.slots},

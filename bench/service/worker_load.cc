@@ -98,6 +98,15 @@ struct SimWorker {
   }
 };
 
+// A unary call through gRPC's callback API: what must outlive it, and when it was sent.
+template <typename Request, typename Response>
+struct UnaryCall {
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+  Clock::time_point start;
+};
+
 // When a job's scheduling became visible to the benchmark.
 struct JobTimes {
   Clock::time_point submitted;
@@ -171,6 +180,21 @@ class WorkerLoad {
   void Collect();
   void Fail(std::atomic<int64_t>& counter, const std::string& what, const grpc::Status& status);
   bool stopping() const { return stopping_.load(); }
+
+  // Stamps the call's start and sends it with `send(context, request, response, on_done)` (a
+  // stub's async() method); `done(status)` runs when it completes, and the call counts as in
+  // flight until then.
+  template <typename Call, typename SendFn, typename DoneFn>
+  void StartCall(const std::shared_ptr<Call>& call, SendFn send, DoneFn done) {
+    rpc::PrepareCall(&call->context, client_);
+    call->start = Clock::now();
+    in_flight_.Begin();
+    send(&call->context, &call->request, &call->response,
+         [this, call, done = std::move(done)](grpc::Status status) {
+           done(status);
+           in_flight_.End();
+         });
+  }
 
   const rpc::ClientOptions client_;
   const v1::JobSpec spec_;
@@ -259,23 +283,16 @@ void WorkerLoad::RegisterAll() {
 
 void WorkerLoad::Heartbeat(SimWorker* worker, Clock::time_point due) {
   if (stopping()) return;
-  struct Call {
-    grpc::ClientContext context;
-    v1::HeartbeatRequest request;
-    v1::HeartbeatResponse response;
-    Clock::time_point start;
-  };
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<UnaryCall<v1::HeartbeatRequest, v1::HeartbeatResponse>>();
   call->request.set_worker_id(worker->id);
   {
     std::lock_guard<std::mutex> lock(worker->mu);
     for (const auto& ref : worker->running) *call->request.add_running() = ref;
   }
-  rpc::PrepareCall(&call->context, client_);
-  call->start = Clock::now();
-  in_flight_.Begin();
-  worker_stubs_[worker->channel]->async()->Heartbeat(
-      &call->context, &call->request, &call->response, [this, worker, call](grpc::Status status) {
+  auto* stub = worker_stubs_[worker->channel].get();
+  StartCall(
+      call, [stub](auto... args) { stub->async()->Heartbeat(args...); },
+      [this, worker, call](const grpc::Status& status) {
         if (!status.ok()) {
           Fail(heartbeats_failed_, "Heartbeat", status);
         } else {
@@ -287,7 +304,6 @@ void WorkerLoad::Heartbeat(SimWorker* worker, Clock::time_point due) {
             worker->Remove(ref);
           }
         }
-        in_flight_.End();
       });
   // Fixed rate, like a steady agent: the next beat is due one interval after this one was.
   const auto next = due + interval_;
@@ -296,26 +312,18 @@ void WorkerLoad::Heartbeat(SimWorker* worker, Clock::time_point due) {
 
 void WorkerLoad::Report(SimWorker* worker, v1::RankReport report) {
   if (stopping()) return;
-  struct Call {
-    grpc::ClientContext context;
-    v1::ReportStatusRequest request;
-    v1::ReportStatusResponse response;
-    Clock::time_point start;
-  };
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<UnaryCall<v1::ReportStatusRequest, v1::ReportStatusResponse>>();
   call->request.set_worker_id(worker->id);
   *call->request.add_reports() = std::move(report);
-  rpc::PrepareCall(&call->context, client_);
-  call->start = Clock::now();
-  in_flight_.Begin();
-  worker_stubs_[worker->channel]->async()->ReportStatus(
-      &call->context, &call->request, &call->response, [this, call](grpc::Status status) {
+  auto* stub = worker_stubs_[worker->channel].get();
+  StartCall(
+      call, [stub](auto... args) { stub->async()->ReportStatus(args...); },
+      [this, call](const grpc::Status& status) {
         if (status.ok()) {
           result_->report.AddSince(call->start);
         } else {
           Fail(reports_failed_, "ReportStatus", status);
         }
-        in_flight_.End();
       });
 }
 
@@ -363,29 +371,26 @@ void WorkerLoad::OnStreamDone(const grpc::Status& status) {
 }
 
 void WorkerLoad::Submit(int64_t index) {
-  struct Call {
-    grpc::ClientContext context;
-    v1::SubmitJobRequest request;
-    v1::Job response;
-    Clock::time_point start;
-  };
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<UnaryCall<v1::SubmitJobRequest, v1::Job>>();
   const std::string name = absl::StrCat("load-", options_.run_id, "-b", index);
   *call->request.mutable_spec() = spec_;
   call->request.mutable_spec()->set_name(name);
   call->request.mutable_resources()->set_ranks(1);
   call->request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_CPU);
   call->request.set_request_id(name);
-  rpc::PrepareCall(&call->context, client_);
-  call->start = Clock::now();
-  {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
-    jobs_[name].submitted = call->start;
-  }
-  ++submitted_;
-  in_flight_.Begin();
-  job_stubs_[index % job_stubs_.size()]->async()->SubmitJob(
-      &call->context, &call->request, &call->response, [this, call, name](grpc::Status status) {
+  auto* stub = job_stubs_[index % job_stubs_.size()].get();
+  StartCall(
+      call,
+      [this, stub, call, name](auto... args) {
+        // The job's entry exists before its answer can come back to complete or erase it.
+        {
+          std::lock_guard<std::mutex> lock(jobs_mu_);
+          jobs_[name].submitted = call->start;
+        }
+        ++submitted_;
+        stub->async()->SubmitJob(args...);
+      },
+      [this, call, name](const grpc::Status& status) {
         const auto now = Clock::now();
         if (!status.ok()) {
           Fail(submit_failed_, "SubmitJob", status);
@@ -400,7 +405,6 @@ void WorkerLoad::Submit(int64_t index) {
             jobs_[name].answered_scheduled = now;
           }
         }
-        in_flight_.End();
       });
 }
 

@@ -78,11 +78,7 @@ int List(const Context& context, const std::vector<std::string>& states) {
   auto stub = JobStub(context);
   if (!stub.ok()) return Fail(context, "list", stub.status());
   v1::ListJobsResponse all;
-  if (auto status = ReadEveryPage<v1::ListJobsRequest, v1::ListJobsResponse>(
-          context, request, &all,
-          [&](grpc::ClientContext* call, const auto& page_request, auto* page) {
-            return (*stub)->ListJobs(call, page_request, page);
-          });
+  if (auto status = ReadEveryPage(context, **stub, &v1::JobService::Stub::ListJobs, request, &all);
       !status.ok()) {
     return Fail(context, "list", status);
   }
@@ -105,41 +101,29 @@ int List(const Context& context, const std::vector<std::string>& states) {
 }
 
 int Get(const Context& context, const std::string& job_id) {
-  auto stub = JobStub(context);
-  if (!stub.ok()) return Fail(context, "get", stub.status());
   v1::GetJobRequest request;
   request.set_job_id(job_id);
-  v1::Job job;
-  grpc::ClientContext call;
-  rpc::PrepareCall(&call, context.client);
-  if (auto status = (*stub)->GetJob(&call, request, &job); !status.ok()) {
-    return Fail(context, "get", status);
-  }
+  const auto job = CallJobService(context, &v1::JobService::Stub::GetJob, request);
+  if (!job.ok()) return Fail(context, "get", job.status());
   if (context.json()) {
-    PrintJson(context, job);
+    PrintJson(context, *job);
   } else {
-    PrintJob(context, job);
+    PrintJob(context, *job);
   }
   return kExitOk;
 }
 
 int Cancel(const Context& context, const std::string& job_id, const std::string& reason) {
-  auto stub = JobStub(context);
-  if (!stub.ok()) return Fail(context, "cancel", stub.status());
   v1::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
-  v1::Job job;
-  grpc::ClientContext call;
-  rpc::PrepareCall(&call, context.client);
-  if (auto status = (*stub)->CancelJob(&call, request, &job); !status.ok()) {
-    return Fail(context, "cancel", status);
-  }
+  const auto job = CallJobService(context, &v1::JobService::Stub::CancelJob, request);
+  if (!job.ok()) return Fail(context, "cancel", job.status());
   if (context.json()) {
-    PrintJson(context, job);
+    PrintJson(context, *job);
   } else {
-    *context.out << "job " << job.id() << " " << StateName(job.state())
-                 << (job.reason().empty() ? "" : ": " + Printable(job.reason())) << "\n";
+    *context.out << "job " << job->id() << " " << StateName(job->state())
+                 << (job->reason().empty() ? "" : ": " + Printable(job->reason())) << "\n";
   }
   return kExitOk;
 }

@@ -128,14 +128,9 @@ int Plan(const Context& context, const PlanArgs& args) {
   request.mutable_resources()->set_ranks(args.ranks);
   request.mutable_resources()->set_device_kind(*kind);
 
-  auto stub = JobStub(context);
-  if (!stub.ok()) return Fail(context, "plan", stub.status());
-  v1::Plan plan;
-  grpc::ClientContext call;
-  rpc::PrepareCall(&call, context.client);
-  if (auto status = (*stub)->PlanJob(&call, request, &plan); !status.ok()) {
-    return Fail(context, "plan", status);
-  }
+  const auto planned = CallJobService(context, &v1::JobService::Stub::PlanJob, request);
+  if (!planned.ok()) return Fail(context, "plan", planned.status());
+  const v1::Plan& plan = *planned;
   if (context.json()) {
     PrintJson(context, plan);
     return kExitOk;

@@ -21,12 +21,9 @@ int Submit(const Context& context, const SubmitArgs& args) {
 
   auto stub = JobStub(context);
   if (!stub.ok()) return Fail(context, "submit", stub.status());
-  v1::Job job;
-  grpc::ClientContext call;
-  rpc::PrepareCall(&call, context.client);
-  if (auto status = (*stub)->SubmitJob(&call, request, &job); !status.ok()) {
-    return Fail(context, "submit", status);
-  }
+  const auto submitted = CallUnary(context, **stub, &v1::JobService::Stub::SubmitJob, request);
+  if (!submitted.ok()) return Fail(context, "submit", submitted.status());
+  const v1::Job& job = *submitted;
   if (context.json()) {
     // With --watch the job is the first JSON line, its events the following ones.
     PrintJson(context, job, /*one_line=*/args.watch);

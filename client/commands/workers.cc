@@ -11,11 +11,8 @@ int Workers(const Context& context) {
   auto stub = WorkerStub(context);
   if (!stub.ok()) return Fail(context, "workers", stub.status());
   v1::ListWorkersResponse response;
-  if (auto status = ReadEveryPage<v1::ListWorkersRequest, v1::ListWorkersResponse>(
-          context, {}, &response,
-          [&](grpc::ClientContext* call, const auto& page_request, auto* page) {
-            return (*stub)->ListWorkers(call, page_request, page);
-          });
+  if (auto status =
+          ReadEveryPage(context, **stub, &v1::WorkerService::Stub::ListWorkers, {}, &response);
       !status.ok()) {
     return Fail(context, "workers", status);
   }

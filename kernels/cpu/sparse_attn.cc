@@ -45,6 +45,19 @@ void dots_at_selected(const T* x, int64_t heads, const T* matrix, const int32_t*
   }
 }
 
+// The transpose of dots_at_selected: out[h] = sum_i weights[h * topk + i] * matrix[idx_row[i]]
+// over the used slots, for h < heads (rows of `dim`).
+template <typename T>
+void sum_selected_rows(const T* weights, int64_t heads, const T* matrix, int64_t dim,
+                       const int32_t* idx_row, int64_t topk, T* out) {
+  std::fill(out, out + heads * dim, T(0));
+  for (int64_t i = 0; i < topk; ++i) {
+    if (idx_row[i] < 0) continue;
+    const T* row = matrix + idx_row[i] * dim;
+    for (int64_t h = 0; h < heads; ++h) cpu::axpy(weights[h * topk + i], row, out + h * dim, dim);
+  }
+}
+
 // Scaled logits of one query row: logits[h * topk + i] = scale * q[t, h] . key[indices[t, i]],
 // -infinity in unused slots.
 template <typename T>
@@ -70,43 +83,46 @@ void scale_in_place(T* x, int64_t n, T factor) {
   for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
+// Calls on_row(t, idx_row, logits) for every query row t, in parallel, with the row's selections
+// and its scaled logits (as row_logits) in a buffer the call may overwrite.
+template <typename T, typename OnRow>
+void for_each_row_logits(const SparseAttnShape& s, const T* q, const T* key, const int32_t* indices,
+                         T scale, const CpuContext& ctx, OnRow on_row) {
+  cpu::parallel_for(0, s.num_queries, kRowsPerChunk, ctx, [&](int64_t lo, int64_t hi) {
+    cpu::RowTile<T> keys(s.dim_qk);
+    std::vector<T> logits(s.heads * s.topk);
+    for (int64_t t = lo; t < hi; ++t) {
+      const int32_t* idx_row = indices + t * s.topk;
+      row_logits(s, q + t * s.heads * s.dim_qk, key, idx_row, scale, keys, logits.data());
+      on_row(t, idx_row, logits.data());
+    }
+  });
+}
+
 }  // namespace
 
 template <typename T>
 void sparse_attn_fwd_cpu(const SparseAttnShape& s, const T* q, const T* key, const T* value,
                          const int32_t* indices, T scale, T* out, T* lse, const CpuContext& ctx) {
   s.validate();
-  cpu::parallel_for(0, s.num_queries, kRowsPerChunk, ctx, [&](int64_t lo, int64_t hi) {
-    cpu::RowTile<T> keys(s.dim_qk);
-    std::vector<T> probs(s.heads * s.topk);
-    for (int64_t t = lo; t < hi; ++t) {
-      const int32_t* idx_row = indices + t * s.topk;
-      row_logits(s, q + t * s.heads * s.dim_qk, key, idx_row, scale, keys, probs.data());
-      // Stable softmax per head: subtract the row maximum before exp.
-      for (int64_t h = 0; h < s.heads; ++h) {
-        T* p = probs.data() + h * s.topk;
-        const T max_logit = *std::max_element(p, p + s.topk);
-        if (max_logit == kMinusInf<T>) {  // no valid slot
-          std::fill(p, p + s.topk, T(0));
-          lse[t * s.heads + h] = kMinusInf<T>;
-          continue;
-        }
-        T sum = 0;
-        for (int64_t i = 0; i < s.topk; ++i) sum += p[i] = std::exp(p[i] - max_logit);
-        scale_in_place(p, s.topk, T(1) / sum);
-        lse[t * s.heads + h] = max_logit + std::log(sum);
+  const auto attend = [&](int64_t t, const int32_t* idx_row, T* probs) {
+    // Stable softmax per head: subtract the row maximum before exp.
+    for (int64_t h = 0; h < s.heads; ++h) {
+      T* p = probs + h * s.topk;
+      const T max_logit = *std::max_element(p, p + s.topk);
+      if (max_logit == kMinusInf<T>) {  // no valid slot
+        std::fill(p, p + s.topk, T(0));
+        lse[t * s.heads + h] = kMinusInf<T>;
+        continue;
       }
-      T* o_row = out + t * s.heads * s.dim_v;
-      std::fill(o_row, o_row + s.heads * s.dim_v, T(0));
-      for (int64_t i = 0; i < s.topk; ++i) {
-        if (idx_row[i] < 0) continue;
-        const T* v = value + idx_row[i] * s.dim_v;
-        for (int64_t h = 0; h < s.heads; ++h) {
-          cpu::axpy(probs[h * s.topk + i], v, o_row + h * s.dim_v, s.dim_v);
-        }
-      }
+      T sum = 0;
+      for (int64_t i = 0; i < s.topk; ++i) sum += p[i] = std::exp(p[i] - max_logit);
+      scale_in_place(p, s.topk, T(1) / sum);
+      lse[t * s.heads + h] = max_logit + std::log(sum);
     }
-  });
+    sum_selected_rows(probs, s.heads, value, s.dim_v, idx_row, s.topk, out + t * s.heads * s.dim_v);
+  };
+  for_each_row_logits(s, q, key, indices, scale, ctx, attend);
 }
 
 template <typename T>
@@ -141,14 +157,7 @@ void sparse_attn_bwd_cpu(const SparseAttnShape& s, const T* q, const T* key, con
         }
       }
       T* gq = grad_q + t * s.heads * s.dim_qk;
-      std::fill(gq, gq + s.heads * s.dim_qk, T(0));
-      for (int64_t i = 0; i < s.topk; ++i) {
-        if (idx_row[i] < 0) continue;
-        const T* k_row = key + idx_row[i] * s.dim_qk;
-        for (int64_t h = 0; h < s.heads; ++h) {
-          cpu::axpy(ds[h * s.topk + i], k_row, gq + h * s.dim_qk, s.dim_qk);
-        }
-      }
+      sum_selected_rows(ds, s.heads, key, s.dim_qk, idx_row, s.topk, gq);
       scale_in_place(gq, s.heads * s.dim_qk, scale);
     }
   });
@@ -179,25 +188,20 @@ void selected_attention_mass_cpu(const SparseAttnShape& s, const T* q, const T* 
                                  const int32_t* indices, const T* lse, T scale, T* mass,
                                  const CpuContext& ctx) {
   s.validate();
-  cpu::parallel_for(0, s.num_queries, kRowsPerChunk, ctx, [&](int64_t lo, int64_t hi) {
-    cpu::RowTile<T> keys(s.dim_qk);
-    std::vector<T> logits(s.heads * s.topk);
-    for (int64_t t = lo; t < hi; ++t) {
-      const int32_t* idx_row = indices + t * s.topk;
-      row_logits(s, q + t * s.heads * s.dim_qk, key, idx_row, scale, keys, logits.data());
-      T* m = mass + t * s.topk;
-      T total = 0;
-      for (int64_t i = 0; i < s.topk; ++i) {
-        m[i] = 0;
-        if (idx_row[i] < 0) continue;
-        for (int64_t h = 0; h < s.heads; ++h) {
-          m[i] += probability(logits[h * s.topk + i], lse[t * s.heads + h]);
-        }
-        total += m[i];
+  const auto row_mass = [&](int64_t t, const int32_t* idx_row, const T* logits) {
+    T* m = mass + t * s.topk;
+    T total = 0;
+    for (int64_t i = 0; i < s.topk; ++i) {
+      m[i] = 0;
+      if (idx_row[i] < 0) continue;
+      for (int64_t h = 0; h < s.heads; ++h) {
+        m[i] += probability(logits[h * s.topk + i], lse[t * s.heads + h]);
       }
-      if (total > 0) scale_in_place(m, s.topk, T(1) / total);
+      total += m[i];
     }
-  });
+    if (total > 0) scale_in_place(m, s.topk, T(1) / total);
+  };
+  for_each_row_logits(s, q, key, indices, scale, ctx, row_mass);
 }
 
 #define HYSCALE_INSTANTIATE(T)                                                                  \

@@ -259,6 +259,18 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
   }
 }
 
+// The r-th largest of n scores (its ordered key), by block_radix_select over all of them.
+__device__ __forceinline__ RadixSelection select_score(const float* scores, int n, int r,
+                                                       RadixSelectShared& shared) {
+  return block_radix_select(
+      n, r,
+      [&](int i, uint32_t& key) {
+        key = ordered_key(scores[i]);
+        return true;
+      },
+      shared);
+}
+
 // Per row: the threshold that about `target` of its visible keys reach, from its sample scores.
 // Rows that see at most `keep_all` keys keep everything (-infinity).
 __global__ void __launch_bounds__(kRadixSelectThreads)
@@ -277,13 +289,7 @@ __global__ void __launch_bounds__(kRadixSelectThreads)
   const int64_t wanted = ceil_div(target * n, visible);
   const int r = static_cast<int>(wanted < 1 ? 1 : (wanted > n ? n : wanted));
   const float* scores = sample_scores + static_cast<int64_t>(slot) * sample_capacity;
-  const RadixSelection sel = block_radix_select(
-      n, r,
-      [&](int i, uint32_t& key) {
-        key = ordered_key(scores[i]);
-        return true;
-      },
-      shared);
+  const RadixSelection sel = select_score(scores, n, r, shared);
   if (threadIdx.x == 0) thresholds[slot] = from_ordered_key(sel.key);
 }
 
@@ -325,13 +331,7 @@ __global__ void __launch_bounds__(kRadixSelectThreads) finish_rows_kernel(Finish
   const float* scores = p.cand_scores + static_cast<int64_t>(slot) * p.capacity;
   const int* keys = p.cand_keys + static_cast<int64_t>(slot) * p.capacity;
   if (want > 0) {
-    const RadixSelection kth = block_radix_select(
-        n, want,
-        [&](int i, uint32_t& key) {
-          key = ordered_key(scores[i]);
-          return true;
-        },
-        shared);
+    const RadixSelection kth = select_score(scores, n, want, shared);
     // Ties at the k-th score: keep the smallest keys among those equal to it.
     const int needed = want - kth.greater;
     uint32_t last_key = 0xffffffffu;

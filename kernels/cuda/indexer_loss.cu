@@ -43,6 +43,17 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
+// The row of the calling thread's warp in the kernels of one warp per row (RowWarpTraits), and
+// its lane.
+struct WarpRow {
+  int64_t row;
+  int lane;
+};
+__device__ __forceinline__ WarpRow warp_row() {
+  return {static_cast<int64_t>(blockIdx.x) * RowWarpTraits::kRowsPerBlock + threadIdx.x / 32,
+          static_cast<int>(threadIdx.x % 32)};
+}
+
 // ---- index_score_backward ---------------------------------------------------------------------
 
 // grad_k's fixed-point scale, from a bound no partial sum of grad_k[s] can exceed. grad_k[s] sums,
@@ -63,9 +74,7 @@ struct GradKScaleOf {
 __global__ void __launch_bounds__(RowWarpTraits::kThreads)
     row_grad_bound_kernel(int64_t rows, int64_t heads, int64_t topk, const float* w,
                           const int32_t* indices, const float* grad_scores, float* out) {
-  const int64_t row =
-      static_cast<int64_t>(blockIdx.x) * RowWarpTraits::kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const auto [row, lane] = warp_row();
   if (row >= rows) return;
   float g = 0.f, wsum = 0.f;
   for (int64_t i = lane; i < topk; i += 32) {
@@ -294,9 +303,7 @@ __device__ float row_logsumexp(const float* s, int64_t topk, int lane) {
 __global__ void __launch_bounds__(RowWarpTraits::kThreads)
     indexer_kl_fwd_kernel(int64_t rows, int64_t topk, const float* score, const float* target,
                           float* loss) {
-  const int64_t row =
-      static_cast<int64_t>(blockIdx.x) * RowWarpTraits::kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const auto [row, lane] = warp_row();
   if (row >= rows) return;
   const float* s = score + row * topk;
   const float* p = target + row * topk;
@@ -312,9 +319,7 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
 __global__ void __launch_bounds__(RowWarpTraits::kThreads)
     indexer_kl_bwd_kernel(int64_t rows, int64_t topk, const float* score, const float* target,
                           const float* grad_loss, float* grad_score) {
-  const int64_t row =
-      static_cast<int64_t>(blockIdx.x) * RowWarpTraits::kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const auto [row, lane] = warp_row();
   if (row >= rows) return;
   const float* s = score + row * topk;
   const float* p = target + row * topk;

@@ -37,6 +37,19 @@ void save_index_score_inputs(AutogradContext* ctx, const at::Tensor& q, const at
   ctx->saved_data["tokens_per_key"] = tokens_per_key;
 }
 
+// Saves `inputs`, then the attention's out and lse, with the scale and the query group of its
+// backward; returns out and lse, lse not differentiable.
+variable_list save_attention(AutogradContext* ctx, variable_list inputs, const ops::Attention& attn,
+                             double scale, int64_t group) {
+  inputs.push_back(attn.out);
+  inputs.push_back(attn.lse);
+  ctx->save_for_backward(inputs);
+  ctx->saved_data["scale"] = scale;
+  ctx->saved_data["group"] = group;
+  ctx->mark_non_differentiable({attn.lse});
+  return {attn.out, attn.lse};
+}
+
 struct FlashTopk : torch::autograd::Function<FlashTopk> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& w, int64_t topk, int64_t q_offset,
@@ -74,11 +87,7 @@ struct SparseAttn : torch::autograd::Function<SparseAttn> {
                                int64_t group) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto attn = ops::sparse_attn(q, key, value, indices, scale, group);
-    ctx->save_for_backward({q, key, value, indices, attn.out, attn.lse});
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["group"] = group;
-    ctx->mark_non_differentiable({attn.lse});
-    return {attn.out, attn.lse};
+    return save_attention(ctx, {q, key, value, indices}, attn, scale, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
@@ -96,12 +105,8 @@ struct SparseAttnLatent : torch::autograd::Function<SparseAttnLatent> {
                                int64_t group) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto attn = ops::sparse_attn_latent(q, kv, indices, scale, dim_v, group);
-    ctx->save_for_backward({q, kv, indices, attn.out, attn.lse});
-    ctx->saved_data["scale"] = scale;
     ctx->saved_data["dim_v"] = dim_v;
-    ctx->saved_data["group"] = group;
-    ctx->mark_non_differentiable({attn.lse});
-    return {attn.out, attn.lse};
+    return save_attention(ctx, {q, kv, indices}, attn, scale, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
@@ -143,15 +148,12 @@ struct SparseAttnIndexerLoss : torch::autograd::Function<SparseAttnIndexerLoss> 
                 loss_rows.sizes());
     auto attn = latent ? ops::sparse_attn_latent(q, key, indices, scale, dim_v, group)
                        : ops::sparse_attn(q, key, value, indices, scale, group);
-    ctx->save_for_backward({q, key, value, indices, scores, attn.out, attn.lse});
     ctx->saved_data["loss_rows"] = loss_rows;
     ctx->saved_data["latent"] = latent;
-    ctx->saved_data["scale"] = scale;
     ctx->saved_data["dim_v"] = dim_v;
-    ctx->saved_data["group"] = group;
-    auto loss = at::zeros_like(loss_rows);
-    ctx->mark_non_differentiable({attn.lse});
-    return {attn.out, attn.lse, loss};
+    auto outputs = save_attention(ctx, {q, key, value, indices, scores}, attn, scale, group);
+    outputs.push_back(at::zeros_like(loss_rows));  // the handle of the loss's gradient
+    return outputs;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();

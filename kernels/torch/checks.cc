@@ -35,6 +35,23 @@ void check_floating(const char* op, const char* name, const at::Tensor& t, const
               " but the first argument is on ", ref.device());
 }
 
+// The attention's q [B?, N, H, d_qk] and key [B?, M, d_qk], floating and on one device: returns
+// q's batch layout, which key must share, and sets shape->heads and shape->dim_qk.
+template <typename Shape>
+Batching check_attention_qk(const char* op, const at::Tensor& q, const at::Tensor& key,
+                            Shape* shape) {
+  const Batching batching = batching_of(op, "q", q, 3);
+  check_same_batching(op, "key", key, 2, batching);
+  check_floating(op, "q", q, q);
+  check_floating(op, "key", key, q);
+  shape->heads = seq_dim(q, batching, 1);
+  shape->dim_qk = seq_dim(q, batching, 2);
+  TORCH_CHECK(seq_dim(key, batching, 1) == shape->dim_qk, op,
+              ": key must be [M, d_qk] with d_qk = ", shape->dim_qk, " (from q), got shape ",
+              key.sizes());
+  return batching;
+}
+
 // The indexer's tensors under the names an op gives them; q's layout is the batch layout.
 struct IndexerNames {
   const char* q;
@@ -83,19 +100,11 @@ DenseIndexerArgs check_dense_indexer_kl(const char* op, const at::Tensor& q, con
                                         const at::Tensor& w, int64_t q_offset,
                                         int64_t tokens_per_key) {
   DenseIndexerArgs a;
-  a.batching = batching_of(op, "q", q, 3);
-  check_same_batching(op, "key", key, 2, a.batching);
+  a.batching = check_attention_qk(op, q, key, &a.shape);
   check_same_batching(op, "q_I", q_I, 3, a.batching);
-  check_floating(op, "q", q, q);
-  check_floating(op, "key", key, q);
   check_floating(op, "q_I", q_I, q);
   a.shape.indexer =
       indexer_args(op, {"q_I", "k_I", "w"}, q_I, k_I, w, q_offset, tokens_per_key).shape;
-  a.shape.heads = seq_dim(q, a.batching, 1);
-  a.shape.dim_qk = seq_dim(q, a.batching, 2);
-  TORCH_CHECK(seq_dim(key, a.batching, 1) == a.shape.dim_qk, op,
-              ": key must be [M, d_qk] with d_qk = ", a.shape.dim_qk, " (from q), got shape ",
-              key.sizes());
   TORCH_CHECK(seq_dim(q, a.batching, 0) == a.shape.indexer.num_queries, op,
               ": q_I must have one row per query of q (", seq_dim(q, a.batching, 0),
               "), got shape ", q_I.sizes());
@@ -141,21 +150,12 @@ void check_query_group(const char* op, int64_t group) {
 SparseAttnArgs check_sparse_attn(const char* op, const at::Tensor& q, const at::Tensor& key,
                                  const at::Tensor& value, const at::Tensor& indices) {
   SparseAttnArgs a;
-  a.batching = batching_of(op, "q", q, 3);
-  check_same_batching(op, "key", key, 2, a.batching);
+  a.batching = check_attention_qk(op, q, key, &a.shape);
   check_same_batching(op, "value", value, 2, a.batching);
-  check_floating(op, "key", key, q);
   check_floating(op, "value", value, q);
-  TORCH_CHECK(at::isFloatingType(q.scalar_type()), op, ": q must be a floating tensor, got ",
-              q.scalar_type());
   a.shape.num_queries = seq_dim(q, a.batching, 0);
-  a.shape.heads = seq_dim(q, a.batching, 1);
-  a.shape.dim_qk = seq_dim(q, a.batching, 2);
   a.shape.num_keys = seq_dim(key, a.batching, 0);
   a.shape.dim_v = seq_dim(value, a.batching, 1);
-  TORCH_CHECK(seq_dim(key, a.batching, 1) == a.shape.dim_qk, op,
-              ": key must be [M, d_qk] with d_qk = ", a.shape.dim_qk, " (from q), got shape ",
-              key.sizes());
   TORCH_CHECK(seq_dim(value, a.batching, 0) == a.shape.num_keys, op,
               ": value must have as many rows as key (", a.shape.num_keys, "), got shape ",
               value.sizes());

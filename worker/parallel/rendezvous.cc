@@ -1,13 +1,18 @@
 #include "worker/parallel/rendezvous.h"
 
+#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#ifdef HYSCALE_HAVE_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace hyscale::parallel {
 namespace {
@@ -80,6 +85,18 @@ absl::StatusOr<std::optional<RendezvousConfig>> RendezvousFromEnv() {
   config.timeout = std::chrono::seconds(timeout_s);
   config.collective_timeout = std::chrono::seconds(collective_timeout_s);
   return config;
+}
+
+c10::Device RankDevice(const std::optional<RendezvousConfig>& rendezvous, bool cuda) {
+  if (!cuda) return c10::Device(c10::kCPU);
+  const int rank = rendezvous ? rendezvous->rank : 0;
+  const c10::Device device(
+      c10::kCUDA,
+      static_cast<c10::DeviceIndex>(rank % std::max<int64_t>(1, torch::cuda::device_count())));
+#ifdef HYSCALE_HAVE_CUDA
+  c10::cuda::set_device(device.index());
+#endif
+  return device;
 }
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RendezvousConfig& config,

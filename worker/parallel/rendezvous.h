@@ -9,6 +9,7 @@
 //   HYSCALE_COMM_TIMEOUT_S        deadline of every collective after that (default 300)
 #pragma once
 
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
@@ -32,6 +33,11 @@ struct RendezvousConfig {
 // The variables above; nullopt when this process runs alone. Rank 0 serves the store. Errors
 // name the variable.
 absl::StatusOr<std::optional<RendezvousConfig>> RendezvousFromEnv();
+
+// This process's device: with `cuda`, the GPU its rank (0 when it runs alone) picks, rank mod the
+// visible GPUs (a standalone run's ranks share them; the agent shows each rank only its own), made
+// the current device for NCCL and the kernels; else the CPU.
+c10::Device RankDevice(const std::optional<RendezvousConfig>& rendezvous, bool cuda);
 
 // Connects to (or serves) the store; fails after config.timeout if the server never answers.
 // A server's port (the kernel's pick for port 0) goes to *served_port when given.

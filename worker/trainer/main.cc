@@ -25,7 +25,6 @@
 
 #ifdef HYSCALE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include "proto/constants.h"
@@ -154,18 +153,8 @@ int main(int argc, char** argv) {
     std::cerr << "hyscale-train: " << rendezvous.status().message() << "\n";
     return kExitBadInput;
   }
-  // A rank that sees several GPUs (a standalone run; the agent shows each rank only its own)
-  // takes the one its rank picks.
-  const int rank = *rendezvous ? (*rendezvous)->rank : 0;
-  const torch::Device device =
-      device_name == "cuda" || (device_name == "auto" && cuda)
-          ? torch::Device(torch::kCUDA,
-                          static_cast<c10::DeviceIndex>(
-                              rank % std::max<size_t>(1, torch::cuda::device_count())))
-          : torch::Device(torch::kCPU);
-#ifdef HYSCALE_HAVE_CUDA
-  if (device.is_cuda()) c10::cuda::set_device(device.index());  // NCCL's and the kernels' device
-#endif
+  const torch::Device device = hyscale::parallel::RankDevice(
+      *rendezvous, device_name == "cuda" || (device_name == "auto" && cuda));
   if (device.is_cuda()) {
     bool sparse = attention == "sparse";
     for (const auto& stage : spec->stages()) sparse |= stage.attention() == hyscale::v1::SPARSE;

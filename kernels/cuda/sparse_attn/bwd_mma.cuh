@@ -48,22 +48,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) sparse_attn_bwd_kernel(Proble
     cp_async_wait<0>();
     __syncthreads();
     float s[2][4] = {}, dp[2][4] = {};
-#pragma unroll 4
-    for (int k0 = 0; k0 < DQ; k0 += 16) {
-      uint32_t a[4], b[4];
-      load_a<DQ>(a, sq, rw * 16, k0, lane);
-      load_b_nk<DQ>(b, sk, cw * 16, k0, lane);
-      mma_bf16(s[0], a, b[0], b[1]);
-      mma_bf16(s[1], a, b[2], b[3]);
-    }
-#pragma unroll 4
-    for (int k0 = 0; k0 < DV; k0 += 16) {
-      uint32_t a[4], b[4];
-      load_a<DV>(a, sdo, rw * 16, k0, lane);
-      load_b_nk<DV>(b, sv, cw * 16, k0, lane);
-      mma_bf16(dp[0], a, b[0], b[1]);
-      mma_bf16(dp[1], a, b[2], b[3]);
-    }
+    mma_block_by_nk<DQ>(s, sq, rw * 16, sk, cw * 16, lane);
+    mma_block_by_nk<DV>(dp, sdo, rw * 16, sv, cw * 16, lane);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       float pr[4], ds[4];

@@ -81,6 +81,23 @@ __device__ __forceinline__ void load_b_kn_wgmma_tile(uint32_t (&b)[4], const __n
   ldsm_x4_t(b, tile + swizzled_offset<kRows>(row, col / 8));
 }
 
+// acc[0], acc[1] += A[row0 .. row0+16, 0 .. kK) x B[0 .. kK, n0 .. n0+8), [.., n0+8 .. n0+16), with
+// A a row-major [.][kK] tile (queries or dO) and B^T a row-major [.][kK] tile (keys or values):
+// the backward's S = Q K^T and dP = dO V^T on a warp's 16 x 16 block.
+template <int kK>
+__device__ __forceinline__ void mma_block_by_nk(float (&acc)[2][4], const __nv_bfloat16* a_tile,
+                                                int row0, const __nv_bfloat16* b_tile, int n0,
+                                                int lane) {
+#pragma unroll 4
+  for (int k0 = 0; k0 < kK; k0 += 16) {
+    uint32_t a[4], b[4];
+    load_a<kK>(a, a_tile, row0, k0, lane);
+    load_b_nk<kK>(b, b_tile, n0, k0, lane);
+    mma_bf16(acc[0], a, b[0], b[1]);
+    mma_bf16(acc[1], a, b[2], b[3]);
+  }
+}
+
 // acc[nt] += A[row0 .. row0+16, 0 .. kK) x B[0 .. kK, n0 + 8 nt .. + 8) for nt < kTiles, with A a
 // row-major [.][kK] tile (probabilities or dS) and B a row-major [kK][kBCols] tile (values or
 // keys): the P V product of the forward and the dS K product of dq.
