@@ -442,6 +442,24 @@ Plan make_plan(const IndexerShape& shape, int64_t topk) {
   return plan;
 }
 
+// Where a scoring pass writes its candidates and the finishing pass reads them: the main pass's
+// buffers or the fallback's.
+struct CandidateBuffers {
+  float* scores;
+  int* keys;
+  int* counts;
+  int64_t capacity;
+
+  template <class Params>  // ScoreParams or FinishParams
+  Params applied_to(Params p) const {
+    p.cand_scores = scores;
+    p.cand_keys = keys;
+    p.counts = counts;
+    p.capacity = static_cast<int>(capacity);
+    return p;
+  }
+};
+
 // Carves the workspace into the buffers of a Plan (same layout for sizing and for use).
 struct Workspace {
   float* cand_scores;
@@ -559,24 +577,17 @@ FlashTopkStats flash_topk_impl(const IndexerShape& shape, const IndexerOperands&
           plan.target, ws.thresholds);
       check(cudaGetLastError(), "threshold kernel launch");
     }
-    ScoreParams main = base;
+    const CandidateBuffers candidates{ws.cand_scores, ws.cand_keys, ws.counts, plan.capacity};
+    ScoreParams main = candidates.applied_to(base);
     main.keys = in.k;
     main.rows = rows;
     main.key_stride = 1;
     main.num_array_keys = shape.num_keys;
     main.thresholds = plan.sample ? ws.thresholds : nullptr;
-    main.capacity = static_cast<int>(plan.capacity);
-    main.cand_scores = ws.cand_scores;
-    main.cand_keys = ws.cand_keys;
-    main.counts = ws.counts;
     launch_score<Traits, ScoreMode::kCandidates>(main, stream);
 
     check(cudaMemsetAsync(ws.failed_count, 0, sizeof(int), stream), "memset");
-    FinishParams chunk = finish;
-    chunk.cand_scores = ws.cand_scores;
-    chunk.cand_keys = ws.cand_keys;
-    chunk.counts = ws.counts;
-    chunk.capacity = static_cast<int>(plan.capacity);
+    FinishParams chunk = candidates.applied_to(finish);
     chunk.rows = rows;
     chunk.failed_rows = ws.failed_rows;
     chunk.failed_count = ws.failed_count;
@@ -587,22 +598,16 @@ FlashTopkStats flash_topk_impl(const IndexerShape& shape, const IndexerOperands&
           "copy of the fallback count");
     check(cudaStreamSynchronize(stream), "synchronize");
     stats.fallback_rows += failed;
+    const CandidateBuffers fallback{ws.fallback_scores, ws.fallback_keys, ws.fallback_counts,
+                                    plan.fallback_capacity};
     for (int done = 0; done < failed; done += static_cast<int>(plan.fallback_rows)) {
       const RowSet listed{0, static_cast<int>(std::min<int64_t>(plan.fallback_rows, failed - done)),
                           ws.failed_rows + done};
-      ScoreParams full = main;
+      ScoreParams full = fallback.applied_to(main);
       full.rows = listed;
       full.thresholds = nullptr;
-      full.capacity = static_cast<int>(plan.fallback_capacity);
-      full.cand_scores = ws.fallback_scores;
-      full.cand_keys = ws.fallback_keys;
-      full.counts = ws.fallback_counts;
       launch_score<Traits, ScoreMode::kCandidates>(full, stream);
-      FinishParams exact = finish;
-      exact.cand_scores = ws.fallback_scores;
-      exact.cand_keys = ws.fallback_keys;
-      exact.counts = ws.fallback_counts;
-      exact.capacity = static_cast<int>(plan.fallback_capacity);
+      FinishParams exact = fallback.applied_to(finish);
       exact.rows = listed;
       launch_finish(exact, stream);
     }

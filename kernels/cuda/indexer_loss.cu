@@ -345,9 +345,7 @@ __device__ __forceinline__ int64_t visible_in_block(const IndexerShape& shape, i
 __global__ void __launch_bounds__(RowWarpTraits::kThreads)
     dense_attention_lse_kernel(IndexerShape shape, int64_t first, int64_t rows, int64_t heads,
                                int64_t keys, const float* logits, float scale, float* lse) {
-  const int64_t row_head =
-      static_cast<int64_t>(blockIdx.x) * RowWarpTraits::kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const auto [row_head, lane] = warp_row();
   if (row_head >= rows * heads) return;
   const int64_t seen = visible_in_block(shape, first, row_head / heads, keys);
   const float* const x = logits + row_head * keys;
