@@ -18,8 +18,9 @@ constexpr double kGiga = 1e9;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
-// The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc) works a block
-// of rows at a time, whose fp32 logits [rows, H, keys] it keeps near kDenseLossBlockBytes.
+// The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc) keeps a few
+// rows' fp32 logits [rows, H, keys] and a block of rows' [rows, keys] tables near
+// kDenseLossBlockBytes each.
 constexpr double kDenseLossBlockBytes = 1.0 * (1 << 30);
 // Bytes a frozen dense query row holds: its key list (int32 over the sequence) and the copies the
 // attention op makes of it.
@@ -382,7 +383,8 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   } else if (w.sparse) {
     scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
   } else if (dense_hyscale && frozen) {
-    scratch = 1.25 * kDenseLossBlockBytes;  // the loss's block of logits and index scores
+    // The loss's logits of a few rows, and its [rows, keys] tables of a block of more rows.
+    scratch = 2.5 * kDenseLossBlockBytes;
   }
   // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
   // output's gradients whole (fp32).

@@ -371,8 +371,8 @@ constexpr int kTargetThreads = 256;
 constexpr int kMaxTargetHeads = 256;
 __global__ void __launch_bounds__(kTargetThreads)
     dense_attention_target_kernel(IndexerShape shape, int64_t first, int64_t heads, int64_t keys,
-                                  const float* logits, float scale, const float* lse,
-                                  float* target) {
+                                  const float* logits, float scale, const float* lse, float* target,
+                                  int64_t target_stride) {
   __shared__ float row_lse[kMaxTargetHeads];
   const int64_t r = blockIdx.y;
   for (int64_t h = threadIdx.x; h < heads; h += kTargetThreads) row_lse[h] = lse[r * heads + h];
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(kTargetThreads)
     for (int64_t h = 0; h < heads; ++h) p += expf(scale * x[h * keys] - row_lse[h]);
     p /= static_cast<float>(heads);
   }
-  target[r * keys + s] = p;
+  target[r * target_stride + s] = p;
 }
 
 // ---- Launchers ----------------------------------------------------------------------------------
@@ -472,7 +472,7 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
 
 void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,
                             int64_t keys, const float* logits, float scale, float* lse,
-                            float* target, Stream stream) {
+                            float* target, int64_t target_stride, Stream stream) {
   const char* op = "hyscale::dense_indexer_kl (CUDA)";
   if (heads > kMaxTargetHeads) {
     throw std::invalid_argument(std::string(op) + ": H must be at most " +
@@ -486,7 +486,7 @@ void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t ro
   const dim3 grid(static_cast<unsigned>(ceil_div(keys, kTargetThreads)),
                   static_cast<unsigned>(rows));
   dense_attention_target_kernel<<<grid, kTargetThreads, 0, cuda_stream>>>(
-      shape, first, heads, keys, logits, scale, lse, target);
+      shape, first, heads, keys, logits, scale, lse, target, target_stride);
   throw_on_error(cudaGetLastError(), op, "dense_attention_target_kernel launch");
 }
 

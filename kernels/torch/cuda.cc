@@ -466,17 +466,40 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 
 // ---- The dense warm-up's indexer loss ----------------------------------------------------------
 
-// A row block's fp32 attention logits [rows, H, keys] are kept near this size: large enough for
-// long GEMMs, small enough that the loss's memory stays linear in N.
+// What the loss keeps of a block of rows: its fp32 attention logits [rows, H, keys] near
+// kDenseBlockBytes (32 rows at 128K with H = 64), and its [rows, keys] tables (target, scores,
+// their gradient, the key list: about kDenseBytesPerPair a pair) near it too, in blocks of more
+// rows (512 at 128K), so that the index-score backward gets a block of the GPU's size.
 constexpr int64_t kDenseBlockBytes = int64_t(1) << 30;
+constexpr int64_t kDenseBytesPerPair = 16;
 constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows still end
 
+// target [rows, keys] (0 past each row's visible keys) of rows [first, first + rows) of one
+// sequence: the frozen attention's probabilities summed over heads, divided by H, from logits
+// made on tensor cores (bf16 in, fp32 out) a few rows at a time and read twice.
+void dense_target(const IndexerShape& shape, const at::Tensor& q, const at::Tensor& key,
+                  double scale, int64_t first, int64_t rows, const at::Tensor& target) {
+  const int64_t heads = q.size(1), keys = target.size(1);
+  const int64_t step = std::clamp<int64_t>(kDenseBlockBytes / (heads * keys * 4), 1, rows);
+  for (int64_t begin = 0; begin < rows; begin += step) {
+    const int64_t part = std::min(step, rows - begin);
+    const int64_t seen = shape.visible_keys(first + begin + part - 1);
+    if (seen == 0) continue;
+    const auto logits = at::bmm(q.narrow(0, first + begin, part).reshape({1, part * heads, -1}),
+                                key.narrow(0, 0, seen).t().unsqueeze(0), at::kFloat);
+    auto lse = at::empty({part, heads}, target.options());
+    cuda::dense_attention_target(shape, first + begin, part, heads, seen, logits.data_ptr<float>(),
+                                 static_cast<float>(scale), lse.data_ptr<float>(),
+                                 target.narrow(0, begin, part).data_ptr<float>(), keys,
+                                 current_stream());
+  }
+}
+
 // dense_indexer_kl (kernels/dense_indexer_kl.h) on the GPU, a block of query rows at a time over
-// the keys its last row sees: the attention logits q . key on tensor cores (bf16 in, fp32 out),
-// their log-sum-exp and the target; the indexer's scores by flash_topk's scoring
-// (index_score_table); the KL and its gradient with respect to the scores; then the indexer's
-// gradients by index_score_backward's wgmma kernel with the block's visible keys as its key list.
-// Memory is O(rows * H * keys) for a block, never [N, M].
+// the keys its last row sees: the target (dense_target); the indexer's scores by flash_topk's
+// scoring (index_score_table), their log-sum-exp, the KL and its gradient with respect to the
+// scores; then the indexer's gradients by index_score_backward's wgmma kernel with the block's
+// visible keys as each row's key list. Memory is O(rows * keys) a block, never [N, M].
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
     const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I, const at::Tensor& k_I,
     const at::Tensor& w, double scale, int64_t q_offset, int64_t tokens_per_key) {
@@ -485,7 +508,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       check_dense_indexer_kl(op, q, key, q_I, k_I, w, q_offset, tokens_per_key);
   const IndexerShape& shape = a.shape.indexer;
   const Batching& b = a.batching;
-  const int64_t n = shape.num_queries, heads = a.shape.heads;
+  const int64_t n = shape.num_queries;
   const bool deterministic = at::globalContext().deterministicAlgorithms();
   const c10::cuda::CUDAGuard guard(q.device());
   const IndexerInputs in = indexer_inputs(op, IndexerArgs{shape, b}, q_I, k_I, w);
@@ -498,7 +521,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   auto grad_k = at::zeros(in.k.sizes(), f32);
   auto grad_w = at::zeros(in.w.sizes(), f32);
   const int64_t block_rows = std::clamp<int64_t>(
-      kDenseBlockBytes / (heads * std::max<int64_t>(1, shape.num_keys) * 4), 1, kMaxDenseBlockRows);
+      kDenseBlockBytes / (std::max<int64_t>(1, shape.num_keys) * kDenseBytesPerPair), 1,
+      kMaxDenseBlockRows);
   for (int64_t seq = 0; seq < b.batch; ++seq) {
     for (int64_t first = 0; first < n; first += block_rows) {
       const int64_t rows = std::min(block_rows, n - first);
@@ -512,18 +536,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
                              .clamp_max_(keys);
       const auto every_key = at::arange(keys, limit.options()).unsqueeze(0);
       const auto hidden = every_key.ge(limit.unsqueeze(1));  // [rows, keys]
-
-      // The target: the frozen attention's probabilities summed over heads, divided by H, from
-      // logits made on tensor cores and read twice.
-      auto target = at::empty({rows, keys}, f32);
-      {
-        const auto logits = at::bmm(vq[seq].narrow(0, first, rows).reshape({1, rows * heads, -1}),
-                                    vkey[seq].narrow(0, 0, keys).t().unsqueeze(0), at::kFloat);
-        auto lse = at::empty({rows, heads}, f32);
-        cuda::dense_attention_target(shape, first, rows, heads, keys, logits.data_ptr<float>(),
-                                     static_cast<float>(scale), lse.data_ptr<float>(),
-                                     target.data_ptr<float>(), current_stream());
-      }
+      auto target = at::zeros({rows, keys}, f32);
+      dense_target(shape, vq[seq], vkey[seq], scale, first, rows, target);
 
       // The indexer's log-probabilities over the same keys (-infinity where hidden).
       auto scores = at::empty({rows, shape.num_keys}, f32);
@@ -534,11 +548,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       auto index_lse = at::logsumexp(log_q, -1, /*keepdim=*/true);
       index_lse.masked_fill_(index_lse.isinf(), 0.0);
       log_q = log_q - index_lse;
+      scores = at::Tensor();
       loss[seq]
           .narrow(0, first, rows)
           .copy_((at::xlogy(target, target) - target * log_q.masked_fill(hidden, 0.0)).sum(-1));
       // d loss / d score = softmax - target: 0 where hidden (both are).
-      const auto grad_scores = (log_q.exp() - target).contiguous();
+      const auto grad_scores = log_q.exp_().sub_(target);
 
       IndexerShape block = shape;
       block.num_queries = rows;
