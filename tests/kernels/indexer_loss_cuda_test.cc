@@ -371,6 +371,32 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
   }
 }
 
+// A sequence long enough that the GPU op works in blocks of rows (4096 for the tables, 256 for the
+// logits at 16K keys and H = 64): rows at the start and end of blocks and sub-blocks, each against
+// the CPU op in float64 on those rows alone (q_offset places them).
+TEST_F(IndexerLossCudaTest, DenseIndexerKlInBlocksMatchesTheCpuOpRowByRow) {
+  const int64_t n = 16384, heads = 64, dim_qk = 64, index_heads = 16, index_dim = 64;
+  const auto q = bf16_values({n, heads, dim_qk}), key = bf16_values({n, dim_qk});
+  const auto q_i = eighths({n, index_heads, index_dim}), k_i = eighths({n, index_dim});
+  const auto w = eighths({n, index_heads});
+  const double scale = 0.125;
+  const auto gpu =
+      ops::dense_indexer_kl(q.cuda(), key.cuda(), q_i.cuda(), k_i.cuda(), w.cuda(), scale);
+  for (const int64_t first :
+       {int64_t(0), int64_t(255), int64_t(4095), int64_t(4096), int64_t(8191), n - 3}) {
+    SCOPED_TRACE("rows from " + std::to_string(first));
+    const int64_t rows = std::min<int64_t>(3, n - first);
+    const auto mine = [&](const torch::Tensor& t) {
+      return t.narrow(0, first, rows).to(torch::kDouble);
+    };
+    const auto want = ops::dense_indexer_kl(mine(q), key.to(torch::kDouble), mine(q_i),
+                                            k_i.to(torch::kDouble), mine(w), scale, first);
+    expect_close(gpu.loss.narrow(0, first, rows), want.loss, 1e-4, "loss");
+    expect_close(gpu.grad_q.narrow(0, first, rows), want.grad_q, 1e-2, "grad q_I");
+    expect_close(gpu.grad_w.narrow(0, first, rows), want.grad_w, 1e-2, "grad w");
+  }
+}
+
 TEST_F(IndexerLossCudaTest, DeterministicDenseIndexerKlIsBitIdenticalAcrossRuns) {
   const int64_t n = 400, heads = 8, dim_qk = 64, index_heads = 64, index_dim = 128;
   const auto q = bf16_values({n, heads, dim_qk}).cuda(), key = bf16_values({n, dim_qk}).cuda();
