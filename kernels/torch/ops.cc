@@ -80,13 +80,6 @@ DenseIndexerLoss dense_indexer_kl(const at::Tensor& q, const at::Tensor& key, co
   return {loss, gq, gk, gw};
 }
 
-bool dense_indexer_kl_runs_on(const at::Device& device) {
-  static const bool on_cuda = c10::Dispatcher::singleton()
-                                  .findSchemaOrThrow("hyscale::dense_indexer_kl", "")
-                                  .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-  return device.is_cpu() || (device.is_cuda() && on_cuda);
-}
-
 IndexScoreGrads index_score_backward(const at::Tensor& grad_scores, const at::Tensor& q,
                                      const at::Tensor& k, const at::Tensor& w,
                                      const at::Tensor& indices, int64_t q_offset,

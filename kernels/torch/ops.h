@@ -69,9 +69,6 @@ struct DenseIndexerLoss {
 DenseIndexerLoss dense_indexer_kl(const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I,
                                   const at::Tensor& k_I, const at::Tensor& w, double scale,
                                   int64_t q_offset = 0, int64_t tokens_per_key = 1);
-// Whether dense_indexer_kl has a kernel for tensors on `device` (the CPU always; the GPU once its
-// flash-style kernels are built in), so that callers can keep another path elsewhere.
-bool dense_indexer_kl_runs_on(const at::Device& device);
 
 // The backward ops autograd calls (autograd.cc); callable directly, e.g. by benchmarks.
 struct IndexScoreGrads {

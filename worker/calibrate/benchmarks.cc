@@ -283,8 +283,7 @@ IndexerLossMeasurement Benchmarks::IndexerLoss() const {
   return m;
 }
 
-std::optional<Measurement> Benchmarks::DenseIndexerLoss() const {
-  if (!ops::dense_indexer_kl_runs_on(device_)) return std::nullopt;
+Measurement Benchmarks::DenseIndexerLoss() const {
   const int64_t n = shapes_.dense_loss_seq_len;
   const IndexerInputs indexer = MakeIndexerInputs(shapes_, n, Options(dtype_));
   const at::Tensor q = at::randn({n, shapes_.heads, shapes_.dim_qk}, Options(dtype_));

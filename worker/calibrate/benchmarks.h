@@ -5,7 +5,6 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include <optional>
 #include <vector>
 
 #include "worker/calibrate/shapes.h"
@@ -77,8 +76,7 @@ class Benchmarks {
   // The dense warm-up's indexer loss: hyscale::dense_indexer_kl (the frozen attention's target,
   // the index scores, the KL and the indexer's gradients over every visible key) on one causal
   // sequence of dense_loss_seq_len random tokens; DenseIndexerLossFlops over its N(N+1)/2 pairs.
-  // nullopt where the op has no kernel for the device.
-  std::optional<Measurement> DenseIndexerLoss() const;
+  Measurement DenseIndexerLoss() const;
   // One near-empty op (a one-element add): the fixed cost of a kernel call.
   double KernelLaunch() const;
 

@@ -68,10 +68,8 @@ v1::Calibration ToProto(const Calibration& c) {
     *timings.mutable_latent_bwd() = Flops(c.latent->bwd);
     *timings.mutable_latent_mass() = Flops(c.latent->target);
   }
-  if (c.dense_indexer_loss) {
-    doc.set_dense_indexer_loss_tflops(c.dense_indexer_loss->Rate() / kTera);
-    *timings.mutable_dense_indexer_loss() = Flops(*c.dense_indexer_loss);
-  }
+  doc.set_dense_indexer_loss_tflops(c.dense_indexer_loss.Rate() / kTera);
+  *timings.mutable_dense_indexer_loss() = Flops(c.dense_indexer_loss);
   *doc.mutable_shapes() = ToProto(s);
   *timings.mutable_dense() = Flops(c.dense);
   *timings.mutable_copy() = Bytes(c.copy);

@@ -25,7 +25,7 @@ struct Calibration {
   std::optional<LatentMeasurement> latent;  // measured when d_v <= d_qk
   GatherMeasurement gather;
   IndexerLossMeasurement indexer_loss;
-  std::optional<Measurement> dense_indexer_loss;  // measured where dense_indexer_kl has a kernel
+  Measurement dense_indexer_loss;
   double kernel_launch_s = 0;
   std::vector<std::string> notes;
 };

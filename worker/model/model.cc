@@ -784,9 +784,8 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
   KeySide keys;
   torch::Tensor index_k_grad, loss;
   RowAssembler out_x(x.size(1), parts.size());  // filled without a graph: in place
-  // Dense: the loss over every visible key without [N, M] tables where a kernel runs it.
-  const bool flash_loss = options.attention == AttentionMode::kDense && options.indexer_loss &&
-                          ops::dense_indexer_kl_runs_on(x.device());
+  // Dense with the loss: output and loss over every visible key without [H, rows, keys] tables.
+  const bool key_lists = options.attention == AttentionMode::kDense && options.indexer_loss;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Chunk& c = parts[i];
     const auto x_c = x.narrow(1, c.begin, c.length);
@@ -805,9 +804,9 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
                  keys.value.defined() ? keys.value.narrow(1, 0, c.keys).detach() : keys.value,
                  as_leaf(keys.index_k.narrow(1, 0, c.keys))};
     const double chunk_share = static_cast<double>(c.length) / rows;
-    const Attention a = flash_loss ? frozen_dense_attention(queries, keys, c, options,
-                                                            grad_scale * chunk_share, index_k_grad)
-                                   : attend(queries, seen, c, options, torch::Tensor());
+    const Attention a = key_lists ? frozen_dense_attention(queries, keys, c, options,
+                                                           grad_scale * chunk_share, index_k_grad)
+                                  : attend(queries, seen, c, options, torch::Tensor());
     {
       torch::NoGradGuard no_grad;
       out_x.add(c.begin, residuals(x_c, a.out.detach(), options));
@@ -815,7 +814,7 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
     if (!a.loss.defined()) continue;
     const auto share = a.loss * chunk_share;
     loss = loss.defined() ? loss + share.detach() : share.detach();
-    if (flash_loss) continue;
+    if (key_lists) continue;
     {
       // Timed as the backward of the phases that made the graph; the scope returns the clock to
       // the forward afterwards.
