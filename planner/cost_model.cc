@@ -370,8 +370,12 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     mem.activations = (layers * d * f + head) * seqs * n + seqs * chunk * row_saved;
   }
   if (w.sparse) {
+    // One layer's selection (int32), or every layer's kept for replay, which HyScale packs
+    // (worker/model/index_packing.h): 2 bytes an entry up to 65,535 keys, else 3.
     const double one_layer = seqs * n * k * 4;
-    mem.indices = c.recompute == Recompute::kReselect || frozen ? one_layer : layers * one_layer;
+    const double packed = megatron ? 4 : (N <= 65535 ? 2 : 3);
+    mem.indices =
+        c.recompute == Recompute::kReselect || frozen ? one_layer : layers * one_layer * packed / 4;
   }
   // Two in flight + fp32 gradients; frozen, only the indexer keys' gradient.
   mem.gathered = frozen ? N * (key_elems + idx_elems) * ab + N * idx_elems * f

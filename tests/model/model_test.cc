@@ -11,6 +11,7 @@
 
 #include "proto/events.h"
 #include "tests/model/small_model.h"
+#include "worker/model/index_packing.h"
 #include "worker/model/model.h"
 
 namespace hyscale::trainer {
@@ -230,6 +231,42 @@ TEST(ModelTest, FrozenMainModelTrainsTheIndexerInsideTheForward) {
       }
     }
   }
+}
+
+// Replay's indices kept in 2 bytes an entry up to 65,535 keys and 3 beyond, exactly: -1, 0 and
+// the largest key at each width's edge, and random entries.
+TEST(ModelTest, PackedIndicesUnpackExactlyInTwoOrThreeBytes) {
+  for (const int64_t keys : {int64_t(1), int64_t(65535), int64_t(65536), kMaxPackedKeys}) {
+    auto indices = torch::randint(-1, keys, {2, 5, 7}, torch::kInt);
+    indices[0][0][0] = -1;
+    indices[0][0][1] = 0;
+    indices[0][0][2] = static_cast<int32_t>(keys - 1);
+    const auto packed = pack_indices(indices, keys);
+    const int64_t width = keys <= 65535 ? 2 : 3;
+    EXPECT_EQ(packed.numel() * packed.element_size(), indices.numel() * width) << keys << " keys";
+    EXPECT_TRUE(torch::equal(unpack_indices(packed), indices)) << keys << " keys";
+    EXPECT_TRUE(torch::equal(unpack_indices(indices), indices));  // int32 passes through
+  }
+  EXPECT_FALSE(pack_indices(torch::Tensor(), 10).defined());
+  EXPECT_THROW(pack_indices(torch::zeros({3}, torch::kInt), kMaxPackedKeys + 1), c10::Error);
+}
+
+// A recomputed sparse layer keeps its selection packed (2 bytes an entry at this length), and
+// replaying it trains as the forward did (ReplayGivesTheGradientsOfReselectionAndOfNoRecompute).
+TEST(ModelTest, SparseLayersKeepTheirSelectionPacked) {
+  torch::manual_seed(3);
+  const auto config = testing::SmallConfig();
+  DsaLayer layer(config);
+  layer->to(torch::kDouble);
+  const auto x = torch::randn({2, 19, config.d_model}, torch::kDouble);
+  ForwardOptions options;
+  SelectionStats stats;
+  const LayerOutput out = layer->forward(x, options, torch::Tensor(), stats);
+  ASSERT_TRUE(out.indices.defined());
+  EXPECT_EQ(out.indices.scalar_type(), torch::kShort);
+  const LayerOutput replayed = layer->forward(x, options, out.indices, stats);
+  EXPECT_TRUE(torch::equal(replayed.x, out.x));
+  EXPECT_TRUE(torch::equal(replayed.indices, out.indices));
 }
 
 TEST(ModelTest, RopeFromAnOffsetRotatesOnlyThoseFeatures) {

@@ -9,6 +9,7 @@
 
 #include "kernels/torch/compat.h"
 #include "kernels/torch/ops.h"
+#include "worker/model/index_packing.h"
 #include "worker/model/recompute.h"
 
 namespace hyscale::trainer {
@@ -573,11 +574,15 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
     const QuerySide queries = query_side(h, c.positions, options);
     if (parts.size() > 1) h = torch::Tensor();
     if (i == 0) keys = finish_exchange(local, options);
-    const auto replay =
-        replay_indices.defined() ? replay_indices.narrow(1, c.begin, c.length) : replay_indices;
+    const auto replay = replay_indices.defined()
+                            ? unpack_indices(replay_indices.narrow(1, c.begin, c.length))
+                            : replay_indices;
     const Attention a = attend(queries, keys, c, options, replay);
     out_x.add(c.begin, residuals(x_c, a.out, options));
-    indices.add(c.begin, a.indices);
+    {
+      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_SELECTION);
+      indices.add(c.begin, pack_indices(a.indices, keys.index_k.size(1)));
+    }
     if (a.loss.defined()) {
       // The chunk's mean, weighted by its share of the queries: the mean over all of them.
       const auto share = a.loss * (static_cast<double>(c.length) / static_cast<double>(t));
@@ -690,8 +695,9 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
         return t.defined() ? as_leaf(t.narrow(1, 0, c.keys)) : t;
       };
       seen = {prefix(keys.key), prefix(keys.value), prefix(keys.index_k)};
-      const auto replay =
-          replay_indices.defined() ? replay_indices.narrow(1, c.begin, c.length) : replay_indices;
+      const auto replay = replay_indices.defined()
+                              ? unpack_indices(replay_indices.narrow(1, c.begin, c.length))
+                              : replay_indices;
       a = attend(queries, seen, c, recomputed, replay);
       out_c = residuals(x_c, a.out, options);
       if (a.loss.defined()) {

@@ -170,7 +170,8 @@ TORCH_MODULE(LightningIndexer);
 struct LayerOutput {
   torch::Tensor x;
   torch::Tensor indexer_loss;  // scalar mean over queries; undefined when not computed
-  torch::Tensor indices;       // sparse mode: the selection used (for replay)
+  // Sparse mode: the selection used, packed for replay (index_packing.h; replay takes it so).
+  torch::Tensor indices;
   LayerProbe probe;
 };
 
@@ -179,7 +180,8 @@ class DsaLayerImpl : public torch::nn::Module {
   explicit DsaLayerImpl(const ModelConfig& config);
 
   // replay_indices: a selection made by an earlier forward of this layer on the same input
-  // (recomputation); when given, scores are recomputed only at those entries. Runs the queries
+  // (recomputation), packed as LayerOutput::indices holds it or int32; when given, scores are
+  // recomputed only at those entries. Runs the queries
   // options.query_chunk at a time.
   LayerOutput forward(const torch::Tensor& x, const ForwardOptions& options,
                       const torch::Tensor& replay_indices, SelectionStats& stats);
