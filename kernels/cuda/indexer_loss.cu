@@ -470,8 +470,19 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
   }
 }
 
+void dense_attention_lse(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,
+                         int64_t keys, const float* logits, float scale, float* lse,
+                         Stream stream) {
+  if (rows == 0) return;
+  dense_attention_lse_kernel<<<row_warp_blocks(rows * heads), RowWarpTraits::kThreads, 0,
+                               static_cast<cudaStream_t>(stream)>>>(shape, first, rows, heads, keys,
+                                                                    logits, scale, lse);
+  throw_on_error(cudaGetLastError(), "hyscale::dense_indexer_kl (CUDA)",
+                 "dense_attention_lse_kernel launch");
+}
+
 void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,
-                            int64_t keys, const float* logits, float scale, float* lse,
+                            int64_t keys, const float* logits, float scale, const float* lse,
                             float* target, int64_t target_stride, Stream stream) {
   const char* op = "hyscale::dense_indexer_kl (CUDA)";
   if (heads > kMaxTargetHeads) {
@@ -479,13 +490,9 @@ void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t ro
                                 std::to_string(kMaxTargetHeads) + ", got " + std::to_string(heads));
   }
   if (rows == 0 || keys == 0) return;
-  const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  dense_attention_lse_kernel<<<row_warp_blocks(rows * heads), RowWarpTraits::kThreads, 0,
-                               cuda_stream>>>(shape, first, rows, heads, keys, logits, scale, lse);
-  throw_on_error(cudaGetLastError(), op, "dense_attention_lse_kernel launch");
   const dim3 grid(static_cast<unsigned>(ceil_div(keys, kTargetThreads)),
                   static_cast<unsigned>(rows));
-  dense_attention_target_kernel<<<grid, kTargetThreads, 0, cuda_stream>>>(
+  dense_attention_target_kernel<<<grid, kTargetThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       shape, first, heads, keys, logits, scale, lse, target, target_stride);
   throw_on_error(cudaGetLastError(), op, "dense_attention_target_kernel launch");
 }

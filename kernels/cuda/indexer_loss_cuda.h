@@ -43,12 +43,15 @@ void indexer_kl_bwd(int64_t rows, int64_t topk, const float* score, const float*
 
 // The dense warm-up's target (kernels/dense_indexer_kl.h) from a block of rows' fp32 attention
 // logits [rows, H, keys] (q . key, unscaled): row r sees keys s < visible_keys(first + r) of
-// `shape` (its positions, tokens_per_key and num_keys; at most `keys`); lse [rows, H] = log sum
-// over them of exp(scale * logit), -infinity for a row that sees none; target (rows of
-// target_stride >= keys floats) [r, s < keys] = (1/H) sum_h exp(scale * logit - lse), 0 where not
-// seen. Two reads of the logits, no other pass over them.
+// `shape` (its positions, tokens_per_key and num_keys; at most `keys`).
+// dense_attention_lse: lse [rows, H] = log sum over them of exp(scale * logit), -infinity for a
+// row that sees none. dense_attention_target: target (rows of target_stride >= keys floats)
+// [r, s < keys] = (1/H) sum_h exp(scale * logit - lse), 0 where not seen. One read of the logits
+// each.
+void dense_attention_lse(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,
+                         int64_t keys, const float* logits, float scale, float* lse, Stream stream);
 void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,
-                            int64_t keys, const float* logits, float scale, float* lse,
+                            int64_t keys, const float* logits, float scale, const float* lse,
                             float* target, int64_t target_stride, Stream stream);
 
 }  // namespace hyscale::cuda

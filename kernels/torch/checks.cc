@@ -98,7 +98,8 @@ IndexerArgs check_indexer(const char* op, const at::Tensor& q, const at::Tensor&
 DenseIndexerArgs check_dense_indexer_kl(const char* op, const at::Tensor& q, const at::Tensor& key,
                                         const at::Tensor& q_I, const at::Tensor& k_I,
                                         const at::Tensor& w, int64_t q_offset,
-                                        int64_t tokens_per_key) {
+                                        int64_t tokens_per_key,
+                                        const c10::optional<at::Tensor>& lse) {
   DenseIndexerArgs a;
   a.batching = check_attention_qk(op, q, key, &a.shape);
   check_same_batching(op, "q_I", q_I, 3, a.batching);
@@ -111,6 +112,14 @@ DenseIndexerArgs check_dense_indexer_kl(const char* op, const at::Tensor& q, con
   TORCH_CHECK(seq_dim(key, a.batching, 0) == a.shape.indexer.num_keys, op,
               ": k_I must have one row per key of key (", seq_dim(key, a.batching, 0),
               "), got shape ", k_I.sizes());
+  if (lse) {
+    check_same_batching(op, "lse", *lse, 2, a.batching);
+    check_floating(op, "lse", *lse, q);
+    TORCH_CHECK(seq_dim(*lse, a.batching, 0) == a.shape.indexer.num_queries &&
+                    seq_dim(*lse, a.batching, 1) == a.shape.heads,
+                op, ": lse must be [N, H] = [", a.shape.indexer.num_queries, ", ", a.shape.heads,
+                "] (from q), got shape ", lse->sizes());
+  }
   return a;
 }
 

@@ -38,11 +38,13 @@ struct DenseIndexerArgs {
 };
 
 // dense_indexer_kl's arguments: the main attention's q [B?, N, H, d_qk] and key [B?, M, d_qk], the
-// indexer's q_I, k_I, w as check_indexer takes them, on the same queries and keys.
+// indexer's q_I, k_I, w as check_indexer takes them, on the same queries and keys, and lse
+// [B?, N, H] floating on q's device where given.
 DenseIndexerArgs check_dense_indexer_kl(const char* op, const at::Tensor& q, const at::Tensor& key,
                                         const at::Tensor& q_I, const at::Tensor& k_I,
                                         const at::Tensor& w, int64_t q_offset,
-                                        int64_t tokens_per_key);
+                                        int64_t tokens_per_key,
+                                        const c10::optional<at::Tensor>& lse);
 
 struct IndexerBackwardArgs {
   IndexerArgs indexer;

@@ -304,12 +304,14 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
   return grad_score.to(score.scalar_type());
 }
 
-// The kernels' three steps per sequence; the log-sum-exps stay inside ([B, N, H] and [B, N]).
+// The kernels' three steps per sequence (the attention's log-sum-exps only when not given); the
+// log-sum-exps stay inside ([B, N, H] and [B, N]).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
     const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I, const at::Tensor& k_I,
-    const at::Tensor& w, double scale, int64_t q_offset, int64_t tokens_per_key) {
+    const at::Tensor& w, double scale, int64_t q_offset, int64_t tokens_per_key,
+    const c10::optional<at::Tensor>& known_lse) {
   const DenseIndexerArgs a = check_dense_indexer_kl("hyscale::dense_indexer_kl", q, key, q_I, k_I,
-                                                    w, q_offset, tokens_per_key);
+                                                    w, q_offset, tokens_per_key, known_lse);
   const DenseIndexerShape& s = a.shape;
   const int64_t n = s.indexer.num_queries;
   const auto dtype = cpu_compute_dtype(q);
@@ -317,7 +319,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   const SeqView viq(q_I, a.batching, dtype), vik(k_I, a.batching, dtype), viw(w, a.batching, dtype);
   const Batching batched{a.batching.batch, true};
   const auto options = q.options().dtype(dtype);
-  const SeqView lse(at::empty(batched_sizes(a.batching, {n, s.heads}), options), batched, dtype);
+  const SeqView lse =
+      known_lse
+          ? SeqView(*known_lse, a.batching, dtype)
+          : SeqView(at::empty(batched_sizes(a.batching, {n, s.heads}), options), batched, dtype);
   const SeqView index_lse(at::empty(batched_sizes(a.batching, {n}), options), batched, dtype);
   const SeqView loss(at::empty(batched_sizes(a.batching, {n}), options), batched, dtype);
   const SeqView gq(at::empty_like(viq.tensor()), batched, dtype);
@@ -326,8 +331,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   AT_DISPATCH_FLOATING_TYPES(dtype, "dense_indexer_kl", [&] {
     const auto scale_t = static_cast<scalar_t>(scale);
     for (int64_t b = 0; b < a.batching.batch; ++b) {
-      dense_attention_lse_cpu<scalar_t>(s, vq.at<scalar_t>(b), vkey.at<scalar_t>(b), scale_t,
-                                        lse.at<scalar_t>(b), cpu_context());
+      if (!known_lse) {
+        dense_attention_lse_cpu<scalar_t>(s, vq.at<scalar_t>(b), vkey.at<scalar_t>(b), scale_t,
+                                          lse.at<scalar_t>(b), cpu_context());
+      }
       dense_index_lse_cpu<scalar_t>(s.indexer, viq.at<scalar_t>(b), vik.at<scalar_t>(b),
                                     viw.at<scalar_t>(b), index_lse.at<scalar_t>(b), cpu_context());
       dense_indexer_kl_cpu<scalar_t>(s, vq.at<scalar_t>(b), vkey.at<scalar_t>(b), scale_t,

@@ -476,9 +476,11 @@ constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows
 
 // target [rows, keys] (0 past each row's visible keys) of rows [first, first + rows) of one
 // sequence: the frozen attention's probabilities summed over heads, divided by H, from logits
-// made on tensor cores (bf16 in, fp32 out) a few rows at a time and read twice.
+// made on tensor cores (bf16 in, fp32 out) a few rows at a time, read once for their log-sum-exps
+// unless `lse` [N, H] (fp32, contiguous) has them, and once for the target.
 void dense_target(const IndexerShape& shape, const at::Tensor& q, const at::Tensor& key,
-                  double scale, int64_t first, int64_t rows, const at::Tensor& target) {
+                  const at::Tensor& lse, double scale, int64_t first, int64_t rows,
+                  const at::Tensor& target) {
   const int64_t heads = q.size(1), keys = target.size(1);
   const int64_t step = std::clamp<int64_t>(kDenseBlockBytes / (heads * keys * 4), 1, rows);
   for (int64_t begin = 0; begin < rows; begin += step) {
@@ -487,25 +489,35 @@ void dense_target(const IndexerShape& shape, const at::Tensor& q, const at::Tens
     if (seen == 0) continue;
     const auto logits = at::bmm(q.narrow(0, first + begin, part).reshape({1, part * heads, -1}),
                                 key.narrow(0, 0, seen).t().unsqueeze(0), at::kFloat);
-    auto lse = at::empty({part, heads}, target.options());
+    at::Tensor part_lse;
+    if (lse.defined()) {
+      part_lse = lse.narrow(0, first + begin, part);
+    } else {
+      part_lse = at::empty({part, heads}, target.options());
+      cuda::dense_attention_lse(shape, first + begin, part, heads, seen, logits.data_ptr<float>(),
+                                static_cast<float>(scale), part_lse.data_ptr<float>(),
+                                current_stream());
+    }
     cuda::dense_attention_target(shape, first + begin, part, heads, seen, logits.data_ptr<float>(),
-                                 static_cast<float>(scale), lse.data_ptr<float>(),
+                                 static_cast<float>(scale), part_lse.data_ptr<float>(),
                                  target.narrow(0, begin, part).data_ptr<float>(), keys,
                                  current_stream());
   }
 }
 
 // dense_indexer_kl (kernels/dense_indexer_kl.h) on the GPU, a block of query rows at a time over
-// the keys its last row sees: the target (dense_target); the indexer's scores by flash_topk's
+// the keys its last row sees: the target (dense_target, with the given lse if any); the indexer's
+// scores by flash_topk's
 // scoring (index_score_table), their log-sum-exp, the KL and its gradient with respect to the
 // scores; then the indexer's gradients by index_score_backward's wgmma kernel with the block's
 // visible keys as each row's key list. Memory is O(rows * keys) a block, never [N, M].
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
     const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I, const at::Tensor& k_I,
-    const at::Tensor& w, double scale, int64_t q_offset, int64_t tokens_per_key) {
+    const at::Tensor& w, double scale, int64_t q_offset, int64_t tokens_per_key,
+    const c10::optional<at::Tensor>& known_lse) {
   const char* op = "hyscale::dense_indexer_kl";
   const DenseIndexerArgs a =
-      check_dense_indexer_kl(op, q, key, q_I, k_I, w, q_offset, tokens_per_key);
+      check_dense_indexer_kl(op, q, key, q_I, k_I, w, q_offset, tokens_per_key, known_lse);
   const IndexerShape& shape = a.shape.indexer;
   const Batching& b = a.batching;
   const int64_t n = shape.num_queries;
@@ -516,6 +528,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   const auto vq = batched(q).to(at::kBFloat16).contiguous();
   const auto vkey = batched(key).to(at::kBFloat16).contiguous();
   const auto f32 = vq.options().dtype(at::kFloat);
+  const auto vlse = known_lse ? batched(*known_lse).to(at::kFloat).contiguous() : at::Tensor();
   auto loss = at::zeros({b.batch, n}, f32);
   auto grad_q = at::zeros(in.q.sizes(), f32);
   auto grad_k = at::zeros(in.k.sizes(), f32);
@@ -537,7 +550,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       const auto every_key = at::arange(keys, limit.options()).unsqueeze(0);
       const auto hidden = every_key.ge(limit.unsqueeze(1));  // [rows, keys]
       auto target = at::zeros({rows, keys}, f32);
-      dense_target(shape, vq[seq], vkey[seq], scale, first, rows, target);
+      dense_target(shape, vq[seq], vkey[seq], vlse.defined() ? vlse[seq] : vlse, scale, first, rows,
+                   target);
 
       // The indexer's log-probabilities over the same keys (-infinity where hidden).
       auto scores = at::empty({rows, shape.num_keys}, f32);

@@ -67,9 +67,10 @@ TORCH_LIBRARY(hyscale, m) {
   m.def("indexer_kl_backward(Tensor grad_loss, Tensor score, Tensor target) -> Tensor");
   // The dense warm-up stage's indexer loss over every visible key (kernels/dense_indexer_kl.h):
   // per-row loss [N] and the gradients of sum(loss) w.r.t. q_I, k_I and w; q and key are the frozen
-  // main attention's. Not differentiable: the caller scales and backpropagates the gradients.
+  // main attention's, lse [N, H] its log-sum-exps where already known (computed otherwise). Not
+  // differentiable: the caller scales and backpropagates the gradients.
   m.def(
       "dense_indexer_kl(Tensor q, Tensor key, Tensor q_I, Tensor k_I, Tensor w, float scale,"
-      " int q_offset=0, int tokens_per_key=1)"
+      " int q_offset=0, int tokens_per_key=1, Tensor? lse=None)"
       " -> (Tensor loss, Tensor grad_q_I, Tensor grad_k_I, Tensor grad_w)");
 }

@@ -72,11 +72,14 @@ at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
 
 DenseIndexerLoss dense_indexer_kl(const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I,
                                   const at::Tensor& k_I, const at::Tensor& w, double scale,
-                                  int64_t q_offset, int64_t tokens_per_key) {
+                                  int64_t q_offset, int64_t tokens_per_key, const at::Tensor& lse) {
   static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      double, int64_t, int64_t)>("hyscale::dense_indexer_kl");
-  auto [loss, gq, gk, gw] = handle.call(q, key, q_I, k_I, w, scale, q_offset, tokens_per_key);
+      double, int64_t, int64_t, const c10::optional<at::Tensor>&)>("hyscale::dense_indexer_kl");
+  const c10::optional<at::Tensor> known =
+      lse.defined() ? c10::optional<at::Tensor>(lse) : c10::nullopt;
+  auto [loss, gq, gk, gw] =
+      handle.call(q, key, q_I, k_I, w, scale, q_offset, tokens_per_key, known);
   return {loss, gq, gk, gw};
 }
 

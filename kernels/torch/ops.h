@@ -61,14 +61,17 @@ at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target);
 // The dense warm-up stage's indexer loss, KL(target || softmax(I)) per query row over every
 // visible key, without an [N, M] table: the target is the frozen attention's (q [.., N, H, d_qk],
 // key [.., M, d_qk], `scale`) probabilities summed over heads and divided by H; I is the indexer's
-// score of (q_I, k_I, w) as flash_topk takes them. Returns loss [.., N] and the gradients of
-// sum(loss) w.r.t. q_I, k_I, w (the caller scales them); not differentiable itself.
+// score of (q_I, k_I, w) as flash_topk takes them. `lse` [.., N, H]: the attention's log-sum-exps
+// over each row's visible keys (scale included) where a forward made them; undefined: computed.
+// Returns loss [.., N] and the gradients of sum(loss) w.r.t. q_I, k_I, w (the caller scales
+// them); not differentiable itself.
 struct DenseIndexerLoss {
   at::Tensor loss, grad_q, grad_k, grad_w;
 };
 DenseIndexerLoss dense_indexer_kl(const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I,
                                   const at::Tensor& k_I, const at::Tensor& w, double scale,
-                                  int64_t q_offset = 0, int64_t tokens_per_key = 1);
+                                  int64_t q_offset = 0, int64_t tokens_per_key = 1,
+                                  const at::Tensor& lse = {});
 
 // The backward ops autograd calls (autograd.cc); callable directly, e.g. by benchmarks.
 struct IndexScoreGrads {

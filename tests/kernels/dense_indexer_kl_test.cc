@@ -315,6 +315,32 @@ TEST_F(DenseIndexerKlTest, BadArgumentsNameTheArgument) {
                op + "key must have the same batch layout");
   expect_error([&] { ops::dense_indexer_kl(q, key, q_I, k_I, w, 1.0, 0, 0); },
                "tokens_per_key must be >= 1");
+  expect_error(
+      [&] {
+        ops::dense_indexer_kl(q, key, q_I, k_I, w, 1.0, 0, 1, torch::zeros({6, 3}));
+      },
+      op + "lse must be [N, H] = [6, 2] (from q)");
+}
+
+// The attention's log-sum-exps, when given (the trainer passes its forward's), are what the op
+// uses: the dense ones give its own result, shifted ones another.
+TEST_F(DenseIndexerKlTest, GivenLogSumExpsAreTheOnesUsed) {
+  for (const Dims& d : {Dims{29, 35, 3, 7, 2, 6, 6, 1}, Dims{19, 14, 2, 17, 4, 5, 5, 2}}) {
+    SCOPED_TRACE(describe(d));
+    const Problem p = make_problem(d, Inputs::kGaussian, {2});
+    const auto visible = visible_mask(d.n, d.m, d.q_offset, d.tokens_per_key);
+    const auto logits = torch::einsum("bthd,bsd->bths", {p.q, p.key}) * p.scale;
+    const auto lse = torch::logsumexp(
+        logits.masked_fill(visible.logical_not().unsqueeze(1), -INFINITY), -1);  // [B, N, H]
+    const auto run = [&p](const torch::Tensor& given) {
+      const auto r = ops::dense_indexer_kl(p.q, p.key, p.q_I, p.k_I, p.w, p.scale, p.q_offset,
+                                           p.tokens_per_key, given);
+      return Result{r.loss, r.grad_q, r.grad_k, r.grad_w};
+    };
+    const Result computed = run(torch::Tensor());
+    expect_matches(run(lse), computed, 1e-12, "the dense lse");
+    EXPECT_FALSE(run(lse + 0.5).loss.allclose(computed.loss)) << "a shifted lse was not used";
+  }
 }
 
 }  // namespace

@@ -368,6 +368,20 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
     expect_close(gpu.grad_q, want.grad_q, 1e-2, "grad q_I");
     expect_close(gpu.grad_k, want.grad_k, 1e-2, "grad k_I");
     expect_close(gpu.grad_w, want.grad_w, 1e-2, "grad w");
+    // With the attention's log-sum-exps given (as the trainer passes its forward's): the same.
+    const auto visible =
+        torch::arange(c.m).unsqueeze(0) * c.tokens_per_key + c.tokens_per_key - 1 <=
+        torch::arange(c.n).unsqueeze(1) + c.q_offset;
+    const auto lse = torch::logsumexp(
+        (torch::einsum("thd,sd->ths", {q.to(torch::kDouble), key.to(torch::kDouble)}) * scale)
+            .masked_fill(visible.logical_not().unsqueeze(1), -INFINITY),
+        -1);
+    const auto given =
+        ops::dense_indexer_kl(q.cuda(), key.cuda(), q_i.cuda(), k_i.cuda(), w.cuda(), scale,
+                              c.q_offset, c.tokens_per_key, lse.to(torch::kFloat).cuda());
+    expect_close(given.loss, want.loss, 1e-4, "loss, lse given");
+    expect_close(given.grad_q, want.grad_q, 1e-2, "grad q_I, lse given");
+    expect_close(given.grad_k, want.grad_k, 1e-2, "grad k_I, lse given");
   }
 }
 

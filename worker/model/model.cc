@@ -445,6 +445,7 @@ DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
     const auto rows = [&run](const torch::Tensor& t) {
       return t.narrow(1, run.begin, run.length).detach();
     };
+    ops::Attention attention;
     {
       // The output by the sparse kernels over each row's whole causal prefix: [rows, keys]
       // indices, -1 past a row's position (skipped, not computed), instead of [H, rows, keys]
@@ -455,18 +456,18 @@ DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
       auto every_key = torch::arange(chunk.keys, positions.options()).expand({run.length, -1});
       every_key = every_key.masked_fill(every_key > positions.unsqueeze(1), -1)
                       .expand({batch, run.length, chunk.keys});
-      out.push_back(
+      attention =
           config_.latent_kv
               ? ops::sparse_attn_latent(rows(queries.q), key, every_key, scale_, config_.head_dim_v)
-                    .out
               : ops::sparse_attn(rows(queries.q), key, keys.value.narrow(1, 0, chunk.keys),
-                                 every_key, scale_)
-                    .out);
+                                 every_key, scale_);
+      out.push_back(attention.out);
     }
     {
       PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_INDEXER_LOSS);
+      // The attention's log-sum-exps are the output's: the loss need not compute them again.
       const auto kl = ops::dense_indexer_kl(rows(queries.q), key, rows(index.q), index_k,
-                                            rows(index.w), scale_, run.offset);
+                                            rows(index.w), scale_, run.offset, 1, attention.lse);
       loss_sum = loss_sum.defined() ? loss_sum + kl.loss.sum() : kl.loss.sum();
       grad_q.push_back(kl.grad_q * row_grad);
       grad_w.push_back(kl.grad_w * row_grad);
