@@ -331,8 +331,7 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   }
 }
 
-// ---- dense_attention_target
-// ----------------------------------------------------------------------
+// ---- dense_attention_lse and dense_attention_target ---------------------------------------------
 
 // Keys row `r` of the block sees (the indexer's visibility).
 __device__ __forceinline__ int64_t visible_in_block(const IndexerShape& shape, int64_t first,

@@ -9,12 +9,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/torch/ops.h"
+#include "tests/kernels/op_errors.h"
 
 namespace hyscale {
 namespace {
@@ -275,47 +275,39 @@ TEST_F(DenseIndexerKlTest, LogSumExpsAreTheDenseOnes) {
 TEST_F(DenseIndexerKlTest, BadArgumentsNameTheArgument) {
   const auto q = torch::randn({6, 2, 8}), key = torch::randn({6, 8});
   const auto q_I = torch::randn({6, 3, 4}), k_I = torch::randn({6, 4}), w = torch::randn({6, 3});
-  const auto expect_error = [](const std::function<void()>& call, const std::string& words) {
-    try {
-      call();
-      ADD_FAILURE() << "expected an error mentioning '" << words << "'";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-  };
   const std::string op = "hyscale::dense_indexer_kl: ";
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::dense_indexer_kl(q, torch::randn({6, 7}), q_I, k_I, w, 1.0);
       },
       op + "key must be [M, d_qk] with d_qk = 8");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::dense_indexer_kl(q, key, torch::randn({5, 3, 4}), k_I, w, 1.0);
       },
       op + "w must be [N, H_I]");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::dense_indexer_kl(q, key, torch::randn({5, 3, 4}), k_I, torch::randn({5, 3}), 1.0);
       },
       op + "q_I must have one row per query of q (6)");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::dense_indexer_kl(q, key, q_I, torch::randn({5, 4}), w, 1.0);
       },
       op + "k_I must have one row per key of key (6)");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::dense_indexer_kl(q, key, q_I, torch::randn({6, 5}), w, 1.0);
       },
       op + "k_I must be [M, d_I] with d_I = 4 (from q_I)");
-  expect_error([&] { ops::dense_indexer_kl(q, key, q_I.to(torch::kInt), k_I, w, 1.0); },
-               op + "q_I must be a floating tensor");
-  expect_error([&] { ops::dense_indexer_kl(q, key.unsqueeze(0), q_I, k_I, w, 1.0); },
-               op + "key must have the same batch layout");
-  expect_error([&] { ops::dense_indexer_kl(q, key, q_I, k_I, w, 1.0, 0, 0); },
-               "tokens_per_key must be >= 1");
-  expect_error(
+  test::expect_op_error([&] { ops::dense_indexer_kl(q, key, q_I.to(torch::kInt), k_I, w, 1.0); },
+                        op + "q_I must be a floating tensor");
+  test::expect_op_error([&] { ops::dense_indexer_kl(q, key.unsqueeze(0), q_I, k_I, w, 1.0); },
+                        op + "key must have the same batch layout");
+  test::expect_op_error([&] { ops::dense_indexer_kl(q, key, q_I, k_I, w, 1.0, 0, 0); },
+                        "tokens_per_key must be >= 1");
+  test::expect_op_error(
       [&] {
         ops::dense_indexer_kl(q, key, q_I, k_I, w, 1.0, 0, 1, torch::zeros({6, 3}));
       },

@@ -9,6 +9,7 @@
 #include "kernels/torch/checks.h"
 #include "kernels/torch/ops.h"
 #include "tests/kernels/e4m3_decode.h"
+#include "tests/kernels/op_errors.h"
 
 namespace hyscale {
 namespace {
@@ -234,53 +235,45 @@ TEST_F(TorchOpsTest, ValueInsideKeyRecognisesOnlyKeyPrefixViews) {
 
 TEST_F(TorchOpsTest, BadArgumentsNameTheOpAndTheArgument) {
   const auto q = torch::randn({4, 2, 8}), k = torch::randn({4, 8}), w = torch::randn({4, 2});
-  const auto expect_error = [](const std::function<void()>& call, const std::string& words) {
-    try {
-      call();
-      ADD_FAILURE() << "expected an error mentioning '" << words << "'";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-  };
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::flash_topk(q, torch::randn({4, 7}), w, 2);
       },
       "hyscale::flash_topk: k must be");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::flash_topk(q, k, torch::randn({4, 3}), 2);
       },
       "hyscale::flash_topk: w must be");
-  expect_error([&] { ops::flash_topk(q, k, w, 0); }, "topk must be > 0");
-  expect_error([&] { ops::flash_topk(q, k, w, 2, -1); }, "q_offset must be >= 0");
-  expect_error(
+  test::expect_op_error([&] { ops::flash_topk(q, k, w, 0); }, "topk must be > 0");
+  test::expect_op_error([&] { ops::flash_topk(q, k, w, 2, -1); }, "q_offset must be >= 0");
+  test::expect_op_error(
       [&] {
         ops::quantize_e4m3(torch::zeros({4, 0}));
       },
       "hyscale::quantize_e4m3: x must be [..., d] with d > 0");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::quantize_e4m3(torch::zeros({4, 2}, torch::kInt));
       },
       "hyscale::quantize_e4m3: x must be floating");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::index_score_gather(q, k, w, torch::zeros({4, 2}, torch::kLong));
       },
       "indices must be int32");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::sparse_attn(q, k, torch::randn({4, 8}), torch::full({4, 2}, 9, torch::kInt), 1.0);
       },
       "indices must be -1 or in [0, 4)");
-  expect_error(
+  test::expect_op_error(
       [&] {
         ops::sparse_attn(q, k, torch::randn({3, 8}), torch::zeros({4, 2}, torch::kInt), 1.0);
       },
       "value must have as many rows as key");
   for (const int64_t dim_v : {0, 9}) {
-    expect_error(
+    test::expect_op_error(
         [&] {
           ops::sparse_attn_latent(q, k, torch::zeros({4, 2}, torch::kInt), 1.0, dim_v);
         },
