@@ -10,9 +10,15 @@
 // grad_k sums over the rows that selected a key, with fp32 bulk reductions in L2 or, in the
 // deterministic mode, with 64-bit fixed-point integer atomics (fixed_point_accumulate.cuh): the
 // same bits every run.
+//
+// The dense warm-up, where every row sees its whole prefix, splits the backward instead: the same
+// kernel over each row's prefix for grad_q and grad_w only, and a key-major kernel that owns a
+// tile of keys and sums its gradient over the rows in registers. That costs one more product a
+// pair (the scores again) and saves the reductions, which at 128K would move 4 TB a layer.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -85,25 +91,119 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   if (lane == 0) atomic_max_nonnegative(out, bound);
 }
 
-// One warpgroup per query row t, its selected keys 64 at a time (a tile of slots i). Per tile:
+// Where a row's keys come from. The sparse stage's rows list their selected keys (slot i of row t
+// is indices[t * topk + i], -1 when unused); the dense warm-up's rows see a causal prefix (slot i
+// is key i while i < the row's visible keys). grad_scores has a row of stride() floats a query row,
+// by slot.
+struct ListedKeys {
+  const int32_t* indices;
+  int64_t topk;
+  struct Row {
+    const int32_t* slots;
+    int64_t count;  // slots of the row
+    __device__ int32_t key(int64_t slot) const { return slot < count ? slots[slot] : -1; }
+  };
+  __device__ Row row(int64_t t) const { return {indices + t * topk, topk}; }
+  __device__ int64_t stride() const { return topk; }
+};
+
+struct PrefixKeys {
+  int64_t first_position;  // row 0's position
+  int64_t tokens_per_key;
+  int64_t num_keys;  // the block's keys: the length of grad_scores' rows
+  __device__ int64_t visible(int64_t t) const {
+    const int64_t seen = (first_position + t + 1) / tokens_per_key;
+    return seen < num_keys ? seen : num_keys;
+  }
+  // The first row that sees key s (every later row sees it too).
+  __device__ int64_t first_row_seeing(int64_t s) const {
+    const int64_t t = (s + 1) * tokens_per_key - 1 - first_position;
+    return t > 0 ? t : 0;
+  }
+  struct Row {
+    int64_t count;  // visible keys: the slots worth a tile
+    __device__ int32_t key(int64_t slot) const {
+      return slot < count ? static_cast<int32_t>(slot) : -1;
+    }
+  };
+  __device__ Row row(int64_t t) const { return {visible(t)}; }
+  __device__ int64_t stride() const { return num_keys; }
+};
+
+// What the rows kernel does with the keys' gradient: adds it by fp32 bulk reductions, in 64-bit
+// fixed point (deterministic), or not at all (the dense warm-up forms it key-major, in
+// dense_key_grad_kernel, without reductions).
+enum class KeyGrad { kReduce, kFixed, kNone };
+
+// The gates' coefficients of a finished score tile S^T [keys x H_I], for the calling thread's keys
+// 16 warp + lane / 4 (gradient g_lo) and that + 8 (g_hi): C^T[i, j] = g_i w_j [S_ij > 0] as the
+// bf16 A fragments of the k16 steps over heads, and with kHeadGrad grad_w's per-lane terms
+// g_i ReLU(S_ij) added into head_grad.
+template <class Tr, bool kHeadGrad>
+__device__ __forceinline__ void gate_coefficients(const float (&scores)[Tr::kHeads / 2], float g_lo,
+                                                  float g_hi,
+                                                  const float (&weights)[Tr::Tile::kHeadsPerLane],
+                                                  uint32_t (&coef)[Tr::kHeadSteps][4],
+                                                  float (&head_grad)[Tr::Tile::kHeadsPerLane]) {
+#pragma unroll
+  for (int j = 0; j < Tr::Tile::kNTiles; ++j) {
+    float c[4];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float s_lo = scores[4 * j + e], s_hi = scores[4 * j + 2 + e];
+      c[e] = s_lo > 0.f ? g_lo * weights[2 * j + e] : 0.f;
+      c[2 + e] = s_hi > 0.f ? g_hi * weights[2 * j + e] : 0.f;
+      if constexpr (kHeadGrad) {
+        head_grad[2 * j + e] += (s_lo > 0.f ? g_lo * s_lo : 0.f) + (s_hi > 0.f ? g_hi * s_hi : 0.f);
+      }
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(c[0], c[1]);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(c[2], c[3]);
+    coef[j / 2][2 * (j % 2)] = *reinterpret_cast<const uint32_t*>(&lo);
+    coef[j / 2][2 * (j % 2) + 1] = *reinterpret_cast<const uint32_t*>(&hi);
+  }
+}
+
+// grad_q^T [d_I x H_I] += K_tile^T C^T: the key tile read MN-major as A, C [H_I x keys]
+// (coef_tile, K-major) as B. Issues only: the caller fences, commits and waits.
+template <class Tr>
+__device__ __forceinline__ void issue_query_grad(
+    float (&query_grad)[Tr::kDimBlocks][Tr::kHeads / 2], const __nv_bfloat16* key_tile,
+    const __nv_bfloat16* coef_tile) {
+#pragma unroll
+  for (int m = 0; m < Tr::kDimBlocks; ++m) {
+#pragma unroll
+    for (int s = 0; s < Tr::kKeySteps; ++s) {
+      Wgmma<Tr::kHeads, 0, __nv_bfloat16, 1>::run(
+          query_grad[m], mn_major_descriptor<Tr::kKeys>(key_tile, 64 * m, 16 * s),
+          matrix_descriptor<Tr::kHeads>(coef_tile, 0, s), 1);
+    }
+  }
+}
+
+// One warpgroup per query row t, its keys (Keys: listed or a prefix) 64 at a time (a tile of
+// slots i). Per tile:
 //   1. S^T [keys x H_I] = K_tile q_t^T, the product flash_topk scores with (the same gates);
 //   2. the gates' coefficients C^T[i, j] = g_i w_j [S_ij > 0] (0 in unused slots), in registers
 //      as bf16 A fragments, and grad_w[j] += sum_i g_i ReLU(S_ij) per lane;
-//   3. grad_k rows of the tile, C^T q_t [keys x d_I] (A from registers), staged in fp32 and added
-//      into grad_k[s_i] by bulk reductions (keys are shared between rows), or in fixed point
-//      (kFixed, deterministic);
+//   3. unless kKeyGrad is kNone, grad_k rows of the tile, C^T q_t [keys x d_I] (A from
+//      registers), staged in fp32 and added into grad_k[s_i] by bulk reductions (keys are shared
+//      between rows), or in fixed point (kFixed, deterministic);
 //   4. grad_q^T [d_I x H_I] += K_tile^T C^T, accumulated in registers across tiles, with C^T
 //      stored transposed (C [H_I x keys]) by stmatrix as the K-major B operand and the key tile
 //      read MN-major as A.
-// The next key tile is gathered (cp.async) while a tile computes; two blocks share an SM.
-template <class Tr, bool kFixed>
+// The next key tile is gathered (cp.async) while a tile computes; two blocks share an SM (more
+// without the key gradient's staging).
+template <class Tr, class Keys, KeyGrad kKeyGrad>
 __global__ void __launch_bounds__(Tr::kThreads)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
                                 float* grad_q, float* grad_k, float* grad_w,
-                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of) {
+                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of,
+                                PrefixKeys prefix) {
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
+  constexpr bool kFixed = kKeyGrad == KeyGrad::kFixed;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float head_sums[4][Tr::kHeads];
   auto* const query_tile =
@@ -113,15 +213,22 @@ __global__ void __launch_bounds__(Tr::kThreads)
   float* const stage = reinterpret_cast<float*>(coef_tile + Tr::kCoefBytes / 2);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
-  const int32_t* const row_indices = indices + row * topk;
-  const float* const row_grads = grad_scores + row * topk;
-  const int64_t tiles = ceil_div(topk, Tr::kKeys);
+  // (The prefix comes last among the parameters: the listed kernels' code stays as it was.)
+  Keys key_source;
+  if constexpr (std::is_same_v<Keys, PrefixKeys>) {
+    key_source = prefix;
+  } else {
+    key_source = ListedKeys{indices, topk};
+  }
+  const typename Keys::Row row_keys = key_source.row(row);
+  const float* const row_grads = grad_scores + row * key_source.stride();
+  const int64_t tiles = ceil_div(row_keys.count, Tr::kKeys);
   double fixed_scale = 1;
   if constexpr (kFixed) fixed_scale = fixed_scale_of();
   const uint64_t policy = l2_evict_last_policy();
 
   // Slot `slot`'s key, -1 when unused or past the row.
-  auto key_at = [&](int64_t slot) { return slot < topk ? row_indices[slot] : -1; };
+  auto key_at = [&](int64_t slot) { return row_keys.key(slot); };
   auto gather = [&](int64_t tile) {
     load_rows_async<Tr::kDim, Tr::kKeys>(
         key_tiles + (tile % Tr::kStages) * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys, threadIdx.x,
@@ -168,21 +275,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
     const float g_lo = key_at(first + key_lo) >= 0 ? row_grads[first + key_lo] : 0.f;
     const float g_hi = key_at(first + key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
     uint32_t coef[Tr::kHeadSteps][4];
-#pragma unroll
-    for (int j = 0; j < Tile::kNTiles; ++j) {
-      float c[4];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float s_lo = scores[4 * j + e], s_hi = scores[4 * j + 2 + e];
-        c[e] = s_lo > 0.f ? g_lo * weights[2 * j + e] : 0.f;
-        c[2 + e] = s_hi > 0.f ? g_hi * weights[2 * j + e] : 0.f;
-        head_grad[2 * j + e] += (s_lo > 0.f ? g_lo * s_lo : 0.f) + (s_hi > 0.f ? g_hi * s_hi : 0.f);
-      }
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(c[0], c[1]);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(c[2], c[3]);
-      coef[j / 2][2 * (j % 2)] = *reinterpret_cast<const uint32_t*>(&lo);
-      coef[j / 2][2 * (j % 2) + 1] = *reinterpret_cast<const uint32_t*>(&hi);
-    }
+    gate_coefficients<Tr, true>(scores, g_lo, g_hi, weights, coef, head_grad);
     // C [H_I x keys]: matrix i of step s is heads 8 (2 s + i / 2) .., keys 16 warp + 8 (i % 2) ..
 #pragma unroll
     for (int s = 0; s < Tr::kHeadSteps; ++s) {
@@ -192,68 +285,74 @@ __global__ void __launch_bounds__(Tr::kThreads)
     fence_async_shared();
     __syncthreads();
 
-    float key_grad[Tr::kDim / 2];
+    if constexpr (kKeyGrad == KeyGrad::kNone) {
+      wgmma_fence();
+      issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+      wgmma_commit();
+      wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
-    wgmma_fence();
+      for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+    } else {
+      float key_grad[Tr::kDim / 2];
 #pragma unroll
-    for (int s = 0; s < Tr::kHeadSteps; ++s) {
-      WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
-                                  mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
-    }
+      for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
+      wgmma_fence();
 #pragma unroll
-    for (int m = 0; m < Tr::kDimBlocks; ++m) {
-#pragma unroll
-      for (int s = 0; s < Tr::kKeySteps; ++s) {
-        Wgmma<Tr::kHeads, 0, bf16, 1>::run(query_grad[m],
-                                           mn_major_descriptor<Tr::kKeys>(key_tile, 64 * m, 16 * s),
-                                           matrix_descriptor<Tr::kHeads>(coef_tile, 0, s), 1);
+      for (int s = 0; s < Tr::kHeadSteps; ++s) {
+        WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
+                                    mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
       }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(key_grad);
+      issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(key_grad);
 #pragma unroll
-    for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+      for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
 #pragma unroll
-    for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
+      for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
 
-    // The warp's 16 key rows: staged, then added into grad_k.
-    if constexpr (!kFixed) {
-      bulk_wait_read<0>();  // the previous tile's reductions have read the staging rows
-    }
-    __syncwarp();
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < Tr::kDim / 8; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
+      // The warp's 16 key rows: staged, then added into grad_k.
+      if constexpr (!kFixed) {
+        bulk_wait_read<0>();  // the previous tile's reductions have read the staging rows
       }
-    }
-    if constexpr (kFixed) {
       __syncwarp();
-      for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
-        const int32_t key = key_at(first + r);
-        if (key < 0) continue;  // uniform across the warp
-        for (int d = lane; d < Tr::kDim; d += 32) {
-          fixed_add(fixed_k + int64_t(key) * Tr::kDim + d, stage[r * Tr::kStageStride + d],
-                    fixed_scale);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Tr::kDim / 8; ++j) {
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
         }
       }
-    } else {
-      fence_async_shared();
-      __syncwarp();
-      const int r = 16 * warp + lane;
-      const int32_t key = lane < 16 ? key_at(first + r) : -1;
-      if (key >= 0) {
-        bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim, stage + r * Tr::kStageStride,
-                        Tr::kDim * 4, policy);
+      if constexpr (kFixed) {
+        __syncwarp();
+        for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
+          const int32_t key = key_at(first + r);
+          if (key < 0) continue;  // uniform across the warp
+          for (int d = lane; d < Tr::kDim; d += 32) {
+            fixed_add(fixed_k + int64_t(key) * Tr::kDim + d, stage[r * Tr::kStageStride + d],
+                      fixed_scale);
+          }
+        }
+      } else {
+        fence_async_shared();
+        __syncwarp();
+        const int r = 16 * warp + lane;
+        const int32_t key = lane < 16 ? key_at(first + r) : -1;
+        if (key >= 0) {
+          bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim, stage + r * Tr::kStageStride,
+                          Tr::kDim * 4, policy);
+        }
+        bulk_commit();
       }
-      bulk_commit();
     }
-    __syncthreads();  // every warp is done with this tile's key stage before it is refilled
+    // Every warp is done with this tile's key tile, coefficients and key stage before they are
+    // refilled.
+    __syncthreads();
+  }
+  if constexpr (std::is_same_v<Keys, PrefixKeys>) {
+    if (tiles == 0) cp_async_wait<0>();  // a row that sees no key: its copies land before exit
   }
 
   // grad_w: a lane's heads summed over its keys, across the quads' rows, then across warps.
@@ -284,7 +383,116 @@ __global__ void __launch_bounds__(Tr::kThreads)
     grad_w[row * Tr::kHeads + h] =
         head_sums[0][h] + head_sums[1][h] + head_sums[2][h] + head_sums[3][h];
   }
-  if constexpr (!kFixed) bulk_wait_all();  // the staging rows outlive the block's reductions
+  if constexpr (kKeyGrad == KeyGrad::kReduce) bulk_wait_all();  // the staging outlives the block
+}
+
+// The dense warm-up's key gradient, key-major: a warpgroup owns a tile of 64 keys and walks the
+// block's rows that see its first key, in order, one row's query [H_I x d_I] landing (cp.async,
+// two stages) while the previous row computes. Per row t:
+//   1. S^T [keys x H_I] = K_tile q_t^T (the rows kernel's product, the same gates);
+//   2. C^T[i, j] = g_ti w_tj [S_ij > 0] in registers (gate_coefficients; g is 0 where t does not
+//      see key i);
+//   3. grad_k[tile] += C^T q_t [keys x d_I] (A from registers), accumulated across rows.
+// A tile has one owner, which adds it into grad_k once: no reductions, the same bits every run.
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads)
+    dense_key_grad_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
+                          PrefixKeys prefix, int64_t rows, const float* grad_scores,
+                          float* grad_k) {
+  using Tile = typename Tr::Tile;
+  using bf16 = __nv_bfloat16;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto* const key_tile =
+      reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  bf16* const query_tiles = key_tile + Tr::kKeyTileBytes / 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t first_key = int64_t(blockIdx.x) * Tr::kKeys;
+  const int64_t first_row = prefix.first_row_seeing(first_key);
+  if (first_row >= rows) return;  // (the block's last row sees every key)
+  const int64_t key_lo = first_key + 16 * warp + lane / 4, key_hi = key_lo + 8;
+
+  load_rows_async<Tr::kDim, Tr::kKeys>(
+      key_tile, 0, Tr::kKeys, threadIdx.x, Tr::kThreads, [&](int r) -> const bf16* {
+        return first_key + r < prefix.num_keys ? keys + (first_key + r) * Tr::kDim : nullptr;
+      });
+  auto stage_query = [&](int64_t t) {
+    load_rows_async<Tr::kDim, Tr::kHeads>(
+        query_tiles + (t % 2) * (Tr::kQueryBytes / 2), 0, Tr::kHeads, threadIdx.x, Tr::kThreads,
+        [&](int h) { return q + (t * Tr::kHeads + h) * Tr::kDim; });
+  };
+  stage_query(first_row);
+  cp_async_commit();
+
+  // A row's gradients of this thread's two keys and its head weights, loaded a row ahead.
+  struct RowInputs {
+    float g_lo, g_hi;
+    float weights[Tile::kHeadsPerLane];
+  };
+  auto load_row = [&](int64_t t, RowInputs& in) {
+    const int64_t seen = prefix.visible(t);
+    const float* const g = grad_scores + t * prefix.num_keys;
+    in.g_lo = key_lo < seen ? g[key_lo] : 0.f;
+    in.g_hi = key_hi < seen ? g[key_hi] : 0.f;
+    load_lane_weights<Tile>(w + t * Tr::kHeads, lane, in.weights);
+  };
+  RowInputs current, next;
+  load_row(first_row, current);
+  next = current;
+  float key_grad[Tr::kDim / 2], unused_head_grad[Tile::kHeadsPerLane];
+#pragma unroll
+  for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
+  fence_accumulators(key_grad);
+
+  for (int64_t t = first_row; t < rows; ++t) {
+    if (t + 1 < rows) {
+      stage_query(t + 1);
+      load_row(t + 1, next);  // in flight during this row's products
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // row t's query (and the key tile) landed
+    fence_async_shared();
+    __syncthreads();
+    const bf16* const query_tile = query_tiles + (t % 2) * (Tr::kQueryBytes / 2);
+
+    float scores[Tr::kHeads / 2];
+    wgmma_fence();
+    issue_key_tile<Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(scores);
+
+    uint32_t coef[Tr::kHeadSteps][4];
+    gate_coefficients<Tr, false>(scores, current.g_lo, current.g_hi, current.weights, coef,
+                                 unused_head_grad);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < Tr::kHeadSteps; ++s) {
+      WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
+                                  mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(key_grad);
+#pragma unroll
+    for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
+    current = next;
+    __syncthreads();  // every warp's products have read row t's stage before it is refilled
+  }
+
+  // The tile's rows into grad_k: key key_lo (key_hi), columns 8 j + 2 (lane % 4) (+ 1).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t key = half ? key_hi : key_lo;
+    if (key >= prefix.num_keys) continue;
+    float* const dst = grad_k + key * Tr::kDim + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < Tr::kDim / 8; ++j) {
+      float2 sum = *reinterpret_cast<const float2*>(dst + 8 * j);
+      sum.x += key_grad[4 * j + 2 * half];
+      sum.y += key_grad[4 * j + 2 * half + 1];
+      *reinterpret_cast<float2*>(dst + 8 * j) = sum;
+    }
+  }
 }
 
 // ---- indexer_kl ---------------------------------------------------------------------------------
@@ -390,7 +598,7 @@ __global__ void __launch_bounds__(kTargetThreads)
 // ---- Launchers ----------------------------------------------------------------------------------
 
 template <class Fn>
-void dispatch_indexer_shape(int64_t heads, int64_t dim, Fn&& fn) {
+auto dispatch_indexer_shape(int64_t heads, int64_t dim, Fn&& fn) {
   auto with_dim = [&](auto heads_constant) {
     constexpr int kHeads = decltype(heads_constant)::value;
     if (dim == 128) return fn(ScoreGradTraits<kHeads, 128>{});
@@ -453,13 +661,13 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
   dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
     using Tr = decltype(traits);
     constexpr size_t kSmem = Tr::kSmemBytes;
-    auto kernel = deterministic ? index_score_backward_kernel<Tr, true>
-                                : index_score_backward_kernel<Tr, false>;
+    auto kernel = deterministic ? index_score_backward_kernel<Tr, ListedKeys, KeyGrad::kFixed>
+                                : index_score_backward_kernel<Tr, ListedKeys, KeyGrad::kReduce>;
     throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                    op, "shared memory size");
     kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, kSmem, cuda_stream>>>(
         q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores, grad_q, grad_k,
-        grad_w, fixed_k, scale_of);
+        grad_w, fixed_k, scale_of, PrefixKeys{});
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
   if (deterministic) {
@@ -467,6 +675,66 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
                                                          scale_of, grad_k);
     throw_on_error(cudaGetLastError(), op, "fixed_to_float_kernel launch");
   }
+}
+
+// The dense warm-up's two kernels of a shape, with their shared memory sizes set: the rows
+// kernel without the key gradient's staging.
+template <class Tr>
+struct DenseScoreBackwardKernels {
+  static constexpr size_t kRowsSmem = Tr::kSmemBytes - Tr::kStageBytes;
+  static constexpr size_t kKeysSmem = 1024 + Tr::kKeyTileBytes + 2 * Tr::kQueryBytes;
+  static constexpr auto rows = index_score_backward_kernel<Tr, PrefixKeys, KeyGrad::kNone>;
+  static constexpr auto keys = dense_key_grad_kernel<Tr>;
+  static void set_shared_memory(const char* op) {
+    throw_on_error(
+        cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kRowsSmem), op,
+        "shared memory size (rows)");
+    throw_on_error(
+        cudaFuncSetAttribute(keys, cudaFuncAttributeMaxDynamicSharedMemorySize, kKeysSmem), op,
+        "shared memory size (keys)");
+  }
+};
+
+constexpr const char* kDenseOp = "hyscale::dense_indexer_kl (CUDA)";
+
+int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim) {
+  return dispatch_indexer_shape(heads, dim, [&](auto traits) -> int64_t {
+    using Kernels = DenseScoreBackwardKernels<decltype(traits)>;
+    Kernels::set_shared_memory(kDenseOp);
+    int device = 0, sms = 0, resident = 0;
+    throw_on_error(cudaGetDevice(&device), kDenseOp, "current device");
+    throw_on_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), kDenseOp,
+                   "multiprocessor count");
+    throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                       &resident, Kernels::rows, decltype(traits)::kThreads, Kernels::kRowsSmem),
+                   kDenseOp, "occupancy");
+    return std::max(1, sms * resident);
+  });
+}
+
+void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
+                                const float* w, const float* grad_scores, float* grad_q,
+                                float* grad_k, float* grad_w, Stream stream) {
+  if (shape.num_queries == 0 || shape.num_keys == 0) return;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  const auto* q16 = static_cast<const __nv_bfloat16*>(q);
+  const auto* k16 = static_cast<const __nv_bfloat16*>(k);
+  const PrefixKeys prefix{shape.q_offset, shape.visibility.tokens_per_key, shape.num_keys};
+  dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
+    using Tr = decltype(traits);
+    using Kernels = DenseScoreBackwardKernels<Tr>;
+    Kernels::set_shared_memory(kDenseOp);
+    const auto rows_kernel = Kernels::rows;
+    const auto keys_kernel = Kernels::keys;
+    rows_kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, Kernels::kRowsSmem,
+                  cuda_stream>>>(q16, k16, w, nullptr, shape.num_keys, grad_scores, grad_q, nullptr,
+                                 grad_w, nullptr, GradKScaleOf{0, nullptr}, prefix);
+    throw_on_error(cudaGetLastError(), kDenseOp, "rows kernel launch");
+    keys_kernel<<<static_cast<unsigned>(ceil_div(shape.num_keys, Tr::kKeys)), Tr::kThreads,
+                  Kernels::kKeysSmem, cuda_stream>>>(q16, k16, w, prefix, shape.num_queries,
+                                                     grad_scores, grad_k);
+    throw_on_error(cudaGetLastError(), kDenseOp, "keys kernel launch");
+  });
 }
 
 void dense_attention_lse(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,

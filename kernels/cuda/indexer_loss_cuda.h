@@ -33,6 +33,20 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
                           bool deterministic, float* grad_q, float* grad_k, float* grad_w,
                           void* workspace, Stream stream);
 
+// The dense warm-up's indexer gradients of a block of rows (dense_indexer_kl): shape.num_queries
+// rows at positions q_offset.., each seeing its causal prefix of shape.num_keys keys
+// (shape.visible_keys); q [rows, H_I, d_I] and w [rows, H_I] of the block, k [num_keys, d_I]
+// bf16, grad_scores [rows, num_keys] fp32 by key (what is not seen is skipped). Writes grad_q and
+// grad_w of the block and adds into grad_k [num_keys, d_I]: grad_q and grad_w query-major
+// (index_score_backward's kernel over each row's prefix, without the key gradient), grad_k
+// key-major (a block a 64-key tile, its rows in order). No reductions: the same bits every run.
+void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
+                                const float* w, const float* grad_scores, float* grad_q,
+                                float* grad_k, float* grad_w, Stream stream);
+// The rows of dense_index_score_backward resident at once on the current device (a row a block):
+// blocks of rows a multiple of it leave no wave of the query-major kernel part empty.
+int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim);
+
 // score, target [rows, topk] fp32 (score -infinity in unused slots). loss [rows] =
 // KL(target || softmax(score)) over the valid slots; grad_score [rows, topk] =
 // grad_loss[row] * (softmax(score) - target) on valid slots, 0 elsewhere.

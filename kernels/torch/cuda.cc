@@ -468,8 +468,8 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 
 // What the loss keeps of a block of rows: its fp32 attention logits [rows, H, keys] near
 // kDenseBlockBytes (32 rows at 128K with H = 64), and its [rows, keys] tables (target, scores,
-// their gradient, the key list: about kDenseBytesPerPair a pair) near it too, in blocks of more
-// rows (512 at 128K), so that the index-score backward gets a block of the GPU's size.
+// their gradient, the visibility mask: under kDenseBytesPerPair a pair) near it too, in blocks of
+// more rows (396 at 128K on an H200: whole waves of the index-score backward's rows kernel).
 constexpr int64_t kDenseBlockBytes = int64_t(1) << 30;
 constexpr int64_t kDenseBytesPerPair = 16;
 constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows still end
@@ -509,8 +509,9 @@ void dense_target(const IndexerShape& shape, const at::Tensor& q, const at::Tens
 // the keys its last row sees: the target (dense_target, with the given lse if any); the indexer's
 // scores by flash_topk's
 // scoring (index_score_table), their log-sum-exp, the KL and its gradient with respect to the
-// scores; then the indexer's gradients by index_score_backward's wgmma kernel with the block's
-// visible keys as each row's key list. Memory is O(rows * keys) a block, never [N, M].
+// scores; then the indexer's gradients (dense_index_score_backward: grad_q_I and grad_w a row a
+// block, grad_k_I a key tile a block, no reductions). Memory is O(rows * keys) a block, never
+// [N, M].
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
     const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I, const at::Tensor& k_I,
     const at::Tensor& w, double scale, int64_t q_offset, int64_t tokens_per_key,
@@ -521,7 +522,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   const IndexerShape& shape = a.shape.indexer;
   const Batching& b = a.batching;
   const int64_t n = shape.num_queries;
-  const bool deterministic = at::globalContext().deterministicAlgorithms();
   const c10::cuda::CUDAGuard guard(q.device());
   const IndexerInputs in = indexer_inputs(op, IndexerArgs{shape, b}, q_I, k_I, w);
   auto batched = [&](const at::Tensor& t) { return b.batched ? t : t.unsqueeze(0); };
@@ -533,9 +533,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   auto grad_q = at::zeros(in.q.sizes(), f32);
   auto grad_k = at::zeros(in.k.sizes(), f32);
   auto grad_w = at::zeros(in.w.sizes(), f32);
-  const int64_t block_rows = std::clamp<int64_t>(
+  // Whole waves of the index-score backward's query-major kernel (a row a block), where a block
+  // holds more than one.
+  const int64_t wave = cuda::dense_index_score_backward_rows_per_wave(shape.heads, shape.dim);
+  int64_t block_rows = std::clamp<int64_t>(
       kDenseBlockBytes / (std::max<int64_t>(1, shape.num_keys) * kDenseBytesPerPair), 1,
       kMaxDenseBlockRows);
+  if (block_rows > wave) block_rows -= block_rows % wave;
   for (int64_t seq = 0; seq < b.batch; ++seq) {
     for (int64_t first = 0; first < n; first += block_rows) {
       const int64_t rows = std::min(block_rows, n - first);
@@ -573,20 +577,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       block.num_queries = rows;
       block.num_keys = keys;
       block.q_offset = shape.position(first);
-      const auto key_list =
-          every_key.expand({rows, keys}).masked_fill(hidden, -1).to(at::kInt).contiguous();
-      auto block_grad_k = at::empty({keys, shape.dim}, f32);
-      auto workspace = at::empty(
-          {static_cast<int64_t>(cuda::index_score_backward_workspace_bytes(block, deterministic))},
-          q.options().dtype(at::kByte));
-      cuda::index_score_backward(
+      cuda::dense_index_score_backward(
           block, in.q[seq].narrow(0, first, rows).data_ptr(), in.k[seq].data_ptr(),
-          in.w[seq].narrow(0, first, rows).data_ptr<float>(), key_list.data_ptr<int32_t>(), keys,
-          grad_scores.data_ptr<float>(), deterministic,
-          grad_q[seq].narrow(0, first, rows).data_ptr<float>(), block_grad_k.data_ptr<float>(),
-          grad_w[seq].narrow(0, first, rows).data_ptr<float>(), workspace.data_ptr(),
-          current_stream());
-      grad_k[seq].narrow(0, 0, keys).add_(block_grad_k);
+          in.w[seq].narrow(0, first, rows).data_ptr<float>(), grad_scores.data_ptr<float>(),
+          grad_q[seq].narrow(0, first, rows).data_ptr<float>(), grad_k[seq].data_ptr<float>(),
+          grad_w[seq].narrow(0, first, rows).data_ptr<float>(), current_stream());
     }
   }
   return {unbatch(loss, b), unbatch(grad_q, b).to(q_I.scalar_type()),

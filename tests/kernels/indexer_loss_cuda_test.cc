@@ -343,9 +343,12 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
   struct DenseCase {
     int64_t n, m, heads, dim_qk, index_heads, index_dim, q_offset, tokens_per_key;
   };
+  // The last case spans two blocks of rows (at most 4096 a block): the key-major gradient adds
+  // each block's part into grad_k.
   const DenseCase cases[] = {{300, 300, 8, 72, 16, 64, 0, 1},
                              {250, 400, 64, 576, 64, 128, 150, 1},
-                             {131, 70, 4, 64, 32, 128, 9, 2}};
+                             {131, 70, 4, 64, 32, 128, 9, 2},
+                             {4500, 4500, 2, 64, 16, 64, 3, 1}};
   for (const DenseCase& c : cases) {
     SCOPED_TRACE("N " + std::to_string(c.n) + " M " + std::to_string(c.m) + " H " +
                  std::to_string(c.heads) + " d_qk " + std::to_string(c.dim_qk) + " H_I " +
@@ -385,9 +388,10 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
   }
 }
 
-// A sequence long enough that the GPU op works in blocks of rows (4096 for the tables, 256 for the
-// logits at 16K keys and H = 64): rows at the start and end of blocks and sub-blocks, each against
-// the CPU op in float64 on those rows alone (q_offset places them).
+// A sequence long enough that the GPU op works in blocks of rows (up to 4096 for the tables, whole
+// waves of the index-score backward; 256 for the logits at 16K keys and H = 64): rows near the
+// edges of blocks and sub-blocks, each against the CPU op in float64 on those rows alone
+// (q_offset places them).
 TEST_F(IndexerLossCudaTest, DenseIndexerKlInBlocksMatchesTheCpuOpRowByRow) {
   const int64_t n = 16384, heads = 64, dim_qk = 64, index_heads = 16, index_dim = 64;
   const auto q = bf16_values({n, heads, dim_qk}), key = bf16_values({n, dim_qk});
