@@ -10,6 +10,13 @@ b) The whole indexer-loss path: the target + indexer_kl forward and backward +
    (selected_attention_mass) and as the trainer's recomputation takes it, from the latent
    backward (sparse_attn_latent_backward_target: what it adds to the backward's time).
 
+c) The dense warm-up's loss (dense_indexer_kl, issue #40) at the 2048x4 reference model's shape
+   (--dense-heads 64 heads of d_qk 576, H_I 64 x 128), with the lse of the frozen attention's
+   output pass as the trainer passes it: its time and rate (2 H d_qk + 8 H_I d_I FLOPs a visible
+   pair: the planner's dense_indexer_loss_tflops), its kernels' shares of the GPU time
+   (torch.profiler), and the output pass itself as the trainer runs it (sparse_attn_latent over
+   each row's whole prefix, 2048 rows at a time).
+
 Correctness first: each size's gradients against a float64 reference on a sample of fresh rows.
 Selections are causal, duplicate-free and score-ordered (sparse_attn_bench.make_indices).
 
@@ -76,6 +83,85 @@ def megatron_backward(q_i, k_i, w, idx, grad, chunk):
     return k.grad
 
 
+# The dense loss's kernels by part: the first name fragment that matches a kernel's name.
+DENSE_PARTS = (("backward: grad_k_I (key-major)", "dense_key_grad"),
+               ("backward: grad_q_I, grad_w (rows)", "index_score_backward"),
+               ("target", "dense_attention_target"), ("attention lse", "dense_attention_lse"),
+               ("indexer scores", "score_rows"), ("logits (cuBLAS)", "gemm"),
+               ("logits (cuBLAS)", "xmma"), ("logits (cuBLAS)", "cutlass"))
+
+
+def dense_output_pass(ops, q, kv, scale, chunk=2048):
+    """The frozen attention's output and lse as frozen_dense_attention computes them: query
+    chunks, each row's prefix as its key list (-1 past it)."""
+    n = q.shape[0]
+    outs, lses = [], []
+    for first in range(0, n, chunk):
+        rows = min(chunk, n - first)
+        keys = torch.arange(first + rows, device="cuda", dtype=torch.int32)
+        limit = torch.arange(first, first + rows, device="cuda").unsqueeze(1)
+        lists = keys.unsqueeze(0).expand(rows, -1).masked_fill(keys.unsqueeze(0) > limit, -1)
+        out, lse = ops.sparse_attn_latent(q[first:first + rows], kv, lists.contiguous(), scale, DV)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def dense_warmup(ops, n, heads, runs, peak):
+    g = torch.Generator(device="cuda").manual_seed(n + 11)
+    q = torch.randn(n, heads, DQK, device="cuda", generator=g).bfloat16()
+    kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
+    q_i = torch.randn(n, HEADS_I, DIM_I, device="cuda", generator=g).bfloat16()
+    k_i = torch.randn(n, DIM_I, device="cuda", generator=g).bfloat16()
+    w = torch.randn(n, HEADS_I, device="cuda", generator=g) * HEADS_I ** -0.5
+    scale = DQK ** -0.5
+    r = dict(n=n, heads=heads)
+    r["output_ms"], _ = timed_with_clock(lambda: dense_output_pass(ops, q, kv, scale), runs)
+    _, lse = dense_output_pass(ops, q, kv, scale)
+    loss = lambda: ops.dense_indexer_kl(q, kv, q_i, k_i, w, scale, 0, 1, lse)
+    got = loss()
+    # float64 on the CPU for three rows at the start, middle and end (q_offset places them).
+    errors = []
+    for first in (0, n // 2, n - 3):
+        rows = slice(first, first + 3)
+        keys = first + 3
+        d = lambda t: t.double().cpu()
+        want = ops.dense_indexer_kl(d(q[rows]), d(kv[:keys]), d(q_i[rows]), d(k_i[:keys]),
+                                    d(w[rows]), scale, first)
+        for i in (0, 1, 3):  # loss, grad_q_I, grad_w (grad_k_I sums over every row)
+            ref = want[i]
+            worst = (d(got[i][rows]) - ref).abs().max() / ref.abs().max().clamp(min=1e-30)
+            errors.append(float(worst))
+    r["rel_err_vs_float64"] = max(errors)
+    r["loss_ms"], r["loss_clock"] = timed_with_clock(loss, runs)
+    pairs = n * (n + 1) / 2
+    flops = (2 * heads * DQK + 8 * HEADS_I * DIM_I) * pairs
+    r["loss_tflops"] = flops / r["loss_ms"] / 1e9
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        loss()
+        torch.cuda.synchronize()
+    r["loss_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+    parts = {}
+    for e in prof.key_averages():
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        if us <= 0:
+            continue
+        part = next((p for p, frag in DENSE_PARTS if frag in e.key), "KL and the rest (torch)")
+        parts[part] = parts.get(part, 0.0) + us / 1e3
+    total = sum(parts.values())
+    r["loss_parts_ms"] = parts
+    print(f"c) N {n:>7}  dense_indexer_kl (H={heads}) {r['loss_ms']:9.2f} ms "
+          f"{r['loss_tflops']:6.1f} TFLOP/s ({r['loss_tflops'] / peak:.2f} of {peak:.0f}) at "
+          f"{describe(r['loss_clock'])}; +{r['loss_extra_gib']:.2f} GiB; rel err vs float64 "
+          f"{r['rel_err_vs_float64']:.1e}; the output pass {r['output_ms']:.2f} ms")
+    for part, ms in sorted(parts.items(), key=lambda item: -item[1]):
+        print(f"   {part:<36} {ms:9.2f} ms  {100 * ms / total:5.1f} %")
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -86,6 +172,9 @@ def main():
     ap.add_argument("--baseline-max-n", type=int, default=32768,
                     help="largest N the unfused baseline runs at (it is ~100x slower)")
     ap.add_argument("--chunk", type=int, default=1024, help="the baseline's rows per chunk")
+    ap.add_argument("--dense-sizes", default="32768",
+                    help="N of the dense warm-up's loss (c); none: skip it")
+    ap.add_argument("--dense-heads", type=int, default=64)
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.ops.load_library(a.lib)
@@ -167,6 +256,11 @@ def main():
         results.append(r)
         del q, kv, grad_out, out, lse, score, target, q_i, k_i, w, idx, grad
         torch.cuda.empty_cache()
+    if a.dense_sizes != "none":
+        for n in [int(x) for x in a.dense_sizes.split(",")]:
+            results.append(dict(dense=dense_warmup(ops, n, a.dense_heads, a.runs,
+                                                   a.peak_tflops)))
+            torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

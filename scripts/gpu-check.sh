@@ -8,6 +8,7 @@
 #   HYSCALE_SA_BENCH_SIZES   N values for the sparse attention benchmark (default 32K, 64K)
 #   HYSCALE_SA_BENCH_GROUPS  query-group sizes G it runs (default 1, 4, 16)
 #   HYSCALE_INDEXER_BENCH_SIZES  N values for the indexer-loss benchmark (default 32K, 128K)
+#   HYSCALE_DENSE_BENCH_SIZES    N values of its dense warm-up loss (default 32K; none: skip)
 #   HYSCALE_DSA_BENCH_SIZES  N values for the DSA layer benchmark (default 32K, 64K, 128K)
 #   HYSCALE_DSA_BENCH_MAX_N  bound of its longest-trainable-N search (default 1M)
 #   HYSCALE_TRAIN_BENCH_SIZES  N values for the trainer's benchmark (default 32K, 128K)
@@ -55,7 +56,7 @@ python3 "$root/bench/sparse_attn_bench.py" --lib "$build/kernels/torch/libhyscal
 "$build/tests/kernels/indexer_loss_cuda_test" 2>&1 | tail -3
 python3 "$root/bench/indexer_loss_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
   --sizes "${HYSCALE_INDEXER_BENCH_SIZES:-32768,131072}" \
-  --json "$out/indexer_loss.json" 2>&1 | tee "$out/indexer_loss.txt"
+  --dense-sizes "${HYSCALE_DENSE_BENCH_SIZES:-32768}" --json "$out/indexer_loss.json" 2>&1 | tee "$out/indexer_loss.txt"
 python3 "$root/bench/dsa_layer_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
   --sizes "${HYSCALE_DSA_BENCH_SIZES:-32768,65536,131072}" \
   --max-n "${HYSCALE_DSA_BENCH_MAX_N:-1048576}" \
