@@ -8,12 +8,15 @@
 #   2. at HYSCALE_LC_LONG_N (default 1,048,576) with the chunk the trainer picks: the million
 #      tokens, its step and phase shares;
 #   3. the dense warm-up (INDEXER_ONLY) at 128K with the chunks the trainer picks, beside run 1's
-#      sparse step (issue #40: memory within 1.1x, time within 3x).
-# Each run is bench/train_bench.py (its JSON and table under OUT) and is bounded by
+#      sparse step (issue #40: memory within 1.1x, time within 3x);
+#   4. recall_warmup: the warm-up doing its job end to end, examples/recall-warmup-gpu.yaml (the
+#      recall task at 16K: the indexer's recall before and after the warm-up, the sparse stage's
+#      accuracy beside the dense model's), bounded by HYSCALE_LC_RECALL_TIMEOUT_S (default 540 s).
+# Runs 0-3 are bench/train_bench.py (its JSON and table under OUT) and are bounded by
 # HYSCALE_LC_TIMEOUT_S (default 300 s a run, twice that for the long one); a run that times out or
 # runs out of memory is reported and the next one still runs. HYSCALE_LC_RUNS picks runs (default
-# "whole_128k chunked_128k long warmup_128k"; a device call of 10 minutes holds about two). Summary:
-# OUT/summary.txt (appended to).
+# "whole_128k chunked_128k long warmup_128k recall_warmup"; a device call of 10 minutes holds
+# about two). Summary: OUT/summary.txt (appended to).
 #   scripts/long-context-check.sh [OUT]   (default $OUT, else build-pytorch/long-context)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,10 +34,13 @@ model=$root/examples/train-ref-2048x4.yaml
 timeout_s=${HYSCALE_LC_TIMEOUT_S:-300}
 status=0
 
+runs=${HYSCALE_LC_RUNS:-whole_128k chunked_128k long warmup_128k recall_warmup}
+selected() { [[ " $runs " == *" $1 "* ]]; }
+
 run() {  # name, seconds allowed, then train_bench.py's arguments
   local name=$1 limit=$2
   shift 2
-  [[ " ${HYSCALE_LC_RUNS:-whole_128k chunked_128k long warmup_128k} " == *" $name "* ]] || return 0
+  selected "$name" || return 0
   echo "== $name: train_bench.py $*" | tee -a "$out/summary.txt"
   python3 "$root/bench/train_bench.py" --trainer "$trainer" --models "$model" --device cuda \
     --timeout "$limit" --json "$out/$name.json" "$@" >"$out/$name.txt" 2>&1
@@ -49,4 +55,34 @@ run chunked_128k "$timeout_s" --sizes 131072 --steps 3 --warmup 1 \
   --query-chunk "${HYSCALE_LC_CHUNK:-4096}"
 run long $((2 * timeout_s)) --sizes "${HYSCALE_LC_LONG_N:-1048576}" --steps 2 --warmup 1
 run warmup_128k "$timeout_s" --stage warmup --sizes 131072 --steps 3 --warmup 1
+
+if selected recall_warmup; then
+  echo "== recall_warmup: hyscale-train -c examples/recall-warmup-gpu.yaml" | tee -a "$out/summary.txt"
+  rm -rf "$out/recall-checkpoints" "$out/recall_warmup.jsonl"
+  timeout "${HYSCALE_LC_RECALL_TIMEOUT_S:-540}" "$trainer" -c "$root/examples/recall-warmup-gpu.yaml" \
+    --device cuda --checkpoint-dir "$out/recall-checkpoints" --events "$out/recall_warmup.jsonl" \
+    >"$out/recall_warmup.txt" 2>&1
+  rc=$?
+  # Stage starts, the evaluations and the end, from the JSON-line events.
+  python3 - "$out/recall_warmup.jsonl" <<'EOF' | tee -a "$out/summary.txt"
+import json
+import sys
+
+for line in open(sys.argv[1]):
+    event = json.loads(line)
+    if "stage_started" in event:
+        s = event["stage_started"]
+        print(f"stage {s['stage']} {s['name']}: {s['trains']} {s['attention']}, {s['steps']} steps")
+    elif "step" in event and "evaluation" in event["step"]:
+        s, e = event["step"], event["step"]["evaluation"]
+        print(f"  step {int(s['step']):>4}: accuracy {e.get('accuracy', 0):.3f}, indexer recall "
+              f"{e.get('indexer_recall', 0):.3f}, {s.get('tokens_per_second', 0):.0f} tokens/s")
+    elif "job_finished" in event:
+        f = event["job_finished"]
+        print(f"job finished ok={f.get('ok', False)} in {f.get('elapsed_seconds', 0):.0f} s "
+              f"{f.get('reason', '')}")
+EOF
+  [[ $rc == 0 ]] || { echo "   recall_warmup: exit $rc" | tee -a "$out/summary.txt"; status=1; }
+fi
 exit $status
+
