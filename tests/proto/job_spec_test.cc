@@ -215,6 +215,19 @@ TEST(LoadJobSpec, ErrorsNameTheFile) {
               HasSubstr(bad.path() + ": job spec: "));
 }
 
+// Every spec under examples/ (the README's and the scripts' jobs) reads and validates.
+TEST(LoadJobSpec, EveryExampleIsValid) {
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(HYSCALE_EXAMPLES_DIR)) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++seen;
+    const auto spec = LoadJobSpec(entry.path().string());
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << entry.path() << ": " << ValidateJobSpec(*spec);
+  }
+  EXPECT_GE(seen, 1) << "no examples in " << HYSCALE_EXAMPLES_DIR;
+}
+
 TEST(ApplyDefaults, FillsOnlyZeroFields) {
   v1::JobSpec spec = recall_spec();
   spec.mutable_optimizer()->set_beta2(0.99f);
