@@ -86,7 +86,9 @@ def megatron_backward(q_i, k_i, w, idx, grad, chunk):
 # The dense loss's kernels by part: the first name fragment that matches a kernel's name.
 DENSE_PARTS = (("backward: grad_k_I (key-major)", "dense_key_grad"),
                ("backward: grad_q_I, grad_w (rows)", "index_score_backward"),
-               ("target", "dense_attention_target"), ("attention lse", "dense_attention_lse"),
+               ("target (fused)", "dense_target_kernel"),
+               ("target from logits", "dense_attention_target"),
+               ("attention lse", "dense_attention_lse"),
                ("indexer scores", "score_rows"), ("logits (cuBLAS)", "gemm"),
                ("logits (cuBLAS)", "xmma"), ("logits (cuBLAS)", "cutlass"))
 
@@ -140,10 +142,32 @@ def dense_warmup(ops, n, heads, runs, peak):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        loss()
-        torch.cuda.synchronize()
+    r["loss_parts_ms"] = profiled_parts(loss)
     r["loss_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+    # Without the lse the target comes from logits (the fused kernel needs the lse): the A/B of
+    # the two targets, in the same process.
+    r["loss_no_lse_parts_ms"] = profiled_parts(
+        lambda: ops.dense_indexer_kl(q, kv, q_i, k_i, w, scale, 0, 1))
+    print(f"c) N {n:>7}  dense_indexer_kl (H={heads}) {r['loss_ms']:9.2f} ms "
+          f"{r['loss_tflops']:6.1f} TFLOP/s ({r['loss_tflops'] / peak:.2f} of {peak:.0f}) at "
+          f"{describe(r['loss_clock'])}; +{r['loss_extra_gib']:.2f} GiB; rel err vs float64 "
+          f"{r['rel_err_vs_float64']:.1e}; the output pass {r['output_ms']:.2f} ms")
+    for label, parts in (("lse given", r["loss_parts_ms"]),
+                         ("no lse (target from logits)", r["loss_no_lse_parts_ms"])):
+        total = sum(parts.values())
+        print(f"   {label}: {total:.2f} ms of kernels")
+        for part, ms in sorted(parts.items(), key=lambda item: -item[1]):
+            print(f"     {part:<36} {ms:9.2f} ms  {100 * ms / total:5.1f} %")
+    return r
+
+
+def profiled_parts(fn):
+    """GPU time (ms) of fn's kernels by DENSE_PARTS, one profiled call after a warm-up."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
     parts = {}
     for e in prof.key_averages():
         us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
@@ -151,15 +175,7 @@ def dense_warmup(ops, n, heads, runs, peak):
             continue
         part = next((p for p, frag in DENSE_PARTS if frag in e.key), "KL and the rest (torch)")
         parts[part] = parts.get(part, 0.0) + us / 1e3
-    total = sum(parts.values())
-    r["loss_parts_ms"] = parts
-    print(f"c) N {n:>7}  dense_indexer_kl (H={heads}) {r['loss_ms']:9.2f} ms "
-          f"{r['loss_tflops']:6.1f} TFLOP/s ({r['loss_tflops'] / peak:.2f} of {peak:.0f}) at "
-          f"{describe(r['loss_clock'])}; +{r['loss_extra_gib']:.2f} GiB; rel err vs float64 "
-          f"{r['rel_err_vs_float64']:.1e}; the output pass {r['output_ms']:.2f} ms")
-    for part, ms in sorted(parts.items(), key=lambda item: -item[1]):
-        print(f"   {part:<36} {ms:9.2f} ms  {100 * ms / total:5.1f} %")
-    return r
+    return parts
 
 
 def main():

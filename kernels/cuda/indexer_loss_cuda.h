@@ -1,8 +1,8 @@
 // CUDA kernels of the indexer's training path: the backward of the index scores at selected keys
 // (selection replay) and the KL loss between the indexer's scores and its target, forward and
 // backward. The target (the main-attention mass at the selected keys) is computed in
-// kernels/torch/cuda.cc, on tensor cores through cuBLAS; the dense warm-up's is formed here from
-// logits made there.
+// kernels/torch/cuda.cc, on tensor cores through cuBLAS; the dense warm-up's here, from q and key
+// tiles (dense_target.cu) or from logits made there.
 //
 // Host API over raw device pointers, so this header needs neither libtorch nor CUDA headers; the
 // torch binding (kernels/torch/cuda.cc) checks shapes and calls it. All tensors are contiguous on
@@ -67,5 +67,16 @@ void dense_attention_lse(const IndexerShape& shape, int64_t first, int64_t rows,
 void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,
                             int64_t keys, const float* logits, float scale, const float* lse,
                             float* target, int64_t target_stride, Stream stream);
+
+// The same target without logits (dense_target.cu): from q [rows, H, d_qk] (the block's rows) and
+// key [M, d_qk] bf16 and lse [rows, H] fp32, tile by tile on tensor cores (sm_90a), adding into
+// target (zeroed by the caller) where row r sees key s < keys. Shapes:
+// dense_attention_target_fused_supported (H in {8, 16, 32, 64, 128}, d_qk a multiple of 64 up
+// to 576). The same bits every run.
+bool dense_attention_target_fused_supported(int64_t heads, int64_t dim);
+void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int64_t rows,
+                                  int64_t heads, int64_t dim, int64_t keys, const void* q,
+                                  const void* key, float scale, const float* lse, float* target,
+                                  int64_t target_stride, Stream stream);
 
 }  // namespace hyscale::cuda

@@ -38,6 +38,29 @@ struct ScoreGradTraits {
                 "unsupported indexer shape");
 };
 
+// The dense warm-up's target on tensor cores (dense_target.cu). A block takes 128 (row, head)
+// pairs (128 / H rows) against a chunk of kKeyChunk keys, its Q [pairs x d_qk] resident in shared
+// memory; consumer warpgroup w takes pairs 64 w .. 64 w + 63, and both read every 64-key tile,
+// which the producer warpgroup streams a 64-column block at a time through a ring of kSlots slots.
+// S^T [keys x pairs] = K_tile Q^T puts keys in M, so the sum over a row's heads is a sum over the
+// accumulator's columns: in registers, then across a quad.
+struct DenseTargetTraits {
+  static constexpr int kThreads = 384;               // consumer warpgroups 0 and 1, producer 2
+  static constexpr int kPairs = 128;                 // (row, head) pairs of a block
+  static constexpr int kKeys = 64;                   // keys of a tile (wgmma's M)
+  static constexpr int kKeyChunk = 2048;             // keys of a block: 32 tiles
+  static constexpr int kMaxDimQk = 576;              // Q of 128 pairs: 144 KB
+  static constexpr int kSlotBytes = kKeys * 64 * 2;  // a tile's 64-column block (swizzled)
+  static constexpr int kSlots = 10;
+  static constexpr int kBarrierBytes = 1024;  // q_ready, full[kSlots], empty[kSlots]
+  // Shared memory: 1 KB alignment slack, Q, the ring, the barriers.
+  static constexpr int smem_bytes(int dim_qk) {
+    return 1024 + kPairs * dim_qk * 2 + kSlots * kSlotBytes + kBarrierBytes;
+  }
+  static_assert(1024 + kPairs * kMaxDimQk * 2 + kSlots * kSlotBytes + kBarrierBytes <= 227 * 1024,
+                "the widest Q and the ring fit an SM");
+};
+
 // indexer_kl: one warp per row.
 struct RowWarpTraits {
   static constexpr int kThreads = 256;

@@ -474,14 +474,24 @@ constexpr int64_t kDenseBlockBytes = int64_t(1) << 30;
 constexpr int64_t kDenseBytesPerPair = 16;
 constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows still end
 
-// target [rows, keys] (0 past each row's visible keys) of rows [first, first + rows) of one
-// sequence: the frozen attention's probabilities summed over heads, divided by H, from logits
-// made on tensor cores (bf16 in, fp32 out) a few rows at a time, read once for their log-sum-exps
-// unless `lse` [N, H] (fp32, contiguous) has them, and once for the target.
+// target [rows, keys] (zeroed; 0 stays past each row's visible keys) of rows [first, first + rows)
+// of one sequence: the frozen attention's probabilities summed over heads, divided by H. With the
+// log-sum-exps given (`lse` [N, H], fp32, contiguous: the trainer's) and a shape it takes, tile by
+// tile on tensor cores (dense_attention_target_fused), no logits in memory; otherwise from logits
+// made by cuBLAS (bf16 in, fp32 out) a few rows at a time, read once for their log-sum-exps unless
+// given, and once for the target.
 void dense_target(const IndexerShape& shape, const at::Tensor& q, const at::Tensor& key,
                   const at::Tensor& lse, double scale, int64_t first, int64_t rows,
                   const at::Tensor& target) {
   const int64_t heads = q.size(1), keys = target.size(1);
+  if (lse.defined() && cuda::dense_attention_target_fused_supported(heads, q.size(2))) {
+    cuda::dense_attention_target_fused(
+        shape, first, rows, heads, q.size(2), shape.visible_keys(first + rows - 1),
+        q.narrow(0, first, rows).data_ptr(), key.data_ptr(), static_cast<float>(scale),
+        lse.narrow(0, first, rows).data_ptr<float>(), target.data_ptr<float>(), keys,
+        current_stream());
+    return;
+  }
   const int64_t step = std::clamp<int64_t>(kDenseBlockBytes / (heads * keys * 4), 1, rows);
   for (int64_t begin = 0; begin < rows; begin += step) {
     const int64_t part = std::min(step, rows - begin);

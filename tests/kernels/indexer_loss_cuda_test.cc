@@ -343,12 +343,14 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
   struct DenseCase {
     int64_t n, m, heads, dim_qk, index_heads, index_dim, q_offset, tokens_per_key;
   };
-  // The last case spans two blocks of rows (at most 4096 a block): the key-major gradient adds
-  // each block's part into grad_k.
-  const DenseCase cases[] = {{300, 300, 8, 72, 16, 64, 0, 1},
-                             {250, 400, 64, 576, 64, 128, 150, 1},
-                             {131, 70, 4, 64, 32, 128, 9, 2},
-                             {4500, 4500, 2, 64, 16, 64, 3, 1}};
+  // With the lse given, H in {8, .., 128} and d_qk a multiple of 64 take the fused target (the
+  // rest, and every case without the lse, the logits'). The last case spans two blocks of rows
+  // (at most 4096 a block): the key-major gradient adds each block's part into grad_k.
+  const DenseCase cases[] = {
+      {300, 300, 8, 72, 16, 64, 0, 1},    {250, 400, 64, 576, 64, 128, 150, 1},
+      {131, 70, 4, 64, 32, 128, 9, 2},    {200, 260, 128, 128, 16, 64, 40, 1},
+      {333, 333, 32, 192, 64, 128, 0, 2}, {150, 150, 16, 64, 32, 64, 7, 1},
+      {4500, 4500, 8, 64, 16, 64, 3, 1}};
   for (const DenseCase& c : cases) {
     SCOPED_TRACE("N " + std::to_string(c.n) + " M " + std::to_string(c.m) + " H " +
                  std::to_string(c.heads) + " d_qk " + std::to_string(c.dim_qk) + " H_I " +
@@ -385,6 +387,7 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
     expect_close(given.loss, want.loss, 1e-4, "loss, lse given");
     expect_close(given.grad_q, want.grad_q, 1e-2, "grad q_I, lse given");
     expect_close(given.grad_k, want.grad_k, 1e-2, "grad k_I, lse given");
+    expect_close(given.grad_w, want.grad_w, 1e-2, "grad w, lse given");
   }
 }
 
@@ -421,13 +424,22 @@ TEST_F(IndexerLossCudaTest, DeterministicDenseIndexerKlIsBitIdenticalAcrossRuns)
   const auto q_i = bf16_values({n, index_heads, index_dim}).cuda();
   const auto k_i = bf16_values({n, index_dim}).cuda(), w = torch::randn({n, index_heads}).cuda();
   const DeterministicAlgorithms deterministic;
-  const auto first = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125);
-  for (int run = 1; run < 3; ++run) {
-    const auto again = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125);
-    EXPECT_TRUE(torch::equal(again.loss, first.loss)) << "loss differs, run " << run;
-    EXPECT_TRUE(torch::equal(again.grad_k, first.grad_k)) << "grad_k differs, run " << run;
-    EXPECT_TRUE(torch::equal(again.grad_q, first.grad_q)) << "grad_q differs, run " << run;
-    EXPECT_TRUE(torch::equal(again.grad_w, first.grad_w)) << "grad_w differs, run " << run;
+  // Without the lse (the logits' target) and with it (the fused target).
+  const auto causal = torch::arange(n).unsqueeze(0) > torch::arange(n).unsqueeze(1);
+  const auto lse = torch::logsumexp(torch::einsum("thd,sd->ths", {q, key})
+                                        .mul(0.125)
+                                        .masked_fill(causal.cuda().unsqueeze(1), -INFINITY),
+                                    -1);
+  for (const torch::Tensor& given : {torch::Tensor(), lse}) {
+    SCOPED_TRACE(given.defined() ? "lse given" : "no lse");
+    const auto first = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
+    for (int run = 1; run < 3; ++run) {
+      const auto again = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
+      EXPECT_TRUE(torch::equal(again.loss, first.loss)) << "loss differs, run " << run;
+      EXPECT_TRUE(torch::equal(again.grad_k, first.grad_k)) << "grad_k differs, run " << run;
+      EXPECT_TRUE(torch::equal(again.grad_q, first.grad_q)) << "grad_q differs, run " << run;
+      EXPECT_TRUE(torch::equal(again.grad_w, first.grad_w)) << "grad_w differs, run " << run;
+    }
   }
 }
 
