@@ -164,6 +164,19 @@ __device__ __forceinline__ void gate_coefficients(const float (&scores)[Tr::kHea
   }
 }
 
+// S^T [keys x H_I] = K_tile q^T of a landed tile (flash_topk's product, the same gates), waited
+// for.
+template <class Tr>
+__device__ __forceinline__ void score_tile(const __nv_bfloat16* key_tile,
+                                           const __nv_bfloat16* query_tile,
+                                           float (&scores)[Tr::kHeads / 2]) {
+  wgmma_fence();
+  issue_key_tile<typename Tr::Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulators(scores);
+}
+
 // grad_q^T [d_I x H_I] += K_tile^T C^T: the key tile read MN-major as A, C [H_I x keys]
 // (coef_tile, K-major) as B. Issues only: the caller fences, commits and waits.
 template <class Tr>
@@ -266,11 +279,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
     const int64_t first = tile * Tr::kKeys;
 
     float scores[Tr::kHeads / 2];
-    wgmma_fence();
-    issue_key_tile<Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(scores);
+    score_tile<Tr>(key_tile, query_tile, scores);
 
     const float g_lo = key_at(first + key_lo) >= 0 ? row_grads[first + key_lo] : 0.f;
     const float g_hi = key_at(first + key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
@@ -455,11 +464,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
     const bf16* const query_tile = query_tiles + (t % 2) * (Tr::kQueryBytes / 2);
 
     float scores[Tr::kHeads / 2];
-    wgmma_fence();
-    issue_key_tile<Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(scores);
+    score_tile<Tr>(key_tile, query_tile, scores);
 
     uint32_t coef[Tr::kHeadSteps][4];
     gate_coefficients<Tr, false>(scores, current.g_lo, current.g_hi, current.weights, coef,
