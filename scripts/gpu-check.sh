@@ -15,8 +15,8 @@
 #   HYSCALE_TRAIN_BENCH_MODELS its reference models (default both in examples/train-ref-*.yaml)
 #   HYSCALE_CHUNK_BENCH_SIZES  N values of the 2048x4 model with queries in chunks of 8192 and of
 #                              its dense warm-up in the trainer's chunks (default 32K; none: skip)
-#   HYSCALE_SANITIZE=1     also run the small GPU tests (FlashTopK, sparse attention) under
-#                          compute-sanitizer memcheck
+#   HYSCALE_SANITIZE=1     also run the small GPU tests (FlashTopK, sparse attention, the dense
+#                          warm-up's loss) under compute-sanitizer memcheck
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${HYSCALE_BUILD_DIR:-$root/build-pytorch}
@@ -42,6 +42,12 @@ if [[ ${HYSCALE_SANITIZE:-0} == 1 ]]; then
     "$build/tests/kernels/sparse_attn_cuda_test" --gtest_filter='*Forward*:*ValuesInsideKeys*' \
     >"$out/memcheck_sparse_attn.log" 2>&1 && echo "memcheck (sparse attention): clean" ||
     { echo "memcheck (sparse attention): FAILED"; tail -30 "$out/memcheck_sparse_attn.log"; }
+  # The dense warm-up's kernels (fused target, index-score backward by rows and by keys).
+  compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$build/tests/kernels/indexer_loss_cuda_test" \
+    --gtest_filter='*DenseIndexerKlMatchesTheFloat64CpuOp:*DeterministicDenseIndexerKl*' \
+    >"$out/memcheck_dense.log" 2>&1 && echo "memcheck (dense warm-up): clean" ||
+    { echo "memcheck (dense warm-up): FAILED"; tail -30 "$out/memcheck_dense.log"; }
 fi
 
 python3 "$root/bench/flash_topk_bench.py" --lib "$build/kernels/torch/libhyscale_ops.so" \
