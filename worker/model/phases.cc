@@ -44,6 +44,9 @@ const std::array<std::string, kSlotCount>& slot_names() {
 // The clock that autograd's node callback reports to (BackwardAttribution keeps it).
 std::atomic<PhaseClock*> attributed_clock{nullptr};
 
+// The slot a started clock times now (PhaseClock::ActiveSlot); -1 between steps.
+std::atomic<int> active_slot{-1};
+
 std::unique_ptr<at::ObserverContext> on_node_start(const at::RecordFunction& fn) {
   if (PhaseClock* clock = attributed_clock.load()) {
     clock->node_started(fn.forwardThreadId(), fn.seqNr());
@@ -141,6 +144,7 @@ void PhaseClock::start() {
   timeline_->stamp();
   slots_.push_back(slot_);
   started_ = true;
+  active_slot.store(slot_);
 }
 
 std::map<std::string, double> PhaseClock::take() {
@@ -161,6 +165,7 @@ std::map<std::string, double> PhaseClock::take() {
 }
 
 void PhaseClock::forget_step() {
+  if (started_) active_slot.store(-1);
   timeline_->clear();
   slots_.clear();
   created_by_.clear();
@@ -184,6 +189,7 @@ void PhaseClock::switch_to(int slot) {
   if (slot == slot_) return;
   slot_ = slot;
   if (!started_) return;
+  active_slot.store(slot);
   timeline_->stamp();
   slots_.push_back(slot);
 }
@@ -204,6 +210,15 @@ void PhaseClock::node_started(uint64_t forward_thread, int64_t sequence_number) 
     if (after != starts.begin()) phase = std::prev(after)->second;
   }
   switch_to(slot_of(phase, v1::STEP_PASS_BWD));
+}
+
+int PhaseClock::ActiveSlot() {
+  return active_slot.load(std::memory_order_relaxed);
+}
+
+const std::string& PhaseClock::SlotName(int slot) {
+  static const std::string untimed = "untimed";
+  return slot >= 0 && slot < kSlotCount ? slot_names()[slot] : untimed;
 }
 
 PhaseClock::Scope::Scope(PhaseClock& clock, v1::StepPhase phase) : clock_(clock) {

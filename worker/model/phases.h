@@ -91,6 +91,13 @@ class PhaseClock : public torch::CustomClassHolder {
   // its sequence number).
   void node_started(uint64_t forward_thread, int64_t sequence_number);
 
+  // The slot (a phase in a pass) that the started clock is timing now, for tagging what the step
+  // allocates (worker/trainer/tensor_memory.h); -1 outside a step. One process-wide value: the
+  // clock started last sets it.
+  static int ActiveSlot();
+  // The slot's PhaseName ("attention_bwd", "optimizer"), "untimed" for -1.
+  static const std::string& SlotName(int slot);
+
   class Timeline;  // host clock or CUDA events (phases.cc)
 
  private:

@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
   int threads = -1;
   int query_chunk = -1;
   std::string device_name = "auto";
+  bool count_tensor_memory = false;
   app.add_option("-c,--config", config_path, "Job spec (.json, .yaml or .yml)")->required();
   app.add_flag("--resume", resume, "Continue from the newest valid checkpoint");
   app.add_option("--attention", attention, "Override every stage's attention: dense or sparse")
@@ -127,6 +128,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (overrides the spec's threads)");
   app.add_option("--device", device_name, "Where to train: cpu, cuda, or auto (cuda if present)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_flag("--count-tensor-memory", count_tensor_memory,
+               "CPU: report each step's peak of tensor bytes, by the phase that allocated them "
+               "(step events' tensor_memory; slower)");
   CLI11_PARSE(app, argc, argv);
 
   auto spec = hyscale::LoadJobSpec(config_path);
@@ -163,6 +167,11 @@ int main(int argc, char** argv) {
       return kExitBadInput;
     }
   }
+  if (count_tensor_memory && device.is_cuda()) {
+    std::cerr
+        << "hyscale-train: --count-tensor-memory counts CPU tensors: train with --device cpu\n";
+    return kExitBadInput;
+  }
   const int world = *rendezvous ? (*rendezvous)->world_size : 1;
   const int cp = std::max(1, spec->parallelism().context_parallel());
   if (cp != world) {
@@ -193,6 +202,7 @@ int main(int argc, char** argv) {
   options.selection_replay = replay;
   options.evaluate = evaluate;
   options.device = device;
+  options.count_tensor_memory = count_tensor_memory;
   // Under the service the agent names the job's attempt: it fences the checkpoint folder.
   if (const char* attempt = std::getenv("HYSCALE_ATTEMPT"); attempt != nullptr) {
     if (!absl::SimpleAtoi(attempt, &options.attempt) || options.attempt < 0) {

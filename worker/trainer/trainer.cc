@@ -25,6 +25,7 @@
 #include "worker/trainer/events.h"
 #include "worker/trainer/optimizer.h"
 #include "worker/trainer/schedule.h"
+#include "worker/trainer/tensor_memory.h"
 
 namespace hyscale::trainer {
 namespace {
@@ -96,6 +97,22 @@ v1::TrainerEventLine::MemoryPrediction predicted_memory(
 
 void throw_if_error(const absl::Status& status) {
   if (!status.ok()) throw std::runtime_error(std::string(status.message()));
+}
+
+// The step's peak of CPU tensor bytes and what was alive then, by the phase that allocated it.
+v1::TrainerEventLine::TensorMemory tensor_memory_of_step() {
+  const tensor_memory::Counts counts = tensor_memory::Read();
+  v1::TrainerEventLine::TensorMemory out;
+  out.set_peak_bytes(counts.peak_bytes);
+  const auto name = [](int tag) {
+    return PhaseClock::SlotName(tag == tensor_memory::kUntagged ? -1 : tag);
+  };
+  out.set_peak_phase(name(counts.peak_tag));
+  for (int tag = 0; tag <= tensor_memory::kUntagged; ++tag) {
+    if (counts.peak_by_tag[tag] > 0)
+      (*out.mutable_peak_by_phase())[name(tag)] = counts.peak_by_tag[tag];
+  }
+  return out;
 }
 
 // One batch as this rank trains on it: the token columns at its global positions.
@@ -301,6 +318,8 @@ class Trainer::Impl {
     const bool main_trains = stage.trains() != v1::INDEXER_ONLY;
     for (auto& p : model_->parameters()) p.set_requires_grad(main_trains || is_indexer(p));
 
+    const bool count_memory = options_.count_tensor_memory;
+    if (count_memory) tensor_memory::ResetPeak();
     clock_->start();
     ForwardOptions options = forward_options(stage);
     options.clock = clock_;
@@ -374,6 +393,7 @@ class Trainer::Impl {
     m.set_tokens_per_second(static_cast<double>(batch_tokens) / seconds);
     m.set_peak_memory_bytes(peak_memory_bytes(options_.device));
     m.mutable_phase_seconds()->insert(phase_seconds.begin(), phase_seconds.end());
+    if (count_memory) *m.mutable_tensor_memory() = tensor_memory_of_step();
     if (cp()) {
       const parallel::CommTimes times = cp()->take_times();
       m.mutable_comm()->set_exposed(times.exposed_s);
@@ -459,6 +479,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
                                                          EventSink& events) {
   auto data = MakeDataSource(spec);
   if (!data.ok()) return data.status();
+  if (options.count_tensor_memory) {
+    // Before the model exists, so that its weights are counted (as "untimed").
+    static_assert(v1::StepPhase_MAX * v1::StepPass_MAX <= tensor_memory::kTags);
+    tensor_memory::Install(&PhaseClock::ActiveSlot);
+  }
   auto impl = std::make_unique<Impl>(spec, options, events, std::move(*data));
   if (!spec.checkpoint().dir().empty()) {
     if (auto status = impl->ClaimCheckpoints(); !status.ok()) return status;

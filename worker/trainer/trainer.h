@@ -32,6 +32,8 @@ struct TrainerOptions {
   int64_t attempt = -1;
   // This rank's context-parallel group (spec.parallelism); null: one process per sequence.
   std::shared_ptr<parallel::ContextParallelGroup> context_parallel;
+  // Count the CPU tensors' bytes by phase (tensor_memory.h) and report each step's peak.
+  bool count_tensor_memory = false;
 };
 
 class Trainer {
