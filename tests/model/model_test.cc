@@ -278,6 +278,19 @@ TEST(ModelTest, RopeFromAnOffsetRotatesOnlyThoseFeatures) {
                               Rope(4, 10000.0).apply(x.narrow(-1, 8, 4).contiguous(), positions)));
 }
 
+// bf16 inputs (the GPU's, under autocast) at long-context positions turn by the fp32 angles: only
+// the result rounds to bf16, not the positions (in bf16, 100,001 would be 99,840).
+TEST(ModelTest, RopeOfBf16TurnsByExactAngles) {
+  const auto x = torch::randn({1, 4, 2, 16}, torch::kDouble);
+  const auto positions = torch::tensor({257, 4097, 100001, 131071}, torch::kLong);
+  const auto want = Rope(16, 10000.0).apply(x, positions);
+  const auto got = Rope(16, 10000.0).apply(x.to(torch::kBFloat16), positions);
+  ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+  // bf16 rounds x, cos, sin and the result: a few units of 2^-8 of the largest magnitude.
+  const double worst = (got.to(torch::kDouble) - want).abs().max().item<double>();
+  EXPECT_LT(worst, 0.05 * x.abs().max().item<double>()) << worst;
+}
+
 TEST(ModelTest, IndexerLearnsOnlyFromItsLossAndTheModelOnlyFromTheLmLoss) {
   const auto config = testing::SmallConfig();
   for (const auto mode : {AttentionMode::kDense, AttentionMode::kSparse}) {

@@ -188,15 +188,20 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions) const {
   if (rope_dim_ == 0) return x;
   const int64_t t = x.size(1), half = rope_dim_ / 2;
-  const auto options = x.options();
+  // The angles in fp32 at least, whatever x's dtype: in bf16 (x under autocast) positions past 256
+  // would round (to multiples of 512 at 128K), and queries and keys of different dtypes would turn
+  // by different angles. cos and sin then take x's dtype.
+  const auto options =
+      x.options().dtype(x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat);
   const auto inv_freq =
       torch::pow(theta_, -torch::arange(0, half, options) * (2.0 / static_cast<double>(rope_dim_)));
-  auto angles = torch::outer(positions.to(options.dtype()), inv_freq);  // [T, half]
+  const auto angles = positions.to(options.dtype()).unsqueeze(1) * inv_freq;  // [T, half]
   // Broadcast over the dims between T and the feature dim (heads, if any).
   std::vector<int64_t> shape{1, t};
   for (int64_t d = 2; d < x.dim() - 1; ++d) shape.push_back(1);
   shape.push_back(half);
-  const auto cos = angles.cos().view(shape), sin = angles.sin().view(shape);
+  const auto cos = angles.cos().to(x.scalar_type()).view(shape);
+  const auto sin = angles.sin().to(x.scalar_type()).view(shape);
   const auto x1 = x.index({"...", Slice(first_, first_ + half)});
   const auto x2 = x.index({"...", Slice(first_ + half, first_ + rope_dim_)});
   return torch::cat({x.index({"...", Slice(0, first_)}), x1 * cos - x2 * sin, x2 * cos + x1 * sin,
