@@ -15,7 +15,8 @@ sequences while they fit the GPU and otherwise the largest query chunk that does
 untimed; the bench says so) as a subprocess and reads the JSON-line events it prints on stdout
 (proto/hyscale/v1/events.proto; `{"step": {...}}`: step, step_seconds, tokens_per_second,
 peak_memory_bytes, phase_seconds {name: seconds}; `{"stage_started": {...}}`: query_chunk and the
-planner's predicted_memory {weights, activations, indices, gathered, workspace, total}_bytes;
+planner's predicted_memory {weights, activations, indices, gathered, workspace, unattributed,
+total}_bytes;
 `{"job_finished": {...}}`: ok, reason; int64 fields are JSON strings). The first --warmup steps (default 2) are excluded;
 over the timed steps it reports the median step time (and min/max), tokens/s, MFU, the peak memory,
 the peak memory per token beyond weights and optimizer state, the planner's predicted peak beside the
@@ -374,7 +375,7 @@ def run_trainer(cfg, spec, label):
                      f"{' '.join(cmd)}\n  reason: {reason or '-'}\n  stderr:\n{tail}")
 
 
-MEMORY_PARTS = ("activations", "indices", "gathered", "workspace")
+MEMORY_PARTS = ("activations", "indices", "gathered", "workspace", "unattributed")
 
 
 def predicted_bytes(stage):
@@ -601,7 +602,7 @@ def table(cfg, report):
                                     m["longest"].get("row") else []):
             if r.get("ok") and r.get("predicted_mib_per_token"):
                 parts = " | ".join(f"{k} {v:.4f}" for k, v in r["predicted_mib_per_token"].items())
-                lines.append(f"  {m['name']} N={r['n']}: {parts} (+10 % slack); measured "
+                lines.append(f"  {m['name']} N={r['n']}: {parts}; measured "
                              f"{r['mib_per_token_beyond_state']:.4f}")
     lines.append("phases (median seconds, share of the median step), largest first:")
     for m in report["models"]:

@@ -331,75 +331,171 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   // Memory of one GPU.
   MemoryBreakdown& mem = out.memory;
   const double seqs = static_cast<double>(out.sequences);
-  mem.weights = 16.0 * static_cast<double>(w.parameters);
   const double layers = static_cast<double>(w.layers);
-  constexpr double f = 4;  // fp32 bytes
-  // One query row of a layer, saved for its backward and the backward's transients on top, bytes.
-  double row_saved = 0, row_backward = 0;
-  if (megatron) {
-    row_saved = (6 * d + 3 * w.d_ff + H * (dqk + dv) + hi * di + H) * ab;
-    if (w.sparse) row_saved += H * k * ab;  // gather attention saves probabilities
-    row_backward = H * (dqk + dv) * ab;
-  } else {
-    // hyscale-train's layer under bf16 autocast (worker/model/model.cc), tensor by tensor: the two
-    // RMSNorms' fp32 normalized rows and outputs and the residual (5 d fp32) with the linears'
-    // bf16 casts of their inputs (6 d); the queries' projection and its RoPE'd copy; the indexer's
-    // likewise and its head weights; the attention output and its log-sum-exp; SwiGLU's gate,
-    // activation, up and product; the indexer loss's scores, target and KL gradient (3 k fp32).
-    row_saved = 5 * d * f + 6 * d * ab + 2 * H * dqk * ab + 2 * hi * di * ab + hi * ab +
-                H * dv * ab + H * f + 4 * w.d_ff * ab + (w.sparse ? 3 * k * f : 0);
-    // While the attention backward runs: the queries' gradient through RoPE (two bf16 copies)
-    // and the kernel's fp32 one, and the output's gradient.
-    row_backward = (2 * ab + f) * H * dqk + H * dv * ab;
-  }
+  constexpr double f = 4;        // fp32 bytes
+  const bool autocast = ab < f;  // bf16 activations: the trainer's CUDA autocast
   // A dense query row's score tables (autograd keeps about half of them); frozen, its key lists.
   const bool dense_hyscale = !w.sparse && !megatron;
   const double dense_table_row = !dense_hyscale ? 0
                                  : frozen       ? N * kFrozenDenseRowKeyBytes
                                                 : DenseTableRowBytes(w);
-  // The final norm and output projection keep the last layer's output (fp32), and unless
-  // recomputed (as the trainer does under recomputation) their normalized rows and bf16 cast.
-  const double head = megatron ? 0 : (c.recompute == Recompute::kNone ? d * (2 * f + ab) : d * f);
-  // The residual stream (each layer's input) is fp32 under autocast. A frozen main model keeps
-  // nothing: one layer's input and output.
-  if (frozen) {
-    mem.activations = 2 * seqs * n * d * f;
-  } else if (c.recompute == Recompute::kNone) {
-    mem.activations = layers * seqs * n * (row_saved + dense_table_row / 2) + seqs * n * head;
+  // Top-k indices kept for replay, as HyScale packs them (worker/model/index_packing.h): 2 bytes
+  // an entry up to 65,535 keys, else 3.
+  const double packed = N <= 65535 ? 2 : 3;
+  // What a sparse layer's backward holds on the device beyond the named tensors, a chunk row:
+  // measured on the H200, not yet attributed to a tensor (DeviceProfile).
+  const double unattributed_row =
+      w.sparse && !megatron ? H * k * prof.unattributed_row_head_key_bytes : 0;
+  // The models not fitted to measured peaks keep 10 % for the allocator.
+  double slack = 1.1;
+  if (!megatron && !frozen && c.recompute != Recompute::kNone) {
+    // hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a
+    // layer's attention backward. What is alive there is the list below, counted tensor by tensor
+    // on the CPU (hyscale-train --count-tensor-memory, docs/log/2026-12-05-planner-memory.md), in
+    // the dtypes the CUDA path gives them, and on a GPU what its measured peaks hold beyond it
+    // (unattributed). Fitted to the H200's measured peaks (docs/performance.md section 13): the
+    // allocator's share is in them, no slack.
+    slack = 1;
+    const bool whole = chunks <= 1;
+    const bool replay = c.recompute == Recompute::kReplay;
+    const double tokens = seqs * n;    // this rank's query rows
+    const double keys = seqs * N;      // the keys they see (all-gathered under CP)
+    const double rows = seqs * chunk;  // the rows the layer in backward runs at once
+
+    // One chunk row of the layer in backward, tensor by tensor.
+    double row = 2 * d * f;  // attn_norm's normalized rows and output (fp32)
+    // Under autocast, the bf16 casts of attn_norm's output for wq, the indexer's wq and ww (whole,
+    // also for wk and the indexer's wk).
+    if (autocast) row += (whole ? 5 : 3) * d * ab;
+    row += H * dqk * ab;                        // the queries after RoPE
+    row += (hi * di + hi) * ab;                 // the indexer's queries after RoPE, head weights
+    row += H * dv * ab + H * f;                 // the attention output, its log-sum-exp (fp32)
+    row += 2 * d * f;                           // the layer's output, the residual's gradient
+    row += H * dv * ab + H * dqk * ab + H * f;  // the backward's dO, dq, row deltas (fp32)
+    if (w.sparse) {
+      row += k * 4;      // the replayed (or re-selected) indices, unpacked (int32)
+      row += k * f;      // the index scores at them
+      row += 2 * k * f;  // the indexer loss's target and the KL's gradient
+      // Whole: the recomputed layer's re-packed indices (its LayerOutput's, until
+      // recompute_backward returns).
+      if (whole && replay) row += k * packed;
+    } else {
+      row += dense_table_row;  // a dense row's score tables over every key
+    }
+    // What the layer's backward holds on a GPU beyond these, measured and not yet attributed.
+    mem.unattributed = rows * unattributed_row;
+
+    // The model state at layer l's backward (from L - 1 down to 0): fp32 weights and AdamW's two
+    // moments, the gradients of the LM head and of layers l..L-1 (the embedding's comes last),
+    // under autocast the layer's bf16 weight copies; and the fp32 inputs of layers 0..l, which
+    // the backward has not reached. Linear in l: the worst layer is the first or the last.
+    const double params = static_cast<double>(w.parameters);
+    const double head_params = static_cast<double>(w.vocab + 1) * d;  // LM head, final norm
+    const double layer_params =
+        std::max(0.0, (params - static_cast<double>(w.vocab) * d - head_params) / layers);
+    const double layer_input = tokens * d * f;  // the residual stream is fp32 under autocast
+    const double l = layer_input > f * layer_params ? layers - 1 : 0;
+    mem.weights = 12 * params + f * (head_params + (layers - l) * layer_params) +
+                  (autocast ? ab * layer_params : 0);
+    mem.activations = (l + 1) * layer_input  // the inputs of layers 0..l
+                      + layer_input          // the gradient of the layer's output (from above)
+                      + rows * row;
+    if (!whole) mem.activations += layer_input;  // the layer input's gradient (x_grad), whole
+    // Every layer's packed indices, kept by the recomputation's state; re-selection keeps none
+    // (the layer's own are the chunk rows').
+    mem.indices = w.sparse && replay ? layers * tokens * k * packed : 0;
+    // The key side: the keys in the activations' dtype, the indexer's in fp32 (its LayerNorm's
+    // output under autocast); the attention backward's key gradient, fp32 from the kernel and its
+    // cast to the keys' dtype (kernels/torch/cuda.cc), for every key the chunk sees (all at the
+    // last); chunked, the key side's fp32 gradient accumulators.
+    mem.gathered = keys * (key_elems * ab + di * f) + keys * key_elems * (f + ab);
+    if (!whole) mem.gathered += keys * (key_elems + di) * f;
+    if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
+    // Re-selection: FlashTopK's scratch in the recomputed forward (counted; replay has none).
+    mem.workspace = w.sparse && !replay ? prof.topk_scratch_bytes + 2 * seqs * chunk * k * 4 : 0;
+
+    // The other candidate peak, the LM head's backward before the layers': the head's gradient
+    // alone, every layer's input and the last one's output, the final norm's rows, the logits and
+    // their gradient (fp32). Not alive at the attention's peak; larger with a large vocabulary.
+    const double head_weights = 12 * params + f * head_params + (autocast ? ab * head_params : 0);
+    const double head_activations = (layers + 1) * layer_input + tokens * d * f;
+    const double logits_bytes = 2 * tokens * static_cast<double>(w.vocab) * f;
+    if (head_weights + head_activations + mem.indices + logits_bytes >
+        mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace +
+            mem.unattributed) {
+      mem.weights = head_weights;
+      mem.activations = head_activations;
+      mem.gathered = 0;
+      mem.workspace = logits_bytes;
+      mem.unattributed = 0;
+    }
   } else {
-    mem.activations = (layers * d * f + head) * seqs * n + seqs * chunk * row_saved;
+    mem.weights = 16.0 * static_cast<double>(w.parameters);
+    // One query row of a layer, saved for its backward and the backward's transients on top, bytes.
+    double row_saved = 0, row_backward = 0;
+    if (megatron) {
+      row_saved = (6 * d + 3 * w.d_ff + H * (dqk + dv) + hi * di + H) * ab;
+      if (w.sparse) row_saved += H * k * ab;  // gather attention saves probabilities
+      row_backward = H * (dqk + dv) * ab;
+    } else {
+      // hyscale-train's layer under bf16 autocast (worker/model/model.cc) without recomputation
+      // (not measured), tensor by tensor: the two RMSNorms' fp32 normalized rows and outputs and
+      // the residual (5 d fp32) with the linears' bf16 casts of their inputs (6 d); the queries'
+      // projection and its RoPE'd copy; the indexer's likewise and its head weights; the
+      // attention output and its log-sum-exp; SwiGLU's gate, activation, up and product; the
+      // indexer loss's scores, target and KL gradient (3 k fp32).
+      row_saved = 5 * d * f + 6 * d * ab + 2 * H * dqk * ab + 2 * hi * di * ab + hi * ab +
+                  H * dv * ab + H * f + 4 * w.d_ff * ab + (w.sparse ? 3 * k * f : 0);
+      // While the attention backward runs: the queries' gradient through RoPE (two bf16 copies)
+      // and the kernel's fp32 one, and the output's gradient.
+      row_backward = (2 * ab + f) * H * dqk + H * dv * ab;
+    }
+    // The final norm and output projection keep the last layer's output (fp32), and unless
+    // recomputed their normalized rows and bf16 cast.
+    const double head = megatron ? 0 : (c.recompute == Recompute::kNone ? d * (2 * f + ab) : d * f);
+    // The residual stream (each layer's input) is fp32 under autocast. A frozen main model keeps
+    // nothing: one layer's input and output.
+    if (frozen) {
+      mem.activations = 2 * seqs * n * d * f;
+    } else if (c.recompute == Recompute::kNone) {
+      mem.activations = layers * seqs * n * (row_saved + dense_table_row / 2) + seqs * n * head;
+    } else {
+      mem.activations = (layers * d * f + head) * seqs * n + seqs * chunk * row_saved;
+    }
+    if (w.sparse) {
+      // One layer's selection (int32), or every layer's kept for replay (HyScale's packed).
+      const double one_layer = seqs * n * k * 4;
+      mem.indices = c.recompute == Recompute::kReselect || frozen
+                        ? one_layer
+                        : layers * one_layer * (megatron ? 4 : packed) / 4;
+    }
+    // Two in flight + fp32 gradients; frozen, only the indexer keys' gradient.
+    mem.gathered = frozen ? N * (key_elems + idx_elems) * ab + N * idx_elems * f
+                          : N * (key_elems + idx_elems) * (2 * ab + f);
+    if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
+    double scratch = 0;
+    if (w.sparse && megatron) {
+      scratch =
+          std::min(kTableChunkRows, n) * N * 4 + std::min(kGatherChunkRows, n) * k * row_bytes;
+    } else if (w.sparse) {
+      scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
+    } else if (dense_hyscale && frozen) {
+      // The loss's logits of a few rows, and its [rows, keys] tables of a block of more rows.
+      scratch = 2.5 * kDenseLossBlockBytes;
+    }
+    // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
+    // output's gradients whole (fp32).
+    const double layer_backward = frozen ? 0 : seqs * chunk * row_backward;
+    const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
+    // Logits and (unless frozen) their gradient.
+    const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
+    mem.workspace =
+        scratch + seqs * chunk * dense_table_row + layer_backward + chunked_grads + logits_bytes;
+    // HyScale's layer in backward (no recomputation: all its rows at once), as measured with it.
+    if (!frozen) mem.unattributed = seqs * n * unattributed_row;
   }
-  if (w.sparse) {
-    // One layer's selection (int32), or every layer's kept for replay, which HyScale packs
-    // (worker/model/index_packing.h): 2 bytes an entry up to 65,535 keys, else 3.
-    const double one_layer = seqs * n * k * 4;
-    const double packed = megatron ? 4 : (N <= 65535 ? 2 : 3);
-    mem.indices =
-        c.recompute == Recompute::kReselect || frozen ? one_layer : layers * one_layer * packed / 4;
-  }
-  // Two in flight + fp32 gradients; frozen, only the indexer keys' gradient.
-  mem.gathered = frozen ? N * (key_elems + idx_elems) * ab + N * idx_elems * f
-                        : N * (key_elems + idx_elems) * (2 * ab + f);
-  if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
-  double scratch = 0;
-  if (w.sparse && megatron) {
-    scratch = std::min(kTableChunkRows, n) * N * 4 + std::min(kGatherChunkRows, n) * k * row_bytes;
-  } else if (w.sparse) {
-    scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
-  } else if (dense_hyscale && frozen) {
-    // The loss's logits of a few rows, and its [rows, keys] tables of a block of more rows.
-    scratch = 2.5 * kDenseLossBlockBytes;
-  }
-  // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
-  // output's gradients whole (fp32).
-  const double layer_backward = frozen ? 0 : seqs * chunk * row_backward;
-  const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
-  // Logits and (unless frozen) their gradient.
-  const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
-  mem.workspace =
-      scratch + seqs * chunk * dense_table_row + layer_backward + chunked_grads + logits_bytes;
-  const double sum = mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace;
-  mem.total = sum * 1.1;
+  mem.total = slack * (mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace +
+                       mem.unattributed);
   if (out.rejected.empty() && mem.total > prof.memory_bytes) {
     out.rejected = absl::StrFormat(
         "memory %.1f GiB > %.1f GiB of %s (activations %.1f GiB, weights+optimizer %.1f GiB)",

@@ -75,16 +75,24 @@ struct Workload {
 };
 
 struct MemoryBreakdown {
-  double weights = 0;  // fp32 weights, gradients, AdamW moments
-  // Saved for backward: with recomputation each layer's fp32 input, plus one query chunk's
-  // activations while its layer is recomputed.
+  // fp32 weights and AdamW's moments with the gradients; with HyScale's recomputation those that
+  // exist at the peak and one layer's bf16 weight copies (autocast).
+  double weights = 0;
+  // With recomputation the fp32 inputs of the layers the backward has not reached and one query
+  // chunk's tensors while its layer's backward runs (HyScale: the gradients of the layer's output
+  // and, chunked, input too); without it every layer's saved tensors.
   double activations = 0;
   double indices = 0;   // saved top-k indices
-  double gathered = 0;  // all-gathered key side (two layers in flight) and its gradients
-  // Selection and attention scratch and one layer's backward (of a chunk), the gradients of a
-  // chunked layer's input and output, logits.
+  double gathered = 0;  // the (all-gathered) key side and its gradients
+  // Selection scratch; without HyScale's recomputation also a layer's backward (of a chunk), the
+  // gradients of a chunked layer's input and output, logits.
   double workspace = 0;
-  double total = 0;  // the sum + 10% allocator slack
+  // What a sparse layer's backward holds on a GPU beyond the named tensors, measured on the H200
+  // and not yet attributed to a tensor (DeviceProfile::unattributed_row_head_key_bytes).
+  double unattributed = 0;
+  // The sum; plus 10 % allocator slack where the model is not fitted to measured peaks (all but
+  // HyScale's recomputed step).
+  double total = 0;
 };
 
 struct Prediction {

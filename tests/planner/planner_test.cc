@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hyscale/v1/calibration.pb.h"
@@ -187,32 +188,107 @@ TEST(PlannerTest, MemoryCoversTheMeasuredLayerPeaks) {
 }
 
 // The 4-layer reference model of examples/train-ref-2048x4.yaml (d_model 2048, 64 heads with a
-// 576/512 latent, indexer 64 x 128, top-2048, SwiGLU 5632), recomputed with replay.
-v1::JobSpec ReferenceModel(int64_t tokens) {
+// 576/512 latent, indexer 64 x 128, top-2048, SwiGLU 5632), recomputed with replay; or another
+// width, depth, head count and SwiGLU (examples/train-ref-4096x2.yaml: 4096, 2, 128, 11008).
+v1::JobSpec ReferenceModel(int64_t tokens, int d_model = 2048, int layers = 4, int heads = 64,
+                           int d_ff = 5632) {
   v1::JobSpec spec = DeepSeekLayer(tokens);
   auto* m = spec.mutable_model();
-  m->set_layers(4);
-  m->set_d_model(2048);
-  m->set_heads(64);
-  m->set_d_ff(5632);
+  m->set_layers(layers);
+  m->set_d_model(d_model);
+  m->set_heads(heads);
+  m->set_d_ff(d_ff);
   m->set_latent_kv(true);
   spec.mutable_recompute()->set_enabled(true);
   spec.mutable_recompute()->set_selection_replay(true);
   return spec;
 }
 
-// hyscale-train's measured peaks on one H200 (whole sequences; issue #37 and docs/performance.md
-// section 13): 41.4 GiB at 32K, 71.4 GiB at 64K, 132.0 GiB at 128K. The prediction is within 10 %.
+// A peak of hyscale-train's step on one H200 (docs/performance.md section 13), batch 1, replay.
+struct MeasuredPeak {
+  bool wide;  // examples/train-ref-4096x2.yaml, else train-ref-2048x4
+  int64_t tokens;
+  int64_t query_chunk;  // 0: whole
+  double gib;
+  const char* where;
+};
+
+// The prediction as for the measured runs, which all predate the packed indices (ba732be): every
+// layer's top-k was int32 (4 bytes an entry, not 2 up to 65,535 keys and 3 beyond) and a whole
+// sequence's recomputed layer re-packed none (k entries a row).
+double AsMeasured(const Prediction& p, const Workload& w) {
+  const double entries = static_cast<double>(w.seq_len) * static_cast<double>(w.topk);
+  const double packed = w.seq_len <= 65535 ? 2 : 3;
+  const bool whole = p.candidate.query_chunk <= 0 || p.candidate.query_chunk >= w.seq_len;
+  return p.memory.total + static_cast<double>(w.layers) * entries * (4 - packed) -
+         (whole ? entries * packed : 0);
+}
+
+// Issue #39 item 3: within 10 % of every measured peak (they are within 4 %: the model is below
+// each, most at 562f9aa and 3b46c08, whose latent backward forms the indexer's target).
 TEST(PlannerTest, PredictsTheTrainersMeasuredPeaks) {
   const DeviceProfile h200 = On("h200", 1).profile;
-  const auto predicted = [&](int64_t tokens) {
-    const v1::JobSpec spec = ReferenceModel(tokens);
-    return Predict(Workload::Of(spec), CandidateOf(spec), h200, 1);
-  };
   constexpr double kGiB = 1 << 30;
-  EXPECT_NEAR(predicted(1 << 15).memory.total / kGiB, 41.4, 4.1);
-  EXPECT_NEAR(predicted(1 << 16).memory.total / kGiB, 71.4, 7.1);
-  EXPECT_NEAR(predicted(1 << 17).memory.total / kGiB, 132.0, 13.2);
+  for (const MeasuredPeak& m : std::vector<MeasuredPeak>{
+           {false, 1 << 15, 0, 41.45, "6af8131, results/gpu_check_h200_6af8131.txt"},
+           {false, 1 << 15, 0, 42.20, "3b46c08, results/gpu_check_h200_3b46c08.txt"},
+           {false, 1 << 16, 0, 71.4, "issue #37"},
+           {false, 1 << 17, 0, 132.03, "6af8131, results/train_bench_h200_longest_6af8131.txt"},
+           {false, 1 << 17, 0, 135.03, "562f9aa, results/long_context_h200_562f9aa.txt"},
+           {false, 1 << 17, 4096, 24.50, "562f9aa, results/long_context_h200_562f9aa.txt"},
+           {true, 1 << 15, 0, 79.09, "3b46c08, results/gpu_check_h200_3b46c08.txt"}}) {
+    const v1::JobSpec spec =
+        m.wide ? ReferenceModel(m.tokens, 4096, 2, 128, 11008) : ReferenceModel(m.tokens);
+    const Workload work = Workload::Of(spec);
+    Candidate c = CandidateOf(spec);
+    c.query_chunk = m.query_chunk;
+    const Prediction p = Predict(work, c, h200, 1);
+    EXPECT_NEAR(AsMeasured(p, work) / kGiB, m.gib, 0.1 * m.gib)
+        << (m.wide ? "4096x2" : "2048x4") << " N " << m.tokens << " chunk " << m.query_chunk
+        << ", measured at " << m.where;
+  }
+}
+
+// 139,264 tokens whole ran out of memory at its second step on one H200 (6af8131,
+// results/train_bench_h200_longest_6af8131.txt, int32 indices; packed as today, 0.3 GiB less):
+// rejected, and planned in query chunks.
+TEST(PlannerTest, RejectsTheLengthThatRanOutOfMemory) {
+  const DeviceProfile h200 = On("h200", 1).profile;
+  const v1::JobSpec spec = ReferenceModel(139264);
+  const Prediction whole = Predict(Workload::Of(spec), CandidateOf(spec), h200, 1);
+  EXPECT_NE(whole.rejected.find("memory"), std::string::npos) << whole.memory.total / (1 << 30);
+  const Prediction fitted = PredictFitted(Workload::Of(spec), CandidateOf(spec), h200, 1);
+  EXPECT_TRUE(fitted.rejected.empty()) << fitted.rejected;
+  EXPECT_GT(fitted.candidate.query_chunk, 0);
+}
+
+// The CPU profile against the peaks hyscale-train --count-tensor-memory counted on the CPU
+// (docs/log/2026-12-05-planner-memory.md, results/tensor_memory_cpu_70cc1c3.jsonl; packed
+// indices): the reference's structure at d_model 320, fp32, whole and in query chunks. The named
+// tensors are the peak there (within 1 %; the profile adds nothing unattributed).
+TEST(PlannerTest, PredictsTheCpuTrainersCountedPeaks) {
+  const DeviceProfile cpu = On("cpu", 1).profile;
+  EXPECT_EQ(cpu.unattributed_row_head_key_bytes, 0);
+  constexpr double kMiB = 1 << 20;
+  for (const auto& [tokens, chunk, mib] :
+       std::vector<std::tuple<int64_t, int64_t, double>>{{2048, 0, 401.6},
+                                                         {3072, 0, 487.5},
+                                                         {6144, 0, 745.2},
+                                                         {3072, 384, 286.6},
+                                                         {6144, 384, 307.6},
+                                                         {6144, 768, 337.1}}) {
+    v1::JobSpec spec = ReferenceModel(tokens, 320, 4, 64, 880);
+    auto* m = spec.mutable_model();
+    m->set_head_dim_qk(72);
+    m->set_head_dim_v(64);
+    m->mutable_indexer()->set_heads(32);
+    m->mutable_indexer()->set_dim(16);
+    m->mutable_indexer()->set_topk(224);
+    Candidate c = CandidateOf(spec);
+    c.query_chunk = chunk;
+    const Prediction p = Predict(Workload::Of(spec), c, cpu, 1);
+    EXPECT_NEAR(p.memory.total / kMiB, mib, 0.02 * mib) << "N " << tokens << " chunk " << chunk;
+  }
 }
 
 // The reference model's dense warm-up (INDEXER_ONLY, frozen main model) at 128K on one H200:
@@ -285,10 +361,9 @@ TEST(PlannerTest, CalibrationReplacesTheDenseWarmUpsLossRate) {
 }
 
 TEST(PlannerTest, LongSequencesRunInTheLargestQueryChunkThatFits) {
-  const auto reference = ReferenceModel;
   const DeviceProfile h200 = On("h200", 1).profile;
   const auto fitted = [&](int64_t tokens) {
-    const v1::JobSpec spec = reference(tokens);
+    const v1::JobSpec spec = ReferenceModel(tokens);
     return PredictFitted(Workload::Of(spec), CandidateOf(spec), h200, 1);
   };
   EXPECT_EQ(fitted(1 << 15).candidate.query_chunk, 0);
@@ -296,6 +371,7 @@ TEST(PlannerTest, LongSequencesRunInTheLargestQueryChunkThatFits) {
   EXPECT_TRUE(million.rejected.empty()) << million.rejected;
   EXPECT_GE(million.candidate.query_chunk, kMinQueryChunk);
   EXPECT_LT(million.candidate.query_chunk, 1 << 20);
+  EXPECT_LE(million.memory.total, h200.memory_bytes);
   EXPECT_NE(
       million.candidate.Describe().find(absl::StrCat(" chunks of ", million.candidate.query_chunk)),
       std::string::npos);
@@ -303,7 +379,7 @@ TEST(PlannerTest, LongSequencesRunInTheLargestQueryChunkThatFits) {
   // same work).
   Candidate smaller = million.candidate;
   smaller.query_chunk /= 2;
-  const Workload work = Workload::Of(reference(1 << 20));
+  const Workload work = Workload::Of(ReferenceModel(1 << 20));
   const Prediction half = PredictFitted(work, smaller, h200, 1);
   EXPECT_EQ(half.candidate.query_chunk, smaller.query_chunk);
   EXPECT_LT(half.memory.total, million.memory.total);
@@ -540,7 +616,8 @@ TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
           "table_topk_tflops", "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
           "sparse_attention.dedup", "naive_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
           "indexer_mass_tflops", "index_score_bwd_tflops", "latent_fwd_tflops", "latent_bwd_tflops",
-          "latent_mass_tflops", "intra_node_gbps", "inter_node_gbps"}) {
+          "latent_mass_tflops", "intra_node_gbps", "inter_node_gbps",
+          "unattributed_row_head_key_bytes"}) {
       EXPECT_EQ(profile.sources.count(figure), 1u) << name << " " << figure;
     }
   }
