@@ -35,15 +35,11 @@ struct DenseTargetProblem {
   const float* lse;  // [rows, H], natural log
   float* target;     // rows of target_stride floats, zeroed
   int64_t target_stride;
-  int64_t rows, heads, dim, keys;  // keys: those the block's last row sees
-  int64_t first_position;          // of row 0
-  int64_t tokens_per_key;
-  float scale_log2;  // scale * log2(e)
+  int64_t rows, heads, dim;
+  PrefixKeys prefix;  // num_keys: those the block's last row sees
+  float scale_log2;   // scale * log2(e)
 
-  __device__ int64_t visible(int64_t row) const {
-    const int64_t seen = (first_position + row + 1) / tokens_per_key;
-    return seen < keys ? seen : keys;
-  }
+  __device__ int64_t visible(int64_t row) const { return prefix.visible(row); }
 };
 
 struct DenseTargetSync {
@@ -231,9 +227,7 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
                        rows,
                        heads,
                        dim,
-                       keys,
-                       shape.position(first),
-                       shape.visibility.tokens_per_key,
+                       PrefixKeys{shape.position(first), shape.visibility.tokens_per_key, keys},
                        scale * 1.4426950408889634f};
   const int smem = Tr::smem_bytes(static_cast<int>(dim));
   throw_on_error(

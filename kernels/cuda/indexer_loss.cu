@@ -107,29 +107,6 @@ struct ListedKeys {
   __device__ int64_t stride() const { return topk; }
 };
 
-struct PrefixKeys {
-  int64_t first_position;  // row 0's position
-  int64_t tokens_per_key;
-  int64_t num_keys;  // the block's keys: the length of grad_scores' rows
-  __device__ int64_t visible(int64_t t) const {
-    const int64_t seen = (first_position + t + 1) / tokens_per_key;
-    return seen < num_keys ? seen : num_keys;
-  }
-  // The first row that sees key s (every later row sees it too).
-  __device__ int64_t first_row_seeing(int64_t s) const {
-    const int64_t t = (s + 1) * tokens_per_key - 1 - first_position;
-    return t > 0 ? t : 0;
-  }
-  struct Row {
-    int64_t count;  // visible keys: the slots worth a tile
-    __device__ int32_t key(int64_t slot) const {
-      return slot < count ? static_cast<int32_t>(slot) : -1;
-    }
-  };
-  __device__ Row row(int64_t t) const { return {visible(t)}; }
-  __device__ int64_t stride() const { return num_keys; }
-};
-
 // What the rows kernel does with the keys' gradient: adds it by fp32 bulk reductions, in 64-bit
 // fixed point (deterministic), or not at all (the dense warm-up forms it key-major, in
 // dense_key_grad_kernel, without reductions).
@@ -546,20 +523,15 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
 
 // ---- dense_attention_lse and dense_attention_target ---------------------------------------------
 
-// Keys row `r` of the block sees (the indexer's visibility).
-__device__ __forceinline__ int64_t visible_in_block(const IndexerShape& shape, int64_t first,
-                                                    int64_t r, int64_t keys) {
-  const int64_t seen = (shape.q_offset + first + r + 1) / shape.visibility.tokens_per_key;
-  return seen < keys ? seen : keys;
-}
-
 // lse[r, h], one warp per (row, head): an online log-sum-exp over the row's visible logits.
 __global__ void __launch_bounds__(RowWarpTraits::kThreads)
     dense_attention_lse_kernel(IndexerShape shape, int64_t first, int64_t rows, int64_t heads,
                                int64_t keys, const float* logits, float scale, float* lse) {
   const auto [row_head, lane] = warp_row();
   if (row_head >= rows * heads) return;
-  const int64_t seen = visible_in_block(shape, first, row_head / heads, keys);
+  const int64_t seen =
+      PrefixKeys{shape.q_offset + first, shape.visibility.tokens_per_key, keys}.visible(row_head /
+                                                                                        heads);
   const float* const x = logits + row_head * keys;
   float max_x = kNegInf, sum = 0.f;
   for (int64_t s = lane; s < seen; s += 32) {
@@ -592,7 +564,8 @@ __global__ void __launch_bounds__(kTargetThreads)
   const int64_t s = static_cast<int64_t>(blockIdx.x) * kTargetThreads + threadIdx.x;
   if (s >= keys) return;
   float p = 0.f;
-  if (s < visible_in_block(shape, first, r, keys)) {  // then every head's lse is finite
+  const PrefixKeys prefix{shape.q_offset + first, shape.visibility.tokens_per_key, keys};
+  if (s < prefix.visible(r)) {  // then every head's lse is finite
     const float* const x = logits + r * heads * keys + s;
     for (int64_t h = 0; h < heads; ++h) p += expf(scale * x[h * keys] - row_lse[h]);
     p /= static_cast<float>(heads);

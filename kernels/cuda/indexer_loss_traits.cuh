@@ -61,6 +61,32 @@ struct DenseTargetTraits {
                 "the widest Q and the ring fit an SM");
 };
 
+// The dense warm-up's visibility over a block of rows: row t (position first_position + t) sees
+// keys s < visible(t), its causal prefix (kernels/shapes.h KeyVisibility); as a key source of the
+// index-score backward, slot i of a row is key i.
+struct PrefixKeys {
+  int64_t first_position;  // row 0's position
+  int64_t tokens_per_key;
+  int64_t num_keys;  // the block's keys (the dense loss's [rows, keys] tables' row length)
+  __device__ int64_t visible(int64_t t) const {
+    const int64_t seen = (first_position + t + 1) / tokens_per_key;
+    return seen < num_keys ? seen : num_keys;
+  }
+  // The first row that sees key s (every later row sees it too).
+  __device__ int64_t first_row_seeing(int64_t s) const {
+    const int64_t t = (s + 1) * tokens_per_key - 1 - first_position;
+    return t > 0 ? t : 0;
+  }
+  struct Row {
+    int64_t count;  // visible keys: the slots worth a tile
+    __device__ int32_t key(int64_t slot) const {
+      return slot < count ? static_cast<int32_t>(slot) : -1;
+    }
+  };
+  __device__ Row row(int64_t t) const { return {visible(t)}; }
+  __device__ int64_t stride() const { return num_keys; }
+};
+
 // indexer_kl: one warp per row.
 struct RowWarpTraits {
   static constexpr int kThreads = 256;

@@ -469,7 +469,7 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 // What the loss keeps of a block of rows: its fp32 attention logits [rows, H, keys] near
 // kDenseBlockBytes (32 rows at 128K with H = 64), and its [rows, keys] tables (target, scores,
 // their gradient, the visibility mask: under kDenseBytesPerPair a pair) near it too, in blocks of
-// more rows (396 at 128K on an H200: whole waves of the index-score backward's rows kernel).
+// more rows (whole waves of the index-score backward's rows kernel, by the runtime's occupancy).
 constexpr int64_t kDenseBlockBytes = int64_t(1) << 30;
 constexpr int64_t kDenseBytesPerPair = 16;
 constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows still end
