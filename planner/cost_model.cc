@@ -18,13 +18,15 @@ constexpr double kGiga = 1e9;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
-// The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc) keeps a few
-// rows' fp32 logits [rows, H, keys] and a block of rows' [rows, keys] tables near
-// kDenseLossBlockBytes each.
-constexpr double kDenseLossBlockBytes = 1.0 * (1 << 30);
-// Bytes a frozen dense query row holds: its key list (int32 over the sequence) and the copies the
-// attention op makes of it.
-constexpr double kFrozenDenseRowKeyBytes = 3 * 4;
+// The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc, given the
+// attention's log-sum-exps as the trainer gives them) works in blocks of rows whose [rows, keys]
+// fp32 tables (target, scores, the KL's temporaries) take about this much.
+constexpr double kDenseLossBlockBytes = 1.5 * (1 << 30);
+// Bytes a frozen dense query row holds while its attention output runs: its key list (int32 over
+// the sequence, -1 past its position) and the attention op's contiguous copy of it. The H200's
+// warm-up at 128K (8.01 GiB, chunks of 2048) holds these 2 GiB beyond the model state, the layer's
+// input and output and the key side.
+constexpr double kFrozenDenseRowKeyBytes = 2 * 4;
 
 // Sum of (t + 1) over the positions the busiest rank holds: the causal work of one layer.
 double BusiestCausalWork(CpLayout layout, double n_total, int p) {
@@ -126,6 +128,7 @@ Workload Workload::Of(const v1::JobSpec& spec) {
   w.topk = std::max(1, m.indexer().topk());
   w.vocab = std::max(1, m.vocab_size());
   w.parameters = ParameterCount(m);
+  w.indexer_parameters = IndexerParameterCount(m);
   w.fp8_selection = m.indexer().fp8_scores();
   w.latent_kv = m.latent_kv();
   w.indexer_only = spec.stages_size() > 0;
@@ -346,8 +349,9 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   // measured on the H200, not yet attributed to a tensor (DeviceProfile).
   const double unattributed_row =
       w.sparse && !megatron ? H * k * prof.unattributed_row_head_key_bytes : 0;
-  // The models not fitted to measured peaks keep 10 % for the allocator.
-  double slack = 1.1;
+  // The models not fitted to measured peaks keep 10 % for the allocator; HyScale's frozen warm-up
+  // is (the H200's at 32K whole and 128K in chunks of 2048, docs/performance.md section 13).
+  double slack = dense_hyscale && frozen ? 1 : 1.1;
   if (!megatron && !frozen && c.recompute != Recompute::kNone) {
     // hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a
     // layer's attention backward. What is alive there is the list below, counted tensor by tensor
@@ -430,7 +434,10 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
       mem.unattributed = 0;
     }
   } else {
-    mem.weights = 16.0 * static_cast<double>(w.parameters);
+    // A frozen main model keeps its fp32 weights; only the indexers have gradients and moments.
+    mem.weights = frozen ? f * static_cast<double>(w.parameters) +
+                               12.0 * static_cast<double>(w.indexer_parameters)
+                         : 16.0 * static_cast<double>(w.parameters);
     // One query row of a layer, saved for its backward and the backward's transients on top, bytes.
     double row_saved = 0, row_backward = 0;
     if (megatron) {
@@ -479,9 +486,6 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
           std::min(kTableChunkRows, n) * N * 4 + std::min(kGatherChunkRows, n) * k * row_bytes;
     } else if (w.sparse) {
       scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
-    } else if (dense_hyscale && frozen) {
-      // The loss's logits of a few rows, and its [rows, keys] tables of a block of more rows.
-      scratch = 2.5 * kDenseLossBlockBytes;
     }
     // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
     // output's gradients whole (fp32).
@@ -489,8 +493,11 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
     // Logits and (unless frozen) their gradient.
     const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
-    mem.workspace =
-        scratch + seqs * chunk * dense_table_row + layer_backward + chunked_grads + logits_bytes;
+    // A frozen chunk's key lists are gone when its loss runs.
+    const double tables = dense_hyscale && frozen
+                              ? std::max(seqs * chunk * dense_table_row, kDenseLossBlockBytes)
+                              : seqs * chunk * dense_table_row;
+    mem.workspace = scratch + tables + layer_backward + chunked_grads + logits_bytes;
     // HyScale's layer in backward (no recomputation: all its rows at once), as measured with it.
     if (!frozen) mem.unattributed = seqs * n * unattributed_row;
   }
@@ -521,12 +528,13 @@ Prediction PredictFitted(const Workload& work, const Candidate& candidate,
   while (largest * 2 < local) largest *= 2;
   if (!work.sparse) {
     // A dense chunk's tables (frozen: its key lists) grow with every row, its speed does not
-    // beyond a few: keep them within kDenseTableBytes.
+    // beyond a few: keep them within kDenseTableBytes (kFrozenKeyListBytes).
     const double row_bytes = work.indexer_only
                                  ? static_cast<double>(work.seq_len) * kFrozenDenseRowKeyBytes
                                  : DenseTableRowBytes(work);
     const double table_row = row_bytes * static_cast<double>(work.batch);
-    while (largest > smallest && static_cast<double>(largest) * table_row > kDenseTableBytes) {
+    const double cap = work.indexer_only ? kFrozenKeyListBytes : kDenseTableBytes;
+    while (largest > smallest && static_cast<double>(largest) * table_row > cap) {
       largest /= 2;
     }
   }

@@ -64,6 +64,7 @@ struct Workload {
   int64_t indexer_heads = 1, indexer_dim = 1, topk = 1;
   int64_t vocab = 1;
   int64_t parameters = 0;
+  int64_t indexer_parameters = 0;  // of `parameters`
   bool sparse = false;  // some stage attends sparsely: plan for it (the costly stage at length)
   bool fp8_selection = false;  // model.indexer.fp8_scores
   bool latent_kv = false;      // model.latent_kv: the values are the keys' first features
@@ -126,15 +127,17 @@ Prediction Predict(const Workload& work, const Candidate& candidate, const Devic
 // scores every key.
 inline constexpr int64_t kMinQueryChunk = 1024;
 inline constexpr int64_t kMinDenseQueryChunk = 16;
-// What a dense query chunk may hold of rows that span the sequence (score tables; a frozen
-// model's key lists): beyond a few rows a chunk is no faster.
+// What a dense query chunk may hold of rows that span the sequence, beyond a few rows no faster:
+// score tables, and a frozen model's key lists (chunks of 2048 rows at 128K, as measured).
 inline constexpr double kDenseTableBytes = 4.0 * (1 << 30);
+inline constexpr double kFrozenKeyListBytes = 2.0 * (1 << 30);
 
 // HyScale with a query_chunk of 0 and recomputation (or a frozen main model): the prediction at
 // the largest chunk that fits the
 // profile's memory, 0 (all local queries) when they fit, else powers of two from the local
 // sequence down to kMinQueryChunk (the smallest when none fits). Dense work goes down to
-// kMinDenseQueryChunk and starts where a chunk's tables fit kDenseTableBytes. Otherwise Predict as
+// kMinDenseQueryChunk and starts where a chunk's tables fit kDenseTableBytes (its key lists
+// kFrozenKeyListBytes). Otherwise Predict as
 // given.
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus);

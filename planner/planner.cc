@@ -20,16 +20,25 @@ int64_t AttendedKeys(const v1::JobSpec& spec) {
   return std::min<int64_t>(seq, spec.model().indexer().topk());
 }
 
+// One layer's lightning indexer: wq, wk, ww and k_norm's weight and bias.
+int64_t IndexerParametersPerLayer(const v1::ModelSpec& m) {
+  const int64_t d = m.d_model();
+  const auto& ix = m.indexer();
+  return d * ix.heads() * ix.dim() + d * ix.dim() + d * ix.heads() + 2 * int64_t{ix.dim()};
+}
+
 }  // namespace
+
+int64_t IndexerParameterCount(const v1::ModelSpec& m) {
+  return int64_t{m.layers()} * IndexerParametersPerLayer(m);
+}
 
 int64_t ParameterCount(const v1::ModelSpec& m) {
   const int64_t d = m.d_model();
   const int64_t values = m.latent_kv() ? 0 : d * m.head_dim_v();  // a latent has no projection
   const int64_t attention = d * m.heads() * m.head_dim_qk() + d * m.head_dim_qk() + values +
                             int64_t{m.heads()} * m.head_dim_v() * d;
-  const auto& ix = m.indexer();
-  const int64_t indexer = d * ix.heads() * ix.dim() + d * ix.dim() + d * ix.heads() +
-                          2 * int64_t{ix.dim()};  // k_norm weight and bias
+  const int64_t indexer = IndexerParametersPerLayer(m);
   const int64_t mlp = 3 * d * m.d_ff();
   const int64_t norms = 2 * d;
   const int64_t per_layer = attention + indexer + mlp + norms;

@@ -27,6 +27,8 @@ struct MemoryEstimate {
 // The parameter count of the DSA model of `spec.model` (the trainer's layout: embedding,
 // per layer attention + lightning indexer + SwiGLU + two RMSNorms, final norm, untied lm_head).
 int64_t ParameterCount(const v1::ModelSpec& model);
+// The lightning indexers' parameters (every layer's): what an INDEXER_ONLY stage trains.
+int64_t IndexerParameterCount(const v1::ModelSpec& model);
 
 // Memory of one rank training `spec` (defaults applied by the caller or not: zeros read as the
 // smallest meaningful values). Formula, with B = batch, T = seq_len, d = d_model, L = layers,

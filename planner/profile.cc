@@ -61,13 +61,7 @@ DeviceProfile H200() {
   p.indexer_mass_tflops = 67.7;
   p.index_score_bwd_tflops = 101;
   p.latent_mass_tflops = 1079;
-  // Until measured: the rate at which DenseIndexerLossFlops takes the time of the model it
-  // replaced (cost_model.cc before issue #40's item 4) for the reference model (H = 64,
-  // d_qk = 576, H_I = 64, d_I = 128) on this profile: per visible pair, the logits (2 H d_qk) at
-  // dense_tflops, three fp32 passes over them (4 H bytes each) at hbm_gbps, the index scores
-  // (2 H_I d_I) at flash_topk_tflops and their backward (4 H_I d_I) at index_score_bwd_tflops,
-  // 641 ps in all: 139264 FLOPs / 641 ps = 217.1 TFLOP/s (5.51 s a layer at 128K either way).
-  p.dense_indexer_loss_tflops = 217;
+  p.dense_indexer_loss_tflops = 261;
   p.kernel_launch_s = 5e-6;
   p.topk_scratch_bytes = 1 * kGiB;
   p.unattributed_row_head_key_bytes = 4;
@@ -129,9 +123,9 @@ DeviceProfile H200() {
       "measured: the target adds 36.7 ms to the latent backward's 668.3 ms at 128K, H = 128, on "
       "H200 (bench/indexer_loss_bench.py, docs/performance.md section 13, 2026-12-05)";
   p.sources["dense_indexer_loss_tflops"] =
-      "modelled from its parts, not measured (issue #40): the logits at dense_tflops, three fp32 "
-      "passes over them at hbm_gbps, the index scores at flash_topk_tflops and their backward at "
-      "index_score_bwd_tflops, for H = 64, d_qk = 576, H_I = 64, d_I = 128";
+      "measured: dense_indexer_kl with the attention's lse given (the trainer's path), 286.8 ms at "
+      "32K, H = 64, d_qk = 576, H_I = 64, d_I = 128, on H200 (bench/indexer_loss_bench.py part c, "
+      "docs/performance.md section 13, 2026-12-05)";
   p.sources["intra_node_gbps"] = "published: NVLink 4, 900 GB/s both directions";
   return p;
 }
@@ -153,9 +147,7 @@ DeviceProfile H800() {
         "index_score_bwd_tflops", "latent_mass_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
-  p.sources["dense_indexer_loss_tflops"] =
-      "assumption: the H200's figure (same SMs), itself modelled from its parts, not measured "
-      "(issue #40)";
+  p.sources["dense_indexer_loss_tflops"] = "assumption: the H200's measured 261 (same SMs)";
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
   p.sources["unattributed_row_head_key_bytes"] =
       "assumption: the H200's measured figure (the same kernels and PyTorch)";
