@@ -15,8 +15,7 @@ sequences while they fit the GPU and otherwise the largest query chunk that does
 untimed; the bench says so) as a subprocess and reads the JSON-line events it prints on stdout
 (proto/hyscale/v1/events.proto; `{"step": {...}}`: step, step_seconds, tokens_per_second,
 peak_memory_bytes, phase_seconds {name: seconds}; `{"stage_started": {...}}`: query_chunk and the
-planner's predicted_memory {weights, activations, indices, gathered, workspace, unattributed,
-total}_bytes;
+planner's predicted_memory {weights, activations, indices, gathered, workspace, total}_bytes;
 `{"job_finished": {...}}`: ok, reason; int64 fields are JSON strings). The first --warmup steps (default 2) are excluded;
 over the timed steps it reports the median step time (and min/max), tokens/s, MFU, the peak memory,
 the peak memory per token beyond weights and optimizer state, the planner's predicted peak beside the
@@ -375,7 +374,7 @@ def run_trainer(cfg, spec, label):
                      f"{' '.join(cmd)}\n  reason: {reason or '-'}\n  stderr:\n{tail}")
 
 
-MEMORY_PARTS = ("activations", "indices", "gathered", "workspace", "unattributed")
+MEMORY_PARTS = ("activations", "indices", "gathered", "workspace")
 
 
 def predicted_bytes(stage):

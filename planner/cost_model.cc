@@ -345,10 +345,6 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   // Top-k indices kept for replay, as HyScale packs them (worker/model/index_packing.h): 2 bytes
   // an entry up to 65,535 keys, else 3.
   const double packed = N <= 65535 ? 2 : 3;
-  // What a sparse layer's backward holds on the device beyond the named tensors, a chunk row:
-  // measured on the H200, not yet attributed to a tensor (DeviceProfile).
-  const double unattributed_row =
-      w.sparse && !megatron ? H * k * prof.unattributed_row_head_key_bytes : 0;
   // The models not fitted to measured peaks keep 10 % for the allocator; HyScale's frozen warm-up
   // is (the H200's at 32K whole and 128K in chunks of 2048, docs/performance.md section 13).
   double slack = dense_hyscale && frozen ? 1 : 1.1;
@@ -356,9 +352,9 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     // hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a
     // layer's attention backward. What is alive there is the list below, counted tensor by tensor
     // on the CPU (hyscale-train --count-tensor-memory, docs/log/2026-12-05-planner-memory.md), in
-    // the dtypes the CUDA path gives them, and on a GPU what its measured peaks hold beyond it
-    // (unattributed). Fitted to the H200's measured peaks (docs/performance.md section 13): the
-    // allocator's share is in them, no slack.
+    // the dtypes the CUDA path gives them; or in the LM head's backward (below). Within 5 % of the
+    // H200's measured peaks (docs/performance.md section 13): the allocator's share is in them, no
+    // slack.
     slack = 1;
     const bool whole = chunks <= 1;
     const bool replay = c.recompute == Recompute::kReplay;
@@ -386,8 +382,6 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     } else {
       row += dense_table_row;  // a dense row's score tables over every key
     }
-    // What the layer's backward holds on a GPU beyond these, measured and not yet attributed.
-    mem.unattributed = rows * unattributed_row;
 
     // The model state at layer l's backward (from L - 1 down to 0): fp32 weights and AdamW's two
     // moments, the gradients of the LM head and of layers l..L-1 (the embedding's comes last),
@@ -398,12 +392,13 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     const double layer_params =
         std::max(0.0, (params - static_cast<double>(w.vocab) * d - head_params) / layers);
     const double layer_input = tokens * d * f;  // the residual stream is fp32 under autocast
+    const double token_ids = tokens * 3 * 8;    // the tokens, targets and positions (int64)
     const double l = layer_input > f * layer_params ? layers - 1 : 0;
     mem.weights = 12 * params + f * (head_params + (layers - l) * layer_params) +
                   (autocast ? ab * layer_params : 0);
     mem.activations = (l + 1) * layer_input  // the inputs of layers 0..l
                       + layer_input          // the gradient of the layer's output (from above)
-                      + rows * row;
+                      + rows * row + token_ids;
     if (!whole) mem.activations += layer_input;  // the layer input's gradient (x_grad), whole
     // Every layer's packed indices, kept by the recomputation's state; re-selection keeps none
     // (the layer's own are the chunk rows').
@@ -418,20 +413,20 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     // Re-selection: FlashTopK's scratch in the recomputed forward (counted; replay has none).
     mem.workspace = w.sparse && !replay ? prof.topk_scratch_bytes + 2 * seqs * chunk * k * 4 : 0;
 
-    // The other candidate peak, the LM head's backward before the layers': the head's gradient
-    // alone, every layer's input and the last one's output, the final norm's rows, the logits and
-    // their gradient (fp32). Not alive at the attention's peak; larger with a large vocabulary.
+    // The other candidate peak, the LM head's backward before the layers' (the peak in query
+    // chunks of N / 32, the 1M step's: docs/log/2026-12-05-planner-memory.md): the head's gradient
+    // alone; every layer's input and the head's (fp32); the recomputed final RMSNorm's backward
+    // at its pow, five fp32 rows of d (x's gradient through x * r, the gradient from the mean,
+    // x^1, 2 x^1 and their product); the logits and their gradient.
     const double head_weights = 12 * params + f * head_params + (autocast ? ab * head_params : 0);
-    const double head_activations = (layers + 1) * layer_input + tokens * d * f;
-    const double logits_bytes = 2 * tokens * static_cast<double>(w.vocab) * f;
+    const double head_activations = (layers + 1) * layer_input + 5 * layer_input + token_ids;
+    const double logits_bytes = 2 * tokens * static_cast<double>(w.vocab) * ab;
     if (head_weights + head_activations + mem.indices + logits_bytes >
-        mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace +
-            mem.unattributed) {
+        mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace) {
       mem.weights = head_weights;
       mem.activations = head_activations;
       mem.gathered = 0;
       mem.workspace = logits_bytes;
-      mem.unattributed = 0;
     }
   } else {
     // A frozen main model keeps its fp32 weights; only the indexers have gradients and moments.
@@ -498,11 +493,8 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
                               ? std::max(seqs * chunk * dense_table_row, kDenseLossBlockBytes)
                               : seqs * chunk * dense_table_row;
     mem.workspace = scratch + tables + layer_backward + chunked_grads + logits_bytes;
-    // HyScale's layer in backward (no recomputation: all its rows at once), as measured with it.
-    if (!frozen) mem.unattributed = seqs * n * unattributed_row;
   }
-  mem.total = slack * (mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace +
-                       mem.unattributed);
+  mem.total = slack * (mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace);
   if (out.rejected.empty() && mem.total > prof.memory_bytes) {
     out.rejected = absl::StrFormat(
         "memory %.1f GiB > %.1f GiB of %s (activations %.1f GiB, weights+optimizer %.1f GiB)",

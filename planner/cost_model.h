@@ -88,9 +88,6 @@ struct MemoryBreakdown {
   // Selection scratch; without HyScale's recomputation also a layer's backward (of a chunk), the
   // gradients of a chunked layer's input and output, logits.
   double workspace = 0;
-  // What a sparse layer's backward holds on a GPU beyond the named tensors, measured on the H200
-  // and not yet attributed to a tensor (DeviceProfile::unattributed_row_head_key_bytes).
-  double unattributed = 0;
   // The sum; plus 10 % allocator slack where the model is not fitted to measured peaks (all but
   // HyScale's recomputed step).
   double total = 0;

@@ -64,7 +64,6 @@ DeviceProfile H200() {
   p.dense_indexer_loss_tflops = 261;
   p.kernel_launch_s = 5e-6;
   p.topk_scratch_bytes = 1 * kGiB;
-  p.unattributed_row_head_key_bytes = 4;
   p.devices_per_node = 8;
   p.intra_node_gbps = 450;
   p.inter_node_gbps = 50;
@@ -75,11 +74,6 @@ DeviceProfile H200() {
   p.sources["memory_bytes"] =
       "measured: nvidia-smi's 143,771 MiB less 5% (the trainer's 132.03 GiB peak at 128K fit)";
   p.sources["dense_tflops"] = "measured: bf16 matmul 8192^3 on one H200 (DESIGN.md)";
-  p.sources["unattributed_row_head_key_bytes"] =
-      "measured, not attributed to a tensor: hyscale-train's peaks on one H200 less the tensors "
-      "the planner names (those the CPU shows alive at the peak), a chunk row: 516-552 KiB at "
-      "H = 64 whole (2048x4, 32K to 128K), 578 in chunks of 4096, 1028 at H = 128 (4096x2, 32K); "
-      "k = 2048 in both, 4.0-4.5 bytes a head and key (docs/log/2026-12-05-planner-memory.md)";
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.8 TB/s";
   p.sources["flash_topk_tflops"] =
       "measured: hyscale::flash_topk (bf16 scoring) at N = 256K on H200, 1099 ms "
@@ -149,8 +143,6 @@ DeviceProfile H800() {
   }
   p.sources["dense_indexer_loss_tflops"] = "assumption: the H200's measured 261 (same SMs)";
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
-  p.sources["unattributed_row_head_key_bytes"] =
-      "assumption: the H200's measured figure (the same kernels and PyTorch)";
   p.sources["intra_node_gbps"] = "published: NVLink 400 GB/s both directions";
   return p;
 }
@@ -182,8 +174,6 @@ DeviceProfile H20() {
     p.sources[key] = scaled;
   }
   p.sources["hbm_gbps"] = "assumption: 83% of the published 4.0 TB/s";
-  p.sources["unattributed_row_head_key_bytes"] =
-      "assumption: the H200's measured figure (the same kernels and PyTorch)";
   p.sources["intra_node_gbps"] = "published: NVLink 900 GB/s both directions";
   return p;
 }
@@ -229,9 +219,6 @@ DeviceProfile Cpu() {
   p.sources["memory_bytes"] = "assumption: 64 GiB of host memory per rank";
   p.sources["hbm_gbps"] = "assumption: 20 GB/s of DRAM bandwidth per rank";
   p.sources["kernel_launch_s"] = "assumption: 1 us per call";
-  p.sources["unattributed_row_head_key_bytes"] =
-      "none: the named tensors are what hyscale-train --count-tensor-memory counts alive at the "
-      "CPU's peak, to 0.1 % a chunk row (docs/log/2026-12-05-planner-memory.md)";
   p.sources["devices_per_node"] = "one process per rank";
   p.sources["intra_node_gbps"] = "assumption: Gloo over TCP, 2 GB/s";
   p.sources["inter_node_gbps"] = "assumption: Gloo over TCP, 2 GB/s";

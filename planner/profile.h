@@ -65,10 +65,6 @@ struct DeviceProfile {
   double collective_latency_s = 0;  // per ring step of a collective
   double collective_efficiency = 1;  // achieved / link bandwidth for ring collectives
   double activation_bytes = 2;       // bytes per activation element (bf16 on GPUs, fp32 on CPU)
-  // What a chunk row of a sparse layer in backward holds on the device beyond the tensors the
-  // memory model names, per attention head and selected key: measured (the trainer's peaks less
-  // the named tensors), not yet attributed to a tensor. 0 where the named tensors are the peak.
-  double unattributed_row_head_key_bytes = 0;
   // Figure name -> where it comes from: "measured: ...", "published: ..." or "assumption: ...".
   std::map<std::string, std::string> sources;
 };

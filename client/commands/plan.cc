@@ -42,7 +42,6 @@ nlohmann::json ToJson(const planner::Prediction& p) {
         {"indices", p.memory.indices},
         {"gathered", p.memory.gathered},
         {"workspace", p.memory.workspace},
-        {"unattributed", p.memory.unattributed},
         {"total", p.memory.total}}},
   };
   if (!p.rejected.empty()) out["rejected"] = p.rejected;

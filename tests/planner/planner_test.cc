@@ -210,65 +210,48 @@ struct MeasuredPeak {
   int64_t tokens;
   int64_t query_chunk;  // 0: whole
   double gib;
-  const char* where;
 };
 
-// The prediction as for the measured runs, which all predate the packed indices (ba732be): every
-// layer's top-k was int32 (4 bytes an entry, not 2 up to 65,535 keys and 3 beyond) and a whole
-// sequence's recomputed layer re-packed none (k entries a row).
-double AsMeasured(const Prediction& p, const Workload& w) {
-  const double entries = static_cast<double>(w.seq_len) * static_cast<double>(w.topk);
-  const double packed = w.seq_len <= 65535 ? 2 : 3;
-  const bool whole = p.candidate.query_chunk <= 0 || p.candidate.query_chunk >= w.seq_len;
-  return p.memory.total + static_cast<double>(w.layers) * entries * (4 - packed) -
-         (whole ? entries * packed : 0);
-}
-
-// Issue #39 item 3: within 10 % of every measured peak (they are within 4 %: the model is below
-// each, most at 562f9aa and 3b46c08, whose latent backward forms the indexer's target).
+// Issue #39 item 3: within 10 % of every measured peak of today's step (7285263:
+// results/gpu_check_h200_7285263.txt, results/long_context_h200_7285263.txt). They are within
+// 5 %: whole and in chunks of N / 4 the peak is the first layer's attention backward, in chunks of
+// N / 32 the LM head's backward (docs/log/2026-12-05-planner-memory.md).
 TEST(PlannerTest, PredictsTheTrainersMeasuredPeaks) {
   const DeviceProfile h200 = On("h200", 1).profile;
   constexpr double kGiB = 1 << 30;
-  for (const MeasuredPeak& m : std::vector<MeasuredPeak>{
-           {false, 1 << 15, 0, 41.45, "6af8131, results/gpu_check_h200_6af8131.txt"},
-           {false, 1 << 15, 0, 42.20, "3b46c08, results/gpu_check_h200_3b46c08.txt"},
-           {false, 1 << 16, 0, 71.4, "issue #37"},
-           {false, 1 << 17, 0, 132.03, "6af8131, results/train_bench_h200_longest_6af8131.txt"},
-           {false, 1 << 17, 0, 135.03, "562f9aa, results/long_context_h200_562f9aa.txt"},
-           {false, 1 << 17, 4096, 24.50, "562f9aa, results/long_context_h200_562f9aa.txt"},
-           {true, 1 << 15, 0, 79.09, "3b46c08, results/gpu_check_h200_3b46c08.txt"}}) {
+  for (const MeasuredPeak& m : std::vector<MeasuredPeak>{{false, 1 << 15, 0, 24.50},
+                                                         {false, 1 << 15, 8192, 16.21},
+                                                         {true, 1 << 15, 0, 44.64},
+                                                         {false, 1 << 17, 4096, 21.95},
+                                                         {false, 1 << 20, 1 << 15, 113.83}}) {
     const v1::JobSpec spec =
         m.wide ? ReferenceModel(m.tokens, 4096, 2, 128, 11008) : ReferenceModel(m.tokens);
-    const Workload work = Workload::Of(spec);
     Candidate c = CandidateOf(spec);
     c.query_chunk = m.query_chunk;
-    const Prediction p = Predict(work, c, h200, 1);
-    EXPECT_NEAR(AsMeasured(p, work) / kGiB, m.gib, 0.1 * m.gib)
-        << (m.wide ? "4096x2" : "2048x4") << " N " << m.tokens << " chunk " << m.query_chunk
-        << ", measured at " << m.where;
+    const Prediction p = Predict(Workload::Of(spec), c, h200, 1);
+    EXPECT_NEAR(p.memory.total / kGiB, m.gib, 0.05 * m.gib)
+        << (m.wide ? "4096x2" : "2048x4") << " N " << m.tokens << " chunk " << m.query_chunk;
   }
 }
 
-// 139,264 tokens whole ran out of memory at its second step on one H200 (6af8131,
-// results/train_bench_h200_longest_6af8131.txt, int32 indices; packed as today, 0.3 GiB less):
-// rejected, and planned in query chunks.
-TEST(PlannerTest, RejectsTheLengthThatRanOutOfMemory) {
+// The million tokens on one H200: in chunks of 32,768 the peak was the LM head's backward (113.83
+// GiB, results/long_context_h200_7285263.txt), which does not grow with the chunk, so the planner
+// takes chunks of 65,536, where the attention's backward stays under it.
+TEST(PlannerTest, PlansTheMillionTokensInChunksThatFit) {
   const DeviceProfile h200 = On("h200", 1).profile;
-  const v1::JobSpec spec = ReferenceModel(139264);
-  const Prediction whole = Predict(Workload::Of(spec), CandidateOf(spec), h200, 1);
-  EXPECT_NE(whole.rejected.find("memory"), std::string::npos) << whole.memory.total / (1 << 30);
+  const v1::JobSpec spec = ReferenceModel(1 << 20);
   const Prediction fitted = PredictFitted(Workload::Of(spec), CandidateOf(spec), h200, 1);
   EXPECT_TRUE(fitted.rejected.empty()) << fitted.rejected;
-  EXPECT_GT(fitted.candidate.query_chunk, 0);
+  EXPECT_EQ(fitted.candidate.query_chunk, 1 << 16);
+  EXPECT_NEAR(fitted.memory.total / (1 << 30), 113.83, 0.05 * 113.83);
 }
 
 // The CPU profile against the peaks hyscale-train --count-tensor-memory counted on the CPU
 // (docs/log/2026-12-05-planner-memory.md, results/tensor_memory_cpu_70cc1c3.jsonl; packed
 // indices): the reference's structure at d_model 320, fp32, whole and in query chunks. The named
-// tensors are the peak there (within 1 %; the profile adds nothing unattributed).
+// tensors are the peak there (within 2 %).
 TEST(PlannerTest, PredictsTheCpuTrainersCountedPeaks) {
   const DeviceProfile cpu = On("cpu", 1).profile;
-  EXPECT_EQ(cpu.unattributed_row_head_key_bytes, 0);
   constexpr double kMiB = 1 << 20;
   for (const auto& [tokens, chunk, mib] :
        std::vector<std::tuple<int64_t, int64_t, double>>{{2048, 0, 401.6},
@@ -380,14 +363,14 @@ TEST(PlannerTest, LongSequencesRunInTheLargestQueryChunkThatFits) {
   EXPECT_NE(
       million.candidate.Describe().find(absl::StrCat(" chunks of ", million.candidate.query_chunk)),
       std::string::npos);
-  // A given chunk is kept; a smaller one saves memory and costs time (more kernel calls, the
-  // same work).
+  // A given chunk is kept; a smaller one costs time (more kernel calls, the same work) and saves
+  // no memory where the LM head's backward is the peak.
   Candidate smaller = million.candidate;
   smaller.query_chunk /= 2;
   const Workload work = Workload::Of(ReferenceModel(1 << 20));
   const Prediction half = PredictFitted(work, smaller, h200, 1);
   EXPECT_EQ(half.candidate.query_chunk, smaller.query_chunk);
-  EXPECT_LT(half.memory.total, million.memory.total);
+  EXPECT_LE(half.memory.total, million.memory.total);
   EXPECT_GT(half.step_s, million.step_s);
 }
 
@@ -621,8 +604,7 @@ TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
           "table_topk_tflops", "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
           "sparse_attention.dedup", "naive_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
           "indexer_mass_tflops", "index_score_bwd_tflops", "latent_fwd_tflops", "latent_bwd_tflops",
-          "latent_mass_tflops", "intra_node_gbps", "inter_node_gbps",
-          "unattributed_row_head_key_bytes"}) {
+          "latent_mass_tflops", "intra_node_gbps", "inter_node_gbps"}) {
       EXPECT_EQ(profile.sources.count(figure), 1u) << name << " " << figure;
     }
   }

@@ -91,7 +91,6 @@ v1::TrainerEventLine::MemoryPrediction predicted_memory(
   out.set_indices_bytes(static_cast<int64_t>(memory.indices));
   out.set_gathered_bytes(static_cast<int64_t>(memory.gathered));
   out.set_workspace_bytes(static_cast<int64_t>(memory.workspace));
-  out.set_unattributed_bytes(static_cast<int64_t>(memory.unattributed));
   out.set_total_bytes(static_cast<int64_t>(memory.total));
   return out;
 }
