@@ -44,7 +44,7 @@ struct DenseTargetProblem {
 };
 
 struct DenseTargetSync {
-  uint64_t q_ready;
+  uint64_t q_ready[Tr::kMaxDimQk / 64];  // Q's column blocks
   uint64_t full[Tr::kSlots];
   uint64_t empty[Tr::kSlots];
   int64_t seen[Tr::kMaxRows];  // keys each of the block's rows sees (0 past the last row)
@@ -61,28 +61,30 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// The producer warpgroup: Q, then every column block of every tile of the block's keys [begin,
-// end), in the order the consumers read them (the ring's n-th block in slot n % kSlots). Thread t
-// copies the 16-byte chunk t % 8 of rows t / 8 + 16 i of a block.
+// The producer warpgroup: every column block of every tile of the block's keys [begin, end), in
+// the order the consumers read them (the ring's n-th block in slot n % kSlots), each of the first
+// tile's after Q's same column block, so the first products wait for 24 KB rather than all of Q.
+// Thread t copies the 16-byte chunk t % 8 of rows t / 8 + 16 i of a block.
 __device__ void produce(const DenseTargetProblem& p, bf16* q_tile, bf16* ring,
                         DenseTargetSync& sync, int64_t first_pair, int64_t begin, int64_t end) {
   const int t = threadIdx.x % 128, chunk = t % 8, row0 = t / 8;
   const int blocks = static_cast<int>(p.dim / 64);
   const int64_t pairs = p.rows * p.heads;
-  // Q: one [128 x dim] tile, B of every product.
-  for (int pair = row0; pair < Tr::kPairs; pair += 16) {
-    const int64_t global = first_pair + pair;
-    const bf16* const src = p.q + (global < pairs ? global : 0) * p.dim + chunk * 8;
-    for (int c = 0; c < blocks; ++c) {
-      cp_async_16(q_tile + swizzled_offset<Tr::kPairs>(pair, 8 * c + chunk), src + c * 64,
-                  global < pairs);
-    }
-  }
-  cp_async_arrive(&sync.q_ready);
   const uint64_t policy = l2_evict_last_policy();  // the next rows' blocks read the same keys
   int64_t n = 0;
   for (int64_t first_key = begin; first_key < end; first_key += Tr::kKeys) {
     for (int c = 0; c < blocks; ++c, ++n) {
+      if (first_key == begin) {  // Q: one [128 x dim] tile, B of every product
+#pragma unroll
+        for (int i = 0; i < Tr::kPairs / 16; ++i) {
+          const int pair = row0 + 16 * i;
+          const int64_t global = first_pair + pair;
+          cp_async_16(q_tile + swizzled_offset<Tr::kPairs>(pair, 8 * c + chunk),
+                      p.q + (global < pairs ? global : 0) * p.dim + c * 64 + chunk * 8,
+                      global < pairs);
+        }
+        cp_async_arrive(&sync.q_ready[c]);
+      }
       const int slot = static_cast<int>(n % Tr::kSlots);
       mbarrier_wait(&sync.empty[slot], static_cast<uint32_t>((n / Tr::kSlots) & 1) ^ 1);
       bf16* const block = ring + slot * (Tr::kSlotBytes / 2);
@@ -167,16 +169,17 @@ __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const b
   // the ring's parities sound: a consumer waits for block n only after every block before its
   // tile has landed, so slot n % kSlots is at most one phase behind.
   if (wg == 1) named_barrier_arrive(kTurn, Tr::kConsumerThreads);
-  mbarrier_wait(&sync.q_ready, 0);
-  fence_async_shared();
 
   float acc[64];
   for (int tile = wg; tile < tiles; tile += 2) {
     named_barrier_sync(kTurn + wg, Tr::kConsumerThreads);
     int64_t n = static_cast<int64_t>(tile) * blocks;
-    int previous_slot = -1;
+    // The slots of the two blocks before: two blocks' products stay queued behind the one
+    // running, so the tensor cores do not wait for this warpgroup to wake between blocks.
+    int older_slot = -1, newer_slot = -1;
     for (int c = 0; c < blocks; ++c, ++n) {
       const int slot = static_cast<int>(n % Tr::kSlots);
+      if (tile < 2) mbarrier_wait(&sync.q_ready[c], 0);
       mbarrier_wait(&sync.full[slot], static_cast<uint32_t>((n / Tr::kSlots) & 1));
       fence_async_shared();  // the copies' bytes, for wgmma's reads
       const uint64_t a = matrix_descriptor<64>(ring + slot * (Tr::kSlotBytes / 2), 0, 0);
@@ -187,15 +190,17 @@ __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const b
                         matrix_descriptor<Tr::kPairs>(q_tile, 0, 4 * c + ks), c > 0 || ks > 0);
       }
       wgmma_commit();
-      if (previous_slot >= 0) {
-        wgmma_wait<1>();  // the previous block's products have read its slot
-        mbarrier_arrive(&sync.empty[previous_slot]);
+      if (older_slot >= 0) {
+        wgmma_wait<2>();  // block c - 2's products have read its slot
+        mbarrier_arrive(&sync.empty[older_slot]);
       }
-      previous_slot = slot;
+      older_slot = newer_slot;
+      newer_slot = slot;
     }
     if (tile + 1 < tiles) named_barrier_arrive(kTurn + 1 - wg, Tr::kConsumerThreads);
     wgmma_wait<0>();
-    mbarrier_arrive(&sync.empty[previous_slot]);
+    if (older_slot >= 0) mbarrier_arrive(&sync.empty[older_slot]);
+    mbarrier_arrive(&sync.empty[newer_slot]);
     fence_accumulators(acc);
 
     const int64_t first_key = begin + static_cast<int64_t>(tile) * Tr::kKeys;
@@ -221,7 +226,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dense_target_kernel(DenseTarg
   const int64_t end = min(begin + Tr::kKeyChunk, p.visible(last_pair / p.heads));
   if (begin >= end) return;  // (uniform across the block: before any barrier)
   if (threadIdx.x == 0) {
-    mbarrier_init(&sync.q_ready, 128);
+    for (int c = 0; c < Tr::kMaxDimQk / 64; ++c) mbarrier_init(&sync.q_ready[c], 128);
     for (int s = 0; s < Tr::kSlots; ++s) {
       mbarrier_init(&sync.full[s], 128);
       mbarrier_init(&sync.empty[s], 128);  // the one consumer of the block's tile
