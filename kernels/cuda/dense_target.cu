@@ -1,8 +1,9 @@
 // The dense warm-up's target on tensor cores (indexer_loss_cuda.h, dense_attention_target_fused):
 // target[r, s] = (1/H) sum_h exp(scale q_rh . key_s - lse_rh) for the keys s row r sees, formed
 // tile by tile from Q and the key rows (DenseTargetTraits), so the [rows, H, keys] logits never
-// leave the SM. Per block: the producer warpgroup copies Q (its 128 pairs) once, then the chunk's
-// 64-key tiles, a 64-column block at a time, into the ring (each slot with a full and an empty
+// leave the SM. Per block: the producer warpgroup copies Q (its 128 pairs) once, a column block
+// ahead of each of the first tile's, and the chunk's 64-key tiles, a 64-column block at a time,
+// into the ring (each slot with a full and an empty
 // mbarrier). The consumer warpgroups take alternate tiles: each accumulates S^T [64 keys x all 128
 // pairs] over its tile's column blocks (wgmma m64n128k16, A the key block, B the Q tile, both
 // swizzled in shared memory), freeing a slot once its products have read it, then forms
