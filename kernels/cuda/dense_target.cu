@@ -3,15 +3,15 @@
 // tile by tile from Q and the key rows (DenseTargetTraits), so the [rows, H, keys] logits never
 // leave the SM. Per block: the producer warpgroup copies Q (its 128 pairs) once, a column block
 // ahead of each of the first tile's, and the chunk's 64-key tiles, a 64-column block at a time,
-// into the ring (each slot with a full and an empty
-// mbarrier). The consumer warpgroups take alternate tiles: each accumulates S^T [64 keys x all 128
-// pairs] over its tile's column blocks (wgmma m64n128k16, A the key block, B the Q tile, both
-// swizzled in shared memory), freeing a slot once its products have read it, then forms
-// exp2(S scale log2(e) - lse log2(e)) where the row sees the key, sums each row's heads (its
-// columns: in registers, then across the quad) and adds the sums into target. The two take turns
-// at issuing their products (named barriers): one's exponentials run under the other's products.
-// Every (row, key) is one tile's and all of a row's heads lie in the block's pairs (H | 128), so it
-// gets exactly one addition onto the zeroed target: the same result every run.
+// into the ring (each slot with a full and an empty mbarrier). The consumer warpgroups take
+// alternate tiles: each accumulates S^T [64 keys x all 128 pairs] over its tile's column blocks
+// (wgmma m64n128k16, A the key block, B the Q tile, both swizzled in shared memory), freeing a slot
+// once its products have read it, then forms exp2(S scale log2(e) - lse log2(e)) where the row sees
+// the key, sums each row's heads (its columns: in registers, then across the quad) and adds the
+// sums into target. The two take turns at issuing their products (named barriers): one's
+// exponentials run under the other's products. Every (row, key) is one tile's and all of a row's
+// heads lie in the block's pairs (H | 128), so it gets exactly one addition onto the zeroed target:
+// the same result every run.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
