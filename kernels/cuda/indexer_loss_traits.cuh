@@ -40,19 +40,23 @@ struct ScoreGradTraits {
 
 // The dense warm-up's target on tensor cores (dense_target.cu). A block takes 128 (row, head)
 // pairs (128 / H rows) against a chunk of kKeyChunk keys, its Q [pairs x d_qk] resident in shared
-// memory; consumer warpgroup w takes pairs 64 w .. 64 w + 63, and both read every 64-key tile,
-// which the producer warpgroup streams a 64-column block at a time through a ring of kSlots slots.
-// S^T [keys x pairs] = K_tile Q^T puts keys in M, so the sum over a row's heads is a sum over the
-// accumulator's columns: in registers, then across a quad.
+// memory; the producer warpgroup streams the chunk's 64-key tiles a 64-column block at a time
+// through a ring of kSlots slots, and consumer warpgroup w takes tiles w, w + 2, ... against all
+// 128 pairs (m64n128k16: 6 KB of operands a k16 step for 262 KFLOP, where two consumers of n64
+// halves of the pairs read 8 KB for the same work). S^T [keys x pairs] = K_tile Q^T puts keys in
+// M, so the sum over a row's heads is a sum over the accumulator's columns: in registers, then
+// across a quad.
 struct DenseTargetTraits {
   static constexpr int kThreads = 384;               // consumer warpgroups 0 and 1, producer 2
-  static constexpr int kPairs = 128;                 // (row, head) pairs of a block
+  static constexpr int kConsumerThreads = 256;       // the turn barriers between the consumers
+  static constexpr int kPairs = 128;                 // (row, head) pairs of a block (wgmma's N)
+  static constexpr int kMaxRows = kPairs / 8;        // rows of a block, at H = 8
   static constexpr int kKeys = 64;                   // keys of a tile (wgmma's M)
-  static constexpr int kKeyChunk = 2048;             // keys of a block: 32 tiles
+  static constexpr int kKeyChunk = 2048;             // keys of a block: 32 tiles, 16 a consumer
   static constexpr int kMaxDimQk = 576;              // Q of 128 pairs: 144 KB
   static constexpr int kSlotBytes = kKeys * 64 * 2;  // a tile's 64-column block (swizzled)
-  static constexpr int kSlots = 10;
-  static constexpr int kBarrierBytes = 1024;  // q_ready, full[kSlots], empty[kSlots]
+  static constexpr int kSlots = 10;  // over one tile at d_qk = 576: the next consumer's comes in
+  static constexpr int kBarrierBytes = 1024;  // q_ready, full[kSlots], empty[kSlots], seen
   // Shared memory: 1 KB alignment slack, Q, the ring, the barriers.
   static constexpr int smem_bytes(int dim_qk) {
     return 1024 + kPairs * dim_qk * 2 + kSlots * kSlotBytes + kBarrierBytes;
