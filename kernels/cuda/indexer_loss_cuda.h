@@ -37,13 +37,15 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
 // rows at positions q_offset.., each seeing its causal prefix of shape.num_keys keys
 // (shape.visible_keys); q [rows, H_I, d_I] and w [rows, H_I] of the block, k [num_keys, d_I]
 // bf16, grad_scores [rows, num_keys] fp32 by key (what is not seen is skipped). Writes grad_q and
-// grad_w of the block and adds into grad_k [num_keys, d_I]: grad_q and grad_w query-major
-// (index_score_backward's kernel over each row's prefix, without the key gradient), grad_k
-// key-major (a block a 64-key tile, its rows in order). No reductions: the same bits every run.
+// grad_w of the block and adds into grad_k [num_keys, d_I]: grad_q and grad_w query-major (three
+// rows a block sharing each key tile of their prefixes), grad_k key-major (a block three 64-key
+// tiles sharing each row's q, or one tile with its rows split three ways and summed in a fixed
+// order; HYSCALE_DENSE_KEY_GRAD=share or split forces one). No reductions: the same bits every
+// run.
 void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
                                 const float* w, const float* grad_scores, float* grad_q,
                                 float* grad_k, float* grad_w, Stream stream);
-// The rows of dense_index_score_backward resident at once on the current device (a row a block):
+// The rows of dense_index_score_backward resident at once on the current device (three a block):
 // blocks of rows a multiple of it leave no wave of the query-major kernel part empty.
 int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim);
 

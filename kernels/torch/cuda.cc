@@ -519,8 +519,8 @@ void dense_target(const IndexerShape& shape, const at::Tensor& q, const at::Tens
 // the keys its last row sees: the target (dense_target, with the given lse if any); the indexer's
 // scores by flash_topk's
 // scoring (index_score_table), their log-sum-exp, the KL and its gradient with respect to the
-// scores; then the indexer's gradients (dense_index_score_backward: grad_q_I and grad_w a row a
-// block, grad_k_I a key tile a block, no reductions). Memory is O(rows * keys) a block, never
+// scores; then the indexer's gradients (dense_index_score_backward: grad_q_I and grad_w three
+// rows a block, grad_k_I key tiles a block, no reductions). Memory is O(rows * keys) a block, never
 // [N, M].
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
     const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I, const at::Tensor& k_I,
@@ -543,8 +543,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   auto grad_q = at::zeros(in.q.sizes(), f32);
   auto grad_k = at::zeros(in.k.sizes(), f32);
   auto grad_w = at::zeros(in.w.sizes(), f32);
-  // Whole waves of the index-score backward's query-major kernel (a row a block), where a block
-  // holds more than one.
+  // Whole waves of the index-score backward's query-major kernel (three rows a block, one block
+  // an SM), where a block holds more than one.
   const int64_t wave = cuda::dense_index_score_backward_rows_per_wave(shape.heads, shape.dim);
   int64_t block_rows = std::clamp<int64_t>(
       kDenseBlockBytes / (std::max<int64_t>(1, shape.num_keys) * kDenseBytesPerPair), 1,

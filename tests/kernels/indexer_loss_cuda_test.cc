@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -334,10 +335,28 @@ TEST_F(IndexerLossCudaTest, IndexerLossChainOnCudaMatchesTheCpuOps) {
   expect_close(gpu.grad_w, cpu.grad_w, 1e-4, "grad w");
 }
 
+// The key-gradient kernel dense_indexer_kl takes on the GPU, forced while in scope: "share" (a
+// row's q serves three 64-key tiles), "split" (a tile's rows split three ways), or nullptr (the
+// op's choice by the block's shape: at test sizes, "split").
+class DenseKeyGradForm {
+ public:
+  explicit DenseKeyGradForm(const char* form) {
+    if (form) setenv("HYSCALE_DENSE_KEY_GRAD", form, 1);
+  }
+  ~DenseKeyGradForm() { unsetenv("HYSCALE_DENSE_KEY_GRAD"); }
+};
+constexpr const char* kDenseKeyGradForms[] = {nullptr, "share", "split"};
+
+std::string form_name(const char* form) {
+  return form ? form : "the op's choice";
+}
+
 // The dense warm-up's loss (dense_indexer_kl) on CUDA against the CPU op in float64 on the same
 // values: exact in bf16 (attention) and eighths (indexer, so the ReLU gates agree); N not a
 // multiple of any tile, q_offset > 0 (a context-parallel shard), tokens_per_key 2 (rows that see no
-// key), H_I and d_I at each end of what the kernels take. The GPU's error is the bf16 coefficients
+// key), H_I and d_I at each end of what the kernels take; blocks of three rows (the rows kernel's)
+// cut short at N and straddling a tile's end (rows 63 .. 65 at q_offset 0), blocks of three key
+// tiles cut short at M, under each key-gradient kernel. The GPU's error is the bf16 coefficients
 // of the index-score backward and fp32 sums.
 TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
   struct DenseCase {
@@ -370,13 +389,17 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
       return ops::dense_indexer_kl(on(q), on(key), on(q_i), on(k_i), on(w), scale, c.q_offset,
                                    c.tokens_per_key);
     };
-    const auto gpu = run(torch::kCUDA, torch::kFloat);
     const auto want = run(torch::kCPU, torch::kDouble);
     ASSERT_TRUE(want.grad_k.ne(0).any().item<bool>()) << "grad_k is all zeros";
-    expect_close(gpu.loss, want.loss, 1e-4, "loss");
-    expect_close(gpu.grad_q, want.grad_q, 1e-2, "grad q_I");
-    expect_close(gpu.grad_k, want.grad_k, 1e-2, "grad k_I");
-    expect_close(gpu.grad_w, want.grad_w, 1e-2, "grad w");
+    for (const char* form : kDenseKeyGradForms) {
+      SCOPED_TRACE("key gradient: " + form_name(form));
+      const DenseKeyGradForm forced(form);
+      const auto gpu = run(torch::kCUDA, torch::kFloat);
+      expect_close(gpu.loss, want.loss, 1e-4, "loss");
+      expect_close(gpu.grad_q, want.grad_q, 1e-2, "grad q_I");
+      expect_close(gpu.grad_k, want.grad_k, 1e-2, "grad k_I");
+      expect_close(gpu.grad_w, want.grad_w, 1e-2, "grad w");
+    }
     // With the attention's log-sum-exps given (as the trainer passes its forward's): the same.
     const auto visible =
         torch::arange(c.m).unsqueeze(0) * c.tokens_per_key + c.tokens_per_key - 1 <=
@@ -438,15 +461,20 @@ TEST_F(IndexerLossCudaTest, DeterministicDenseIndexerKlIsBitIdenticalAcrossRuns)
                                           .mul(0.125)
                                           .masked_fill(causal.cuda().unsqueeze(1), -INFINITY),
                                       -1);
-    for (const torch::Tensor& given : {torch::Tensor(), lse}) {
-      SCOPED_TRACE(given.defined() ? "lse given" : "no lse");
-      const auto first = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
-      for (int run = 1; run < 3; ++run) {
-        const auto again = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
-        EXPECT_TRUE(torch::equal(again.loss, first.loss)) << "loss differs, run " << run;
-        EXPECT_TRUE(torch::equal(again.grad_k, first.grad_k)) << "grad_k differs, run " << run;
-        EXPECT_TRUE(torch::equal(again.grad_q, first.grad_q)) << "grad_q differs, run " << run;
-        EXPECT_TRUE(torch::equal(again.grad_w, first.grad_w)) << "grad_w differs, run " << run;
+    // Each key-gradient kernel on its own (they add a tile's rows in different orders).
+    for (const char* form : kDenseKeyGradForms) {
+      SCOPED_TRACE("key gradient: " + form_name(form));
+      const DenseKeyGradForm forced(form);
+      for (const torch::Tensor& given : {torch::Tensor(), lse}) {
+        SCOPED_TRACE(given.defined() ? "lse given" : "no lse");
+        const auto first = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
+        for (int run = 1; run < 3; ++run) {
+          const auto again = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
+          EXPECT_TRUE(torch::equal(again.loss, first.loss)) << "loss differs, run " << run;
+          EXPECT_TRUE(torch::equal(again.grad_k, first.grad_k)) << "grad_k differs, run " << run;
+          EXPECT_TRUE(torch::equal(again.grad_q, first.grad_q)) << "grad_q differs, run " << run;
+          EXPECT_TRUE(torch::equal(again.grad_w, first.grad_w)) << "grad_w differs, run " << run;
+        }
       }
     }
   }
