@@ -75,6 +75,188 @@ double RingSeconds(double bytes, int p, const DeviceProfile& prof) {
          (p - 1) * prof.collective_latency_s;
 }
 
+// The sizes of one rank's step that the memory models read.
+struct StepSizes {
+  double seqs, layers;   // sequences a rank holds; layers
+  double N, n;           // keys (the sequence) and this rank's query rows of a sequence
+  double chunk, chunks;  // the rows a layer runs at once, and how many such chunks
+  double d, H, dqk, dv, hi, di, k, key_elems;
+  double ab;               // bytes an activation (2 under the trainer's CUDA autocast)
+  double row_bytes;        // a gathered key row (Megatron-style)
+  double packed;           // bytes a kept top-k entry, as HyScale packs them
+  double dense_table_row;  // a dense query row's score tables; frozen, its key lists
+  bool megatron, frozen;
+};
+
+constexpr double kF32 = 4;  // fp32 bytes
+
+// hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a
+// layer's attention backward. What is alive there is the list below, counted tensor by tensor on
+// the CPU (hyscale-train --count-tensor-memory, docs/log/2026-12-05-planner-memory.md), in the
+// dtypes the CUDA path gives them; or in the LM head's backward (below). Within 5 % of the H200's
+// measured peaks (docs/performance.md section 13): the allocator's share is in them.
+MemoryBreakdown RecomputedStepMemory(const Workload& w, const Candidate& c,
+                                     const DeviceProfile& prof, const StepSizes& s) {
+  const double seqs = s.seqs, layers = s.layers, N = s.N, n = s.n, chunk = s.chunk;
+  const double d = s.d, H = s.H, dqk = s.dqk, dv = s.dv, hi = s.hi, di = s.di, k = s.k;
+  const double key_elems = s.key_elems, idx_elems = s.di, ab = s.ab, packed = s.packed;
+  const double dense_table_row = s.dense_table_row;
+  constexpr double f = kF32;
+  const bool autocast = ab < f;  // bf16 activations: the trainer's CUDA autocast
+  MemoryBreakdown mem;
+  const bool whole = s.chunks <= 1;
+  const bool replay = c.recompute == Recompute::kReplay;
+  const double tokens = seqs * n;    // this rank's query rows
+  const double keys = seqs * N;      // the keys they see (all-gathered under CP)
+  const double rows = seqs * chunk;  // the rows the layer in backward runs at once
+
+  // One chunk row of the layer in backward, tensor by tensor.
+  double row = 2 * d * f;  // attn_norm's normalized rows and output (fp32)
+  // Under autocast, the bf16 casts of attn_norm's output for wq, the indexer's wq and ww (whole,
+  // also for wk and the indexer's wk).
+  if (autocast) row += (whole ? 5 : 3) * d * ab;
+  row += H * dqk * ab;                        // the queries after RoPE
+  row += (hi * di + hi) * ab;                 // the indexer's queries after RoPE, head weights
+  row += H * dv * ab + H * f;                 // the attention output, its log-sum-exp (fp32)
+  row += 2 * d * f;                           // the layer's output, the residual's gradient
+  row += H * dv * ab + H * dqk * ab + H * f;  // the backward's dO, dq, row deltas (fp32)
+  if (w.sparse) {
+    row += k * 4;      // the replayed (or re-selected) indices, unpacked (int32)
+    row += k * f;      // the index scores at them
+    row += 2 * k * f;  // the indexer loss's target and the KL's gradient
+    // Whole: the recomputed layer's re-packed indices (its LayerOutput's, until
+    // recompute_backward returns).
+    if (whole && replay) row += k * packed;
+  } else {
+    row += dense_table_row;  // a dense row's score tables over every key
+  }
+
+  // The model state at layer l's backward (from L - 1 down to 0): fp32 weights and AdamW's two
+  // moments, the gradients of the LM head and of layers l..L-1 (the embedding's comes last),
+  // under autocast the layer's bf16 weight copies; and the fp32 inputs of layers 0..l, which
+  // the backward has not reached. Linear in l: the worst layer is the first or the last.
+  const double params = static_cast<double>(w.parameters);
+  const double head_params = static_cast<double>(w.vocab + 1) * d;  // LM head, final norm
+  const double layer_params =
+      std::max(0.0, (params - static_cast<double>(w.vocab) * d - head_params) / layers);
+  const double layer_input = tokens * d * f;  // the residual stream is fp32 under autocast
+  const double token_ids = tokens * 3 * 8;    // the tokens, targets and positions (int64)
+  const double l = layer_input > f * layer_params ? layers - 1 : 0;
+  mem.weights = 12 * params + f * (head_params + (layers - l) * layer_params) +
+                (autocast ? ab * layer_params : 0);
+  mem.activations = (l + 1) * layer_input  // the inputs of layers 0..l
+                    + layer_input          // the gradient of the layer's output (from above)
+                    + rows * row + token_ids;
+  if (!whole) mem.activations += layer_input;  // the layer input's gradient (x_grad), whole
+  // Every layer's packed indices, kept by the recomputation's state; re-selection keeps none
+  // (the layer's own are the chunk rows').
+  mem.indices = w.sparse && replay ? layers * tokens * k * packed : 0;
+  // The key side: the keys in the activations' dtype, the indexer's in fp32 (its LayerNorm's
+  // output under autocast); the attention backward's key gradient, fp32 from the kernel and its
+  // cast to the keys' dtype (kernels/torch/cuda.cc), for every key the chunk sees (all at the
+  // last); chunked, the key side's fp32 gradient accumulators.
+  mem.gathered = keys * (key_elems * ab + di * f) + keys * key_elems * (f + ab);
+  if (!whole) mem.gathered += keys * (key_elems + di) * f;
+  if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
+  // Re-selection: FlashTopK's scratch in the recomputed forward (counted; replay has none).
+  mem.workspace = w.sparse && !replay ? prof.topk_scratch_bytes + 2 * seqs * chunk * k * 4 : 0;
+
+  // The other candidate peak, the LM head's backward before the layers' (the peak in query
+  // chunks of N / 32, the 1M step's: docs/log/2026-12-05-planner-memory.md): the head's gradient
+  // alone; every layer's input and the head's (fp32); the recomputed final RMSNorm's backward
+  // at its pow, five fp32 rows of d (x's gradient through x * r, the gradient from the mean,
+  // x^1, 2 x^1 and their product); the logits and their gradient.
+  const double head_weights = 12 * params + f * head_params + (autocast ? ab * head_params : 0);
+  const double head_activations = (layers + 1) * layer_input + 5 * layer_input + token_ids;
+  const double logits_bytes = 2 * tokens * static_cast<double>(w.vocab) * ab;
+  if (head_weights + head_activations + mem.indices + logits_bytes >
+      mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace) {
+    mem.weights = head_weights;
+    mem.activations = head_activations;
+    mem.gathered = 0;
+    mem.workspace = logits_bytes;
+  }
+  return mem;
+}
+
+// The other steps (no recomputation, the Megatron-style stacks, the frozen warm-up): every layer's
+// saved tensors, or a frozen layer's, with the backward's transients on top.
+MemoryBreakdown StoredStepMemory(const Workload& w, const Candidate& c, const DeviceProfile& prof,
+                                 const StepSizes& s) {
+  const double seqs = s.seqs, layers = s.layers, N = s.N, n = s.n, chunk = s.chunk,
+               chunks = s.chunks;
+  const double d = s.d, H = s.H, dqk = s.dqk, dv = s.dv, hi = s.hi, di = s.di, k = s.k;
+  const double key_elems = s.key_elems, idx_elems = s.di, ab = s.ab, packed = s.packed;
+  const double row_bytes = s.row_bytes, dense_table_row = s.dense_table_row;
+  const bool megatron = s.megatron, frozen = s.frozen, dense_hyscale = !w.sparse && !megatron;
+  constexpr double f = kF32;
+  MemoryBreakdown mem;
+  // A frozen main model keeps its fp32 weights; only the indexers have gradients and moments.
+  mem.weights = frozen ? f * static_cast<double>(w.parameters) +
+                             12.0 * static_cast<double>(w.indexer_parameters)
+                       : 16.0 * static_cast<double>(w.parameters);
+  // One query row of a layer, saved for its backward and the backward's transients on top, bytes.
+  double row_saved = 0, row_backward = 0;
+  if (megatron) {
+    row_saved = (6 * d + 3 * w.d_ff + H * (dqk + dv) + hi * di + H) * ab;
+    if (w.sparse) row_saved += H * k * ab;  // gather attention saves probabilities
+    row_backward = H * (dqk + dv) * ab;
+  } else {
+    // hyscale-train's layer under bf16 autocast (worker/model/model.cc) without recomputation
+    // (not measured), tensor by tensor: the two RMSNorms' fp32 normalized rows and outputs and
+    // the residual (5 d fp32) with the linears' bf16 casts of their inputs (6 d); the queries'
+    // projection and its RoPE'd copy; the indexer's likewise and its head weights; the
+    // attention output and its log-sum-exp; SwiGLU's gate, activation, up and product; the
+    // indexer loss's scores, target and KL gradient (3 k fp32).
+    row_saved = 5 * d * f + 6 * d * ab + 2 * H * dqk * ab + 2 * hi * di * ab + hi * ab +
+                H * dv * ab + H * f + 4 * w.d_ff * ab + (w.sparse ? 3 * k * f : 0);
+    // While the attention backward runs: the queries' gradient through RoPE (two bf16 copies)
+    // and the kernel's fp32 one, and the output's gradient.
+    row_backward = (2 * ab + f) * H * dqk + H * dv * ab;
+  }
+  // The final norm and output projection keep the last layer's output (fp32), and unless
+  // recomputed their normalized rows and bf16 cast.
+  const double head = megatron ? 0 : (c.recompute == Recompute::kNone ? d * (2 * f + ab) : d * f);
+  // The residual stream (each layer's input) is fp32 under autocast. A frozen main model keeps
+  // nothing: one layer's input and output.
+  if (frozen) {
+    mem.activations = 2 * seqs * n * d * f;
+  } else if (c.recompute == Recompute::kNone) {
+    mem.activations = layers * seqs * n * (row_saved + dense_table_row / 2) + seqs * n * head;
+  } else {
+    mem.activations = (layers * d * f + head) * seqs * n + seqs * chunk * row_saved;
+  }
+  if (w.sparse) {
+    // One layer's selection (int32), or every layer's kept for replay (HyScale's packed).
+    const double one_layer = seqs * n * k * 4;
+    mem.indices = c.recompute == Recompute::kReselect || frozen
+                      ? one_layer
+                      : layers * one_layer * (megatron ? 4 : packed) / 4;
+  }
+  // Two in flight + fp32 gradients; frozen, only the indexer keys' gradient.
+  mem.gathered = frozen ? N * (key_elems + idx_elems) * ab + N * idx_elems * f
+                        : N * (key_elems + idx_elems) * (2 * ab + f);
+  if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
+  double scratch = 0;
+  if (w.sparse && megatron) {
+    scratch = std::min(kTableChunkRows, n) * N * 4 + std::min(kGatherChunkRows, n) * k * row_bytes;
+  } else if (w.sparse) {
+    scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
+  }
+  // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
+  // output's gradients whole (fp32).
+  const double layer_backward = frozen ? 0 : seqs * chunk * row_backward;
+  const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
+  // Logits and (unless frozen) their gradient.
+  const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
+  // A frozen chunk's key lists are gone when its loss runs.
+  const double tables = dense_hyscale && frozen
+                            ? std::max(seqs * chunk * dense_table_row, kDenseLossBlockBytes)
+                            : seqs * chunk * dense_table_row;
+  mem.workspace = scratch + tables + layer_backward + chunked_grads + logits_bytes;
+  return mem;
+}
+
 }  // namespace
 
 const char* Name(IndexerGroup group) {
@@ -332,168 +514,40 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   out.step_s = out.compute_s + out.exposed_comm_s;
 
   // Memory of one GPU.
-  MemoryBreakdown& mem = out.memory;
-  const double seqs = static_cast<double>(out.sequences);
-  const double layers = static_cast<double>(w.layers);
-  constexpr double f = 4;        // fp32 bytes
-  const bool autocast = ab < f;  // bf16 activations: the trainer's CUDA autocast
-  // A dense query row's score tables (autograd keeps about half of them); frozen, its key lists.
-  const bool dense_hyscale = !w.sparse && !megatron;
-  const double dense_table_row = !dense_hyscale ? 0
-                                 : frozen       ? N * kFrozenDenseRowKeyBytes
-                                                : DenseTableRowBytes(w);
+  StepSizes sizes;
+  sizes.seqs = static_cast<double>(out.sequences);
+  sizes.layers = static_cast<double>(w.layers);
+  sizes.N = N;
+  sizes.n = n;
+  sizes.chunk = chunk;
+  sizes.chunks = chunks;
+  sizes.d = d;
+  sizes.H = H;
+  sizes.dqk = dqk;
+  sizes.dv = dv;
+  sizes.hi = hi;
+  sizes.di = di;
+  sizes.k = k;
+  sizes.key_elems = key_elems;
+  sizes.ab = ab;
+  sizes.row_bytes = row_bytes;
   // Top-k indices kept for replay, as HyScale packs them (worker/model/index_packing.h): 2 bytes
   // an entry up to 65,535 keys, else 3.
-  const double packed = N <= 65535 ? 2 : 3;
-  // The models not fitted to measured peaks keep 10 % for the allocator; HyScale's frozen warm-up
-  // is (the H200's at 32K whole and 128K in chunks of 2048, docs/performance.md section 13).
-  double slack = dense_hyscale && frozen ? 1 : 1.1;
-  if (!megatron && !frozen && c.recompute != Recompute::kNone) {
-    // hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a
-    // layer's attention backward. What is alive there is the list below, counted tensor by tensor
-    // on the CPU (hyscale-train --count-tensor-memory, docs/log/2026-12-05-planner-memory.md), in
-    // the dtypes the CUDA path gives them; or in the LM head's backward (below). Within 5 % of the
-    // H200's measured peaks (docs/performance.md section 13): the allocator's share is in them, no
-    // slack.
-    slack = 1;
-    const bool whole = chunks <= 1;
-    const bool replay = c.recompute == Recompute::kReplay;
-    const double tokens = seqs * n;    // this rank's query rows
-    const double keys = seqs * N;      // the keys they see (all-gathered under CP)
-    const double rows = seqs * chunk;  // the rows the layer in backward runs at once
-
-    // One chunk row of the layer in backward, tensor by tensor.
-    double row = 2 * d * f;  // attn_norm's normalized rows and output (fp32)
-    // Under autocast, the bf16 casts of attn_norm's output for wq, the indexer's wq and ww (whole,
-    // also for wk and the indexer's wk).
-    if (autocast) row += (whole ? 5 : 3) * d * ab;
-    row += H * dqk * ab;                        // the queries after RoPE
-    row += (hi * di + hi) * ab;                 // the indexer's queries after RoPE, head weights
-    row += H * dv * ab + H * f;                 // the attention output, its log-sum-exp (fp32)
-    row += 2 * d * f;                           // the layer's output, the residual's gradient
-    row += H * dv * ab + H * dqk * ab + H * f;  // the backward's dO, dq, row deltas (fp32)
-    if (w.sparse) {
-      row += k * 4;      // the replayed (or re-selected) indices, unpacked (int32)
-      row += k * f;      // the index scores at them
-      row += 2 * k * f;  // the indexer loss's target and the KL's gradient
-      // Whole: the recomputed layer's re-packed indices (its LayerOutput's, until
-      // recompute_backward returns).
-      if (whole && replay) row += k * packed;
-    } else {
-      row += dense_table_row;  // a dense row's score tables over every key
-    }
-
-    // The model state at layer l's backward (from L - 1 down to 0): fp32 weights and AdamW's two
-    // moments, the gradients of the LM head and of layers l..L-1 (the embedding's comes last),
-    // under autocast the layer's bf16 weight copies; and the fp32 inputs of layers 0..l, which
-    // the backward has not reached. Linear in l: the worst layer is the first or the last.
-    const double params = static_cast<double>(w.parameters);
-    const double head_params = static_cast<double>(w.vocab + 1) * d;  // LM head, final norm
-    const double layer_params =
-        std::max(0.0, (params - static_cast<double>(w.vocab) * d - head_params) / layers);
-    const double layer_input = tokens * d * f;  // the residual stream is fp32 under autocast
-    const double token_ids = tokens * 3 * 8;    // the tokens, targets and positions (int64)
-    const double l = layer_input > f * layer_params ? layers - 1 : 0;
-    mem.weights = 12 * params + f * (head_params + (layers - l) * layer_params) +
-                  (autocast ? ab * layer_params : 0);
-    mem.activations = (l + 1) * layer_input  // the inputs of layers 0..l
-                      + layer_input          // the gradient of the layer's output (from above)
-                      + rows * row + token_ids;
-    if (!whole) mem.activations += layer_input;  // the layer input's gradient (x_grad), whole
-    // Every layer's packed indices, kept by the recomputation's state; re-selection keeps none
-    // (the layer's own are the chunk rows').
-    mem.indices = w.sparse && replay ? layers * tokens * k * packed : 0;
-    // The key side: the keys in the activations' dtype, the indexer's in fp32 (its LayerNorm's
-    // output under autocast); the attention backward's key gradient, fp32 from the kernel and its
-    // cast to the keys' dtype (kernels/torch/cuda.cc), for every key the chunk sees (all at the
-    // last); chunked, the key side's fp32 gradient accumulators.
-    mem.gathered = keys * (key_elems * ab + di * f) + keys * key_elems * (f + ab);
-    if (!whole) mem.gathered += keys * (key_elems + di) * f;
-    if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
-    // Re-selection: FlashTopK's scratch in the recomputed forward (counted; replay has none).
-    mem.workspace = w.sparse && !replay ? prof.topk_scratch_bytes + 2 * seqs * chunk * k * 4 : 0;
-
-    // The other candidate peak, the LM head's backward before the layers' (the peak in query
-    // chunks of N / 32, the 1M step's: docs/log/2026-12-05-planner-memory.md): the head's gradient
-    // alone; every layer's input and the head's (fp32); the recomputed final RMSNorm's backward
-    // at its pow, five fp32 rows of d (x's gradient through x * r, the gradient from the mean,
-    // x^1, 2 x^1 and their product); the logits and their gradient.
-    const double head_weights = 12 * params + f * head_params + (autocast ? ab * head_params : 0);
-    const double head_activations = (layers + 1) * layer_input + 5 * layer_input + token_ids;
-    const double logits_bytes = 2 * tokens * static_cast<double>(w.vocab) * ab;
-    if (head_weights + head_activations + mem.indices + logits_bytes >
-        mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace) {
-      mem.weights = head_weights;
-      mem.activations = head_activations;
-      mem.gathered = 0;
-      mem.workspace = logits_bytes;
-    }
-  } else {
-    // A frozen main model keeps its fp32 weights; only the indexers have gradients and moments.
-    mem.weights = frozen ? f * static_cast<double>(w.parameters) +
-                               12.0 * static_cast<double>(w.indexer_parameters)
-                         : 16.0 * static_cast<double>(w.parameters);
-    // One query row of a layer, saved for its backward and the backward's transients on top, bytes.
-    double row_saved = 0, row_backward = 0;
-    if (megatron) {
-      row_saved = (6 * d + 3 * w.d_ff + H * (dqk + dv) + hi * di + H) * ab;
-      if (w.sparse) row_saved += H * k * ab;  // gather attention saves probabilities
-      row_backward = H * (dqk + dv) * ab;
-    } else {
-      // hyscale-train's layer under bf16 autocast (worker/model/model.cc) without recomputation
-      // (not measured), tensor by tensor: the two RMSNorms' fp32 normalized rows and outputs and
-      // the residual (5 d fp32) with the linears' bf16 casts of their inputs (6 d); the queries'
-      // projection and its RoPE'd copy; the indexer's likewise and its head weights; the
-      // attention output and its log-sum-exp; SwiGLU's gate, activation, up and product; the
-      // indexer loss's scores, target and KL gradient (3 k fp32).
-      row_saved = 5 * d * f + 6 * d * ab + 2 * H * dqk * ab + 2 * hi * di * ab + hi * ab +
-                  H * dv * ab + H * f + 4 * w.d_ff * ab + (w.sparse ? 3 * k * f : 0);
-      // While the attention backward runs: the queries' gradient through RoPE (two bf16 copies)
-      // and the kernel's fp32 one, and the output's gradient.
-      row_backward = (2 * ab + f) * H * dqk + H * dv * ab;
-    }
-    // The final norm and output projection keep the last layer's output (fp32), and unless
-    // recomputed their normalized rows and bf16 cast.
-    const double head = megatron ? 0 : (c.recompute == Recompute::kNone ? d * (2 * f + ab) : d * f);
-    // The residual stream (each layer's input) is fp32 under autocast. A frozen main model keeps
-    // nothing: one layer's input and output.
-    if (frozen) {
-      mem.activations = 2 * seqs * n * d * f;
-    } else if (c.recompute == Recompute::kNone) {
-      mem.activations = layers * seqs * n * (row_saved + dense_table_row / 2) + seqs * n * head;
-    } else {
-      mem.activations = (layers * d * f + head) * seqs * n + seqs * chunk * row_saved;
-    }
-    if (w.sparse) {
-      // One layer's selection (int32), or every layer's kept for replay (HyScale's packed).
-      const double one_layer = seqs * n * k * 4;
-      mem.indices = c.recompute == Recompute::kReselect || frozen
-                        ? one_layer
-                        : layers * one_layer * (megatron ? 4 : packed) / 4;
-    }
-    // Two in flight + fp32 gradients; frozen, only the indexer keys' gradient.
-    mem.gathered = frozen ? N * (key_elems + idx_elems) * ab + N * idx_elems * f
-                          : N * (key_elems + idx_elems) * (2 * ab + f);
-    if (c.indexer == IndexerGroup::kSeparate) mem.gathered += N * idx_elems * ab;  // own buffer
-    double scratch = 0;
-    if (w.sparse && megatron) {
-      scratch =
-          std::min(kTableChunkRows, n) * N * 4 + std::min(kGatherChunkRows, n) * k * row_bytes;
-    } else if (w.sparse) {
-      scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
-    }
-    // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
-    // output's gradients whole (fp32).
-    const double layer_backward = frozen ? 0 : seqs * chunk * row_backward;
-    const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
-    // Logits and (unless frozen) their gradient.
-    const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
-    // A frozen chunk's key lists are gone when its loss runs.
-    const double tables = dense_hyscale && frozen
-                              ? std::max(seqs * chunk * dense_table_row, kDenseLossBlockBytes)
-                              : seqs * chunk * dense_table_row;
-    mem.workspace = scratch + tables + layer_backward + chunked_grads + logits_bytes;
-  }
+  sizes.packed = N <= 65535 ? 2 : 3;
+  // A dense query row's score tables (autograd keeps about half of them); frozen, its key lists.
+  const bool dense_hyscale = !w.sparse && !megatron;
+  sizes.dense_table_row = !dense_hyscale ? 0
+                          : frozen       ? N * kFrozenDenseRowKeyBytes
+                                         : DenseTableRowBytes(w);
+  sizes.megatron = megatron;
+  sizes.frozen = frozen;
+  const bool recomputed = !megatron && !frozen && c.recompute != Recompute::kNone;
+  MemoryBreakdown& mem = out.memory;
+  mem = recomputed ? RecomputedStepMemory(w, c, prof, sizes) : StoredStepMemory(w, c, prof, sizes);
+  // The models not fitted to measured peaks keep 10 % for the allocator: all but HyScale's
+  // recomputed step and its frozen warm-up (the H200's at 32K whole and 128K in chunks of 2048,
+  // docs/performance.md section 13).
+  const double slack = recomputed || (dense_hyscale && frozen) ? 1 : 1.1;
   mem.total = slack * (mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace);
   if (out.rejected.empty() && mem.total > prof.memory_bytes) {
     out.rejected = absl::StrFormat(
