@@ -39,7 +39,8 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
 // bf16, grad_scores [rows, num_keys] fp32 by key (what is not seen is skipped). Writes grad_q and
 // grad_w of the block and adds into grad_k [num_keys, d_I]: grad_q and grad_w query-major
 // (index_score_backward's kernel over each row's prefix, without the key gradient), grad_k
-// key-major (a block a 64-key tile, its rows in order). No reductions: the same bits every run.
+// key-major (a block a 64-key tile, its rows in order). No reductions: the same bits every run
+// of a shape on a device (dense_indexer_kl's blocks of rows follow the device's SM count).
 void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
                                 const float* w, const float* grad_scores, float* grad_q,
                                 float* grad_k, float* grad_w, Stream stream);
