@@ -41,7 +41,8 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
 // rows a block sharing each key tile of their prefixes), grad_k key-major (a block three 64-key
 // tiles sharing each row's q, or one tile with its rows split three ways and summed in a fixed
 // order; HYSCALE_DENSE_KEY_GRAD=share or split forces one). No reductions: the same bits every
-// run.
+// run of a shape on a device and setting (the SM count picks the form and dense_indexer_kl's
+// blocks of rows).
 void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
                                 const float* w, const float* grad_scores, float* grad_q,
                                 float* grad_k, float* grad_w, Stream stream);
