@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -340,10 +341,26 @@ TEST_F(IndexerLossCudaTest, IndexerLossChainOnCudaMatchesTheCpuOps) {
 // op's choice by the block's shape: at test sizes, "split").
 class DenseKeyGradForm {
  public:
+  // form: "share", "split", or null for the op's own choice (whatever the caller had set).
   explicit DenseKeyGradForm(const char* form) {
-    if (form) setenv("HYSCALE_DENSE_KEY_GRAD", form, 1);
+    if (const char* before = std::getenv(kVariable)) before_ = before;
+    if (form) {
+      setenv(kVariable, form, 1);
+    } else {
+      unsetenv(kVariable);
+    }
   }
-  ~DenseKeyGradForm() { unsetenv("HYSCALE_DENSE_KEY_GRAD"); }
+  ~DenseKeyGradForm() {
+    if (before_) {
+      setenv(kVariable, before_->c_str(), 1);
+    } else {
+      unsetenv(kVariable);
+    }
+  }
+
+ private:
+  static constexpr const char* kVariable = "HYSCALE_DENSE_KEY_GRAD";
+  std::optional<std::string> before_;
 };
 constexpr const char* kDenseKeyGradForms[] = {nullptr, "share", "split"};
 
