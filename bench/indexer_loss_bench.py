@@ -89,7 +89,9 @@ DENSE_PARTS = (("backward: grad_k_I (key-major)", "dense_key_grad"),
                ("target (fused)", "dense_target_kernel"),
                ("target from logits", "dense_attention_target"),
                ("attention lse", "dense_attention_lse"),
-               ("indexer scores", "score_rows"), ("logits (cuBLAS)", "gemm"),
+               ("indexer scores", "score_rows"),
+               ("KL and its gradient (fused)", "dense_indexer_kl_rows"),
+               ("logits (cuBLAS)", "gemm"),
                ("logits (cuBLAS)", "xmma"), ("logits (cuBLAS)", "cutlass"))
 
 
@@ -173,7 +175,7 @@ def profiled_parts(fn):
         us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
         if us <= 0:
             continue
-        part = next((p for p, frag in DENSE_PARTS if frag in e.key), "KL and the rest (torch)")
+        part = next((p for p, frag in DENSE_PARTS if frag in e.key), "the rest (torch)")
         parts[part] = parts.get(part, 0.0) + us / 1e3
     return parts
 

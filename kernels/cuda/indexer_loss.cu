@@ -727,6 +727,83 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   }
 }
 
+// ---- dense_indexer_kl_rows ----------------------------------------------------------------------
+
+// Running (max, sum of exp(x - max)) pairs, combined; -infinity max with sum 0 for none.
+struct RunningExpSum {
+  float max = kNegInf;
+  float sum = 0.f;
+  __device__ void add(float x) {
+    if (x > max) {
+      sum = sum * expf(max - x) + 1.f;  // exp(-inf) = 0 for the first
+      max = x;
+    } else if (x != kNegInf) {
+      sum += expf(x - max);
+    }
+  }
+  __device__ void merge(float other_max, float other_sum) {
+    const float top = fmaxf(max, other_max);
+    if (top == kNegInf) return;
+    sum = (max == kNegInf ? 0.f : sum * expf(max - top)) +
+          (other_max == kNegInf ? 0.f : other_sum * expf(other_max - top));
+    max = top;
+  }
+  __device__ float log_sum_exp() const { return max == kNegInf ? kNegInf : max + logf(sum); }
+};
+
+// A block a row: the log-sum-exp of its scores in one pass, then a pass that sums the loss and
+// writes softmax - target over the target (0 where the score is -infinity: the row does not see
+// the key). The same order of additions every run.
+__global__ void __launch_bounds__(DenseKlTraits::kThreads)
+    dense_indexer_kl_rows_kernel(int64_t keys, const float* score, int64_t score_stride,
+                                 float* target_grad, float* loss) {
+  __shared__ float partial_max[DenseKlTraits::kWarps], partial[DenseKlTraits::kWarps];
+  __shared__ float row_lse;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float* s = score + blockIdx.x * score_stride;
+  float* p = target_grad + blockIdx.x * keys;
+
+  RunningExpSum running;
+  for (int64_t i = threadIdx.x; i < keys; i += DenseKlTraits::kThreads) running.add(s[i]);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, running.max, offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, running.sum, offset);
+    running.merge(other_max, other_sum);
+  }
+  if (lane == 0) {
+    partial_max[warp] = running.max;
+    partial[warp] = running.sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    RunningExpSum row;
+    for (int w = 0; w < DenseKlTraits::kWarps; ++w) row.merge(partial_max[w], partial[w]);
+    row_lse = row.log_sum_exp();
+  }
+  __syncthreads();
+  const float lse = row_lse;
+
+  float total = 0.f;
+  for (int64_t i = threadIdx.x; i < keys; i += DenseKlTraits::kThreads) {
+    const float x = s[i], t = p[i];
+    float grad = 0.f;
+    if (x != kNegInf) {
+      const float log_q = x - lse;
+      if (t > 0.f) total += t * (logf(t) - log_q);
+      grad = expf(log_q) - t;
+    }
+    p[i] = grad;
+  }
+  total = warp_sum(total);
+  if (lane == 0) partial[warp] = total;  // thread 0 read the sums before the last barrier
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float row_total = 0.f;
+    for (int w = 0; w < DenseKlTraits::kWarps; ++w) row_total += partial[w];
+    loss[blockIdx.x] = row_total;
+  }
+}
+
 // ---- dense_attention_lse and dense_attention_target ---------------------------------------------
 
 // lse[r, h], one warp per (row, head): an online log-sum-exp over the row's visible logits.
@@ -973,6 +1050,16 @@ void dense_index_score_backward(const IndexerShape& shape, const void* q, const 
     }
     throw_on_error(cudaGetLastError(), kDenseOp, "keys kernel launch");
   });
+}
+
+void dense_indexer_kl_rows(int64_t rows, int64_t keys, const float* score, int64_t score_stride,
+                           float* target_grad, float* loss, Stream stream) {
+  if (rows == 0) return;
+  dense_indexer_kl_rows_kernel<<<static_cast<unsigned>(rows), DenseKlTraits::kThreads, 0,
+                                 static_cast<cudaStream_t>(stream)>>>(keys, score, score_stride,
+                                                                      target_grad, loss);
+  throw_on_error(cudaGetLastError(), "hyscale::dense_indexer_kl (CUDA)",
+                 "dense_indexer_kl_rows_kernel launch");
 }
 
 void dense_attention_lse(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,

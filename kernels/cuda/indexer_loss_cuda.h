@@ -58,6 +58,14 @@ void indexer_kl_fwd(int64_t rows, int64_t topk, const float* score, const float*
 void indexer_kl_bwd(int64_t rows, int64_t topk, const float* score, const float* target,
                     const float* grad_loss, float* grad_score, Stream stream);
 
+// The dense warm-up's KL of a block of rows and its gradient (dense_indexer_kl): score [rows,
+// >= keys] (rows score_stride floats apart; -infinity where the row does not see the key) and
+// target [rows, keys] fp32. loss [rows] = KL(target || softmax(score)); target is overwritten by
+// d loss / d score = softmax(score) - target (0 where unseen). Two reads of the scores, one of the
+// target; the same bits every run.
+void dense_indexer_kl_rows(int64_t rows, int64_t keys, const float* score, int64_t score_stride,
+                           float* target_grad, float* loss, Stream stream);
+
 // The dense warm-up's target (kernels/dense_indexer_kl.h) from a block of rows' fp32 attention
 // logits [rows, H, keys] (q . key, unscaled): row r sees keys s < visible_keys(first + r) of
 // `shape` (its positions, tokens_per_key and num_keys; at most `keys`).

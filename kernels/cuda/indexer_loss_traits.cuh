@@ -139,4 +139,11 @@ struct RowWarpTraits {
   static constexpr int kRowsPerBlock = kThreads / 32;
 };
 
+// dense_indexer_kl_rows: one block per row (a block of rows is a few hundred rows of up to the
+// whole sequence: a warp a row would leave HBM idle).
+struct DenseKlTraits {
+  static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / 32;
+};
+
 }  // namespace hyscale::cuda
