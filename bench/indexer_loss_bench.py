@@ -183,7 +183,8 @@ def profiled_parts(fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
-    ap.add_argument("--sizes", default="32768,131072")
+    ap.add_argument("--sizes", default="32768,131072",
+                    help="N of parts a and b; none: skip them")
     ap.add_argument("--topk", type=int, default=2048)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=790.0)
@@ -200,7 +201,7 @@ def main():
     print(f"# {torch.cuda.get_device_name()}  H_I={HEADS_I} d_I={DIM_I} k={a.topk}; "
           f"H={H} d_qk={DQK} d_v={DV}; medians of {a.runs} runs, CUDA events")
     results = []
-    for n in [int(x) for x in a.sizes.split(",")]:
+    for n in [int(x) for x in a.sizes.split(",") if a.sizes != "none"]:
         r = dict(n=n, topk=a.topk, rel_err_vs_float64=check(min(n, 8192), a.topk, n))
         q_i, k_i, w, idx, grad = index_inputs(n, a.topk, n)
         pairs = int((idx >= 0).sum())

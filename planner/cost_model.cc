@@ -169,8 +169,9 @@ MemoryBreakdown RecomputedStepMemory(const Workload& w, const Candidate& c,
   const double head_weights = 12 * params + f * head_params + (autocast ? ab * head_params : 0);
   const double head_activations = (layers + 1) * layer_input + 5 * layer_input + token_ids;
   const double logits_bytes = 2 * tokens * static_cast<double>(w.vocab) * ab;
-  if (head_weights + head_activations + mem.indices + logits_bytes >
-      mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace) {
+  // (Every layer's indices are alive at both.)
+  if (head_weights + head_activations + logits_bytes >
+      mem.weights + mem.activations + mem.gathered + mem.workspace) {
     mem.weights = head_weights;
     mem.activations = head_activations;
     mem.gathered = 0;

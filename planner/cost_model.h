@@ -89,7 +89,7 @@ struct MemoryBreakdown {
   // gradients of a chunked layer's input and output, logits.
   double workspace = 0;
   // The sum; plus 10 % allocator slack where the model is not fitted to measured peaks (all but
-  // HyScale's recomputed step).
+  // HyScale's recomputed step and its frozen warm-up).
   double total = 0;
 };
 
@@ -130,12 +130,10 @@ inline constexpr double kDenseTableBytes = 4.0 * (1 << 30);
 inline constexpr double kFrozenKeyListBytes = 2.0 * (1 << 30);
 
 // HyScale with a query_chunk of 0 and recomputation (or a frozen main model): the prediction at
-// the largest chunk that fits the
-// profile's memory, 0 (all local queries) when they fit, else powers of two from the local
-// sequence down to kMinQueryChunk (the smallest when none fits). Dense work goes down to
-// kMinDenseQueryChunk and starts where a chunk's tables fit kDenseTableBytes (its key lists
-// kFrozenKeyListBytes). Otherwise Predict as
-// given.
+// the largest chunk that fits the profile's memory, 0 (all local queries) when they fit, else
+// powers of two from the local sequence down to kMinQueryChunk (the smallest when none fits).
+// Dense work goes down to kMinDenseQueryChunk and starts where a chunk's tables fit
+// kDenseTableBytes (its key lists kFrozenKeyListBytes). Otherwise Predict as given.
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus);
 
