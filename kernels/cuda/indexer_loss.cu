@@ -176,6 +176,38 @@ __device__ __forceinline__ void issue_query_grad(
   }
 }
 
+// A row's gradients at the end of its key tiles: grad_q^T [d_I x H_I] from the calling thread's
+// accumulators (rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1))
+// into q_row, and grad_w's per-lane terms summed across the quads' rows into the warp's
+// warp_sums[H_I] (the caller sums the warps).
+template <class Tr>
+__device__ __forceinline__ void store_row_gradients(
+    const float (&query_grad)[Tr::kDimBlocks][Tr::kHeads / 2],
+    const float (&head_grad)[Tr::Tile::kHeadsPerLane], float* warp_sums, float* q_row, int warp,
+    int lane) {
+  using Tile = typename Tr::Tile;
+#pragma unroll
+  for (int h = 0; h < Tile::kHeadsPerLane; ++h) {
+    float x = head_grad[h];
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    x += __shfl_xor_sync(0xffffffffu, x, 16);
+    if (lane < 4) warp_sums[8 * (h / 2) + 2 * lane + h % 2] = x;
+  }
+#pragma unroll
+  for (int m = 0; m < Tr::kDimBlocks; ++m) {
+#pragma unroll
+    for (int j = 0; j < Tile::kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 64 * m + 16 * warp + lane / 4 + 8 * (e / 2);
+        const int head = 8 * j + 2 * (lane % 4) + e % 2;
+        q_row[head * Tr::kDim + d] = query_grad[m][4 * j + e];
+      }
+    }
+  }
+}
+
 // One warpgroup per query row t, its keys (Keys: listed or a prefix) 64 at a time (a tile of
 // slots i). Per tile:
 //   1. S^T [keys x H_I] = K_tile q_t^T, the product flash_topk scores with (the same gates);
@@ -346,29 +378,8 @@ __global__ void __launch_bounds__(Tr::kThreads)
     if (tiles == 0) cp_async_wait<0>();  // a row that sees no key: its copies land before exit
   }
 
-  // grad_w: a lane's heads summed over its keys, across the quads' rows, then across warps.
-#pragma unroll
-  for (int h = 0; h < Tile::kHeadsPerLane; ++h) {
-    float x = head_grad[h];
-    x += __shfl_xor_sync(0xffffffffu, x, 4);
-    x += __shfl_xor_sync(0xffffffffu, x, 8);
-    x += __shfl_xor_sync(0xffffffffu, x, 16);
-    if (lane < 4) head_sums[warp][8 * (h / 2) + 2 * lane + h % 2] = x;
-  }
-  // grad_q^T: rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1).
-  float* const q_row = grad_q + row * Tr::kHeads * Tr::kDim;
-#pragma unroll
-  for (int m = 0; m < Tr::kDimBlocks; ++m) {
-#pragma unroll
-    for (int j = 0; j < Tile::kNTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int d = 64 * m + 16 * warp + lane / 4 + 8 * (e / 2);
-        const int head = 8 * j + 2 * (lane % 4) + e % 2;
-        q_row[head * Tr::kDim + d] = query_grad[m][4 * j + e];
-      }
-    }
-  }
+  store_row_gradients<Tr>(query_grad, head_grad, head_sums[warp],
+                          grad_q + row * Tr::kHeads * Tr::kDim, warp, lane);
   __syncthreads();
   for (int h = threadIdx.x; h < Tr::kHeads; h += Tr::kThreads) {
     grad_w[row * Tr::kHeads + h] =
@@ -500,29 +511,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   cp_async_wait<0>();  // (no copy outlives the block)
 
   if (live) {
-    // grad_w: a lane's heads summed over its keys, across the quads' rows, then across warps.
-#pragma unroll
-    for (int h = 0; h < Tile::kHeadsPerLane; ++h) {
-      float x = head_grad[h];
-      x += __shfl_xor_sync(0xffffffffu, x, 4);
-      x += __shfl_xor_sync(0xffffffffu, x, 8);
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if (lane < 4) head_sums[wg][warp][8 * (h / 2) + 2 * lane + h % 2] = x;
-    }
-    // grad_q^T: rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1).
-    float* const q_row = grad_q + row * Tr::kHeads * Tr::kDim;
-#pragma unroll
-    for (int m = 0; m < Tr::kDimBlocks; ++m) {
-#pragma unroll
-      for (int j = 0; j < Tile::kNTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = 64 * m + 16 * warp + lane / 4 + 8 * (e / 2);
-          const int head = 8 * j + 2 * (lane % 4) + e % 2;
-          q_row[head * Tr::kDim + d] = query_grad[m][4 * j + e];
-        }
-      }
-    }
+    store_row_gradients<Tr>(query_grad, head_grad, head_sums[wg][warp],
+                            grad_q + row * Tr::kHeads * Tr::kDim, warp, lane);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < live_rows * Tr::kHeads; i += D::kThreads) {
