@@ -587,6 +587,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
           unbatch(grad_k, b).to(k_I.scalar_type()), unbatch(grad_w, b).to(w.scalar_type())};
 }
 
+int64_t dense_indexer_kl_row_multiple(const at::Tensor& q_I) {
+  const char* op = "hyscale::dense_indexer_kl_row_multiple";
+  TORCH_CHECK(q_I.dim() >= 2, op, ": q_I must be [.., H_I, d_I], got ", q_I.sizes());
+  const int64_t heads = q_I.size(-2), dim = q_I.size(-1);
+  TORCH_CHECK(cuda_indexer_shape_supported(heads, dim), op, ": the CUDA kernels take ",
+              kCudaIndexerShapes, ", got H_I = ", heads, ", d_I = ", dim);
+  const c10::cuda::CUDAGuard guard(q_I.device());
+  return cuda::dense_index_score_backward_rows_per_wave(heads, dim);
+}
+
 }  // namespace
 
 }  // namespace hyscale::torch_ops
@@ -609,4 +619,5 @@ TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);
   m.impl("dense_indexer_kl", &dense_indexer_kl);
+  m.impl("dense_indexer_kl_row_multiple", &dense_indexer_kl_row_multiple);
 }

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/torch/ops.h"
@@ -514,6 +515,24 @@ TEST_F(IndexerLossCudaTest, RejectsUnsupportedShapes) {
     FAIL() << "H_I = 8 accepted";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("H_I"), std::string::npos) << e.what();
+  }
+  try {
+    ops::dense_indexer_kl_row_multiple(qi);
+    FAIL() << "H_I = 8 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("H_I"), std::string::npos) << e.what();
+  }
+}
+
+// The rows the trainer rounds the warm-up's chunks to: whole waves of the query-major kernel's
+// blocks of three rows (at least one block on every SM, so at least a few hundred rows on a
+// Hopper GPU).
+TEST_F(IndexerLossCudaTest, DenseIndexerKlRowMultipleIsAWaveOfRowBlocks) {
+  for (const auto& [heads, dim] : {std::pair{64, 128}, std::pair{16, 64}}) {
+    const int64_t rows = ops::dense_indexer_kl_row_multiple(
+        torch::empty({heads, dim}, torch::TensorOptions(torch::kCUDA)));
+    EXPECT_EQ(rows % 3, 0) << "H_I " << heads << ", d_I " << dim << ": " << rows;
+    EXPECT_GE(rows, 3 * 100) << "H_I " << heads << ", d_I " << dim;
   }
 }
 
