@@ -176,6 +176,32 @@ __device__ __forceinline__ void issue_query_grad(
   }
 }
 
+// ... issued, committed and waited for.
+template <class Tr>
+__device__ __forceinline__ void run_query_grad(float (&query_grad)[Tr::kDimBlocks][Tr::kHeads / 2],
+                                               const __nv_bfloat16* key_tile,
+                                               const __nv_bfloat16* coef_tile) {
+  wgmma_fence();
+  issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+}
+
+// The calling thread's gate coefficients (its A fragments) into C [H_I x keys] in coef_tile, the
+// B operand of the query gradient: matrix i of step s is heads 8 (2 s + i / 2) .., keys
+// 16 warp + 8 (i % 2) ..
+template <class Tr>
+__device__ __forceinline__ void store_coefficients(const uint32_t (&coef)[Tr::kHeadSteps][4],
+                                                   __nv_bfloat16* coef_tile, int warp, int lane) {
+#pragma unroll
+  for (int s = 0; s < Tr::kHeadSteps; ++s) {
+    const int i = lane / 8, head = 8 * (2 * s + i / 2) + lane % 8;
+    stmatrix_x4_trans(coef_tile + swizzled_offset<Tr::kHeads>(head, 2 * warp + i % 2), coef[s]);
+  }
+}
+
 // A row's gradients at the end of its key tiles: grad_q^T [d_I x H_I] from the calling thread's
 // accumulators (rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1))
 // into q_row, and grad_w's per-lane terms summed across the quads' rows into the warp's
@@ -299,22 +325,12 @@ __global__ void __launch_bounds__(Tr::kThreads)
     const float g_hi = key_at(first + key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
     uint32_t coef[Tr::kHeadSteps][4];
     gate_coefficients<Tr, true>(scores, g_lo, g_hi, weights, coef, head_grad);
-    // C [H_I x keys]: matrix i of step s is heads 8 (2 s + i / 2) .., keys 16 warp + 8 (i % 2) ..
-#pragma unroll
-    for (int s = 0; s < Tr::kHeadSteps; ++s) {
-      const int i = lane / 8, head = 8 * (2 * s + i / 2) + lane % 8;
-      stmatrix_x4_trans(coef_tile + swizzled_offset<Tr::kHeads>(head, 2 * warp + i % 2), coef[s]);
-    }
+    store_coefficients<Tr>(coef, coef_tile, warp, lane);
     fence_async_shared();
     __syncthreads();
 
     if constexpr (kKeyGrad == KeyGrad::kNone) {
-      wgmma_fence();
-      issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+      run_query_grad<Tr>(query_grad, key_tile, coef_tile);
     } else {
       float key_grad[Tr::kDim / 2];
 #pragma unroll
@@ -492,21 +508,11 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     load_lane_weights<Tile>(row_weights + wg * Tr::kHeads, lane, weights);
     uint32_t coef[Tr::kHeadSteps][4];
     gate_coefficients<Tr, true>(scores, g[key_lo], g[key_hi], weights, coef, head_grad);
-    // C [H_I x keys]: matrix i of step s is heads 8 (2 s + i / 2) .., keys 16 warp + 8 (i % 2) ..
-#pragma unroll
-    for (int s = 0; s < Tr::kHeadSteps; ++s) {
-      const int i = lane / 8, head = 8 * (2 * s + i / 2) + lane % 8;
-      stmatrix_x4_trans(coef_tile + swizzled_offset<Tr::kHeads>(head, 2 * warp + i % 2), coef[s]);
-    }
+    store_coefficients<Tr>(coef, coef_tile, warp, lane);
     fence_async_shared();
     named_barrier_sync(1 + wg, 128);  // the warpgroup's coefficients are stored
 
-    wgmma_fence();
-    issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+    run_query_grad<Tr>(query_grad, key_tile, coef_tile);
   }
   cp_async_wait<0>();  // (no copy outlives the block)
 
