@@ -25,7 +25,6 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/fixed_point_accumulate.cuh"
@@ -96,10 +95,8 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   if (lane == 0) atomic_max_nonnegative(out, bound);
 }
 
-// Where a row's keys come from. The sparse stage's rows list their selected keys (slot i of row t
-// is indices[t * topk + i], -1 when unused); the dense warm-up's rows see a causal prefix (slot i
-// is key i while i < the row's visible keys). grad_scores has a row of stride() floats a query row,
-// by slot.
+// A row's selected keys: slot i of row t is indices[t * topk + i], -1 when unused; grad_scores has
+// a row of topk floats a query row, by slot.
 struct ListedKeys {
   const int32_t* indices;
   int64_t topk;
@@ -109,13 +106,11 @@ struct ListedKeys {
     __device__ int32_t key(int64_t slot) const { return slot < count ? slots[slot] : -1; }
   };
   __device__ Row row(int64_t t) const { return {indices + t * topk, topk}; }
-  __device__ int64_t stride() const { return topk; }
 };
 
-// What the rows kernel does with the keys' gradient: adds it by fp32 bulk reductions, in 64-bit
-// fixed point (deterministic), or not at all (the dense warm-up forms it key-major, in
-// dense_key_grad_kernel, without reductions).
-enum class KeyGrad { kReduce, kFixed, kNone };
+// How the rows kernel adds the keys' gradient: by fp32 bulk reductions, or in 64-bit fixed point
+// (deterministic).
+enum class KeyGrad { kReduce, kFixed };
 
 // The gates' coefficients of a finished score tile S^T [keys x H_I], for the calling thread's keys
 // 16 warp + lane / 4 (gradient g_lo) and that + 8 (g_hi): C^T[i, j] = g_i w_j [S_ij > 0] as the
@@ -234,26 +229,23 @@ __device__ __forceinline__ void store_row_gradients(
   }
 }
 
-// One warpgroup per query row t, its keys (Keys: listed or a prefix) 64 at a time (a tile of
-// slots i). Per tile:
+// One warpgroup per query row t, its selected keys 64 at a time (a tile of slots i). Per tile:
 //   1. S^T [keys x H_I] = K_tile q_t^T, the product flash_topk scores with (the same gates);
 //   2. the gates' coefficients C^T[i, j] = g_i w_j [S_ij > 0] (0 in unused slots), in registers
 //      as bf16 A fragments, and grad_w[j] += sum_i g_i ReLU(S_ij) per lane;
-//   3. unless kKeyGrad is kNone, grad_k rows of the tile, C^T q_t [keys x d_I] (A from
+//   3. grad_k rows of the tile, C^T q_t [keys x d_I] (A from
 //      registers), staged in fp32 and added into grad_k[s_i] by bulk reductions (keys are shared
 //      between rows), or in fixed point (kFixed, deterministic);
 //   4. grad_q^T [d_I x H_I] += K_tile^T C^T, accumulated in registers across tiles, with C^T
 //      stored transposed (C [H_I x keys]) by stmatrix as the K-major B operand and the key tile
 //      read MN-major as A.
-// The next key tile is gathered (cp.async) while a tile computes; two blocks share an SM (more
-// without the key gradient's staging).
-template <class Tr, class Keys, KeyGrad kKeyGrad>
+// The next key tile is gathered (cp.async) while a tile computes; two blocks share an SM.
+template <class Tr, KeyGrad kKeyGrad>
 __global__ void __launch_bounds__(Tr::kThreads)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
                                 float* grad_q, float* grad_k, float* grad_w,
-                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of,
-                                PrefixKeys prefix) {
+                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of) {
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
   constexpr bool kFixed = kKeyGrad == KeyGrad::kFixed;
@@ -266,15 +258,8 @@ __global__ void __launch_bounds__(Tr::kThreads)
   float* const stage = reinterpret_cast<float*>(coef_tile + Tr::kCoefBytes / 2);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
-  // (The prefix comes last among the parameters: the listed kernels' code stays as it was.)
-  Keys key_source;
-  if constexpr (std::is_same_v<Keys, PrefixKeys>) {
-    key_source = prefix;
-  } else {
-    key_source = ListedKeys{indices, topk};
-  }
-  const typename Keys::Row row_keys = key_source.row(row);
-  const float* const row_grads = grad_scores + row * key_source.stride();
+  const ListedKeys::Row row_keys = ListedKeys{indices, topk}.row(row);
+  const float* const row_grads = grad_scores + row * topk;
   const int64_t tiles = ceil_div(row_keys.count, Tr::kKeys);
   double fixed_scale = 1;
   if constexpr (kFixed) fixed_scale = fixed_scale_of();
@@ -329,71 +314,63 @@ __global__ void __launch_bounds__(Tr::kThreads)
     fence_async_shared();
     __syncthreads();
 
-    if constexpr (kKeyGrad == KeyGrad::kNone) {
-      run_query_grad<Tr>(query_grad, key_tile, coef_tile);
-    } else {
-      float key_grad[Tr::kDim / 2];
+    float key_grad[Tr::kDim / 2];
 #pragma unroll
-      for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
-      wgmma_fence();
+    for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
+    wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < Tr::kHeadSteps; ++s) {
-        WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
-                                    mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
-      }
-      issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(key_grad);
+    for (int s = 0; s < Tr::kHeadSteps; ++s) {
+      WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
+                                  mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
+    }
+    issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(key_grad);
 #pragma unroll
-      for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+    for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
 #pragma unroll
-      for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
+    for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
 
-      // The warp's 16 key rows: staged, then added into grad_k.
-      if constexpr (!kFixed) {
-        bulk_wait_read<0>();  // the previous tile's reductions have read the staging rows
+    // The warp's 16 key rows: staged, then added into grad_k.
+    if constexpr (!kFixed) {
+      bulk_wait_read<0>();  // the previous tile's reductions have read the staging rows
+    }
+    __syncwarp();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < Tr::kDim / 8; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
       }
+    }
+    if constexpr (kFixed) {
       __syncwarp();
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < Tr::kDim / 8; ++j) {
-          *reinterpret_cast<float2*>(dst + 8 * j) =
-              make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
+      for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
+        const int32_t key = key_at(first + r);
+        if (key < 0) continue;  // uniform across the warp
+        for (int d = lane; d < Tr::kDim; d += 32) {
+          fixed_add(fixed_k + int64_t(key) * Tr::kDim + d, stage[r * Tr::kStageStride + d],
+                    fixed_scale);
         }
       }
-      if constexpr (kFixed) {
-        __syncwarp();
-        for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
-          const int32_t key = key_at(first + r);
-          if (key < 0) continue;  // uniform across the warp
-          for (int d = lane; d < Tr::kDim; d += 32) {
-            fixed_add(fixed_k + int64_t(key) * Tr::kDim + d, stage[r * Tr::kStageStride + d],
-                      fixed_scale);
-          }
-        }
-      } else {
-        fence_async_shared();
-        __syncwarp();
-        const int r = 16 * warp + lane;
-        const int32_t key = lane < 16 ? key_at(first + r) : -1;
-        if (key >= 0) {
-          bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim, stage + r * Tr::kStageStride,
-                          Tr::kDim * 4, policy);
-        }
-        bulk_commit();
+    } else {
+      fence_async_shared();
+      __syncwarp();
+      const int r = 16 * warp + lane;
+      const int32_t key = lane < 16 ? key_at(first + r) : -1;
+      if (key >= 0) {
+        bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim, stage + r * Tr::kStageStride,
+                        Tr::kDim * 4, policy);
       }
+      bulk_commit();
     }
     // Every warp is done with this tile's key tile, coefficients and key stage before they are
     // refilled.
     __syncthreads();
   }
-  if constexpr (std::is_same_v<Keys, PrefixKeys>) {
-    if (tiles == 0) cp_async_wait<0>();  // a row that sees no key: its copies land before exit
-  }
-
   store_row_gradients<Tr>(query_grad, head_grad, head_sums[warp],
                           grad_q + row * Tr::kHeads * Tr::kDim, warp, lane);
   __syncthreads();
@@ -918,13 +895,13 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
   dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
     using Tr = decltype(traits);
     constexpr size_t kSmem = Tr::kSmemBytes;
-    auto kernel = deterministic ? index_score_backward_kernel<Tr, ListedKeys, KeyGrad::kFixed>
-                                : index_score_backward_kernel<Tr, ListedKeys, KeyGrad::kReduce>;
+    auto kernel = deterministic ? index_score_backward_kernel<Tr, KeyGrad::kFixed>
+                                : index_score_backward_kernel<Tr, KeyGrad::kReduce>;
     throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                    op, "shared memory size");
     kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, kSmem, cuda_stream>>>(
         q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores, grad_q, grad_k,
-        grad_w, fixed_k, scale_of, PrefixKeys{});
+        grad_w, fixed_k, scale_of);
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
   if (deterministic) {

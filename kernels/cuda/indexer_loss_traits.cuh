@@ -104,8 +104,7 @@ struct DenseTargetTraits {
 };
 
 // The dense warm-up's visibility over a block of rows: row t (position first_position + t) sees
-// keys s < visible(t), its causal prefix (kernels/shapes.h KeyVisibility); as a key source of the
-// index-score backward, slot i of a row is key i.
+// keys s < visible(t), its causal prefix (kernels/shapes.h KeyVisibility).
 struct PrefixKeys {
   int64_t first_position;  // row 0's position
   int64_t tokens_per_key;
@@ -123,14 +122,6 @@ struct PrefixKeys {
     const int64_t t = (s + 1) * tokens_per_key - 1 - first_position;
     return t > 0 ? t : 0;
   }
-  struct Row {
-    int64_t count;  // visible keys: the slots worth a tile
-    __device__ int32_t key(int64_t slot) const {
-      return slot < count ? static_cast<int32_t>(slot) : -1;
-    }
-  };
-  __device__ Row row(int64_t t) const { return {visible(t)}; }
-  __device__ int64_t stride() const { return num_keys; }
 };
 
 // indexer_kl: one warp per row.
