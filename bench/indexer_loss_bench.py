@@ -85,11 +85,13 @@ def megatron_backward(q_i, k_i, w, idx, grad, chunk):
 
 # The dense loss's kernels by part: the first name fragment that matches a kernel's name.
 DENSE_PARTS = (("backward: grad_k_I (key-major)", "dense_key_grad"),
-               ("backward: grad_q_I, grad_w (rows)", "index_score_backward"),
+               ("backward: grad_q_I, grad_w (rows)", "dense_query_grad"),
                ("target (fused)", "dense_target_kernel"),
                ("target from logits", "dense_attention_target"),
                ("attention lse", "dense_attention_lse"),
-               ("indexer scores", "score_rows"), ("logits (cuBLAS)", "gemm"),
+               ("indexer scores", "score_rows"),
+               ("KL and its gradient (fused)", "dense_indexer_kl_rows"),
+               ("logits (cuBLAS)", "gemm"),
                ("logits (cuBLAS)", "xmma"), ("logits (cuBLAS)", "cutlass"))
 
 
@@ -173,9 +175,56 @@ def profiled_parts(fn):
         us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
         if us <= 0:
             continue
-        part = next((p for p, frag in DENSE_PARTS if frag in e.key), "KL and the rest (torch)")
+        part = next((p for p, frag in DENSE_PARTS if frag in e.key), "the rest (torch)")
         parts[part] = parts.get(part, 0.0) + us / 1e3
     return parts
+
+
+def loss_path_beside_attention(ops, r, q_i, k_i, w, idx, runs):
+    """b) The whole loss path beside the latent attention backward on the same selection, into r."""
+    n = r["n"]
+    g = torch.Generator(device="cuda").manual_seed(n + 7)
+    q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
+    kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
+    grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
+    scale = DQK ** -0.5
+    out, lse = ops.sparse_attn_latent(q, kv, idx, scale, DV)
+    score = ops.index_score_gather(q_i, k_i, w, idx)
+    target = ops.selected_attention_mass(q, kv, idx, lse, scale)
+    ones = torch.ones(n, device="cuda")
+
+    def loss_path():
+        t = ops.selected_attention_mass(q, kv, idx, lse, scale)
+        ops.indexer_kl(score, t)
+        g_score = ops.indexer_kl_backward(ones, score, t)
+        ops.index_score_backward(g_score, q_i, k_i, w, idx)
+
+    r["target_ms"], _ = timed_with_clock(
+        lambda: ops.selected_attention_mass(q, kv, idx, lse, scale), runs)
+    r["kl_ms"], _ = timed_with_clock(
+        lambda: (ops.indexer_kl(score, target), ops.indexer_kl_backward(ones, score, target)),
+        runs)
+    r["loss_path_ms"], _ = timed_with_clock(loss_path, runs)
+    r["latent_bwd_ms"], r["latent_bwd_clock"] = timed_with_clock(
+        lambda: ops.sparse_attn_latent_backward(grad_out, q, kv, idx, scale, DV, out, lse),
+        runs)
+    r["loss_path_share"] = r["loss_path_ms"] / r["latent_bwd_ms"]
+    # The target as the latent backward's by-product: its cost is what the backward adds.
+    with_target = lambda: ops.sparse_attn_latent_backward_target(
+        grad_out, q, kv, idx, scale, DV, out, lse)
+    r["target_diff"] = float((with_target()[2] - target).abs().max())
+    r["latent_bwd_target_ms"], _ = timed_with_clock(with_target, runs)
+    r["target_in_bwd_ms"] = max(0.0, r["latent_bwd_target_ms"] - r["latent_bwd_ms"])
+    r["fused_loss_path_ms"] = r["target_in_bwd_ms"] + r["kl_ms"] + r["isb_ms"]
+    r["fused_loss_path_share"] = r["fused_loss_path_ms"] / r["latent_bwd_ms"]
+    print(f"b) N {n:>7}  loss path, target apart: {r['loss_path_ms']:8.2f} ms (target "
+          f"{r['target_ms']:.2f}, KL fwd+bwd {r['kl_ms']:.2f}, index_score_backward "
+          f"{r['isb_ms']:.2f}) = {100 * r['loss_path_share']:.0f} % of the latent attention "
+          f"backward {r['latent_bwd_ms']:.2f} ms")
+    print(f"   N {n:>7}  loss path, target from the backward: {r['fused_loss_path_ms']:8.2f} ms "
+          f"(backward {r['latent_bwd_ms']:.2f} -> {r['latent_bwd_target_ms']:.2f} ms with the "
+          f"target, max |diff| vs selected_attention_mass {r['target_diff']:.1e}) = "
+          f"{100 * r['fused_loss_path_share']:.0f} % (issue #38: at most 15 %)")
 
 
 def main():
@@ -227,51 +276,17 @@ def main():
               + (f"; unfused {r['megatron_ms']:.0f} ms ({r['megatron_ms'] / r['isb_ms']:.0f}x)"
                  if "megatron_ms" in r else ""))
 
-        # b) the whole loss path beside the latent attention backward on the same selection.
-        g = torch.Generator(device="cuda").manual_seed(n + 7)
-        q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
-        kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
-        grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
-        scale = DQK ** -0.5
-        out, lse = ops.sparse_attn_latent(q, kv, idx, scale, DV)
-        score = ops.index_score_gather(q_i, k_i, w, idx)
-        target = ops.selected_attention_mass(q, kv, idx, lse, scale)
-        ones = torch.ones(n, device="cuda")
-
-        def loss_path():
-            t = ops.selected_attention_mass(q, kv, idx, lse, scale)
-            ops.indexer_kl(score, t)
-            g_score = ops.indexer_kl_backward(ones, score, t)
-            ops.index_score_backward(g_score, q_i, k_i, w, idx)
-
-        r["target_ms"], _ = timed_with_clock(
-            lambda: ops.selected_attention_mass(q, kv, idx, lse, scale), a.runs)
-        r["kl_ms"], _ = timed_with_clock(
-            lambda: (ops.indexer_kl(score, target), ops.indexer_kl_backward(ones, score, target)),
-            a.runs)
-        r["loss_path_ms"], _ = timed_with_clock(loss_path, a.runs)
-        r["latent_bwd_ms"], r["latent_bwd_clock"] = timed_with_clock(
-            lambda: ops.sparse_attn_latent_backward(grad_out, q, kv, idx, scale, DV, out, lse),
-            a.runs)
-        r["loss_path_share"] = r["loss_path_ms"] / r["latent_bwd_ms"]
-        # The target as the latent backward's by-product: its cost is what the backward adds.
-        with_target = lambda: ops.sparse_attn_latent_backward_target(
-            grad_out, q, kv, idx, scale, DV, out, lse)
-        r["target_diff"] = float((with_target()[2] - target).abs().max())
-        r["latent_bwd_target_ms"], _ = timed_with_clock(with_target, a.runs)
-        r["target_in_bwd_ms"] = max(0.0, r["latent_bwd_target_ms"] - r["latent_bwd_ms"])
-        r["fused_loss_path_ms"] = r["target_in_bwd_ms"] + r["kl_ms"] + r["isb_ms"]
-        r["fused_loss_path_share"] = r["fused_loss_path_ms"] / r["latent_bwd_ms"]
-        print(f"b) N {n:>7}  loss path, target apart: {r['loss_path_ms']:8.2f} ms (target "
-              f"{r['target_ms']:.2f}, KL fwd+bwd {r['kl_ms']:.2f}, index_score_backward "
-              f"{r['isb_ms']:.2f}) = {100 * r['loss_path_share']:.0f} % of the latent attention "
-              f"backward {r['latent_bwd_ms']:.2f} ms")
-        print(f"   N {n:>7}  loss path, target from the backward: {r['fused_loss_path_ms']:8.2f} ms "
-              f"(backward {r['latent_bwd_ms']:.2f} -> {r['latent_bwd_target_ms']:.2f} ms with the "
-              f"target, max |diff| vs selected_attention_mass {r['target_diff']:.1e}) = "
-              f"{100 * r['fused_loss_path_share']:.0f} % (issue #38: at most 15 %)")
+        try:
+            loss_path_beside_attention(ops, r, q_i, k_i, w, idx, a.runs)
+        except torch.OutOfMemoryError:
+            # q, grad_out and out at H = 128 take 54 GiB at 128K: an 80 GB card holds them only
+            # without (a)'s tensors and allocator cache.
+            r["loss_path"] = "out of memory"
+            torch.cuda.empty_cache()
+            print(f"b) N {n:>7}  not run: out of memory "
+                  f"({torch.cuda.get_device_properties(0).total_memory / 2 ** 30:.0f} GiB GPU)")
         results.append(r)
-        del q, kv, grad_out, out, lse, score, target, q_i, k_i, w, idx, grad
+        del q_i, k_i, w, idx, grad
         torch.cuda.empty_cache()
     if a.dense_sizes != "none":
         for n in [int(x) for x in a.dense_sizes.split(",")]:

@@ -1,15 +1,17 @@
 // The dense warm-up's target on tensor cores (indexer_loss_cuda.h, dense_attention_target_fused):
 // target[r, s] = (1/H) sum_h exp(scale q_rh . key_s - lse_rh) for the keys s row r sees, formed
 // tile by tile from Q and the key rows (DenseTargetTraits), so the [rows, H, keys] logits never
-// leave the SM. Per block: the producer warpgroup copies Q (its 128 pairs) once, then the chunk's
-// 64-key tiles, a 64-column block at a time, into the ring (each slot with a full and an empty
-// mbarrier); each consumer warpgroup accumulates S^T [64 keys x its 64 pairs] over the tile's
-// column blocks (wgmma m64n64k16, A the key block, B its Q block, both swizzled in shared memory),
-// freeing a slot once its products have read it, then forms exp2(S scale log2(e) - lse log2(e))
-// where the row sees the key, sums each row's heads (its columns: in registers, then across the
-// quad) and adds the sums into target. A row's heads lie in one warpgroup for H <= 64 (one
-// addition onto the zeroed target) and in both for H = 128 (two: the same sum in either order),
-// so the result is the same every run.
+// leave the SM. Per block: the producer warpgroup copies Q (its 128 pairs) once, a column block
+// ahead of each of the first tile's, and the chunk's 64-key tiles, a 64-column block at a time,
+// into the ring (each slot with a full and an empty mbarrier). The consumer warpgroups take
+// alternate tiles: each accumulates S^T [64 keys x all 128 pairs] over its tile's column blocks
+// (wgmma m64n128k16, A the key block, B the Q tile, both swizzled in shared memory), freeing a slot
+// once its products have read it, then forms exp2(S scale log2(e) - lse log2(e)) where the row sees
+// the key, sums each row's heads (its columns: in registers, then across the quad) and adds the
+// sums into target. The two take turns at issuing their products (named barriers): one's
+// exponentials run under the other's products. Every (row, key) is one tile's and all of a row's
+// heads lie in the block's pairs (H | 128), so it gets exactly one addition onto the zeroed target:
+// the same result every run.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -43,35 +45,48 @@ struct DenseTargetProblem {
 };
 
 struct DenseTargetSync {
-  uint64_t q_ready;
+  uint64_t q_ready[Tr::kMaxDimQk / 64];  // Q's column blocks
   uint64_t full[Tr::kSlots];
   uint64_t empty[Tr::kSlots];
+  int64_t seen[Tr::kMaxRows];  // keys each of the block's rows sees (0 past the last row)
 };
 static_assert(sizeof(DenseTargetSync) <= Tr::kBarrierBytes);
 
-// The producer warpgroup: Q, then every column block of every tile of the block's keys [begin,
-// end), in the order the consumers read them (the ring's n-th block in slot n % kSlots). Thread t
-// copies the 16-byte chunk t % 8 of rows t / 8 + 16 i of a block.
+// Named barriers: consumer w may issue its next tile's products once it syncs on kTurn + w.
+enum DenseTargetBarrier : int { kTurn = 1 };
+
+// 2^x as one MUFU.EX2; results under 2^-126 (probabilities of no weight) flush to 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The producer warpgroup: every column block of every tile of the block's keys [begin, end), in
+// the order the consumers read them (the ring's n-th block in slot n % kSlots), each of the first
+// tile's after Q's same column block, so the first products wait for 24 KB rather than all of Q.
+// Thread t copies the 16-byte chunk t % 8 of rows t / 8 + 16 i of a block.
 __device__ void produce(const DenseTargetProblem& p, bf16* q_tile, bf16* ring,
                         DenseTargetSync& sync, int64_t first_pair, int64_t begin, int64_t end) {
   const int t = threadIdx.x % 128, chunk = t % 8, row0 = t / 8;
   const int blocks = static_cast<int>(p.dim / 64);
   const int64_t pairs = p.rows * p.heads;
-  // Q: consumer warpgroup w's pairs are a [64 x dim] tile at q_tile + 64 w dim.
-  for (int pair = row0; pair < Tr::kPairs; pair += 16) {
-    const int64_t global = first_pair + pair;
-    bf16* const tile = q_tile + (pair / 64) * 64 * p.dim;
-    const bf16* const src = p.q + (global < pairs ? global : 0) * p.dim + chunk * 8;
-    for (int c = 0; c < blocks; ++c) {
-      cp_async_16(tile + swizzled_offset<64>(pair % 64, 8 * c + chunk), src + c * 64,
-                  global < pairs);
-    }
-  }
-  cp_async_arrive(&sync.q_ready);
-  const uint64_t policy = l2_evict_last_policy();  // the next rows' blocks read the same keys
+  const uint64_t policy = l2_evict_last_policy();     // the next rows' blocks read the same keys
+  const uint64_t q_policy = l2_evict_first_policy();  // read once (the next chunk's is far off)
   int64_t n = 0;
   for (int64_t first_key = begin; first_key < end; first_key += Tr::kKeys) {
     for (int c = 0; c < blocks; ++c, ++n) {
+      if (first_key == begin) {  // Q: one [128 x dim] tile, B of every product
+#pragma unroll
+        for (int i = 0; i < Tr::kPairs / 16; ++i) {
+          const int pair = row0 + 16 * i;
+          const int64_t global = first_pair + pair;
+          cp_async_16_l2(q_tile + swizzled_offset<Tr::kPairs>(pair, 8 * c + chunk),
+                         p.q + (global < pairs ? global : 0) * p.dim + c * 64 + chunk * 8,
+                         global < pairs, q_policy);
+        }
+        cp_async_arrive(&sync.q_ready[c]);
+      }
       const int slot = static_cast<int>(n % Tr::kSlots);
       mbarrier_wait(&sync.empty[slot], static_cast<uint32_t>((n / Tr::kSlots) & 1) ^ 1);
       bf16* const block = ring + slot * (Tr::kSlotBytes / 2);
@@ -88,86 +103,114 @@ __device__ void produce(const DenseTargetProblem& p, bf16* q_tile, bf16* ring,
   }
 }
 
-// Consumer warpgroup `wg`: its 64 pairs against the block's tiles.
+// Probabilities of one tile's keys lo (this thread's accumulator rows acc[4 j + e]) and hi
+// (acc[4 j + 2 + e]), summed over each row's heads and added into target: row g of the block
+// holds j in [g js, (g + 1) js) (js = H / 8 = 1 << js_shift), then the quad's other columns.
+// kMasked: some row of the block does not see every key of the tile (the causal diagonal, the
+// chunk's end, rows past the last), so each term and addition checks the row's prefix.
+template <bool kMasked>
+__device__ __forceinline__ void add_probabilities(const DenseTargetProblem& p, const float* acc,
+                                                  const float (&neg_lse)[16][2],
+                                                  const int64_t* seen, int64_t first_row,
+                                                  int js_shift, int64_t lo, int64_t hi, int lane) {
+  const int js = 1 << js_shift;
+  const float inv_heads = 1.f / static_cast<float>(p.heads);
+  float row_lo = 0.f, row_hi = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int64_t limit = kMasked ? seen[j >> js_shift] : 0;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float p_lo = exp2_ftz(fmaf(acc[4 * j + e], p.scale_log2, neg_lse[j][e]));
+      const float p_hi = exp2_ftz(fmaf(acc[4 * j + 2 + e], p.scale_log2, neg_lse[j][e]));
+      if (!kMasked || lo < limit) row_lo += p_lo;
+      if (!kMasked || hi < limit) row_hi += p_hi;
+    }
+    if (((j + 1) & (js - 1)) != 0) continue;  // (uniform: the row goes on)
+    row_lo += __shfl_xor_sync(0xffffffffu, row_lo, 1);
+    row_lo += __shfl_xor_sync(0xffffffffu, row_lo, 2);
+    row_hi += __shfl_xor_sync(0xffffffffu, row_hi, 1);
+    row_hi += __shfl_xor_sync(0xffffffffu, row_hi, 2);
+    if (lane % 4 == 0) {
+      float* const out = p.target + (first_row + (j >> js_shift)) * p.target_stride;
+      if (!kMasked || lo < limit) atomicAdd(out + lo, row_lo * inv_heads);
+      if (!kMasked || hi < limit) atomicAdd(out + hi, row_hi * inv_heads);
+    }
+    row_lo = 0.f;
+    row_hi = 0.f;
+  }
+}
+
+// Consumer warpgroup `wg`: all 128 pairs against the block's tiles wg, wg + 2, ...
 __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const bf16* ring,
                         DenseTargetSync& sync, int wg, int64_t first_pair, int64_t begin,
                         int64_t end) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int blocks = static_cast<int>(p.dim / 64);
   const int64_t pairs = p.rows * p.heads;
-  const bf16* const my_q = q_tile + wg * 64 * p.dim;
-  // This thread's columns: pairs 8 j + 2 (lane % 4) + e of the warpgroup (j < 8, e < 2), each
-  // with its lse in log2 units (+infinity past the last pair: nothing survives it) and the keys
-  // its row sees (the two of a j share a row, H >= 8).
-  float lse_log2[8][2];
-  int64_t seen[8];
-  int64_t row_of[8];
+  // This thread's columns: pairs 8 j + 2 (lane % 4) + e of the block (j < 16, e < 2), each with
+  // -lse in log2 units (-infinity past the last pair: nothing survives it).
+  float neg_lse[16][2];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int64_t pair = first_pair + 64 * wg + 8 * j + 2 * (lane % 4);
-    row_of[j] = pair / p.heads;
-    seen[j] = pair < pairs ? p.visible(row_of[j]) : 0;
+  for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      lse_log2[j][e] = pair + e < pairs ? p.lse[pair + e] * 1.4426950408889634f : INFINITY;
+      const int64_t pair = first_pair + 8 * j + 2 * (lane % 4) + e;
+      neg_lse[j][e] = pair < pairs ? p.lse[pair] * -1.4426950408889634f : -INFINITY;
     }
   }
-  const int heads_per_j = static_cast<int>(p.heads < 64 ? p.heads : 64) / 8;  // j's of a row
-  const float inv_heads = 1.f / static_cast<float>(p.heads);
+  const int js_shift = __ffs(static_cast<int>(p.heads) / 8) - 1;  // j's of a row: H / 8
+  const int64_t first_row = first_pair / p.heads;
+  // Keys every row of the block sees (seen is nondecreasing over the rows, 0 past the last one):
+  // tiles below them need no check.
+  const int64_t all_see = min(sync.seen[0], sync.seen[Tr::kPairs / p.heads - 1]);
   const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
-  mbarrier_wait(&sync.q_ready, 0);
-  fence_async_shared();
+  const int tiles = static_cast<int>(ceil_div(end - begin, Tr::kKeys));
+  // Consumer 0 issues first; each then gives the turn over once its tile's products are issued,
+  // if the other has a next tile, so every sync meets exactly one arrival. The turns also keep
+  // the ring's parities sound: a consumer waits for block n only after every block before its
+  // tile has landed, so slot n % kSlots is at most one phase behind.
+  if (wg == 1) named_barrier_arrive(kTurn, Tr::kConsumerThreads);
 
-  float acc[32];
-  int64_t n = 0;
-  for (int64_t first_key = begin; first_key < end; first_key += Tr::kKeys) {
-    int previous_slot = -1;
+  float acc[64];
+  for (int tile = wg; tile < tiles; tile += 2) {
+    named_barrier_sync(kTurn + wg, Tr::kConsumerThreads);
+    int64_t n = static_cast<int64_t>(tile) * blocks;
+    // The slots of the two blocks before: two blocks' products stay queued behind the one
+    // running, so the tensor cores do not wait for this warpgroup to wake between blocks.
+    int older_slot = -1, newer_slot = -1;
     for (int c = 0; c < blocks; ++c, ++n) {
       const int slot = static_cast<int>(n % Tr::kSlots);
+      if (tile < 2) mbarrier_wait(&sync.q_ready[c], 0);
       mbarrier_wait(&sync.full[slot], static_cast<uint32_t>((n / Tr::kSlots) & 1));
       fence_async_shared();  // the copies' bytes, for wgmma's reads
       const uint64_t a = matrix_descriptor<64>(ring + slot * (Tr::kSlotBytes / 2), 0, 0);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        Wgmma<64>::run(acc, advance_descriptor<64>(a, ks),
-                       matrix_descriptor<64>(my_q, 0, 4 * c + ks), c > 0 || ks > 0);
+        Wgmma<128>::run(acc, advance_descriptor<64>(a, ks),
+                        matrix_descriptor<Tr::kPairs>(q_tile, 0, 4 * c + ks), c > 0 || ks > 0);
       }
       wgmma_commit();
-      if (previous_slot >= 0) {
-        wgmma_wait<1>();  // the previous block's products have read its slot
-        mbarrier_arrive(&sync.empty[previous_slot]);
+      if (older_slot >= 0) {
+        wgmma_wait<2>();  // block c - 2's products have read its slot
+        mbarrier_arrive(&sync.empty[older_slot]);
       }
-      previous_slot = slot;
+      older_slot = newer_slot;
+      newer_slot = slot;
     }
+    if (tile + 1 < tiles) named_barrier_arrive(kTurn + 1 - wg, Tr::kConsumerThreads);
     wgmma_wait<0>();
-    mbarrier_arrive(&sync.empty[previous_slot]);
+    if (older_slot >= 0) mbarrier_arrive(&sync.empty[older_slot]);
+    mbarrier_arrive(&sync.empty[newer_slot]);
     fence_accumulators(acc);
 
-    // Probabilities where the row sees the key, summed over each row's heads: row g of the
-    // warpgroup holds j in [g heads_per_j, (g + 1) heads_per_j), then the quad's other columns.
+    const int64_t first_key = begin + static_cast<int64_t>(tile) * Tr::kKeys;
     const int64_t lo = first_key + key_lo, hi = first_key + key_hi;
-    float row_lo = 0.f, row_hi = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float base = lse_log2[j][e];
-        if (lo < seen[j]) row_lo += exp2f(acc[4 * j + e] * p.scale_log2 - base);
-        if (hi < seen[j]) row_hi += exp2f(acc[4 * j + 2 + e] * p.scale_log2 - base);
-      }
-      if ((j + 1) % heads_per_j != 0) continue;  // (uniform: the row goes on)
-      row_lo += __shfl_xor_sync(0xffffffffu, row_lo, 1);
-      row_lo += __shfl_xor_sync(0xffffffffu, row_lo, 2);
-      row_hi += __shfl_xor_sync(0xffffffffu, row_hi, 1);
-      row_hi += __shfl_xor_sync(0xffffffffu, row_hi, 2);
-      if (lane % 4 == 0) {
-        float* const out = p.target + row_of[j] * p.target_stride;
-        if (lo < seen[j]) atomicAdd(out + lo, row_lo * inv_heads);
-        if (hi < seen[j]) atomicAdd(out + hi, row_hi * inv_heads);
-      }
-      row_lo = 0.f;
-      row_hi = 0.f;
+    if (first_key + Tr::kKeys <= all_see) {
+      add_probabilities<false>(p, acc, neg_lse, sync.seen, first_row, js_shift, lo, hi, lane);
+    } else {
+      add_probabilities<true>(p, acc, neg_lse, sync.seen, first_row, js_shift, lo, hi, lane);
     }
   }
 }
@@ -178,19 +221,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dense_target_kernel(DenseTarg
       reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   bf16* const ring = q_tile + Tr::kPairs * p.dim;
   auto& sync = *reinterpret_cast<DenseTargetSync*>(ring + Tr::kSlots * (Tr::kSlotBytes / 2));
-  // The block's pairs and keys: the chunk blockIdx.x of what its last row sees.
-  const int64_t first_pair = static_cast<int64_t>(blockIdx.y) * Tr::kPairs;
+  // The block's pairs and keys: the chunk blockIdx.y of what its last row sees. Blocks run about
+  // in the order of blockIdx.x first, so those resident together read one chunk (2.4 MB of keys
+  // at d_qk = 576, held in L2) rather than every chunk (all the keys, 38 MB at 32K); each reads
+  // its own Q from memory, 6 % of the bytes its keys take from L2.
+  const int64_t first_pair = static_cast<int64_t>(blockIdx.x) * Tr::kPairs;
   const int64_t last_pair = min(first_pair + Tr::kPairs, p.rows * p.heads) - 1;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * Tr::kKeyChunk;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * Tr::kKeyChunk;
   const int64_t end = min(begin + Tr::kKeyChunk, p.visible(last_pair / p.heads));
   if (begin >= end) return;  // (uniform across the block: before any barrier)
   if (threadIdx.x == 0) {
-    mbarrier_init(&sync.q_ready, 128);
+    for (int c = 0; c < Tr::kMaxDimQk / 64; ++c) mbarrier_init(&sync.q_ready[c], 128);
     for (int s = 0; s < Tr::kSlots; ++s) {
       mbarrier_init(&sync.full[s], 128);
-      mbarrier_init(&sync.empty[s], 256);
+      mbarrier_init(&sync.empty[s], 128);  // the one consumer of the block's tile
     }
     mbarrier_init_fence();
+  }
+  if (threadIdx.x < Tr::kMaxRows) {
+    const int64_t row = first_pair / p.heads + threadIdx.x;
+    sync.seen[threadIdx.x] = row < p.rows ? p.visible(row) : 0;
   }
   __syncthreads();
   const int wg = warpgroup_index();
@@ -233,8 +283,8 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
   throw_on_error(
       cudaFuncSetAttribute(dense_target_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       op, "shared memory size (target)");
-  const dim3 grid(static_cast<unsigned>(ceil_div(keys, Tr::kKeyChunk)),
-                  static_cast<unsigned>(ceil_div(rows * heads, Tr::kPairs)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows * heads, Tr::kPairs)),
+                  static_cast<unsigned>(ceil_div(keys, Tr::kKeyChunk)));
   dense_target_kernel<<<grid, Tr::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   throw_on_error(cudaGetLastError(), op, "target kernel launch");
 }

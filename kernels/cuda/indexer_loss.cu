@@ -11,24 +11,28 @@
 // deterministic mode, with 64-bit fixed-point integer atomics (fixed_point_accumulate.cuh): the
 // same bits every run.
 //
-// The dense warm-up, where every row sees its whole prefix, splits the backward instead: the same
-// kernel over each row's prefix for grad_q and grad_w only, and a key-major kernel that owns a
-// tile of keys and sums its gradient over the rows in registers. That costs one more product a
-// pair (the scores again) and saves the reductions, which at 128K would move 4 TB a layer.
+// The dense warm-up, where every row sees its whole prefix, splits the backward instead: a
+// query-major kernel over the rows' prefixes for grad_q and grad_w only, and a key-major kernel
+// that owns tiles of keys and sums their gradient over the rows in registers. That costs one more
+// product a pair (the scores again) and saves the reductions, which at 128K would move 4 TB a
+// layer. Both run three warpgroups a block that share each operand landed from L2.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/fixed_point_accumulate.cuh"
 #include "kernels/cuda/index_score_warpgroup.cuh"
 #include "kernels/cuda/indexer_loss_cuda.h"
 #include "kernels/cuda/indexer_loss_traits.cuh"
 #include "kernels/cuda/launch_util.cuh"
+#include "kernels/cuda/warp_specialization.cuh"
 
 namespace hyscale::cuda {
 namespace {
@@ -91,10 +95,8 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   if (lane == 0) atomic_max_nonnegative(out, bound);
 }
 
-// Where a row's keys come from. The sparse stage's rows list their selected keys (slot i of row t
-// is indices[t * topk + i], -1 when unused); the dense warm-up's rows see a causal prefix (slot i
-// is key i while i < the row's visible keys). grad_scores has a row of stride() floats a query row,
-// by slot.
+// A row's selected keys: slot i of row t is indices[t * topk + i], -1 when unused; grad_scores has
+// a row of topk floats a query row, by slot.
 struct ListedKeys {
   const int32_t* indices;
   int64_t topk;
@@ -104,13 +106,11 @@ struct ListedKeys {
     __device__ int32_t key(int64_t slot) const { return slot < count ? slots[slot] : -1; }
   };
   __device__ Row row(int64_t t) const { return {indices + t * topk, topk}; }
-  __device__ int64_t stride() const { return topk; }
 };
 
-// What the rows kernel does with the keys' gradient: adds it by fp32 bulk reductions, in 64-bit
-// fixed point (deterministic), or not at all (the dense warm-up forms it key-major, in
-// dense_key_grad_kernel, without reductions).
-enum class KeyGrad { kReduce, kFixed, kNone };
+// How the rows kernel adds the keys' gradient: by fp32 bulk reductions, or in 64-bit fixed point
+// (deterministic).
+enum class KeyGrad { kReduce, kFixed };
 
 // The gates' coefficients of a finished score tile S^T [keys x H_I], for the calling thread's keys
 // 16 warp + lane / 4 (gradient g_lo) and that + 8 (g_hi): C^T[i, j] = g_i w_j [S_ij > 0] as the
@@ -171,26 +171,81 @@ __device__ __forceinline__ void issue_query_grad(
   }
 }
 
-// One warpgroup per query row t, its keys (Keys: listed or a prefix) 64 at a time (a tile of
-// slots i). Per tile:
+// ... issued, committed and waited for.
+template <class Tr>
+__device__ __forceinline__ void run_query_grad(float (&query_grad)[Tr::kDimBlocks][Tr::kHeads / 2],
+                                               const __nv_bfloat16* key_tile,
+                                               const __nv_bfloat16* coef_tile) {
+  wgmma_fence();
+  issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+}
+
+// The calling thread's gate coefficients (its A fragments) into C [H_I x keys] in coef_tile, the
+// B operand of the query gradient: matrix i of step s is heads 8 (2 s + i / 2) .., keys
+// 16 warp + 8 (i % 2) ..
+template <class Tr>
+__device__ __forceinline__ void store_coefficients(const uint32_t (&coef)[Tr::kHeadSteps][4],
+                                                   __nv_bfloat16* coef_tile, int warp, int lane) {
+#pragma unroll
+  for (int s = 0; s < Tr::kHeadSteps; ++s) {
+    const int i = lane / 8, head = 8 * (2 * s + i / 2) + lane % 8;
+    stmatrix_x4_trans(coef_tile + swizzled_offset<Tr::kHeads>(head, 2 * warp + i % 2), coef[s]);
+  }
+}
+
+// A row's gradients at the end of its key tiles: grad_q^T [d_I x H_I] from the calling thread's
+// accumulators (rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1))
+// into q_row, and grad_w's per-lane terms summed across the quads' rows into the warp's
+// warp_sums[H_I] (the caller sums the warps).
+template <class Tr>
+__device__ __forceinline__ void store_row_gradients(
+    const float (&query_grad)[Tr::kDimBlocks][Tr::kHeads / 2],
+    const float (&head_grad)[Tr::Tile::kHeadsPerLane], float* warp_sums, float* q_row, int warp,
+    int lane) {
+  using Tile = typename Tr::Tile;
+#pragma unroll
+  for (int h = 0; h < Tile::kHeadsPerLane; ++h) {
+    float x = head_grad[h];
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    x += __shfl_xor_sync(0xffffffffu, x, 16);
+    if (lane < 4) warp_sums[8 * (h / 2) + 2 * lane + h % 2] = x;
+  }
+#pragma unroll
+  for (int m = 0; m < Tr::kDimBlocks; ++m) {
+#pragma unroll
+    for (int j = 0; j < Tile::kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 64 * m + 16 * warp + lane / 4 + 8 * (e / 2);
+        const int head = 8 * j + 2 * (lane % 4) + e % 2;
+        q_row[head * Tr::kDim + d] = query_grad[m][4 * j + e];
+      }
+    }
+  }
+}
+
+// One warpgroup per query row t, its selected keys 64 at a time (a tile of slots i). Per tile:
 //   1. S^T [keys x H_I] = K_tile q_t^T, the product flash_topk scores with (the same gates);
 //   2. the gates' coefficients C^T[i, j] = g_i w_j [S_ij > 0] (0 in unused slots), in registers
 //      as bf16 A fragments, and grad_w[j] += sum_i g_i ReLU(S_ij) per lane;
-//   3. unless kKeyGrad is kNone, grad_k rows of the tile, C^T q_t [keys x d_I] (A from
-//      registers), staged in fp32 and added into grad_k[s_i] by bulk reductions (keys are shared
-//      between rows), or in fixed point (kFixed, deterministic);
+//   3. grad_k rows of the tile, C^T q_t [keys x d_I] (A from registers), staged in fp32 and
+//      added into grad_k[s_i] by bulk reductions (keys are shared between rows), or in fixed
+//      point (kFixed, deterministic);
 //   4. grad_q^T [d_I x H_I] += K_tile^T C^T, accumulated in registers across tiles, with C^T
 //      stored transposed (C [H_I x keys]) by stmatrix as the K-major B operand and the key tile
 //      read MN-major as A.
-// The next key tile is gathered (cp.async) while a tile computes; two blocks share an SM (more
-// without the key gradient's staging).
-template <class Tr, class Keys, KeyGrad kKeyGrad>
+// The next key tile is gathered (cp.async) while a tile computes; two blocks share an SM.
+template <class Tr, KeyGrad kKeyGrad>
 __global__ void __launch_bounds__(Tr::kThreads)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
                                 float* grad_q, float* grad_k, float* grad_w,
-                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of,
-                                PrefixKeys prefix) {
+                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of) {
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
   constexpr bool kFixed = kKeyGrad == KeyGrad::kFixed;
@@ -203,15 +258,8 @@ __global__ void __launch_bounds__(Tr::kThreads)
   float* const stage = reinterpret_cast<float*>(coef_tile + Tr::kCoefBytes / 2);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
-  // (The prefix comes last among the parameters: the listed kernels' code stays as it was.)
-  Keys key_source;
-  if constexpr (std::is_same_v<Keys, PrefixKeys>) {
-    key_source = prefix;
-  } else {
-    key_source = ListedKeys{indices, topk};
-  }
-  const typename Keys::Row row_keys = key_source.row(row);
-  const float* const row_grads = grad_scores + row * key_source.stride();
+  const ListedKeys::Row row_keys = ListedKeys{indices, topk}.row(row);
+  const float* const row_grads = grad_scores + row * topk;
   const int64_t tiles = ceil_div(row_keys.count, Tr::kKeys);
   double fixed_scale = 1;
   if constexpr (kFixed) fixed_scale = fixed_scale_of();
@@ -262,108 +310,69 @@ __global__ void __launch_bounds__(Tr::kThreads)
     const float g_hi = key_at(first + key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
     uint32_t coef[Tr::kHeadSteps][4];
     gate_coefficients<Tr, true>(scores, g_lo, g_hi, weights, coef, head_grad);
-    // C [H_I x keys]: matrix i of step s is heads 8 (2 s + i / 2) .., keys 16 warp + 8 (i % 2) ..
-#pragma unroll
-    for (int s = 0; s < Tr::kHeadSteps; ++s) {
-      const int i = lane / 8, head = 8 * (2 * s + i / 2) + lane % 8;
-      stmatrix_x4_trans(coef_tile + swizzled_offset<Tr::kHeads>(head, 2 * warp + i % 2), coef[s]);
-    }
+    store_coefficients<Tr>(coef, coef_tile, warp, lane);
     fence_async_shared();
     __syncthreads();
 
-    if constexpr (kKeyGrad == KeyGrad::kNone) {
-      wgmma_fence();
-      issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
-      wgmma_commit();
-      wgmma_wait<0>();
+    float key_grad[Tr::kDim / 2];
 #pragma unroll
-      for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
-    } else {
-      float key_grad[Tr::kDim / 2];
+    for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
+    wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
-      wgmma_fence();
+    for (int s = 0; s < Tr::kHeadSteps; ++s) {
+      WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
+                                  mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
+    }
+    issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(key_grad);
 #pragma unroll
-      for (int s = 0; s < Tr::kHeadSteps; ++s) {
-        WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
-                                    mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
-      }
-      issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(key_grad);
+    for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
 #pragma unroll
-      for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
-#pragma unroll
-      for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
+    for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
 
-      // The warp's 16 key rows: staged, then added into grad_k.
-      if constexpr (!kFixed) {
-        bulk_wait_read<0>();  // the previous tile's reductions have read the staging rows
+    // The warp's 16 key rows: staged, then added into grad_k.
+    if constexpr (!kFixed) {
+      bulk_wait_read<0>();  // the previous tile's reductions have read the staging rows
+    }
+    __syncwarp();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < Tr::kDim / 8; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
       }
+    }
+    if constexpr (kFixed) {
       __syncwarp();
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < Tr::kDim / 8; ++j) {
-          *reinterpret_cast<float2*>(dst + 8 * j) =
-              make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
+      for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
+        const int32_t key = key_at(first + r);
+        if (key < 0) continue;  // uniform across the warp
+        for (int d = lane; d < Tr::kDim; d += 32) {
+          fixed_add(fixed_k + int64_t(key) * Tr::kDim + d, stage[r * Tr::kStageStride + d],
+                    fixed_scale);
         }
       }
-      if constexpr (kFixed) {
-        __syncwarp();
-        for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
-          const int32_t key = key_at(first + r);
-          if (key < 0) continue;  // uniform across the warp
-          for (int d = lane; d < Tr::kDim; d += 32) {
-            fixed_add(fixed_k + int64_t(key) * Tr::kDim + d, stage[r * Tr::kStageStride + d],
-                      fixed_scale);
-          }
-        }
-      } else {
-        fence_async_shared();
-        __syncwarp();
-        const int r = 16 * warp + lane;
-        const int32_t key = lane < 16 ? key_at(first + r) : -1;
-        if (key >= 0) {
-          bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim, stage + r * Tr::kStageStride,
-                          Tr::kDim * 4, policy);
-        }
-        bulk_commit();
+    } else {
+      fence_async_shared();
+      __syncwarp();
+      const int r = 16 * warp + lane;
+      const int32_t key = lane < 16 ? key_at(first + r) : -1;
+      if (key >= 0) {
+        bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim, stage + r * Tr::kStageStride,
+                        Tr::kDim * 4, policy);
       }
+      bulk_commit();
     }
     // Every warp is done with this tile's key tile, coefficients and key stage before they are
     // refilled.
     __syncthreads();
   }
-  if constexpr (std::is_same_v<Keys, PrefixKeys>) {
-    if (tiles == 0) cp_async_wait<0>();  // a row that sees no key: its copies land before exit
-  }
-
-  // grad_w: a lane's heads summed over its keys, across the quads' rows, then across warps.
-#pragma unroll
-  for (int h = 0; h < Tile::kHeadsPerLane; ++h) {
-    float x = head_grad[h];
-    x += __shfl_xor_sync(0xffffffffu, x, 4);
-    x += __shfl_xor_sync(0xffffffffu, x, 8);
-    x += __shfl_xor_sync(0xffffffffu, x, 16);
-    if (lane < 4) head_sums[warp][8 * (h / 2) + 2 * lane + h % 2] = x;
-  }
-  // grad_q^T: rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1).
-  float* const q_row = grad_q + row * Tr::kHeads * Tr::kDim;
-#pragma unroll
-  for (int m = 0; m < Tr::kDimBlocks; ++m) {
-#pragma unroll
-    for (int j = 0; j < Tile::kNTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int d = 64 * m + 16 * warp + lane / 4 + 8 * (e / 2);
-        const int head = 8 * j + 2 * (lane % 4) + e % 2;
-        q_row[head * Tr::kDim + d] = query_grad[m][4 * j + e];
-      }
-    }
-  }
+  store_row_gradients<Tr>(query_grad, head_grad, head_sums[warp],
+                          grad_q + row * Tr::kHeads * Tr::kDim, warp, lane);
   __syncthreads();
   for (int h = threadIdx.x; h < Tr::kHeads; h += Tr::kThreads) {
     grad_w[row * Tr::kHeads + h] =
@@ -372,79 +381,228 @@ __global__ void __launch_bounds__(Tr::kThreads)
   if constexpr (kKeyGrad == KeyGrad::kReduce) bulk_wait_all();  // the staging outlives the block
 }
 
-// The dense warm-up's key gradient, key-major: a warpgroup owns a tile of 64 keys and walks the
-// block's rows that see its first key, in order, one row's query [H_I x d_I] landing (cp.async,
-// two stages) while the previous row computes. Per row t:
-//   1. S^T [keys x H_I] = K_tile q_t^T (the rows kernel's product, the same gates);
-//   2. C^T[i, j] = g_ti w_tj [S_ij > 0] in registers (gate_coefficients; g is 0 where t does not
-//      see key i);
-//   3. grad_k[tile] += C^T q_t [keys x d_I] (A from registers), accumulated across rows.
-// A tile has one owner, which adds it into grad_k once: no reductions, the same bits every run.
+// ---- dense_index_score_backward -----------------------------------------------------------------
+
+// 4-byte global -> shared copy (cp.async.ca: 4 bytes take no other); `valid` false writes zeros.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
+               "l"(global), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ __nv_bfloat16* first_aligned_tile(unsigned char* smem) {
+  return reinterpret_cast<__nv_bfloat16*>((reinterpret_cast<uintptr_t>(smem) + 1023) &
+                                          ~uintptr_t(1023));
+}
+
+// The dense warm-up's grad_q and grad_w, query-major: warpgroup r of a block owns row
+// 3 blockIdx.x + r (DenseBackwardTraits) and all three walk the key tiles of the last row's
+// prefix, which bounds the others' (rows see prefixes); a key tile and the rows' gradients at its
+// keys (0 past each row's prefix, so those keys add nothing) land kStages - 1 tiles ahead. Per
+// tile, in each warpgroup, index_score_backward_kernel's steps 1, 2 and 4: S^T = K_tile q^T, the
+// gates' coefficients C^T and grad_w's terms in registers, grad_q^T += K_tile^T C^T.
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads)
+__global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
+    dense_query_grad_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
+                            PrefixKeys prefix, int64_t rows, const float* grad_scores,
+                            float* grad_q, float* grad_w) {
+  using D = DenseBackwardTraits;
+  using Tile = typename Tr::Tile;
+  using bf16 = __nv_bfloat16;
+  constexpr int kRows = D::kRowsPerBlock;
+  static_assert(kRows * Tr::kKeys <= D::kThreads, "a thread stages at most one gradient a tile");
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ float head_sums[kRows][4][Tr::kHeads];
+  bf16* const key_tiles = first_aligned_tile(smem_raw);
+  bf16* const query_tiles = key_tiles + D::kStages * (Tr::kKeyTileBytes / 2);
+  bf16* const coef_tiles = query_tiles + kRows * (Tr::kQueryBytes / 2);
+  float* const grads = reinterpret_cast<float*>(coef_tiles + kRows * (Tr::kCoefBytes / 2));
+  float* const row_weights = grads + D::kStages * kRows * Tr::kKeys;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int64_t first_row = int64_t(blockIdx.x) * kRows;
+  const int live_rows = static_cast<int>(rows - first_row < kRows ? rows - first_row : kRows);
+  const int64_t row = first_row + wg;
+  const bool live = wg < live_rows;  // the same in a whole warpgroup
+  const int64_t last_seen = prefix.visible(first_row + live_rows - 1);
+  // (Not ceil_div: another caller of it moves the sparse kernels' code.)
+  const int64_t tiles = (last_seen + Tr::kKeys - 1) / Tr::kKeys;
+
+  for (int i = threadIdx.x; i < kRows * Tr::kHeads; i += D::kThreads) {
+    row_weights[i] = i / Tr::kHeads < live_rows ? w[first_row * Tr::kHeads + i] : 0.f;
+  }
+  bf16* const query_tile = query_tiles + wg * (Tr::kQueryBytes / 2);
+  bf16* const coef_tile = coef_tiles + wg * (Tr::kCoefBytes / 2);
+  load_rows_async<Tr::kDim, Tr::kHeads>(
+      query_tile, 0, Tr::kHeads, threadIdx.x % 128, 128,
+      [&](int h) -> const bf16* { return live ? q + (row * Tr::kHeads + h) * Tr::kDim : nullptr; });
+  auto stage = [&](int64_t tile) {
+    const int slot = static_cast<int>(tile % D::kStages);
+    const int64_t first = tile * Tr::kKeys;
+    load_rows_async<Tr::kDim, Tr::kKeys>(
+        key_tiles + slot * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys, threadIdx.x, D::kThreads,
+        [&](int r) -> const bf16* {
+          return first + r < last_seen ? keys + (first + r) * Tr::kDim : nullptr;
+        });
+    if (threadIdx.x < kRows * Tr::kKeys) {
+      const int r = threadIdx.x / Tr::kKeys;
+      const int64_t t = first_row + r, key = first + threadIdx.x % Tr::kKeys;
+      const bool valid = r < live_rows && prefix.sees(t, key);
+      cp_async_4(grads + slot * kRows * Tr::kKeys + threadIdx.x,
+                 valid ? grad_scores + t * prefix.num_keys + key : grad_scores, valid);
+    }
+  };
+  if (tiles > 0) stage(0);
+  cp_async_commit();
+  if (tiles > 1) stage(1);
+  cp_async_commit();
+
+  float head_grad[Tile::kHeadsPerLane];
+#pragma unroll
+  for (int h = 0; h < Tile::kHeadsPerLane; ++h) head_grad[h] = 0.f;
+  float query_grad[Tr::kDimBlocks][Tr::kHeads / 2];
+#pragma unroll
+  for (int m = 0; m < Tr::kDimBlocks; ++m) {
+#pragma unroll
+    for (int i = 0; i < Tr::kHeads / 2; ++i) query_grad[m][i] = 0.f;
+  }
+  const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
+
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    cp_async_wait<1>();  // this tile's copies (and the queries) landed
+    fence_async_shared();
+    // ... for every warpgroup, each of which is done with the previous tile, whose slot the tile
+    // after next refills.
+    __syncthreads();
+    if (tile + 2 < tiles) stage(tile + 2);
+    cp_async_commit();
+    if (!live) continue;
+    const int slot = static_cast<int>(tile % D::kStages);
+    const bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
+    const float* const g = grads + (slot * kRows + wg) * Tr::kKeys;
+
+    float scores[Tr::kHeads / 2];
+    score_tile<Tr>(key_tile, query_tile, scores);
+    float weights[Tile::kHeadsPerLane];
+    load_lane_weights<Tile>(row_weights + wg * Tr::kHeads, lane, weights);
+    uint32_t coef[Tr::kHeadSteps][4];
+    gate_coefficients<Tr, true>(scores, g[key_lo], g[key_hi], weights, coef, head_grad);
+    store_coefficients<Tr>(coef, coef_tile, warp, lane);
+    fence_async_shared();
+    named_barrier_sync(1 + wg, 128);  // the warpgroup's coefficients are stored
+
+    run_query_grad<Tr>(query_grad, key_tile, coef_tile);
+  }
+  cp_async_wait<0>();  // (no copy outlives the block)
+
+  if (live) {
+    store_row_gradients<Tr>(query_grad, head_grad, head_sums[wg][warp],
+                            grad_q + row * Tr::kHeads * Tr::kDim, warp, lane);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < live_rows * Tr::kHeads; i += D::kThreads) {
+    const int r = i / Tr::kHeads, h = i % Tr::kHeads;
+    grad_w[first_row * Tr::kHeads + i] =
+        head_sums[r][0][h] + head_sums[r][1][h] + head_sums[r][2][h] + head_sums[r][3][h];
+  }
+}
+
+// The dense warm-up's key gradient, key-major: a block owns kTiles 64-key tiles and walks the
+// rows that see its first key, in order, kSplits rows a step (DenseBackwardTraits); warpgroup
+// (tile, split) takes its tile against row first + kSplits step + split. A step's queries, their
+// gradients at the block's keys (0 where the row does not see the key) and head weights land
+// kStages - 1 steps ahead. Per row t, in a warpgroup:
+//   1. S^T [keys x H_I] = K_tile q_t^T (the rows kernel's product, the same gates);
+//   2. C^T[i, j] = g_ti w_tj [S_ij > 0] in registers (gate_coefficients);
+//   3. grad_k[tile] += C^T q_t [keys x d_I] (A from registers), accumulated across rows.
+// With kSplits > 1 the splits' sums meet in shared memory and split 0 adds them in order; a tile
+// has one owner, which adds it into grad_k once: no reductions, the same bits every run.
+template <class Tr, int kTiles, int kSplits>
+__global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     dense_key_grad_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                           PrefixKeys prefix, int64_t rows, const float* grad_scores,
                           float* grad_k) {
+  using D = DenseBackwardTraits;
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
+  static_assert(kTiles * kSplits == D::kWarpgroups, "a warpgroup a (tile, split)");
+  constexpr int kBlockKeys = kTiles * Tr::kKeys;
+  // A row's staged floats: its gradients at the block's keys, then its head weights.
+  constexpr int kRowFloats = kBlockKeys + Tr::kHeads;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  auto* const key_tile =
-      reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  bf16* const query_tiles = key_tile + Tr::kKeyTileBytes / 2;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t first_key = int64_t(blockIdx.x) * Tr::kKeys;
-  const int64_t first_row = prefix.first_row_seeing(first_key);
+  bf16* const key_tiles = first_aligned_tile(smem_raw);
+  bf16* const query_ring = key_tiles + kTiles * (Tr::kKeyTileBytes / 2);  // [stage][split]
+  float* const row_ring =  // [stage][split][kRowFloats]
+      reinterpret_cast<float*>(query_ring + D::kStages * kSplits * (Tr::kQueryBytes / 2));
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int tile = wg % kTiles, split = wg / kTiles;
+  const int64_t block_key = int64_t(blockIdx.x) * kBlockKeys;
+  const int64_t first_row = prefix.first_row_seeing(block_key);
   if (first_row >= rows) return;  // (the block's last row sees every key)
-  const int64_t key_lo = first_key + 16 * warp + lane / 4, key_hi = key_lo + 8;
+  const int64_t steps = (rows - first_row + kSplits - 1) / kSplits;
+  const int64_t first_key = block_key + tile * Tr::kKeys;
+  const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;  // of the warpgroup's tile
 
-  load_rows_async<Tr::kDim, Tr::kKeys>(
-      key_tile, 0, Tr::kKeys, threadIdx.x, Tr::kThreads, [&](int r) -> const bf16* {
-        return first_key + r < prefix.num_keys ? keys + (first_key + r) * Tr::kDim : nullptr;
-      });
-  auto stage_query = [&](int64_t t) {
-    load_rows_async<Tr::kDim, Tr::kHeads>(
-        query_tiles + (t % 2) * (Tr::kQueryBytes / 2), 0, Tr::kHeads, threadIdx.x, Tr::kThreads,
-        [&](int h) { return q + (t * Tr::kHeads + h) * Tr::kDim; });
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    load_rows_async<Tr::kDim, Tr::kKeys>(key_tiles + i * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys,
+                                         threadIdx.x, D::kThreads, [&](int r) -> const bf16* {
+                                           const int64_t key = block_key + i * Tr::kKeys + r;
+                                           return key < prefix.num_keys ? keys + key * Tr::kDim
+                                                                        : nullptr;
+                                         });
+  }
+  auto stage = [&](int64_t step) {
+    const int slot = static_cast<int>(step % D::kStages);
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) {
+      const int64_t t = first_row + step * kSplits + s;
+      load_rows_async<Tr::kDim, Tr::kHeads>(
+          query_ring + (slot * kSplits + s) * (Tr::kQueryBytes / 2), 0, Tr::kHeads, threadIdx.x,
+          D::kThreads, [&](int h) -> const bf16* {
+            return t < rows ? q + (t * Tr::kHeads + h) * Tr::kDim : nullptr;
+          });
+    }
+    float* const staged = row_ring + slot * kSplits * kRowFloats;
+    for (int i = threadIdx.x; i < kSplits * kRowFloats; i += D::kThreads) {
+      const int s = i / kRowFloats, j = i % kRowFloats;
+      const int64_t t = first_row + step * kSplits + s;
+      const bool gradient = j < kBlockKeys;
+      const bool valid = t < rows && (!gradient || prefix.sees(t, block_key + j));
+      const float* const src = gradient ? grad_scores + t * prefix.num_keys + block_key + j
+                                        : w + t * Tr::kHeads + (j - kBlockKeys);
+      cp_async_4(staged + i, valid ? src : w, valid);
+    }
   };
-  stage_query(first_row);
+  stage(0);
+  cp_async_commit();
+  if (steps > 1) stage(1);
   cp_async_commit();
 
-  // A row's gradients of this thread's two keys and its head weights, loaded a row ahead.
-  struct RowInputs {
-    float g_lo, g_hi;
-    float weights[Tile::kHeadsPerLane];
-  };
-  auto load_row = [&](int64_t t, RowInputs& in) {
-    const int64_t seen = prefix.visible(t);
-    const float* const g = grad_scores + t * prefix.num_keys;
-    in.g_lo = key_lo < seen ? g[key_lo] : 0.f;
-    in.g_hi = key_hi < seen ? g[key_hi] : 0.f;
-    load_lane_weights<Tile>(w + t * Tr::kHeads, lane, in.weights);
-  };
-  RowInputs current, next;
-  load_row(first_row, current);
-  next = current;
   float key_grad[Tr::kDim / 2], unused_head_grad[Tile::kHeadsPerLane];
 #pragma unroll
   for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
   fence_accumulators(key_grad);
+  const bf16* const key_tile = key_tiles + tile * (Tr::kKeyTileBytes / 2);
 
-  for (int64_t t = first_row; t < rows; ++t) {
-    if (t + 1 < rows) {
-      stage_query(t + 1);
-      load_row(t + 1, next);  // in flight during this row's products
-    }
-    cp_async_commit();
-    cp_async_wait<1>();  // row t's query (and the key tile) landed
+  for (int64_t step = 0; step < steps; ++step) {
+    cp_async_wait<1>();  // this step's copies (and the key tiles) landed
     fence_async_shared();
+    // ... for every warpgroup, each of which is done with the previous step, whose slot the step
+    // after next refills.
     __syncthreads();
-    const bf16* const query_tile = query_tiles + (t % 2) * (Tr::kQueryBytes / 2);
+    if (step + 2 < steps) stage(step + 2);
+    cp_async_commit();
+    if (first_row + step * kSplits + split >= rows) continue;  // (the last step's spare splits)
+    const int slot = static_cast<int>(step % D::kStages);
+    const bf16* const query_tile = query_ring + (slot * kSplits + split) * (Tr::kQueryBytes / 2);
+    const float* const staged = row_ring + (slot * kSplits + split) * kRowFloats;
 
     float scores[Tr::kHeads / 2];
     score_tile<Tr>(key_tile, query_tile, scores);
-
+    float weights[Tile::kHeadsPerLane];
+    load_lane_weights<Tile>(staged + kBlockKeys, lane, weights);
     uint32_t coef[Tr::kHeadSteps][4];
-    gate_coefficients<Tr, false>(scores, current.g_lo, current.g_hi, current.weights, coef,
+    gate_coefficients<Tr, false>(scores, staged[tile * Tr::kKeys + key_lo],
+                                 staged[tile * Tr::kKeys + key_hi], weights, coef,
                                  unused_head_grad);
     wgmma_fence();
 #pragma unroll
@@ -457,14 +615,35 @@ __global__ void __launch_bounds__(Tr::kThreads)
     fence_accumulators(key_grad);
 #pragma unroll
     for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
-    current = next;
-    __syncthreads();  // every warp's products have read row t's stage before it is refilled
+  }
+  cp_async_wait<0>();
+
+  if constexpr (kSplits > 1) {
+    // The splits' sums, [split - 1][tile][accumulator][thread], over the ring.
+    auto* const partials = reinterpret_cast<float*>(key_tiles);
+    auto partial = [&](int s) {
+      return partials + ((s - 1) * kTiles + tile) * (Tr::kDim / 2) * 128 + threadIdx.x % 128;
+    };
+    __syncthreads();  // every warpgroup is done with the ring
+    if (split > 0) {
+      float* const dst = partial(split);
+#pragma unroll
+      for (int i = 0; i < Tr::kDim / 2; ++i) dst[i * 128] = key_grad[i];
+    }
+    __syncthreads();
+    if (split > 0) return;
+#pragma unroll 1
+    for (int s = 1; s < kSplits; ++s) {
+      const float* const src = partial(s);
+#pragma unroll
+      for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] += src[i * 128];
+    }
   }
 
   // The tile's rows into grad_k: key key_lo (key_hi), columns 8 j + 2 (lane % 4) (+ 1).
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t key = half ? key_hi : key_lo;
+    const int64_t key = first_key + (half ? key_hi : key_lo);
     if (key >= prefix.num_keys) continue;
     float* const dst = grad_k + key * Tr::kDim + 2 * (lane % 4);
 #pragma unroll
@@ -518,6 +697,83 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   const float scale = grad_loss[row];
   for (int64_t i = lane; i < topk; i += 32) {
     g[i] = s[i] != kNegInf ? scale * (expf(s[i] - lse) - p[i]) : 0.f;
+  }
+}
+
+// ---- dense_indexer_kl_rows ----------------------------------------------------------------------
+
+// Running (max, sum of exp(x - max)) pairs, combined; -infinity max with sum 0 for none.
+struct RunningExpSum {
+  float max = kNegInf;
+  float sum = 0.f;
+  __device__ void add(float x) {
+    if (x > max) {
+      sum = sum * expf(max - x) + 1.f;  // exp(-inf) = 0 for the first
+      max = x;
+    } else if (x != kNegInf) {
+      sum += expf(x - max);
+    }
+  }
+  __device__ void merge(float other_max, float other_sum) {
+    const float top = fmaxf(max, other_max);
+    if (top == kNegInf) return;
+    sum = (max == kNegInf ? 0.f : sum * expf(max - top)) +
+          (other_max == kNegInf ? 0.f : other_sum * expf(other_max - top));
+    max = top;
+  }
+  __device__ float log_sum_exp() const { return max == kNegInf ? kNegInf : max + logf(sum); }
+};
+
+// A block a row: the log-sum-exp of its scores in one pass, then a pass that sums the loss and
+// writes softmax - target over the target (0 where the score is -infinity: the row does not see
+// the key). The same order of additions every run.
+__global__ void __launch_bounds__(DenseKlTraits::kThreads)
+    dense_indexer_kl_rows_kernel(int64_t keys, const float* score, int64_t score_stride,
+                                 float* target_grad, float* loss) {
+  __shared__ float partial_max[DenseKlTraits::kWarps], partial[DenseKlTraits::kWarps];
+  __shared__ float row_lse;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float* s = score + blockIdx.x * score_stride;
+  float* p = target_grad + blockIdx.x * keys;
+
+  RunningExpSum running;
+  for (int64_t i = threadIdx.x; i < keys; i += DenseKlTraits::kThreads) running.add(s[i]);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, running.max, offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, running.sum, offset);
+    running.merge(other_max, other_sum);
+  }
+  if (lane == 0) {
+    partial_max[warp] = running.max;
+    partial[warp] = running.sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    RunningExpSum row;
+    for (int w = 0; w < DenseKlTraits::kWarps; ++w) row.merge(partial_max[w], partial[w]);
+    row_lse = row.log_sum_exp();
+  }
+  __syncthreads();
+  const float lse = row_lse;
+
+  float total = 0.f;
+  for (int64_t i = threadIdx.x; i < keys; i += DenseKlTraits::kThreads) {
+    const float x = s[i], t = p[i];
+    float grad = 0.f;
+    if (x != kNegInf) {
+      const float log_q = x - lse;
+      if (t > 0.f) total += t * (logf(t) - log_q);
+      grad = expf(log_q) - t;
+    }
+    p[i] = grad;
+  }
+  total = warp_sum(total);
+  if (lane == 0) partial[warp] = total;  // thread 0 read the sums before the last barrier
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float row_total = 0.f;
+    for (int w = 0; w < DenseKlTraits::kWarps; ++w) row_total += partial[w];
+    loss[blockIdx.x] = row_total;
   }
 }
 
@@ -639,13 +895,13 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
   dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
     using Tr = decltype(traits);
     constexpr size_t kSmem = Tr::kSmemBytes;
-    auto kernel = deterministic ? index_score_backward_kernel<Tr, ListedKeys, KeyGrad::kFixed>
-                                : index_score_backward_kernel<Tr, ListedKeys, KeyGrad::kReduce>;
+    auto kernel = deterministic ? index_score_backward_kernel<Tr, KeyGrad::kFixed>
+                                : index_score_backward_kernel<Tr, KeyGrad::kReduce>;
     throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                    op, "shared memory size");
     kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, kSmem, cuda_stream>>>(
         q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores, grad_q, grad_k,
-        grad_w, fixed_k, scale_of, PrefixKeys{});
+        grad_w, fixed_k, scale_of);
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
   if (deterministic) {
@@ -655,38 +911,84 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
   }
 }
 
-// The dense warm-up's two kernels of a shape, with their shared memory sizes set: the rows
-// kernel without the key gradient's staging.
+namespace {
+
+// The dense warm-up's kernels of a shape, with their shared memory sizes set: the rows kernel
+// and the key kernel's two forms (DenseBackwardTraits).
 template <class Tr>
 struct DenseScoreBackwardKernels {
-  static constexpr size_t kRowsSmem = Tr::kSmemBytes - Tr::kStageBytes;
-  static constexpr size_t kKeysSmem = 1024 + Tr::kKeyTileBytes + 2 * Tr::kQueryBytes;
-  static constexpr auto rows = index_score_backward_kernel<Tr, PrefixKeys, KeyGrad::kNone>;
-  static constexpr auto keys = dense_key_grad_kernel<Tr>;
+  using D = DenseBackwardTraits;
+  static constexpr size_t kRowsSmem = D::rows_smem_bytes<Tr>();
+  static constexpr size_t kShareSmem = D::keys_smem_bytes<Tr, 3, 1>();
+  static constexpr size_t kSplitSmem = D::keys_smem_bytes<Tr, 1, 3>();
+  static constexpr auto rows = dense_query_grad_kernel<Tr>;
+  static constexpr auto keys_share = dense_key_grad_kernel<Tr, 3, 1>;
+  static constexpr auto keys_split = dense_key_grad_kernel<Tr, 1, 3>;
   static void set_shared_memory(const char* op) {
     throw_on_error(
         cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kRowsSmem), op,
         "shared memory size (rows)");
     throw_on_error(
-        cudaFuncSetAttribute(keys, cudaFuncAttributeMaxDynamicSharedMemorySize, kKeysSmem), op,
-        "shared memory size (keys)");
+        cudaFuncSetAttribute(keys_share, cudaFuncAttributeMaxDynamicSharedMemorySize, kShareSmem),
+        op, "shared memory size (keys)");
+    throw_on_error(
+        cudaFuncSetAttribute(keys_split, cudaFuncAttributeMaxDynamicSharedMemorySize, kSplitSmem),
+        op, "shared memory size (keys, split)");
   }
 };
 
 constexpr const char* kDenseOp = "hyscale::dense_indexer_kl (CUDA)";
 
+int multiprocessors() {
+  int device = 0, sms = 0;
+  throw_on_error(cudaGetDevice(&device), kDenseOp, "current device");
+  throw_on_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), kDenseOp,
+                 "multiprocessor count");
+  return sms;
+}
+
+// The rows a block of the key kernel walks, a step each of its warpgroups (every split) takes,
+// ahead of the launch: the makespan of its blocks in launch order, one an SM at a time.
+int64_t key_grad_makespan(const IndexerShape& shape, int64_t tiles_per_block, int64_t splits,
+                          int sms) {
+  std::vector<int64_t> free_at(static_cast<size_t>(sms), 0);
+  int64_t makespan = 0;
+  for (int64_t key = 0; key < shape.num_keys; key += 64 * tiles_per_block) {
+    // first_row_seeing (PrefixKeys) on the host.
+    const int64_t first =
+        std::max<int64_t>(0, (key + 1) * shape.visibility.tokens_per_key - 1 - shape.q_offset);
+    if (first >= shape.num_queries) continue;
+    std::pop_heap(free_at.begin(), free_at.end(), std::greater<>());
+    free_at.back() += ceil_div(shape.num_queries - first, splits);
+    makespan = std::max(makespan, free_at.back());
+    std::push_heap(free_at.begin(), free_at.end(), std::greater<>());
+  }
+  return makespan;
+}
+
+// Whether a block of rows takes the key kernel whose row serves three tiles (a third of the L2
+// reads) over the one that splits a tile's rows three ways (three times the blocks): where its
+// makespan, in steps, is no longer. HYSCALE_DENSE_KEY_GRAD=share (split) forces one: tests, A/B.
+bool dense_key_grad_shares_queries(const IndexerShape& shape, int sms) {
+  if (const char* forced = std::getenv("HYSCALE_DENSE_KEY_GRAD")) {
+    if (std::string(forced) == "share") return true;
+    if (std::string(forced) == "split") return false;
+  }
+  return key_grad_makespan(shape, 3, 1, sms) <= key_grad_makespan(shape, 1, 3, sms);
+}
+
+}  // namespace
+
 int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim) {
   return dispatch_indexer_shape(heads, dim, [&](auto traits) -> int64_t {
     using Kernels = DenseScoreBackwardKernels<decltype(traits)>;
     Kernels::set_shared_memory(kDenseOp);
-    int device = 0, sms = 0, resident = 0;
-    throw_on_error(cudaGetDevice(&device), kDenseOp, "current device");
-    throw_on_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), kDenseOp,
-                   "multiprocessor count");
+    int resident = 0;
     throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                       &resident, Kernels::rows, decltype(traits)::kThreads, Kernels::kRowsSmem),
+                       &resident, Kernels::rows, DenseBackwardTraits::kThreads, Kernels::kRowsSmem),
                    kDenseOp, "occupancy");
-    return std::max(1, sms * resident);
+    return std::max<int64_t>(1, int64_t(multiprocessors()) * resident) *
+           DenseBackwardTraits::kRowsPerBlock;
   });
 }
 
@@ -698,21 +1000,39 @@ void dense_index_score_backward(const IndexerShape& shape, const void* q, const 
   const auto* q16 = static_cast<const __nv_bfloat16*>(q);
   const auto* k16 = static_cast<const __nv_bfloat16*>(k);
   const PrefixKeys prefix{shape.q_offset, shape.visibility.tokens_per_key, shape.num_keys};
+  const bool share = dense_key_grad_shares_queries(shape, multiprocessors());
   dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
     using Tr = decltype(traits);
     using Kernels = DenseScoreBackwardKernels<Tr>;
+    using D = DenseBackwardTraits;
     Kernels::set_shared_memory(kDenseOp);
     const auto rows_kernel = Kernels::rows;
-    const auto keys_kernel = Kernels::keys;
-    rows_kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, Kernels::kRowsSmem,
-                  cuda_stream>>>(q16, k16, w, nullptr, shape.num_keys, grad_scores, grad_q, nullptr,
-                                 grad_w, nullptr, GradKScaleOf{0, nullptr}, prefix);
+    rows_kernel<<<static_cast<unsigned>(ceil_div(shape.num_queries, D::kRowsPerBlock)), D::kThreads,
+                  Kernels::kRowsSmem, cuda_stream>>>(q16, k16, w, prefix, shape.num_queries,
+                                                     grad_scores, grad_q, grad_w);
     throw_on_error(cudaGetLastError(), kDenseOp, "rows kernel launch");
-    keys_kernel<<<static_cast<unsigned>(ceil_div(shape.num_keys, Tr::kKeys)), Tr::kThreads,
-                  Kernels::kKeysSmem, cuda_stream>>>(q16, k16, w, prefix, shape.num_queries,
-                                                     grad_scores, grad_k);
+    const int64_t tiles = ceil_div(shape.num_keys, Tr::kKeys);
+    if (share) {
+      const auto keys_kernel = Kernels::keys_share;
+      keys_kernel<<<static_cast<unsigned>(ceil_div(tiles, 3)), D::kThreads, Kernels::kShareSmem,
+                    cuda_stream>>>(q16, k16, w, prefix, shape.num_queries, grad_scores, grad_k);
+    } else {
+      const auto keys_kernel = Kernels::keys_split;
+      keys_kernel<<<static_cast<unsigned>(tiles), D::kThreads, Kernels::kSplitSmem, cuda_stream>>>(
+          q16, k16, w, prefix, shape.num_queries, grad_scores, grad_k);
+    }
     throw_on_error(cudaGetLastError(), kDenseOp, "keys kernel launch");
   });
+}
+
+void dense_indexer_kl_rows(int64_t rows, int64_t keys, const float* score, int64_t score_stride,
+                           float* target_grad, float* loss, Stream stream) {
+  if (rows == 0) return;
+  dense_indexer_kl_rows_kernel<<<static_cast<unsigned>(rows), DenseKlTraits::kThreads, 0,
+                                 static_cast<cudaStream_t>(stream)>>>(keys, score, score_stride,
+                                                                      target_grad, loss);
+  throw_on_error(cudaGetLastError(), "hyscale::dense_indexer_kl (CUDA)",
+                 "dense_indexer_kl_rows_kernel launch");
 }
 
 void dense_attention_lse(const IndexerShape& shape, int64_t first, int64_t rows, int64_t heads,

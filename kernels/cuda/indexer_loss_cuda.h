@@ -37,14 +37,16 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
 // rows at positions q_offset.., each seeing its causal prefix of shape.num_keys keys
 // (shape.visible_keys); q [rows, H_I, d_I] and w [rows, H_I] of the block, k [num_keys, d_I]
 // bf16, grad_scores [rows, num_keys] fp32 by key (what is not seen is skipped). Writes grad_q and
-// grad_w of the block and adds into grad_k [num_keys, d_I]: grad_q and grad_w query-major
-// (index_score_backward's kernel over each row's prefix, without the key gradient), grad_k
-// key-major (a block a 64-key tile, its rows in order). No reductions: the same bits every run
-// of a shape on a device (dense_indexer_kl's blocks of rows follow the device's SM count).
+// grad_w of the block and adds into grad_k [num_keys, d_I]: grad_q and grad_w query-major (three
+// rows a block sharing each key tile of their prefixes), grad_k key-major (a block three 64-key
+// tiles sharing each row's q, or one tile with its rows split three ways and summed in a fixed
+// order; HYSCALE_DENSE_KEY_GRAD=share or split forces one). No reductions: the same bits every
+// run of a shape on a device and setting (the SM count picks the form and dense_indexer_kl's
+// blocks of rows).
 void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
                                 const float* w, const float* grad_scores, float* grad_q,
                                 float* grad_k, float* grad_w, Stream stream);
-// The rows of dense_index_score_backward resident at once on the current device (a row a block):
+// The rows of dense_index_score_backward resident at once on the current device (three a block):
 // blocks of rows a multiple of it leave no wave of the query-major kernel part empty.
 int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim);
 
@@ -55,6 +57,14 @@ void indexer_kl_fwd(int64_t rows, int64_t topk, const float* score, const float*
                     float* loss, Stream stream);
 void indexer_kl_bwd(int64_t rows, int64_t topk, const float* score, const float* target,
                     const float* grad_loss, float* grad_score, Stream stream);
+
+// The dense warm-up's KL of a block of rows and its gradient (dense_indexer_kl): score [rows,
+// >= keys] (rows score_stride floats apart; -infinity where the row does not see the key) and
+// target [rows, keys] fp32. loss [rows] = KL(target || softmax(score)); target is overwritten by
+// d loss / d score = softmax(score) - target (0 where unseen). Two reads of the scores, one of the
+// target; the same bits every run.
+void dense_indexer_kl_rows(int64_t rows, int64_t keys, const float* score, int64_t score_stride,
+                           float* target_grad, float* loss, Stream stream);
 
 // The dense warm-up's target (kernels/dense_indexer_kl.h) from a block of rows' fp32 attention
 // logits [rows, H, keys] (q . key, unscaled): row r sees keys s < visible_keys(first + r) of

@@ -38,21 +38,63 @@ struct ScoreGradTraits {
                 "unsupported indexer shape");
 };
 
+// The dense warm-up's index-score backward (dense_index_score_backward): blocks of three
+// warpgroups, one block an SM by registers (<= 168 a thread, as the one-warpgroup kernels use at
+// H_I 64, d_I 128), so an operand landed in shared memory serves three warpgroups instead of one.
+// Copies run kStages - 1 steps ahead in a ring (one barrier a step), each step's gradients and
+// head weights staged with the operands, so no global load waits inside a step.
+//   rows kernel: warpgroup r owns row 3 b + r and all three walk the key tiles of the last row's
+//     prefix, each key tile read from L2 once for three rows (a row's keys past its own prefix
+//     get gradient 0);
+//   key kernel: kTiles x kSplits = 3 warpgroups, warpgroup (tile, split) owning 64-key tile
+//     `tile` of the block's and the rows first + split, first + split + kSplits, ..; a row's q
+//     serves kTiles tiles (kTiles = 3 where there are blocks to fill the SMs), or the rows of a
+//     tile are split three ways (kSplits = 3, when a block of rows' prefix has few tiles) and the
+//     partial sums added in a fixed order.
+struct DenseBackwardTraits {
+  static constexpr int kWarpgroups = 3;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kStages = 3;
+  static constexpr int kRowsPerBlock = kWarpgroups;
+
+  // Rows kernel shared memory: 1 KB alignment slack, the key tiles' ring, a query tile and a
+  // coefficient tile a row, the gradients' ring [stage][row][key] and the rows' head weights.
+  template <class Tr>
+  static constexpr int rows_smem_bytes() {
+    return 1024 + kStages * Tr::kKeyTileBytes + kRowsPerBlock * (Tr::kQueryBytes + Tr::kCoefBytes) +
+           kStages * kRowsPerBlock * Tr::kKeys * 4 + kRowsPerBlock * Tr::kHeads * 4;
+  }
+  // Key kernel shared memory: the block's key tiles, the query ring [stage][split], the
+  // gradients' ring [stage][split][tile keys] and the head weights' ring [stage][split]; the
+  // splits' partial sums reuse it from the start once the rows are done.
+  template <class Tr, int kTiles, int kSplits>
+  static constexpr int keys_smem_bytes() {
+    constexpr int kMain = kTiles * Tr::kKeyTileBytes + kStages * kSplits * Tr::kQueryBytes +
+                          kStages * kSplits * (kTiles * Tr::kKeys + Tr::kHeads) * 4;
+    constexpr int kPartials = (kSplits - 1) * kTiles * Tr::kKeys * Tr::kDim * 4;
+    return 1024 + (kMain > kPartials ? kMain : kPartials);
+  }
+};
+
 // The dense warm-up's target on tensor cores (dense_target.cu). A block takes 128 (row, head)
 // pairs (128 / H rows) against a chunk of kKeyChunk keys, its Q [pairs x d_qk] resident in shared
-// memory; consumer warpgroup w takes pairs 64 w .. 64 w + 63, and both read every 64-key tile,
-// which the producer warpgroup streams a 64-column block at a time through a ring of kSlots slots.
-// S^T [keys x pairs] = K_tile Q^T puts keys in M, so the sum over a row's heads is a sum over the
-// accumulator's columns: in registers, then across a quad.
+// memory; the producer warpgroup streams the chunk's 64-key tiles a 64-column block at a time
+// through a ring of kSlots slots, and consumer warpgroup w takes tiles w, w + 2, ... against all
+// 128 pairs (m64n128k16: 6 KB of operands a k16 step for 262 KFLOP, where two consumers of n64
+// halves of the pairs read 8 KB for the same work). S^T [keys x pairs] = K_tile Q^T puts keys in
+// M, so the sum over a row's heads is a sum over the accumulator's columns: in registers, then
+// across a quad.
 struct DenseTargetTraits {
   static constexpr int kThreads = 384;               // consumer warpgroups 0 and 1, producer 2
-  static constexpr int kPairs = 128;                 // (row, head) pairs of a block
+  static constexpr int kConsumerThreads = 256;       // the turn barriers between the consumers
+  static constexpr int kPairs = 128;                 // (row, head) pairs of a block (wgmma's N)
+  static constexpr int kMaxRows = kPairs / 8;        // rows of a block, at H = 8
   static constexpr int kKeys = 64;                   // keys of a tile (wgmma's M)
-  static constexpr int kKeyChunk = 2048;             // keys of a block: 32 tiles
+  static constexpr int kKeyChunk = 2048;             // keys of a block: 32 tiles, 16 a consumer
   static constexpr int kMaxDimQk = 576;              // Q of 128 pairs: 144 KB
   static constexpr int kSlotBytes = kKeys * 64 * 2;  // a tile's 64-column block (swizzled)
-  static constexpr int kSlots = 10;
-  static constexpr int kBarrierBytes = 1024;  // q_ready, full[kSlots], empty[kSlots]
+  static constexpr int kSlots = 10;  // over one tile at d_qk = 576: the next consumer's comes in
+  static constexpr int kBarrierBytes = 1024;  // q_ready, full[kSlots], empty[kSlots], seen
   // Shared memory: 1 KB alignment slack, Q, the ring, the barriers.
   static constexpr int smem_bytes(int dim_qk) {
     return 1024 + kPairs * dim_qk * 2 + kSlots * kSlotBytes + kBarrierBytes;
@@ -62,8 +104,7 @@ struct DenseTargetTraits {
 };
 
 // The dense warm-up's visibility over a block of rows: row t (position first_position + t) sees
-// keys s < visible(t), its causal prefix (kernels/shapes.h KeyVisibility); as a key source of the
-// index-score backward, slot i of a row is key i.
+// keys s < visible(t), its causal prefix (kernels/shapes.h KeyVisibility).
 struct PrefixKeys {
   int64_t first_position;  // row 0's position
   int64_t tokens_per_key;
@@ -72,25 +113,28 @@ struct PrefixKeys {
     const int64_t seen = (first_position + t + 1) / tokens_per_key;
     return seen < num_keys ? seen : num_keys;
   }
+  // Whether row t sees key s (s < visible(t)), without a division.
+  __device__ bool sees(int64_t t, int64_t s) const {
+    return s < num_keys && (s + 1) * tokens_per_key <= first_position + t + 1;
+  }
   // The first row that sees key s (every later row sees it too).
   __device__ int64_t first_row_seeing(int64_t s) const {
     const int64_t t = (s + 1) * tokens_per_key - 1 - first_position;
     return t > 0 ? t : 0;
   }
-  struct Row {
-    int64_t count;  // visible keys: the slots worth a tile
-    __device__ int32_t key(int64_t slot) const {
-      return slot < count ? static_cast<int32_t>(slot) : -1;
-    }
-  };
-  __device__ Row row(int64_t t) const { return {visible(t)}; }
-  __device__ int64_t stride() const { return num_keys; }
 };
 
 // indexer_kl: one warp per row.
 struct RowWarpTraits {
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / 32;
+};
+
+// dense_indexer_kl_rows: one block per row (a block of rows is a few hundred rows of up to the
+// whole sequence: a warp a row would leave HBM idle).
+struct DenseKlTraits {
+  static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / 32;
 };
 
 }  // namespace hyscale::cuda

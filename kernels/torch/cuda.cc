@@ -519,8 +519,8 @@ void dense_target(const IndexerShape& shape, const at::Tensor& q, const at::Tens
 // the keys its last row sees: the target (dense_target, with the given lse if any); the indexer's
 // scores by flash_topk's
 // scoring (index_score_table), their log-sum-exp, the KL and its gradient with respect to the
-// scores; then the indexer's gradients (dense_index_score_backward: grad_q_I and grad_w a row a
-// block, grad_k_I a key tile a block, no reductions). Memory is O(rows * keys) a block, never
+// scores; then the indexer's gradients (dense_index_score_backward: grad_q_I and grad_w three
+// rows a block, grad_k_I key tiles a block, no reductions). Memory is O(rows * keys) a block, never
 // [N, M].
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
     const at::Tensor& q, const at::Tensor& key, const at::Tensor& q_I, const at::Tensor& k_I,
@@ -543,8 +543,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   auto grad_q = at::zeros(in.q.sizes(), f32);
   auto grad_k = at::zeros(in.k.sizes(), f32);
   auto grad_w = at::zeros(in.w.sizes(), f32);
-  // Whole waves of the index-score backward's query-major kernel (a row a block), where a block
-  // holds more than one.
+  // Whole waves of the index-score backward's query-major kernel (three rows a block, one block
+  // an SM), where a block holds more than one.
   const int64_t wave = cuda::dense_index_score_backward_rows_per_wave(shape.heads, shape.dim);
   int64_t block_rows = std::clamp<int64_t>(
       kDenseBlockBytes / (std::max<int64_t>(1, shape.num_keys) * kDenseBytesPerPair), 1,
@@ -555,33 +555,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       const int64_t rows = std::min(block_rows, n - first);
       const int64_t keys = shape.visible_keys(first + rows - 1);  // rows see prefixes
       if (keys == 0) continue;                                    // loss 0, gradients 0
-      // Key s is visible to row r when s < visible_keys(first + r) (the indexer's visibility),
-      // made on the device.
-      const auto limit = at::arange(rows, f32.dtype(at::kLong))
-                             .add_(shape.position(first) + 1)
-                             .div_(shape.visibility.tokens_per_key, "floor")
-                             .clamp_max_(keys);
-      const auto every_key = at::arange(keys, limit.options()).unsqueeze(0);
-      const auto hidden = every_key.ge(limit.unsqueeze(1));  // [rows, keys]
       auto target = at::zeros({rows, keys}, f32);
       dense_target(shape, vq[seq], vkey[seq], vlse.defined() ? vlse[seq] : vlse, scale, first, rows,
                    target);
 
-      // The indexer's log-probabilities over the same keys (-infinity where hidden).
-      auto scores = at::empty({rows, shape.num_keys}, f32);
-      cuda::index_score_table(shape, in.q[seq].data_ptr(), in.k[seq].data_ptr(),
-                              in.w[seq].data_ptr<float>(), first, rows, scores.data_ptr<float>(),
-                              current_stream());
-      auto log_q = scores.narrow(1, 0, keys);
-      auto index_lse = at::logsumexp(log_q, -1, /*keepdim=*/true);
-      index_lse.masked_fill_(index_lse.isinf(), 0.0);
-      log_q = log_q - index_lse;
-      scores = at::Tensor();
-      loss[seq]
-          .narrow(0, first, rows)
-          .copy_((at::xlogy(target, target) - target * log_q.masked_fill(hidden, 0.0)).sum(-1));
-      // d loss / d score = softmax - target: 0 where hidden (both are).
-      const auto grad_scores = log_q.exp_().sub_(target);
+      {
+        // The indexer's scores over the same keys (-infinity where the row does not see the
+        // key), then the KL and, in the target's place, d loss / d score = softmax - target.
+        const auto scores = at::empty({rows, shape.num_keys}, f32);
+        cuda::index_score_table(shape, in.q[seq].data_ptr(), in.k[seq].data_ptr(),
+                                in.w[seq].data_ptr<float>(), first, rows, scores.data_ptr<float>(),
+                                current_stream());
+        cuda::dense_indexer_kl_rows(
+            rows, keys, scores.data_ptr<float>(), shape.num_keys, target.data_ptr<float>(),
+            loss[seq].narrow(0, first, rows).data_ptr<float>(), current_stream());
+      }
+      const auto& grad_scores = target;
 
       IndexerShape block = shape;
       block.num_queries = rows;
@@ -596,6 +585,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   }
   return {unbatch(loss, b), unbatch(grad_q, b).to(q_I.scalar_type()),
           unbatch(grad_k, b).to(k_I.scalar_type()), unbatch(grad_w, b).to(w.scalar_type())};
+}
+
+int64_t dense_indexer_kl_row_multiple(const at::Tensor& q_I) {
+  const char* op = "hyscale::dense_indexer_kl_row_multiple";
+  TORCH_CHECK(q_I.dim() >= 2, op, ": q_I must be [.., H_I, d_I], got ", q_I.sizes());
+  const int64_t heads = q_I.size(-2), dim = q_I.size(-1);
+  TORCH_CHECK(cuda_indexer_shape_supported(heads, dim), op, ": the CUDA kernels take ",
+              kCudaIndexerShapes, ", got H_I = ", heads, ", d_I = ", dim);
+  const c10::cuda::CUDAGuard guard(q_I.device());
+  return cuda::dense_index_score_backward_rows_per_wave(heads, dim);
 }
 
 }  // namespace
@@ -620,4 +619,5 @@ TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);
   m.impl("dense_indexer_kl", &dense_indexer_kl);
+  m.impl("dense_indexer_kl_row_multiple", &dense_indexer_kl_row_multiple);
 }

@@ -73,4 +73,7 @@ TORCH_LIBRARY(hyscale, m) {
       "dense_indexer_kl(Tensor q, Tensor key, Tensor q_I, Tensor k_I, Tensor w, float scale,"
       " int q_offset=0, int tokens_per_key=1, Tensor? lse=None)"
       " -> (Tensor loss, Tensor grad_q_I, Tensor grad_k_I, Tensor grad_w)");
+  // The rows a dense_indexer_kl call on q_I's device (q_I [.., H_I, d_I]) is best a whole multiple
+  // of: its query-major kernel's rows a wave on a GPU, 1 on the CPU.
+  m.def("dense_indexer_kl_row_multiple(Tensor q_I) -> int");
 }

@@ -83,6 +83,12 @@ DenseIndexerLoss dense_indexer_kl(const at::Tensor& q, const at::Tensor& key, co
   return {loss, gq, gk, gw};
 }
 
+int64_t dense_indexer_kl_row_multiple(const at::Tensor& q_I) {
+  static const auto handle =
+      op<int64_t(const at::Tensor&)>("hyscale::dense_indexer_kl_row_multiple");
+  return handle.call(q_I);
+}
+
 IndexScoreGrads index_score_backward(const at::Tensor& grad_scores, const at::Tensor& q,
                                      const at::Tensor& k, const at::Tensor& w,
                                      const at::Tensor& indices, int64_t q_offset,

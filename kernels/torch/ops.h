@@ -72,6 +72,9 @@ DenseIndexerLoss dense_indexer_kl(const at::Tensor& q, const at::Tensor& key, co
                                   const at::Tensor& k_I, const at::Tensor& w, double scale,
                                   int64_t q_offset = 0, int64_t tokens_per_key = 1,
                                   const at::Tensor& lse = {});
+// The rows a dense_indexer_kl call on q_I's device is best a whole multiple of (whole waves of its
+// GPU kernels; 1 on the CPU): a caller that picks its query chunks rounds them to it.
+int64_t dense_indexer_kl_row_multiple(const at::Tensor& q_I);
 
 // The backward ops autograd calls (autograd.cc); callable directly, e.g. by benchmarks.
 struct IndexScoreGrads {

@@ -335,5 +335,10 @@ TEST_F(DenseIndexerKlTest, GivenLogSumExpsAreTheOnesUsed) {
   }
 }
 
+// The CPU loop has no waves: any number of rows a call is as good as another.
+TEST_F(DenseIndexerKlTest, CpuRowMultipleIsOne) {
+  EXPECT_EQ(ops::dense_indexer_kl_row_multiple(torch::empty({64, 128})), 1);
+}
+
 }  // namespace
 }  // namespace hyscale

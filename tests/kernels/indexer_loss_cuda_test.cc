@@ -11,7 +11,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/torch/ops.h"
@@ -334,23 +337,61 @@ TEST_F(IndexerLossCudaTest, IndexerLossChainOnCudaMatchesTheCpuOps) {
   expect_close(gpu.grad_w, cpu.grad_w, 1e-4, "grad w");
 }
 
+// The key-gradient kernel dense_indexer_kl takes on the GPU, forced while in scope: "share" (a
+// row's q serves three 64-key tiles), "split" (a tile's rows split three ways), or nullptr (the
+// op's choice by the block's shape: at test sizes, "split").
+class DenseKeyGradForm {
+ public:
+  // form: "share", "split", or null for the op's own choice (whatever the caller had set).
+  explicit DenseKeyGradForm(const char* form) {
+    if (const char* before = std::getenv(kVariable)) before_ = before;
+    if (form) {
+      setenv(kVariable, form, 1);
+    } else {
+      unsetenv(kVariable);
+    }
+  }
+  ~DenseKeyGradForm() {
+    if (before_) {
+      setenv(kVariable, before_->c_str(), 1);
+    } else {
+      unsetenv(kVariable);
+    }
+  }
+
+ private:
+  static constexpr const char* kVariable = "HYSCALE_DENSE_KEY_GRAD";
+  std::optional<std::string> before_;
+};
+constexpr const char* kDenseKeyGradForms[] = {nullptr, "share", "split"};
+
+std::string form_name(const char* form) {
+  return form ? form : "the op's choice";
+}
+
 // The dense warm-up's loss (dense_indexer_kl) on CUDA against the CPU op in float64 on the same
 // values: exact in bf16 (attention) and eighths (indexer, so the ReLU gates agree); N not a
 // multiple of any tile, q_offset > 0 (a context-parallel shard), tokens_per_key 2 (rows that see no
-// key), H_I and d_I at each end of what the kernels take. The GPU's error is the bf16 coefficients
+// key), H_I and d_I at each end of what the kernels take; blocks of three rows (the rows kernel's)
+// cut short at N and straddling a tile's end (rows 63 .. 65 at q_offset 0), blocks of three key
+// tiles cut short at M, under each key-gradient kernel. The GPU's error is the bf16 coefficients
 // of the index-score backward and fp32 sums.
 TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
   struct DenseCase {
     int64_t n, m, heads, dim_qk, index_heads, index_dim, q_offset, tokens_per_key;
   };
   // With the lse given, H in {8, .., 128} and d_qk a multiple of 64 take the fused target (the
-  // rest, and every case without the lse, the logits'). The last case spans two blocks of rows
-  // (at most 4096 a block): the key-major gradient adds each block's part into grad_k.
+  // rest, and every case without the lse, the logits'). Its two consumers take alternate 64-key
+  // tiles of a 2048-key chunk: odd counts of tiles (7 at H = 64, 3 at H = 32 and H = 16), an even
+  // one (4 at H = 128), the last tile partly past the rows' prefixes, and a second chunk of 3
+  // tiles with a last block of pairs part empty (2202 rows, 4 a block at H = 32). The last case
+  // spans two blocks of rows (at most 4096 a block): the key-major gradient adds each block's
+  // part into grad_k.
   const DenseCase cases[] = {
-      {300, 300, 8, 72, 16, 64, 0, 1},    {250, 400, 64, 576, 64, 128, 150, 1},
-      {131, 70, 4, 64, 32, 128, 9, 2},    {200, 260, 128, 128, 16, 64, 40, 1},
-      {333, 333, 32, 192, 64, 128, 0, 2}, {150, 150, 16, 64, 32, 64, 7, 1},
-      {4500, 4500, 8, 64, 16, 64, 3, 1}};
+      {300, 300, 8, 72, 16, 64, 0, 1},     {250, 400, 64, 576, 64, 128, 150, 1},
+      {131, 70, 4, 64, 32, 128, 9, 2},     {200, 260, 128, 128, 16, 64, 40, 1},
+      {333, 333, 32, 192, 64, 128, 0, 2},  {150, 150, 16, 64, 32, 64, 7, 1},
+      {2202, 2202, 32, 128, 16, 64, 5, 1}, {4500, 4500, 8, 64, 16, 64, 3, 1}};
   for (const DenseCase& c : cases) {
     SCOPED_TRACE("N " + std::to_string(c.n) + " M " + std::to_string(c.m) + " H " +
                  std::to_string(c.heads) + " d_qk " + std::to_string(c.dim_qk) + " H_I " +
@@ -366,13 +407,17 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
       return ops::dense_indexer_kl(on(q), on(key), on(q_i), on(k_i), on(w), scale, c.q_offset,
                                    c.tokens_per_key);
     };
-    const auto gpu = run(torch::kCUDA, torch::kFloat);
     const auto want = run(torch::kCPU, torch::kDouble);
     ASSERT_TRUE(want.grad_k.ne(0).any().item<bool>()) << "grad_k is all zeros";
-    expect_close(gpu.loss, want.loss, 1e-4, "loss");
-    expect_close(gpu.grad_q, want.grad_q, 1e-2, "grad q_I");
-    expect_close(gpu.grad_k, want.grad_k, 1e-2, "grad k_I");
-    expect_close(gpu.grad_w, want.grad_w, 1e-2, "grad w");
+    for (const char* form : kDenseKeyGradForms) {
+      SCOPED_TRACE("key gradient: " + form_name(form));
+      const DenseKeyGradForm forced(form);
+      const auto gpu = run(torch::kCUDA, torch::kFloat);
+      expect_close(gpu.loss, want.loss, 1e-4, "loss");
+      expect_close(gpu.grad_q, want.grad_q, 1e-2, "grad q_I");
+      expect_close(gpu.grad_k, want.grad_k, 1e-2, "grad k_I");
+      expect_close(gpu.grad_w, want.grad_w, 1e-2, "grad w");
+    }
     // With the attention's log-sum-exps given (as the trainer passes its forward's): the same.
     const auto visible =
         torch::arange(c.m).unsqueeze(0) * c.tokens_per_key + c.tokens_per_key - 1 <=
@@ -418,27 +463,37 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlInBlocksMatchesTheCpuOpRowByRow) {
   }
 }
 
+// H = 8 (16 rows a block of the fused target) and H = 128 (one row a block, its heads all of a
+// consumer's columns).
 TEST_F(IndexerLossCudaTest, DeterministicDenseIndexerKlIsBitIdenticalAcrossRuns) {
-  const int64_t n = 400, heads = 8, dim_qk = 64, index_heads = 64, index_dim = 128;
-  const auto q = bf16_values({n, heads, dim_qk}).cuda(), key = bf16_values({n, dim_qk}).cuda();
-  const auto q_i = bf16_values({n, index_heads, index_dim}).cuda();
-  const auto k_i = bf16_values({n, index_dim}).cuda(), w = torch::randn({n, index_heads}).cuda();
-  const DeterministicAlgorithms deterministic;
-  // Without the lse (the logits' target) and with it (the fused target).
-  const auto causal = torch::arange(n).unsqueeze(0) > torch::arange(n).unsqueeze(1);
-  const auto lse = torch::logsumexp(torch::einsum("thd,sd->ths", {q, key})
-                                        .mul(0.125)
-                                        .masked_fill(causal.cuda().unsqueeze(1), -INFINITY),
-                                    -1);
-  for (const torch::Tensor& given : {torch::Tensor(), lse}) {
-    SCOPED_TRACE(given.defined() ? "lse given" : "no lse");
-    const auto first = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
-    for (int run = 1; run < 3; ++run) {
-      const auto again = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
-      EXPECT_TRUE(torch::equal(again.loss, first.loss)) << "loss differs, run " << run;
-      EXPECT_TRUE(torch::equal(again.grad_k, first.grad_k)) << "grad_k differs, run " << run;
-      EXPECT_TRUE(torch::equal(again.grad_q, first.grad_q)) << "grad_q differs, run " << run;
-      EXPECT_TRUE(torch::equal(again.grad_w, first.grad_w)) << "grad_w differs, run " << run;
+  for (const int64_t heads : {8, 128}) {
+    SCOPED_TRACE("H " + std::to_string(heads));
+    const int64_t n = 400, dim_qk = 64, index_heads = 64, index_dim = 128;
+    const auto q = bf16_values({n, heads, dim_qk}).cuda(), key = bf16_values({n, dim_qk}).cuda();
+    const auto q_i = bf16_values({n, index_heads, index_dim}).cuda();
+    const auto k_i = bf16_values({n, index_dim}).cuda(), w = torch::randn({n, index_heads}).cuda();
+    const DeterministicAlgorithms deterministic;
+    // Without the lse (the logits' target) and with it (the fused target).
+    const auto causal = torch::arange(n).unsqueeze(0) > torch::arange(n).unsqueeze(1);
+    const auto lse = torch::logsumexp(torch::einsum("thd,sd->ths", {q, key})
+                                          .mul(0.125)
+                                          .masked_fill(causal.cuda().unsqueeze(1), -INFINITY),
+                                      -1);
+    // Each key-gradient kernel on its own (they add a tile's rows in different orders).
+    for (const char* form : kDenseKeyGradForms) {
+      SCOPED_TRACE("key gradient: " + form_name(form));
+      const DenseKeyGradForm forced(form);
+      for (const torch::Tensor& given : {torch::Tensor(), lse}) {
+        SCOPED_TRACE(given.defined() ? "lse given" : "no lse");
+        const auto first = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
+        for (int run = 1; run < 3; ++run) {
+          const auto again = ops::dense_indexer_kl(q, key, q_i, k_i, w, 0.125, 0, 1, given);
+          EXPECT_TRUE(torch::equal(again.loss, first.loss)) << "loss differs, run " << run;
+          EXPECT_TRUE(torch::equal(again.grad_k, first.grad_k)) << "grad_k differs, run " << run;
+          EXPECT_TRUE(torch::equal(again.grad_q, first.grad_q)) << "grad_q differs, run " << run;
+          EXPECT_TRUE(torch::equal(again.grad_w, first.grad_w)) << "grad_w differs, run " << run;
+        }
+      }
     }
   }
 }
@@ -460,6 +515,24 @@ TEST_F(IndexerLossCudaTest, RejectsUnsupportedShapes) {
     FAIL() << "H_I = 8 accepted";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("H_I"), std::string::npos) << e.what();
+  }
+  try {
+    ops::dense_indexer_kl_row_multiple(qi);
+    FAIL() << "H_I = 8 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("H_I"), std::string::npos) << e.what();
+  }
+}
+
+// The rows the trainer rounds the warm-up's chunks to: whole waves of the query-major kernel's
+// blocks of three rows (at least one block on every SM, so at least a few hundred rows on a
+// Hopper GPU).
+TEST_F(IndexerLossCudaTest, DenseIndexerKlRowMultipleIsAWaveOfRowBlocks) {
+  for (const auto& [heads, dim] : {std::pair{64, 128}, std::pair{16, 64}}) {
+    const int64_t rows = ops::dense_indexer_kl_row_multiple(
+        torch::empty({heads, dim}, torch::TensorOptions(torch::kCUDA)));
+    EXPECT_EQ(rows % 3, 0) << "H_I " << heads << ", d_I " << dim << ": " << rows;
+    EXPECT_GE(rows, 3 * 100) << "H_I " << heads << ", d_I " << dim;
   }
 }
 
