@@ -233,9 +233,9 @@ __device__ __forceinline__ void store_row_gradients(
 //   1. S^T [keys x H_I] = K_tile q_t^T, the product flash_topk scores with (the same gates);
 //   2. the gates' coefficients C^T[i, j] = g_i w_j [S_ij > 0] (0 in unused slots), in registers
 //      as bf16 A fragments, and grad_w[j] += sum_i g_i ReLU(S_ij) per lane;
-//   3. grad_k rows of the tile, C^T q_t [keys x d_I] (A from
-//      registers), staged in fp32 and added into grad_k[s_i] by bulk reductions (keys are shared
-//      between rows), or in fixed point (kFixed, deterministic);
+//   3. grad_k rows of the tile, C^T q_t [keys x d_I] (A from registers), staged in fp32 and
+//      added into grad_k[s_i] by bulk reductions (keys are shared between rows), or in fixed
+//      point (kFixed, deterministic);
 //   4. grad_q^T [d_I x H_I] += K_tile^T C^T, accumulated in registers across tiles, with C^T
 //      stored transposed (C [H_I x keys]) by stmatrix as the K-major B operand and the key tile
 //      read MN-major as A.
