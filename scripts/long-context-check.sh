@@ -11,7 +11,9 @@
 #      sparse step (issue #40: memory within 1.1x, time within 3x);
 #   4. recall_warmup: the warm-up doing its job end to end, examples/recall-warmup-gpu.yaml (the
 #      recall task at 16K: the indexer's recall before and after the warm-up, the sparse stage's
-#      accuracy beside the dense model's), bounded by HYSCALE_LC_RECALL_TIMEOUT_S (default 540 s).
+#      accuracy beside the dense model's), bounded by HYSCALE_LC_RECALL_TIMEOUT_S (default 540 s);
+#   5. recall_control: the same job without its warm-up stage (--skip-stage warmup): the sparse
+#      stage's accuracy where the indexer never learned (not run by default).
 # Runs 0-3 are bench/train_bench.py (its JSON and table under OUT) and are bounded by
 # HYSCALE_LC_TIMEOUT_S (default 300 s a run, twice that for the long one); a run that times out or
 # runs out of memory is reported and the next one still runs. HYSCALE_LC_RUNS picks runs (default
@@ -56,15 +58,18 @@ run chunked_128k "$timeout_s" --sizes 131072 --steps 3 --warmup 1 \
 run long $((2 * timeout_s)) --sizes "${HYSCALE_LC_LONG_N:-1048576}" --steps 2 --warmup 1
 run warmup_128k "$timeout_s" --stage warmup --sizes 131072 --steps 3 --warmup 1
 
-if selected recall_warmup; then
-  echo "== recall_warmup: hyscale-train -c examples/recall-warmup-gpu.yaml" | tee -a "$out/summary.txt"
-  rm -rf "$out/recall-checkpoints" "$out/recall_warmup.jsonl"
+recall() {  # name, then hyscale-train's extra arguments
+  local name=$1
+  shift
+  selected "$name" || return 0
+  echo "== $name: hyscale-train -c examples/recall-warmup-gpu.yaml $*" | tee -a "$out/summary.txt"
+  rm -rf "$out/$name-checkpoints" "$out/$name.jsonl"
   timeout "${HYSCALE_LC_RECALL_TIMEOUT_S:-540}" "$trainer" -c "$root/examples/recall-warmup-gpu.yaml" \
-    --device cuda --checkpoint-dir "$out/recall-checkpoints" --events "$out/recall_warmup.jsonl" \
-    >"$out/recall_warmup.txt" 2>&1
-  rc=$?
+    --device cuda --checkpoint-dir "$out/$name-checkpoints" --events "$out/$name.jsonl" "$@" \
+    >"$out/$name.txt" 2>&1
+  local rc=$?
   # Stage starts, the evaluations and the end, from the JSON-line events.
-  python3 - "$out/recall_warmup.jsonl" <<'EOF' | tee -a "$out/summary.txt"
+  python3 - "$out/$name.jsonl" <<'EOF' | tee -a "$out/summary.txt"
 import json
 import sys
 
@@ -82,7 +87,10 @@ for line in open(sys.argv[1]):
         print(f"job finished ok={f.get('ok', False)} in {f.get('elapsed_seconds', 0):.0f} s "
               f"{f.get('reason', '')}")
 EOF
-  [[ $rc == 0 ]] || { echo "   recall_warmup: exit $rc" | tee -a "$out/summary.txt"; status=1; }
-fi
+  [[ $rc == 0 ]] || { echo "   $name: exit $rc" | tee -a "$out/summary.txt"; status=1; }
+}
+
+recall recall_warmup
+recall recall_control --skip-stage warmup
 exit $status
 

@@ -141,6 +141,33 @@ TEST_F(TrainCliTest, QueryChunksTrainLikeWholeSequences) {
       << bad.output;
 }
 
+// --skip-stage: the job trains without the named stage (an ablation's control), and a name no
+// stage has is refused before training, with the stages it has.
+TEST_F(TrainCliTest, SkipStageTrainsWithoutIt) {
+  const std::string spec = write_spec(base_spec());
+  const Result skipped = run({"--config", spec, "--eval", "false", "--skip-stage", "dense"});
+  ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
+  std::vector<std::string> started;
+  std::istringstream lines(skipped.output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto event = ParseEventLine(line);
+    if (event.ok() && event->has_stage_started()) started.push_back(event->stage_started().name());
+  }
+  EXPECT_EQ(started, std::vector<std::string>{"sparse"}) << skipped.output;
+  EXPECT_EQ(losses(skipped.output).size(), 4u) << skipped.output;
+
+  const Result unknown = run({"--config", spec, "--skip-stage", "warmup"});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find(
+                "--skip-stage warmup: the spec has no stage of that name (dense, sparse)"),
+            std::string::npos)
+      << unknown.output;
+  const Result none_left =
+      run({"--config", spec, "--skip-stage", "dense", "--skip-stage", "sparse"});
+  EXPECT_EQ(none_left.exit_code, 2) << none_left.output;
+  EXPECT_NE(none_left.output.find("stages"), std::string::npos) << none_left.output;
+}
+
 TEST_F(TrainCliTest, CorruptNewestCheckpointFallsBackWithAWarning) {
   const std::string spec = write_spec(base_spec());
   const std::string ckpt = dir_.Path("ckpt");

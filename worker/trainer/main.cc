@@ -12,9 +12,12 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <absl/status/status.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -22,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #ifdef HYSCALE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -63,6 +67,24 @@ std::string DescribeDevice(const torch::Device& device) {
   }
 #endif
   return device.str();
+}
+
+// The spec without the stages named in `names` (--skip-stage: an ablation, e.g. training without
+// the dense warm-up as its control). A name no stage has is an error that lists the stages.
+absl::Status SkipStages(const std::vector<std::string>& names, hyscale::v1::JobSpec* spec) {
+  for (const std::string& name : names) {
+    auto* stages = spec->mutable_stages();
+    const auto named = [&name](const hyscale::v1::StageSpec& s) { return s.name() == name; };
+    const auto kept = std::remove_if(stages->begin(), stages->end(), named);
+    if (kept == stages->end()) {
+      std::vector<std::string> known;
+      for (const auto& stage : spec->stages()) known.push_back(stage.name());
+      return absl::InvalidArgumentError(absl::StrCat(name, ": the spec has no stage of that name (",
+                                                     absl::StrJoin(known, ", "), ")"));
+    }
+    stages->erase(kept, stages->end());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -110,6 +132,7 @@ int main(int argc, char** argv) {
   int threads = -1;
   int query_chunk = -1;
   std::string device_name = "auto";
+  std::vector<std::string> skipped_stages;
   bool count_tensor_memory = false;
   app.add_option("-c,--config", config_path, "Job spec (.json, .yaml or .yml)")->required();
   app.add_flag("--resume", resume, "Continue from the newest valid checkpoint");
@@ -124,6 +147,8 @@ int main(int argc, char** argv) {
   app.add_option(
       "--query-chunk", query_chunk,
       "Override recompute.query_chunk: queries a layer runs at once (0: fit the device)");
+  app.add_option("--skip-stage", skipped_stages,
+                 "Train without the stage of this name (repeatable; e.g. a warm-up's control)");
   app.add_option("--events", events_path, "Also write JSON-line events to this file");
   app.add_option("--threads", threads, "CPU threads (overrides the spec's threads)");
   app.add_option("--device", device_name, "Where to train: cpu, cuda, or auto (cuda if present)")
@@ -141,6 +166,10 @@ int main(int argc, char** argv) {
   if (!checkpoint_dir.empty()) spec->mutable_checkpoint()->set_dir(checkpoint_dir);
   if (threads >= 0) spec->set_threads(threads);
   if (query_chunk != -1) spec->mutable_recompute()->set_query_chunk(query_chunk);
+  if (auto status = SkipStages(skipped_stages, &*spec); !status.ok()) {
+    std::cerr << "hyscale-train: --skip-stage " << status.message() << "\n";
+    return kExitBadInput;
+  }
   hyscale::ApplyDefaults(&*spec);
   if (auto status = hyscale::ValidateJobSpec(*spec); !status.ok()) {
     std::cerr << "hyscale-train: invalid job spec " << config_path << ": " << status.message()
