@@ -239,9 +239,10 @@ __device__ __forceinline__ void store_row_gradients(
 //   4. grad_q^T [d_I x H_I] += K_tile^T C^T, accumulated in registers across tiles, with C^T
 //      stored transposed (C [H_I x keys]) by stmatrix as the K-major B operand and the key tile
 //      read MN-major as A.
-// The next key tile is gathered (cp.async) while a tile computes; two blocks share an SM.
+// The next key tile is gathered (cp.async) while a tile computes; three blocks share an SM (168
+// registers, 76 KB of shared memory with the staging of 64 columns at a time).
 template <class Tr, KeyGrad kKeyGrad>
-__global__ void __launch_bounds__(Tr::kThreads)
+__global__ void __launch_bounds__(Tr::kThreads, 3)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
                                 float* grad_q, float* grad_k, float* grad_w,
@@ -314,59 +315,67 @@ __global__ void __launch_bounds__(Tr::kThreads)
     fence_async_shared();
     __syncthreads();
 
-    float key_grad[Tr::kDim / 2];
+    // The key gradient 64 columns of d_I at a time (32 accumulators rather than 64: three blocks
+    // an SM), the query gradient's products issued with the first.
 #pragma unroll
-    for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
-    wgmma_fence();
+    for (int cols = 0; cols < Tr::kDimBlocks; ++cols) {
+      float key_grad[32];
 #pragma unroll
-    for (int s = 0; s < Tr::kHeadSteps; ++s) {
-      WgmmaRegA<Tr::kDim, 1>::run(key_grad, coef[s],
-                                  mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
-    }
-    issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(key_grad);
+      for (int i = 0; i < 32; ++i) key_grad[i] = 0.f;
+      wgmma_fence();
 #pragma unroll
-    for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
-#pragma unroll
-    for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
-
-    // The warp's 16 key rows: staged, then added into grad_k.
-    if constexpr (!kFixed) {
-      bulk_wait_read<0>();  // the previous tile's reductions have read the staging rows
-    }
-    __syncwarp();
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < Tr::kDim / 8; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
+      for (int s = 0; s < Tr::kHeadSteps; ++s) {
+        WgmmaRegA<64, 1>::run(key_grad, coef[s],
+                              mn_major_descriptor<Tr::kHeads>(query_tile, 64 * cols, 16 * s));
       }
-    }
-    if constexpr (kFixed) {
+      if (cols == 0) issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(key_grad);
+      if (cols == 0) {
+#pragma unroll
+        for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+      }
+
+      // The warp's 16 key rows of these columns: staged, then added into grad_k.
+      if constexpr (!kFixed) {
+        bulk_wait_read<0>();  // the previous reductions have read the staging rows
+      }
       __syncwarp();
-      for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
-        const int32_t key = key_at(first + r);
-        if (key < 0) continue;  // uniform across the warp
-        for (int d = lane; d < Tr::kDim; d += 32) {
-          fixed_add(fixed_k + int64_t(key) * Tr::kDim + d, stage[r * Tr::kStageStride + d],
-                    fixed_scale);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float* const dst = stage + (half ? key_hi : key_lo) * Tr::kStageStride + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(key_grad[4 * j + 2 * half], key_grad[4 * j + 2 * half + 1]);
         }
       }
-    } else {
-      fence_async_shared();
-      __syncwarp();
-      const int r = 16 * warp + lane;
-      const int32_t key = lane < 16 ? key_at(first + r) : -1;
-      if (key >= 0) {
-        bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim, stage + r * Tr::kStageStride,
-                        Tr::kDim * 4, policy);
+      if constexpr (kFixed) {
+        __syncwarp();
+        for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
+          const int32_t key = key_at(first + r);
+          if (key < 0) continue;  // uniform across the warp
+          for (int d = lane; d < 64; d += 32) {
+            fixed_add(fixed_k + int64_t(key) * Tr::kDim + 64 * cols + d,
+                      stage[r * Tr::kStageStride + d], fixed_scale);
+          }
+        }
+        __syncwarp();  // the next columns' staging overwrites these rows
+      } else {
+        fence_async_shared();
+        __syncwarp();
+        const int r = 16 * warp + lane;
+        const int32_t key = lane < 16 ? key_at(first + r) : -1;
+        if (key >= 0) {
+          bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim + 64 * cols,
+                          stage + r * Tr::kStageStride, 64 * 4, policy);
+        }
+        bulk_commit();
       }
-      bulk_commit();
     }
+#pragma unroll
+    for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
     // Every warp is done with this tile's key tile, coefficients and key stage before they are
     // refilled.
     __syncthreads();

@@ -22,9 +22,10 @@ struct ScoreGradTraits {
   static constexpr int kHeadSteps = kHeads / 16;  // k16 steps over heads (the key gradient's K)
   static constexpr int kKeySteps = kKeys / 16;    // k16 steps over keys (the query gradient's K)
   static constexpr int kDimBlocks = kDim / 64;    // m64 blocks of the query gradient (d in M)
-  // fp32 key-gradient rows staged for the bulk reductions, padded by 8 floats: a warp's float2
-  // stores of 8 rows then fall into distinct banks.
-  static constexpr int kStageStride = kDim + 8;
+  // fp32 key-gradient rows staged for the bulk reductions, 64 columns of d_I at a time, padded
+  // by 4 floats (8 would spread a half-warp's float2 stores over distinct banks, but three blocks
+  // then no longer fit an SM).
+  static constexpr int kStageStride = 64 + 4;
   // Shared memory in bytes: the query tile [H_I x d_I], the key tiles [64 x d_I] and the gates'
   // coefficients [H_I x 64] (bf16, 1 KB-aligned swizzled tiles), the staging rows, and the slack
   // that aligns the first tile.
