@@ -562,10 +562,14 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus) {
   Prediction whole = Predict(work, candidate, profile, gpus);
+  // The frozen dense warm-up is chunked even where its whole sequence fits: its key lists grow
+  // as N^2 and its speed does not change with the chunk (at 128K on the H200, 23.34 s whole at
+  // 98 GiB, 23.28 s in chunks of 1980 at 7.75 GiB: docs/performance.md section 13).
+  const bool frozen_dense = work.indexer_only && !work.sparse;
   // Query-chunked layers are HyScale's (the Megatron-style stacks hold whole sequences).
   if ((candidate.recompute == Recompute::kNone && !work.indexer_only) ||
       candidate.stack != Stack::kHyScale || candidate.query_chunk > 0 ||
-      whole.memory.total <= profile.memory_bytes) {
+      (whole.memory.total <= profile.memory_bytes && !frozen_dense)) {
     return whole;
   }
   const int64_t local = std::max<int64_t>(1, work.seq_len / std::max(1, candidate.cp));
@@ -581,6 +585,10 @@ Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                                  : DenseTableRowBytes(work);
     const double table_row = row_bytes * static_cast<double>(work.batch);
     const double cap = work.indexer_only ? kFrozenKeyListBytes : kDenseTableBytes;
+    if (frozen_dense && static_cast<double>(local) * table_row <= cap &&
+        whole.memory.total <= profile.memory_bytes) {
+      return whole;
+    }
     while (largest > smallest && static_cast<double>(largest) * table_row > cap) {
       largest /= 2;
     }

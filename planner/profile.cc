@@ -59,9 +59,9 @@ DeviceProfile H200() {
   p.gather_fwd_tflops = 72.6;
   p.gather_bwd_tflops = 16.4;
   p.indexer_mass_tflops = 67.7;
-  p.index_score_bwd_tflops = 101;
+  p.index_score_bwd_tflops = 112;
   p.latent_mass_tflops = 1079;
-  p.dense_indexer_loss_tflops = 319;
+  p.dense_indexer_loss_tflops = 331;
   p.kernel_launch_s = 5e-6;
   p.topk_scratch_bytes = 1 * kGiB;
   p.devices_per_node = 8;
@@ -111,16 +111,16 @@ DeviceProfile H200() {
       "measured: selected_attention_mass in the layer step, 585 ms for 128K queries on H200 "
       "(bench/cp_layer_bench.py, docs/performance.md section 12)";
   p.sources["index_score_bwd_tflops"] =
-      "measured: index_score_backward on tensor cores, 87.1 ms for 128K queries, k = 2048, on "
-      "H200 (bench/indexer_loss_bench.py, docs/performance.md section 13, 2026-12-05)";
+      "measured: index_score_backward on tensor cores (three blocks an SM), 78.4 ms for 128K "
+      "queries, k = 2048, on H200 (bench/indexer_loss_bench.py, docs/performance.md section 13, "
+      "2026-12-05)";
   p.sources["latent_mass_tflops"] =
       "measured: the target adds 36.7 ms to the latent backward's 668.3 ms at 128K, H = 128, on "
       "H200 (bench/indexer_loss_bench.py, docs/performance.md section 13, 2026-12-05)";
   p.sources["dense_indexer_loss_tflops"] =
-      "measured: dense_indexer_kl with the attention's lse given (the trainer's path), 234.3 ms at "
-      "32K, H = 64, d_qk = 576, H_I = 64, d_I = 128 (the median of three runs, 228.5-235.8), on an "
-      "H100 at 1965 MHz: the same SMs and clocks, no H200 was lent (bench/indexer_loss_bench.py "
-      "part c, docs/performance.md section 13, 2026-12-05)";
+      "measured: dense_indexer_kl with the attention's lse given (the trainer's path), 225.8 ms at "
+      "32K, H = 64, d_qk = 576, H_I = 64, d_I = 128, on H200 at 1980 MHz "
+      "(bench/indexer_loss_bench.py part c, docs/performance.md section 13, 2026-12-05)";
   p.sources["intra_node_gbps"] = "published: NVLink 4, 900 GB/s both directions";
   return p;
 }
@@ -142,7 +142,7 @@ DeviceProfile H800() {
         "index_score_bwd_tflops", "latent_mass_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
-  p.sources["dense_indexer_loss_tflops"] = "assumption: the H200's 319, measured on an H100";
+  p.sources["dense_indexer_loss_tflops"] = "assumption: the H200's measured 331 (same SMs)";
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
   p.sources["intra_node_gbps"] = "published: NVLink 400 GB/s both directions";
   return p;
