@@ -111,13 +111,19 @@ def dense_output_pass(ops, q, kv, scale, chunk=2048):
     return torch.cat(outs), torch.cat(lses)
 
 
-def dense_warmup(ops, n, heads, runs, peak):
-    g = torch.Generator(device="cuda").manual_seed(n + 11)
+def dense_inputs(n, heads, seed):
+    """The warm-up loss's inputs: q [n, heads, d_qk], the latent keys, q_I, k_I and w."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(n, heads, DQK, device="cuda", generator=g).bfloat16()
     kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
     q_i = torch.randn(n, HEADS_I, DIM_I, device="cuda", generator=g).bfloat16()
     k_i = torch.randn(n, DIM_I, device="cuda", generator=g).bfloat16()
     w = torch.randn(n, HEADS_I, device="cuda", generator=g) * HEADS_I ** -0.5
+    return q, kv, q_i, k_i, w
+
+
+def dense_warmup(ops, n, heads, runs, peak):
+    q, kv, q_i, k_i, w = dense_inputs(n, heads, n + 11)
     scale = DQK ** -0.5
     r = dict(n=n, heads=heads)
     r["output_ms"], _ = timed_with_clock(lambda: dense_output_pass(ops, q, kv, scale), runs)
