@@ -133,7 +133,9 @@ inline constexpr double kFrozenKeyListBytes = 2.0 * (1 << 30);
 // the largest chunk that fits the profile's memory, 0 (all local queries) when they fit, else
 // powers of two from the local sequence down to kMinQueryChunk (the smallest when none fits).
 // Dense work goes down to kMinDenseQueryChunk and starts where a chunk's tables fit
-// kDenseTableBytes (its key lists kFrozenKeyListBytes). Otherwise Predict as given.
+// kDenseTableBytes (its key lists kFrozenKeyListBytes). A frozen dense model (the warm-up) takes
+// such chunks even where all its queries fit: only the chunk changes its memory, not its speed.
+// Otherwise Predict as given.
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus);
 
