@@ -562,37 +562,31 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus) {
   Prediction whole = Predict(work, candidate, profile, gpus);
-  // The frozen dense warm-up is chunked even where its whole sequence fits: its key lists grow
-  // as N^2 and its speed does not change with the chunk (at 128K on the H200, 23.34 s whole at
-  // 98 GiB, 23.28 s in chunks of 1980 at 7.75 GiB: docs/performance.md section 13).
+  const int64_t local = std::max<int64_t>(1, work.seq_len / std::max(1, candidate.cp));
+  // A dense chunk's tables (frozen: its key lists) grow with every row, its speed does not
+  // beyond a few: keep them within kDenseTableBytes (kFrozenKeyListBytes).
+  const double row_bytes = work.sparse ? 0
+                           : work.indexer_only
+                               ? static_cast<double>(work.seq_len) * kFrozenDenseRowKeyBytes
+                               : DenseTableRowBytes(work);
+  const double table_row = row_bytes * static_cast<double>(work.batch);
+  const double cap = work.indexer_only ? kFrozenKeyListBytes : kDenseTableBytes;
+  // The frozen dense warm-up runs whole only within that cap, even where the whole fits: its key
+  // lists grow as N^2 and its speed does not change with the chunk (at 128K on the H200, 23.34 s
+  // whole at 98 GiB, 23.28 s in chunks of 1980 at 7.75 GiB: docs/performance.md section 13).
   const bool frozen_dense = work.indexer_only && !work.sparse;
+  const bool whole_fits = whole.memory.total <= profile.memory_bytes &&
+                          !(frozen_dense && static_cast<double>(local) * table_row > cap);
   // Query-chunked layers are HyScale's (the Megatron-style stacks hold whole sequences).
   if ((candidate.recompute == Recompute::kNone && !work.indexer_only) ||
-      candidate.stack != Stack::kHyScale || candidate.query_chunk > 0 ||
-      (whole.memory.total <= profile.memory_bytes && !frozen_dense)) {
+      candidate.stack != Stack::kHyScale || candidate.query_chunk > 0 || whole_fits) {
     return whole;
   }
-  const int64_t local = std::max<int64_t>(1, work.seq_len / std::max(1, candidate.cp));
   Prediction fitted = whole;
   const int64_t smallest = work.sparse ? kMinQueryChunk : kMinDenseQueryChunk;
   int64_t largest = smallest;
   while (largest * 2 < local) largest *= 2;
-  if (!work.sparse) {
-    // A dense chunk's tables (frozen: its key lists) grow with every row, its speed does not
-    // beyond a few: keep them within kDenseTableBytes (kFrozenKeyListBytes).
-    const double row_bytes = work.indexer_only
-                                 ? static_cast<double>(work.seq_len) * kFrozenDenseRowKeyBytes
-                                 : DenseTableRowBytes(work);
-    const double table_row = row_bytes * static_cast<double>(work.batch);
-    const double cap = work.indexer_only ? kFrozenKeyListBytes : kDenseTableBytes;
-    if (frozen_dense && static_cast<double>(local) * table_row <= cap &&
-        whole.memory.total <= profile.memory_bytes) {
-      return whole;
-    }
-    while (largest > smallest && static_cast<double>(largest) * table_row > cap) {
-      largest /= 2;
-    }
-  }
+  while (largest > smallest && static_cast<double>(largest) * table_row > cap) largest /= 2;
   for (int64_t chunk = largest; chunk >= smallest && chunk < local; chunk /= 2) {
     Candidate c = candidate;
     c.query_chunk = chunk;

@@ -268,15 +268,6 @@ class Trainer::Impl {
     o.frozen_main = stage.trains() == v1::INDEXER_ONLY;
     o.indexer_grad_scale = stage.indexer_loss_weight() / static_cast<double>(world_size());
     o.query_chunk = memory_plan(shape_of(stage), o).candidate.query_chunk;
-    if (o.frozen_main && o.attention == AttentionMode::kDense && o.query_chunk > 0 &&
-        spec_.recompute().query_chunk() == 0) {
-      // The planner's chunk, as whole waves of the warm-up loss's query-major kernel: no
-      // part-empty wave a chunk (2048 -> 1980 rows at 128K on 132 SMs, 2.6 % of the step).
-      const auto& indexer = spec_.model().indexer();
-      const int64_t multiple = ops::dense_indexer_kl_row_multiple(
-          torch::empty({indexer.heads(), indexer.dim()}, torch::TensorOptions(options_.device)));
-      if (o.query_chunk > multiple) o.query_chunk -= o.query_chunk % multiple;
-    }
     return o;
   }
 
@@ -284,7 +275,9 @@ class Trainer::Impl {
   // query chunk: recompute.query_chunk, or for 0 with recomputation or a frozen main model on a
   // GPU the largest chunk that fits the memory this process can have (what the device has free plus
   // what the caching allocator holds), 0 when the whole local sequence fits. The CPU runs whole
-  // sequences unless told otherwise. Made once a shape, before its first step.
+  // sequences unless told otherwise. A frozen dense chunk the planner picked is rounded down to
+  // whole waves of the warm-up loss's query-major kernel: no part-empty wave a chunk (2048 -> 1980
+  // rows at 128K on 132 SMs, 2.6 % of the step). Made once a shape, before its first step.
   const server::planner::Prediction& memory_plan(const BatchShape& shape,
                                                  const ForwardOptions& o) const {
     const bool dense = o.attention == AttentionMode::kDense;
@@ -308,10 +301,16 @@ class Trainer::Impl {
     if (cuda) profile.memory_bytes = static_cast<double>(usable_memory_bytes(options_.device));
     const auto work = server::planner::Workload::Of(at_shape);
     const auto candidate = server::planner::CandidateOf(at_shape);
-    return memory_plans_
-        .emplace(key, cuda ? server::planner::PredictFitted(work, candidate, profile, world_size())
-                           : server::planner::Predict(work, candidate, profile, world_size()))
-        .first->second;
+    auto plan = cuda ? server::planner::PredictFitted(work, candidate, profile, world_size())
+                     : server::planner::Predict(work, candidate, profile, world_size());
+    int64_t& chunk = plan.candidate.query_chunk;
+    if (dense && o.frozen_main && chunk > 0 && spec_.recompute().query_chunk() == 0) {
+      const auto& indexer = spec_.model().indexer();
+      const int64_t multiple = ops::dense_indexer_kl_row_multiple(
+          torch::empty({indexer.heads(), indexer.dim()}, torch::TensorOptions(options_.device)));
+      if (chunk > multiple) chunk -= chunk % multiple;
+    }
+    return memory_plans_.emplace(key, std::move(plan)).first->second;
   }
 
   // The stage's own batch shape, or the data's (0 in the spec).
