@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Two builds of libhyscale_ops.so on the same GPU, in turn: the latent sparse attention's forward
-(sparse_attn with value = key[:, :d_v]) and, with --backward, sparse_attn_latent_backward, at the
+(sparse_attn with value = key[:, :d_v]), with --backward sparse_attn_latent_backward, and with
+--target sparse_attn_latent_backward_target (the backward with the indexer's target), at the
 DeepSeek-V3.2 absorbed shape of bench/sparse_attn_bench.py (H = 128, d_qk = 576, d_v = 512,
 k = 2048, its "local" and "random" selections).
 
@@ -14,7 +15,7 @@ sparse_attn_cuda_test's and the main benchmark's business, not this script's.
 
   python3 bench/sparse_attn_ab.py --new build-gpu/kernels/torch/libhyscale_ops.so \\
       --old /tmp/old/build-gpu/kernels/torch/libhyscale_ops.so --cases 32768:local,131072:random \\
-      --backward --rounds 2
+      --backward --target --rounds 2
 """
 import argparse
 import json
@@ -25,7 +26,7 @@ import sys
 from sparse_attn_bench import DQK, DV, make_indices, make_inputs, timed_with_clock, useful_flops
 
 
-def measure(lib, cases, backward, fwd_runs, bwd_runs):
+def measure(lib, cases, backward, target, fwd_runs, bwd_runs):
     """One library's medians: a dict per case."""
     import torch
 
@@ -44,6 +45,12 @@ def measure(lib, cases, backward, fwd_runs, bwd_runs):
                 grad_out, q, kv, idx, scale, DV, out, lse)
             row["bwd_ms"], row["bwd_clock"] = timed_with_clock(bwd, bwd_runs)
             row["bwd_flops"] = bwd_flops
+        if target:
+            out, lse = fwd()
+            row["tgt_ms"], row["tgt_clock"] = timed_with_clock(
+                lambda: torch.ops.hyscale.sparse_attn_latent_backward_target(
+                    grad_out, q, kv, idx, scale, DV, out, lse), bwd_runs)
+            row["tgt_flops"] = bwd_flops
         print(json.dumps(row), flush=True)
         del q, kv, values, grad_out, idx
         torch.cuda.empty_cache()
@@ -60,6 +67,8 @@ def main():
     ap.add_argument("--cases", default="32768:local,32768:random,131072:local,131072:random",
                     help="N:kind, comma-separated (kind: local, random or shuffled)")
     ap.add_argument("--backward", action="store_true", help="also time the latent backward")
+    ap.add_argument("--target", action="store_true",
+                    help="also time the latent backward that emits the indexer's target")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fwd-runs", type=int, default=5)
     ap.add_argument("--bwd-runs", type=int, default=3)
@@ -67,7 +76,7 @@ def main():
     a = ap.parse_args()
     cases = [(int(c.split(":")[0]), c.split(":")[1]) for c in a.cases.split(",")]
     if a.child:
-        measure(a.child, cases, a.backward, a.fwd_runs, a.bwd_runs)
+        measure(a.child, cases, a.backward, a.target, a.fwd_runs, a.bwd_runs)
         return
     if not a.new or not a.old:
         ap.error("--new and --old are required")
@@ -76,8 +85,8 @@ def main():
         for name in ("new", "old"):
             cmd = [sys.executable, __file__, "--child", getattr(a, name), "--cases", a.cases,
                    "--fwd-runs", str(a.fwd_runs), "--bwd-runs", str(a.bwd_runs)]
-            if a.backward:
-                cmd.append("--backward")
+            cmd += ["--backward"] if a.backward else []
+            cmd += ["--target"] if a.target else []
             lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             for row in map(json.loads, lines.splitlines()):
                 rows[name].append(row)
@@ -88,11 +97,14 @@ def main():
                     line += (f"  latent bwd {row['bwd_ms']:8.2f} ms "
                              f"{row['bwd_flops'] / row['bwd_ms'] / 1e9:6.1f} TF/s"
                              f"{mhz(row['bwd_clock'])}")
+                if "tgt_ms" in row:
+                    line += f"  with target {row['tgt_ms']:8.2f} ms{mhz(row['tgt_clock'])}"
                 print(line, flush=True)
     for n, kind in cases:
         pick = {name: [x for x in rows[name] if x["n"] == n and x["kind"] == kind]
                 for name in rows}
-        for phase in ("fwd", "bwd") if a.backward else ("fwd",):
+        phases = ["fwd"] + (["bwd"] if a.backward else []) + (["tgt"] if a.target else [])
+        for phase in phases:
             new = statistics.median(x[f"{phase}_ms"] for x in pick["new"])
             old = statistics.median(x[f"{phase}_ms"] for x in pick["old"])
             print(f"{n:>7} {kind:>6} {phase}: new {new:8.2f} ms, old {old:8.2f} ms, "

@@ -283,21 +283,25 @@ __device__ void latent_bwd_scores(const Problem& p, int j, const LatentBwdTiles<
     *reinterpret_cast<uint32_t*>(t.grad_score + at) = pack_bf16(ds[0], ds[1]);
   }
   if constexpr (kMass) {
-    // The warp's 16 rows: across the quads by shuffles, then one add a slot from lanes 0-3.
+    // The warp's 16 rows, reduced and scattered across the 8 lanes of a quad position: each
+    // exchange halves the columns a lane holds, so 7 shuffles leave every lane one column's sum
+    // (the column v = lane / 4 of its eight), and the warp adds its 32 sums in one instruction.
+    static_assert(kHalf / 8 * 2 == 8, "eight columns a thread, one a lane after the exchanges");
+    float x[8];
 #pragma unroll
-    for (int c = 0; c < kHalf / 8; ++c) {
+    for (int v = 0; v < 8; ++v) x[v] = mass[v / 2][v % 2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float x = mass[c][e];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        const int col = wg * kHalf + 8 * c + 2 * lane + e;
-        if (lane < 4 && t.tile_keys[j % 3][col] >= 0) {
-          atomicAdd(mass_row + list.slot(j * Tr::kKeys + col), x);
-        }
+    for (int width = 4, bit = 16; width >= 1; width /= 2, bit /= 2) {
+      const bool upper = (lane & bit) != 0;  // keeps the upper half of its columns
+#pragma unroll
+      for (int v = 0; v < width; ++v) {
+        const float send = upper ? x[v] : x[v + width];
+        x[v] = (upper ? x[v + width] : x[v]) + __shfl_xor_sync(0xffffffffu, send, bit);
       }
     }
+    const int v = lane / 4;
+    const int col = wg * kHalf + 8 * (v / 2) + 2 * (lane % 4) + v % 2;
+    if (t.tile_keys[j % 3][col] >= 0) atomicAdd(mass_row + list.slot(j * Tr::kKeys + col), x[0]);
   }
 }
 
