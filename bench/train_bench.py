@@ -24,6 +24,10 @@ and share of the step (phases are taken by whatever names the trainer reports), 
 (the target: within 3 %). With --longest it then finds the longest N (a multiple of --granularity,
 at most --max-n) whose steps fit on the device: see `longest_n`.
 
+--loss-share runs each sparse step again with `hyscale-train --indexer-loss false` (no target, KL or
+index-score backward: the indexer learns nothing) and reports the indexer loss's share of the step,
+1 - step without / step with (issue #38: at most 5 %), both medians GPU-timed in one call.
+
 --stage warmup benchmarks the dense warm-up instead: one DENSE stage that trains INDEXER_ONLY (the
 main model frozen; the trainer backpropagates the indexer's loss inside the forward). Its useful
 FLOPs: 2 * P_dense * tokens (the frozen forward) + layers * causal pairs * (2H(d_qk + d_v) (the
@@ -294,12 +298,13 @@ def job_spec(base, model, n, steps, corpus, threads, query_chunk, stage_kind="sp
 
 # ---- one trainer run ---------------------------------------------------------------------------
 
-def run_trainer(cfg, spec, label):
-    """Runs hyscale-train on `spec`; returns (step events, job_started event, stage_started event).
-    Raises OutOfMemory when it ran out of memory, BenchError on any other failure."""
+def run_trainer(cfg, spec, label, extra=()):
+    """Runs hyscale-train on `spec` (with the `extra` arguments); returns (step events, job_started
+    event, stage_started event). Raises OutOfMemory when it ran out of memory, BenchError on any
+    other failure."""
     spec_path = Path(cfg.tmp) / f"{spec['name']}.json"
     spec_path.write_text(json.dumps(spec, indent=1))
-    cmd = [str(cfg.trainer), "--config", str(spec_path), "--device", cfg.device]
+    cmd = [str(cfg.trainer), "--config", str(spec_path), "--device", cfg.device, *extra]
     if cfg.eval_flag:
         cmd += ["--eval", "false"]
     err_path = Path(cfg.tmp) / "stderr.txt"
@@ -442,12 +447,13 @@ def summarize(cfg, model, n, steps, warmup, stage=None):
     )
 
 
-def measure(cfg, entry, n, steps, warmup, label):
+def measure(cfg, entry, n, steps, warmup, label, extra=()):
     spec = job_spec(entry["base"], entry["model"], n, steps, cfg.corpus, cfg.threads,
                     cfg.query_chunk, cfg.stage)
-    print(f"{label}: N={n}, {steps} steps ({warmup} warm-up)", flush=True)
+    print(f"{label}: N={n}, {steps} steps ({warmup} warm-up){' ' if extra else ''}"
+          f"{' '.join(extra)}", flush=True)
     try:
-        events, started, stage = run_trainer(cfg, spec, f"{entry['name']} N={n}")
+        events, started, stage = run_trainer(cfg, spec, f"{entry['name']} N={n}", extra)
     except OutOfMemory as e:
         print(f"  {entry['name']} N={n}: out of memory: {e}", flush=True)
         return dict(n=n, ok=False, oom=True, reason=str(e))
@@ -603,6 +609,14 @@ def table(cfg, report):
                 parts = " | ".join(f"{k} {v:.4f}" for k, v in r["predicted_mib_per_token"].items())
                 lines.append(f"  {m['name']} N={r['n']}: {parts}; measured "
                              f"{r['mib_per_token_beyond_state']:.4f}")
+    for m in report["models"]:
+        for r in m["runs"]:
+            if r.get("indexer_loss_share") is not None:
+                lines.append(
+                    f"indexer loss {m['name']} N={r['n']}: step {r['step_seconds']['median']:.3f} "
+                    f"s, without the loss {r['without_indexer_loss']['step_seconds']['median']:.3f}"
+                    f" s: {100 * r['indexer_loss_share']:.1f} % of the step (issue #38: at most "
+                    f"5 %)")
     lines.append("phases (median seconds, share of the median step), largest first:")
     for m in report["models"]:
         rows = list(m["runs"]) + ([m["longest"]["row"]] if m.get("longest") and
@@ -654,6 +668,8 @@ def smoke_check(report):
             for key in ("tokens_per_second", "mfu", "tflops_per_second"):
                 if not (math.isfinite(r[key]) and r[key] > 0):
                     problems.append(f"{where}: {key} is {r[key]}")
+            if report.get("loss_share") and r.get("indexer_loss_share") is None:
+                problems.append(f"{where}: no step without the indexer loss")
     json.loads(json.dumps(report))
     return problems
 
@@ -701,6 +717,8 @@ def parse_args(argv):
                    "(default 2; --smoke: 1)")
     p.add_argument("--stage", choices=("sparse", "warmup"), default="sparse", help="the stage "
                    "benchmarked: sparse (trains ALL, the default) or warmup (DENSE, INDEXER_ONLY)")
+    p.add_argument("--loss-share", action="store_true", help="also run each sparse step without "
+                   "the indexer loss (hyscale-train --indexer-loss false) and report its share")
     p.add_argument("--query-chunk", type=int, default=0, help="recompute.query_chunk of every "
                    "run: queries a layer runs at once (default 0: the trainer fits it to the GPU)")
     p.add_argument("--longest", action="store_true", help="also find the longest N that fits")
@@ -742,6 +760,8 @@ def parse_args(argv):
     if cfg.steps <= cfg.warmup:
         p.error(f"--steps: must exceed --warmup {cfg.warmup} so that a step is timed "
                 f"(got {cfg.steps})")
+    if cfg.loss_share and cfg.stage != "sparse":
+        p.error("--loss-share: the warm-up stage is the indexer loss; use --stage sparse")
     if cfg.query_chunk < 0:
         p.error(f"--query-chunk: must be >= 0 (got {cfg.query_chunk})")
     if cfg.probe_steps < 1:
@@ -835,7 +855,7 @@ def run(cfg):
         bench="bench/train_bench.py", date=datetime.datetime.now(datetime.timezone.utc)
         .strftime("%Y-%m-%d %H:%M UTC"), commit=git_commit(), trainer=str(cfg.trainer),
         device=cfg.device, device_name=None, eval_flag=cfg.eval_flag, peak_tflops=cfg.peak_tflops,
-        steps=cfg.steps, warmup_steps=cfg.warmup, smoke=cfg.smoke,
+        steps=cfg.steps, warmup_steps=cfg.warmup, smoke=cfg.smoke, loss_share=cfg.loss_share,
         mfu_formula=("FLOPs = 6 P_dense tokens + layers * pairs * (2H(d_qk+d_v) + "
                      "2H(3d_qk+2d_v) + 2H d_qk + 6 H_I d_I) + layers * H_I d_I N(N+1); "
                      "pairs = sum_t min(k, t+1); MFU = FLOPs / step seconds / peak"),
@@ -849,7 +869,16 @@ def run(cfg):
                  parameters=entry["parameters"], runs=[])
         report["models"].append(m)
         for n in cfg.sizes:
-            m["runs"].append(measure(cfg, entry, n, cfg.steps, cfg.warmup, entry["name"]))
+            r = measure(cfg, entry, n, cfg.steps, cfg.warmup, entry["name"])
+            m["runs"].append(r)
+            if cfg.loss_share and r.get("ok"):
+                without = measure(cfg, entry, n, cfg.steps, cfg.warmup, entry["name"],
+                                  ("--indexer-loss", "false"))
+                if without.get("ok"):
+                    r["without_indexer_loss"] = dict(
+                        step_seconds=without["step_seconds"], phases=without["phases"])
+                    r["indexer_loss_share"] = 1 - (without["step_seconds"]["median"] /
+                                                   r["step_seconds"]["median"])
             write_json(cfg, report)
         if cfg.longest:
             m["longest"] = longest_n(cfg, entry, m["runs"])

@@ -168,6 +168,33 @@ TEST_F(TrainCliTest, SkipStageTrainsWithoutIt) {
   EXPECT_NE(none_left.output.find("stages"), std::string::npos) << none_left.output;
 }
 
+// --indexer-loss false: every stage trains without the indexer's loss (its share of a step is the
+// difference: bench/train_bench.py --loss-share), so the steps report none; a stage that trains the
+// indexer alone would learn nothing, and is refused before training, by name.
+TEST_F(TrainCliTest, IndexerLossFalseTrainsWithoutTheLoss) {
+  const std::string spec = write_spec(base_spec());
+  const Result without = run({"--config", spec, "--eval", "false", "--indexer-loss", "false"});
+  ASSERT_EQ(without.exit_code, 0) << without.output;
+  int steps = 0;
+  std::istringstream lines(without.output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto event = ParseEventLine(line);
+    if (!event.ok() || !event->has_step()) continue;
+    ++steps;
+    EXPECT_EQ(event->step().indexer_loss(), 0.0) << line;
+    EXPECT_GT(event->step().lm_loss(), 0.0) << line;
+  }
+  EXPECT_EQ(steps, 8) << without.output;
+
+  auto frozen = base_spec();
+  frozen["stages"][0]["trains"] = "INDEXER_ONLY";
+  const Result refused = run({"--config", write_spec(frozen), "--indexer-loss", "false"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--indexer-loss false: stage 'dense' trains the indexer alone"),
+            std::string::npos)
+      << refused.output;
+}
+
 TEST_F(TrainCliTest, CorruptNewestCheckpointFallsBackWithAWarning) {
   const std::string spec = write_spec(base_spec());
   const std::string ckpt = dir_.Path("ckpt");

@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   std::string config_path, events_path, checkpoint_dir, attention;
   bool resume = false;
   std::optional<bool> recompute, replay;
-  bool evaluate = true;
+  bool evaluate = true, indexer_loss = true;
   int threads = -1;
   int query_chunk = -1;
   std::string device_name = "auto";
@@ -143,6 +143,9 @@ int main(int argc, char** argv) {
   app.add_option("--eval", evaluate,
                  "Evaluate at stage ends and every eval_every steps (true/false; benchmarks "
                  "time the steps alone)");
+  app.add_option("--indexer-loss", indexer_loss,
+                 "Form the indexer's loss (true/false; false trains no indexer: benchmarks "
+                 "measure the loss's share of a step by the difference)");
   app.add_option("--checkpoint-dir", checkpoint_dir, "Override checkpoint.dir");
   app.add_option(
       "--query-chunk", query_chunk,
@@ -171,6 +174,13 @@ int main(int argc, char** argv) {
     return kExitBadInput;
   }
   hyscale::ApplyDefaults(&*spec);
+  for (const auto& stage : spec->stages()) {
+    if (!indexer_loss && stage.trains() == hyscale::v1::INDEXER_ONLY) {
+      std::cerr << "hyscale-train: --indexer-loss false: stage '" << stage.name()
+                << "' trains the indexer alone (INDEXER_ONLY), which learns only from the loss\n";
+      return kExitBadInput;
+    }
+  }
   if (auto status = hyscale::ValidateJobSpec(*spec); !status.ok()) {
     std::cerr << "hyscale-train: invalid job spec " << config_path << ": " << status.message()
               << "\n";
@@ -230,6 +240,7 @@ int main(int argc, char** argv) {
   options.recompute = recompute;
   options.selection_replay = replay;
   options.evaluate = evaluate;
+  options.indexer_loss = indexer_loss;
   options.device = device;
   options.count_tensor_memory = count_tensor_memory;
   // Under the service the agent names the job's attempt: it fences the checkpoint folder.

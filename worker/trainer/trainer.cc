@@ -259,7 +259,7 @@ class Trainer::Impl {
     ForwardOptions o;
     o.attention = stage.attention() == v1::DENSE ? AttentionMode::kDense : AttentionMode::kSparse;
     if (options_.attention) o.attention = *options_.attention;
-    o.indexer_loss = true;
+    o.indexer_loss = options_.indexer_loss;
     o.recompute = options_.recompute.value_or(spec_.recompute().enabled());
     o.selection_replay = options_.selection_replay.value_or(spec_.recompute().selection_replay());
     o.bf16_autocast = options_.device.is_cuda();

@@ -26,7 +26,10 @@ struct TrainerOptions {
   std::optional<bool> recompute;           // overrides spec.recompute.enabled
   std::optional<bool> selection_replay;    // overrides spec.recompute.selection_replay
   bool evaluate = true;                    // evaluate at stage ends and every eval_every steps
-  torch::Device device = torch::kCPU;      // where the model and its batches live
+  // false: no stage forms the indexer's loss (its target, KL and index-score backward), so the
+  // indexer learns nothing; a step's share of the loss is the difference (bench/train_bench.py).
+  bool indexer_loss = true;
+  torch::Device device = torch::kCPU;  // where the model and its batches live
   // The job's attempt under the service (HYSCALE_ATTEMPT): fences its checkpoint folder against
   // trainers of earlier attempts. -1: none.
   int64_t attempt = -1;
