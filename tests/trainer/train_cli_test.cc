@@ -74,13 +74,22 @@ class TrainCliTest : public ::testing::Test {
     return path;
   }
 
+  // The JSON-line events a run printed, in order.
+  static std::vector<hyscale::v1::TrainerEventLine> events(const std::string& output) {
+    std::vector<hyscale::v1::TrainerEventLine> out;
+    std::istringstream lines(output);
+    for (std::string line; std::getline(lines, line);) {
+      auto event = ParseEventLine(line);
+      if (event.ok()) out.push_back(*std::move(event));
+    }
+    return out;
+  }
+
   // step -> loss, as printed in the JSON-line events.
   static std::map<int64_t, double> losses(const std::string& output) {
     std::map<int64_t, double> out;
-    std::istringstream lines(output);
-    for (std::string line; std::getline(lines, line);) {
-      const auto event = ParseEventLine(line);
-      if (event.ok() && event->has_step()) out[event->step().step()] = event->step().loss();
+    for (const auto& event : events(output)) {
+      if (event.has_step()) out[event.step().step()] = event.step().loss();
     }
     return out;
   }
@@ -176,13 +185,11 @@ TEST_F(TrainCliTest, IndexerLossFalseTrainsWithoutTheLoss) {
   const Result without = run({"--config", spec, "--eval", "false", "--indexer-loss", "false"});
   ASSERT_EQ(without.exit_code, 0) << without.output;
   int steps = 0;
-  std::istringstream lines(without.output);
-  for (std::string line; std::getline(lines, line);) {
-    const auto event = ParseEventLine(line);
-    if (!event.ok() || !event->has_step()) continue;
+  for (const auto& event : events(without.output)) {
+    if (!event.has_step()) continue;
     ++steps;
-    EXPECT_EQ(event->step().indexer_loss(), 0.0) << line;
-    EXPECT_GT(event->step().lm_loss(), 0.0) << line;
+    EXPECT_EQ(event.step().indexer_loss(), 0.0) << event.step().step();
+    EXPECT_GT(event.step().lm_loss(), 0.0) << event.step().step();
   }
   EXPECT_EQ(steps, 8) << without.output;
 
