@@ -39,14 +39,14 @@ def measure(lib, cases, backward, target, fwd_runs, bwd_runs):
         fwd = lambda: torch.ops.hyscale.sparse_attn_grouped(q, kv, values, idx, scale, 1)
         fwd_ms, fwd_clock = timed_with_clock(fwd, fwd_runs)
         row = dict(n=n, kind=kind, fwd_ms=fwd_ms, fwd_flops=fwd_flops, fwd_clock=fwd_clock)
-        if backward:
+        if backward or target:
             out, lse = fwd()
+        if backward:
             bwd = lambda: torch.ops.hyscale.sparse_attn_latent_backward(
                 grad_out, q, kv, idx, scale, DV, out, lse)
             row["bwd_ms"], row["bwd_clock"] = timed_with_clock(bwd, bwd_runs)
             row["bwd_flops"] = bwd_flops
         if target:
-            out, lse = fwd()
             row["tgt_ms"], row["tgt_clock"] = timed_with_clock(
                 lambda: torch.ops.hyscale.sparse_attn_latent_backward_target(
                     grad_out, q, kv, idx, scale, DV, out, lse), bwd_runs)
