@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Two builds of libhyscale_ops.so on the same GPU, in turn: the latent sparse attention's forward
 (sparse_attn with value = key[:, :d_v]), with --backward sparse_attn_latent_backward, and with
---target sparse_attn_latent_backward_target (the backward with the indexer's target), at the
-DeepSeek-V3.2 absorbed shape of bench/sparse_attn_bench.py (H = 128, d_qk = 576, d_v = 512,
-k = 2048, its "local" and "random" selections).
+--target sparse_attn_latent_backward_target (the backward with the indexer's target), with
+--index-score the indexer's index_score_backward (H_I 64 x d_I 128, bench/indexer_loss_bench.py's
+inputs) on the same selections, at the DeepSeek-V3.2 absorbed shape of bench/sparse_attn_bench.py
+(H = 128, d_qk = 576, d_v = 512, k = 2048, its "local" and "random" selections).
 
 A kernel change is judged against the build before it on the same machine and in the same thermal
 state: the GPU's clock drifts by several percent between runs and machines, more than many changes
@@ -23,10 +24,11 @@ import statistics
 import subprocess
 import sys
 
+from indexer_loss_bench import DIM_I, HEADS_I, index_inputs
 from sparse_attn_bench import DQK, DV, make_indices, make_inputs, timed_with_clock, useful_flops
 
 
-def measure(lib, cases, backward, target, fwd_runs, bwd_runs):
+def measure(lib, cases, backward, target, index_score, fwd_runs, bwd_runs):
     """One library's medians: a dict per case."""
     import torch
 
@@ -51,6 +53,13 @@ def measure(lib, cases, backward, target, fwd_runs, bwd_runs):
                 lambda: torch.ops.hyscale.sparse_attn_latent_backward_target(
                     grad_out, q, kv, idx, scale, DV, out, lse), bwd_runs)
             row["tgt_flops"] = bwd_flops
+        if index_score:
+            q_i, k_i, w, _, grad = index_inputs(n, 2048, n)
+            grad = grad * (idx >= 0)  # this selection's valid slots
+            row["isb_ms"], row["isb_clock"] = timed_with_clock(
+                lambda: torch.ops.hyscale.index_score_backward(grad, q_i, k_i, w, idx), bwd_runs)
+            row["isb_flops"] = 6 * HEADS_I * DIM_I * int((idx >= 0).sum())
+            del q_i, k_i, w, grad
         print(json.dumps(row), flush=True)
         del q, kv, values, grad_out, idx
         torch.cuda.empty_cache()
@@ -69,6 +78,8 @@ def main():
     ap.add_argument("--backward", action="store_true", help="also time the latent backward")
     ap.add_argument("--target", action="store_true",
                     help="also time the latent backward that emits the indexer's target")
+    ap.add_argument("--index-score", action="store_true",
+                    help="also time index_score_backward on the same selections")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fwd-runs", type=int, default=5)
     ap.add_argument("--bwd-runs", type=int, default=3)
@@ -76,7 +87,7 @@ def main():
     a = ap.parse_args()
     cases = [(int(c.split(":")[0]), c.split(":")[1]) for c in a.cases.split(",")]
     if a.child:
-        measure(a.child, cases, a.backward, a.target, a.fwd_runs, a.bwd_runs)
+        measure(a.child, cases, a.backward, a.target, a.index_score, a.fwd_runs, a.bwd_runs)
         return
     if not a.new or not a.old:
         ap.error("--new and --old are required")
@@ -87,6 +98,7 @@ def main():
                    "--fwd-runs", str(a.fwd_runs), "--bwd-runs", str(a.bwd_runs)]
             cmd += ["--backward"] if a.backward else []
             cmd += ["--target"] if a.target else []
+            cmd += ["--index-score"] if a.index_score else []
             lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             for row in map(json.loads, lines.splitlines()):
                 rows[name].append(row)
@@ -99,11 +111,16 @@ def main():
                              f"{mhz(row['bwd_clock'])}")
                 if "tgt_ms" in row:
                     line += f"  with target {row['tgt_ms']:8.2f} ms{mhz(row['tgt_clock'])}"
+                if "isb_ms" in row:
+                    line += (f"  index-score bwd {row['isb_ms']:8.2f} ms "
+                             f"{row['isb_flops'] / row['isb_ms'] / 1e9:6.1f} TF/s"
+                             f"{mhz(row['isb_clock'])}")
                 print(line, flush=True)
     for n, kind in cases:
         pick = {name: [x for x in rows[name] if x["n"] == n and x["kind"] == kind]
                 for name in rows}
-        phases = ["fwd"] + (["bwd"] if a.backward else []) + (["tgt"] if a.target else [])
+        phases = (["fwd"] + (["bwd"] if a.backward else []) + (["tgt"] if a.target else []) +
+                  (["isb"] if a.index_score else []))
         for phase in phases:
             new = statistics.median(x[f"{phase}_ms"] for x in pick["new"])
             old = statistics.median(x[f"{phase}_ms"] for x in pick["old"])
