@@ -10,6 +10,11 @@ times for a profiler to pick launches from. Nothing is timed here.
       python3 bench/indexer_loss_profile.py --lib $LIB --n 32768
   ncu --clock-control none -k regex:dense_target_kernel -s 30 -c 1 --section SpeedOfLight \\
       python3 bench/indexer_loss_profile.py --lib $LIB --n 32768 --op dense
+Where a kernel's warps wait, by SASS instruction (the report, then its source page as CSV):
+  ncu --clock-control none -k regex:index_score_backward -s 1 -c 1 --import-source no \\
+      --section WarpStateStats --section SourceCounters -o isb \\
+      python3 bench/indexer_loss_profile.py --lib $LIB --n 32768
+  ncu -i isb.ncu-rep --page source --csv --print-source sass > isb_sass.csv
 """
 import argparse
 
