@@ -36,12 +36,15 @@ from gpu_clock import describe
 HEADS_I, DIM_I = 64, 128
 
 
-def index_inputs(n, topk, seed):
+def index_inputs(n, topk, seed, idx=None):
+    """q_I, k_I, w, the selection (idx, else a random one in key order) and a gradient of its
+    scores on its valid slots."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     q_i = torch.randn(n, HEADS_I, DIM_I, device="cuda", generator=g).bfloat16()
     k_i = torch.randn(n, DIM_I, device="cuda", generator=g).bfloat16()
     w = torch.randn(n, HEADS_I, device="cuda", generator=g) * HEADS_I ** -0.5
-    idx = make_indices(n, topk, "random", seed)
+    if idx is None:
+        idx = make_indices(n, topk, "random", seed)
     grad = torch.randn(n, topk, device="cuda", generator=g) * (idx >= 0)
     return q_i, k_i, w, idx, grad
 

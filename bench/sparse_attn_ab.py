@@ -54,8 +54,7 @@ def measure(lib, cases, backward, target, index_score, fwd_runs, bwd_runs):
                     grad_out, q, kv, idx, scale, DV, out, lse), bwd_runs)
             row["tgt_flops"] = bwd_flops
         if index_score:
-            q_i, k_i, w, _, grad = index_inputs(n, 2048, n)
-            grad = grad * (idx >= 0)  # this selection's valid slots
+            q_i, k_i, w, _, grad = index_inputs(n, 2048, n, idx)
             row["isb_ms"], row["isb_clock"] = timed_with_clock(
                 lambda: torch.ops.hyscale.index_score_backward(grad, q_i, k_i, w, idx), bwd_runs)
             row["isb_flops"] = 6 * HEADS_I * DIM_I * int((idx >= 0).sum())

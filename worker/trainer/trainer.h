@@ -27,7 +27,7 @@ struct TrainerOptions {
   std::optional<bool> selection_replay;    // overrides spec.recompute.selection_replay
   bool evaluate = true;                    // evaluate at stage ends and every eval_every steps
   // false: no stage forms the indexer's loss (its target, KL and index-score backward), so the
-  // indexer learns nothing; a step's share of the loss is the difference (bench/train_bench.py).
+  // indexer learns nothing; the loss's share of a step is the difference (bench/train_bench.py).
   bool indexer_loss = true;
   torch::Device device = torch::kCPU;  // where the model and its batches live
   // The job's attempt under the service (HYSCALE_ATTEMPT): fences its checkpoint folder against
