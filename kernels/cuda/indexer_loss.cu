@@ -281,6 +281,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
       [&](int h) { return q + (row * Tr::kHeads + h) * Tr::kDim; });
   gather(0);
   cp_async_commit();
+  // A tile's slots are read a tile ahead (its gather) and its gradients after its scores: both
+  // are fetched into L1 a tile before that, so neither load waits for memory in the tile's chain
+  // (two 128-byte lines each; a row's slots start 256-byte aligned).
+  auto prefetch_tile = [&](int64_t slots_tile, int64_t grads_tile) {
+    if (threadIdx.x >= 4) return;
+    const int64_t tile = threadIdx.x < 2 ? slots_tile : grads_tile;
+    const int64_t slot = tile * Tr::kKeys + 32 * (threadIdx.x % 2);
+    if (slot >= row_keys.count) return;
+    prefetch_l1(threadIdx.x < 2 ? static_cast<const void*>(row_keys.slots + slot)
+                                : static_cast<const void*>(row_grads + slot));
+  };
+  prefetch_tile(1, 0);
 
   float weights[Tile::kHeadsPerLane], head_grad[Tile::kHeadsPerLane];
   load_lane_weights<Tile>(w + row * Tr::kHeads, lane, weights);
@@ -298,23 +310,27 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   for (int64_t tile = 0; tile < tiles; ++tile) {
     if (tile + 1 < tiles) gather(tile + 1);
     cp_async_commit();
+    prefetch_tile(tile + 2, tile + 1);
     cp_async_wait<1>();  // this tile (and the query) landed
     fence_async_shared();
     __syncthreads();
     const bf16* const key_tile = key_tiles + (tile % Tr::kStages) * (Tr::kKeyTileBytes / 2);
     const int64_t first = tile * Tr::kKeys;
 
-    float scores[Tr::kHeads / 2];
-    score_tile<Tr>(key_tile, query_tile, scores);
-
+    // The gates' gradients are loaded before the scores' products, which the loads cannot pass.
     const float g_lo = key_at(first + key_lo) >= 0 ? row_grads[first + key_lo] : 0.f;
     const float g_hi = key_at(first + key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
+    float scores[Tr::kHeads / 2];
+    score_tile<Tr>(key_tile, query_tile, scores);
     uint32_t coef[Tr::kHeadSteps][4];
     gate_coefficients<Tr, true>(scores, g_lo, g_hi, weights, coef, head_grad);
     store_coefficients<Tr>(coef, coef_tile, warp, lane);
     fence_async_shared();
     __syncthreads();
 
+    // The key row this lane reduces (lanes 0-15 of a warp: its 16 rows), loaded ahead of the
+    // products.
+    const int32_t reduce_key = lane < 16 ? key_at(first + 16 * warp + lane) : -1;
     // The key gradient 64 columns of d_I at a time (32 accumulators rather than 64: three blocks
     // an SM), the query gradient's products issued with the first.
 #pragma unroll
@@ -365,11 +381,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
       } else {
         fence_async_shared();
         __syncwarp();
-        const int r = 16 * warp + lane;
-        const int32_t key = lane < 16 ? key_at(first + r) : -1;
-        if (key >= 0) {
-          bulk_reduce_add(grad_k + int64_t(key) * Tr::kDim + 64 * cols,
-                          stage + r * Tr::kStageStride, 64 * 4, policy);
+        if (reduce_key >= 0) {
+          bulk_reduce_add(grad_k + int64_t(reduce_key) * Tr::kDim + 64 * cols,
+                          stage + (16 * warp + lane) * Tr::kStageStride, 64 * 4, policy);
         }
         bulk_commit();
       }

@@ -42,6 +42,11 @@ __device__ __forceinline__ void cp_async_16_l2(void* smem, const void* global, b
                    smem_address(smem)),
                "l"(global), "r"(src_bytes), "l"(policy));
 }
+// Brings the line holding `address` into the SM's L1 (and L2) ahead of a load: no register, no
+// wait.
+__device__ __forceinline__ void prefetch_l1(const void* address) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(address));
+}
 // Stores four 8 x 8 bf16 matrices, register i of each thread holding matrix i's pair of columns
 // 2 (lane % 4) .. of row lane / 4 (the mma accumulator layout); lanes 8 i .. 8 i + 7 give the
 // shared addresses of matrix i's rows (16 bytes each).
