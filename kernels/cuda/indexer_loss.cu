@@ -95,6 +95,12 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   if (lane == 0) atomic_max_nonnegative(out, bound);
 }
 
+// 4-byte global -> shared copy (cp.async.ca: 4 bytes take no other); `valid` false writes zeros.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
+               "l"(global), "r"(valid ? 4 : 0));
+}
+
 // A row's selected keys: slot i of row t is indices[t * topk + i], -1 when unused; grad_scores has
 // a row of topk floats a query row, by slot.
 struct ListedKeys {
@@ -239,8 +245,10 @@ __device__ __forceinline__ void store_row_gradients(
 //   4. grad_q^T [d_I x H_I] += K_tile^T C^T, accumulated in registers across tiles, with C^T
 //      stored transposed (C [H_I x keys]) by stmatrix as the K-major B operand and the key tile
 //      read MN-major as A.
-// The next key tile is gathered (cp.async) while a tile computes; three blocks share an SM (168
-// registers, 76 KB of shared memory with the staging of 64 columns at a time).
+// The next key tile is gathered (cp.async) while a tile computes, from slots copied into shared
+// memory a tile earlier, so a tile waits on no global load but its gradients' (prefetched). One
+// barrier a tile; three blocks share an SM (168 registers, 76 KB of shared memory with the
+// staging of 64 columns at a time).
 template <class Tr, KeyGrad kKeyGrad>
 __global__ void __launch_bounds__(Tr::kThreads, 3)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
@@ -251,7 +259,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   using bf16 = __nv_bfloat16;
   constexpr bool kFixed = kKeyGrad == KeyGrad::kFixed;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  __shared__ float head_sums[4][Tr::kHeads];
+  // The row's slots of tiles t, t + 1 (landed) and t + 2 (in flight) during tile t.
+  __shared__ int32_t slot_ring[Tr::kSlotTiles][Tr::kKeys];
   auto* const query_tile =
       reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   bf16* const key_tiles = query_tile + Tr::kQueryBytes / 2;
@@ -261,14 +270,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   const int64_t row = blockIdx.x;
   const ListedKeys::Row row_keys = ListedKeys{indices, topk}.row(row);
   const float* const row_grads = grad_scores + row * topk;
-  const int64_t tiles = ceil_div(row_keys.count, Tr::kKeys);
+  const int tiles = static_cast<int>(ceil_div(row_keys.count, Tr::kKeys));
   double fixed_scale = 1;
   if constexpr (kFixed) fixed_scale = fixed_scale_of();
   const uint64_t policy = l2_evict_last_policy();
 
-  // Slot `slot`'s key, -1 when unused or past the row.
-  auto key_at = [&](int64_t slot) { return row_keys.key(slot); };
-  auto gather = [&](int64_t tile) {
+  // Slot `slot`'s key, -1 when unused or past the row, from the ring (its tile has landed).
+  auto key_at = [&](int slot) {
+    return slot < row_keys.count ? slot_ring[(slot / Tr::kKeys) % Tr::kSlotTiles][slot % Tr::kKeys]
+                                 : -1;
+  };
+  // A tile's slots into the ring: the gathers and gates then read them from shared memory, and
+  // no global load sits in a tile's chain of waits.
+  auto copy_slots = [&](int tile) {
+    if (threadIdx.x >= Tr::kKeys) return;
+    const int slot = tile * Tr::kKeys + threadIdx.x;
+    cp_async_4(&slot_ring[tile % Tr::kSlotTiles][threadIdx.x],
+               row_keys.slots + (slot < row_keys.count ? slot : 0), slot < row_keys.count);
+  };
+  auto gather = [&](int tile) {
     load_rows_async<Tr::kDim, Tr::kKeys>(
         key_tiles + (tile % Tr::kStages) * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys, threadIdx.x,
         Tr::kThreads, [&](int r) -> const bf16* {
@@ -276,23 +296,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
           return key >= 0 ? keys + int64_t(key) * Tr::kDim : nullptr;
         });
   };
+  // The gates' gradients of a tile are fetched into L1 a tile ahead (two 128-byte lines).
+  auto prefetch_grads = [&](int tile) {
+    const int slot = tile * Tr::kKeys + 32 * threadIdx.x;
+    if (threadIdx.x < 2 && slot < row_keys.count) prefetch_l1(row_grads + slot);
+  };
   load_rows_async<Tr::kDim, Tr::kHeads>(
       query_tile, 0, Tr::kHeads, threadIdx.x, Tr::kThreads,
       [&](int h) { return q + (row * Tr::kHeads + h) * Tr::kDim; });
+  copy_slots(0);
+  copy_slots(1);
+  cp_async_commit();
+  prefetch_grads(0);
+  cp_async_wait<0>();
+  __syncthreads();
   gather(0);
   cp_async_commit();
-  // A tile's slots are read a tile ahead (its gather) and its gradients after its scores: both
-  // are fetched into L1 a tile before that, so neither load waits for memory in the tile's chain
-  // (two 128-byte lines each; a row's slots start 256-byte aligned).
-  auto prefetch_tile = [&](int64_t slots_tile, int64_t grads_tile) {
-    if (threadIdx.x >= 4) return;
-    const int64_t tile = threadIdx.x < 2 ? slots_tile : grads_tile;
-    const int64_t slot = tile * Tr::kKeys + 32 * (threadIdx.x % 2);
-    if (slot >= row_keys.count) return;
-    prefetch_l1(threadIdx.x < 2 ? static_cast<const void*>(row_keys.slots + slot)
-                                : static_cast<const void*>(row_grads + slot));
-  };
-  prefetch_tile(1, 0);
 
   float weights[Tile::kHeadsPerLane], head_grad[Tile::kHeadsPerLane];
   load_lane_weights<Tile>(w + row * Tr::kHeads, lane, weights);
@@ -307,15 +326,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   // This thread's two keys of a tile (the accumulator rows), and its staging rows.
   const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
 
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) gather(tile + 1);
-    cp_async_commit();
-    prefetch_tile(tile + 2, tile + 1);
-    cp_async_wait<1>();  // this tile (and the query) landed
+  for (int tile = 0; tile < tiles; ++tile) {
+    cp_async_wait<0>();  // this tile (and the query) and the next tile's slots landed
     fence_async_shared();
     __syncthreads();
+    if (tile + 1 < tiles) gather(tile + 1);
+    if (tile + 2 < tiles) copy_slots(tile + 2);
+    cp_async_commit();
+    prefetch_grads(tile + 1);
     const bf16* const key_tile = key_tiles + (tile % Tr::kStages) * (Tr::kKeyTileBytes / 2);
-    const int64_t first = tile * Tr::kKeys;
+    const int first = tile * Tr::kKeys;
 
     // The gates' gradients are loaded before the scores' products, which the loads cannot pass.
     const float g_lo = key_at(first + key_lo) >= 0 ? row_grads[first + key_lo] : 0.f;
@@ -390,27 +410,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
     }
 #pragma unroll
     for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
-    // Every warp is done with this tile's key tile, coefficients and key stage before they are
-    // refilled.
-    __syncthreads();
+    // The next tile's barrier, before anything refills this tile's key tile, slots or
+    // coefficients, also finds every warp done with them.
   }
-  store_row_gradients<Tr>(query_grad, head_grad, head_sums[warp],
+  // The warps' grad_w sums [4][H_I] go where the key stage was, once the reductions read it.
+  if constexpr (!kFixed) bulk_wait_read<0>();
+  __syncthreads();
+  float* const head_sums = stage;
+  store_row_gradients<Tr>(query_grad, head_grad, head_sums + warp * Tr::kHeads,
                           grad_q + row * Tr::kHeads * Tr::kDim, warp, lane);
   __syncthreads();
   for (int h = threadIdx.x; h < Tr::kHeads; h += Tr::kThreads) {
-    grad_w[row * Tr::kHeads + h] =
-        head_sums[0][h] + head_sums[1][h] + head_sums[2][h] + head_sums[3][h];
+    grad_w[row * Tr::kHeads + h] = head_sums[h] + head_sums[Tr::kHeads + h] +
+                                   head_sums[2 * Tr::kHeads + h] + head_sums[3 * Tr::kHeads + h];
   }
   if constexpr (kKeyGrad == KeyGrad::kReduce) bulk_wait_all();  // the staging outlives the block
 }
 
 // ---- dense_index_score_backward -----------------------------------------------------------------
-
-// 4-byte global -> shared copy (cp.async.ca: 4 bytes take no other); `valid` false writes zeros.
-__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
-               "l"(global), "r"(valid ? 4 : 0));
-}
 
 __device__ __forceinline__ __nv_bfloat16* first_aligned_tile(unsigned char* smem) {
   return reinterpret_cast<__nv_bfloat16*>((reinterpret_cast<uintptr_t>(smem) + 1023) &

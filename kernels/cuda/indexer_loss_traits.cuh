@@ -19,6 +19,7 @@ struct ScoreGradTraits {
   static constexpr int kThreads = 128;  // one warpgroup
   static constexpr int kKeys = Tile::kKeysPerTile;
   static constexpr int kStages = 2;               // key tiles in flight
+  static constexpr int kSlotTiles = 3;            // tiles of slots in the ring (static, 768 bytes)
   static constexpr int kHeadSteps = kHeads / 16;  // k16 steps over heads (the key gradient's K)
   static constexpr int kKeySteps = kKeys / 16;    // k16 steps over keys (the query gradient's K)
   static constexpr int kDimBlocks = kDim / 64;    // m64 blocks of the query gradient (d in M)
