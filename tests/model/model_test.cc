@@ -278,6 +278,34 @@ TEST(ModelTest, RopeFromAnOffsetRotatesOnlyThoseFeatures) {
                               Rope(4, 10000.0).apply(x.narrow(-1, 8, 4).contiguous(), positions)));
 }
 
+// RoPE's own backward (the inverse rotation of the gradient) is the gradient of the rotation as
+// autograd derives it from the formula, on a non-contiguous input whose rotated features sit
+// between others.
+TEST(ModelTest, RopeBackwardIsTheRotationsGradient) {
+  const int64_t first = 6, rope_dim = 4, half = rope_dim / 2;
+  const auto x = torch::randn({2, 3, 5, 12}, torch::kDouble).requires_grad_(true);
+  const auto strided = x.transpose(1, 2);  // [2, 5 positions, 3 heads, 12], not contiguous
+  const auto positions = torch::arange(5, torch::kLong) + 3;
+  const auto grad = torch::randn({2, 5, 3, 12}, torch::kDouble);
+
+  const auto got = Rope(rope_dim, 10000.0, first).apply(strided, positions);
+  const auto got_grad = torch::autograd::grad({got}, {x}, {grad})[0];
+
+  // The rotation written out, differentiated by autograd.
+  const auto angles = positions.to(torch::kDouble).unsqueeze(1) *
+                      torch::pow(10000.0, -torch::arange(0, half, torch::kDouble) * 2.0 / rope_dim);
+  const auto cos = angles.cos().view({1, 5, 1, half}), sin = angles.sin().view({1, 5, 1, half});
+  const auto x1 = strided.narrow(-1, first, half);
+  const auto x2 = strided.narrow(-1, first + half, half);
+  const auto want =
+      torch::cat({strided.narrow(-1, 0, first), x1 * cos - x2 * sin, x2 * cos + x1 * sin,
+                  strided.narrow(-1, first + rope_dim, 12 - first - rope_dim)},
+                 -1);
+  const auto want_grad = torch::autograd::grad({want}, {x}, {grad})[0];
+  EXPECT_TRUE(torch::allclose(got, want, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(got_grad, want_grad, 1e-12, 1e-12));
+}
+
 // bf16 inputs (the GPU's, under autocast) at long-context positions turn by the fp32 angles: only
 // the result rounds to bf16, not the positions (in bf16, 100,001 would be 99,840).
 TEST(ModelTest, RopeOfBf16TurnsByExactAngles) {

@@ -1,5 +1,6 @@
 #include "worker/model/model.h"
 
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/init.h>
 #include <torch/torch.h>
 
@@ -14,8 +15,6 @@
 
 namespace hyscale::trainer {
 namespace {
-
-using torch::indexing::Slice;
 
 constexpr double kInitStd = 0.02;
 
@@ -154,6 +153,38 @@ class Gradients {
   std::vector<torch::Tensor> outputs_, grads_;
 };
 
+// x with features [first, first + half) and [first + half, first + 2 half) turned by the angles
+// whose cos and sin are given (rotate-half pairs), the rest copied: one pass over x, then the
+// rotated features.
+torch::Tensor rotate_half_pairs(const torch::Tensor& x, const torch::Tensor& cos,
+                                const torch::Tensor& sin, int64_t first) {
+  const int64_t half = cos.size(-1);
+  auto out = x.clone(at::MemoryFormat::Contiguous);
+  const auto x1 = x.narrow(-1, first, half), x2 = x.narrow(-1, first + half, half);
+  auto out1 = out.narrow(-1, first, half), out2 = out.narrow(-1, first + half, half);
+  at::mul_out(out1, x1, cos).addcmul_(x2, sin, -1.0);
+  at::mul_out(out2, x2, cos).addcmul_(x1, sin);
+  return out;
+}
+
+// RoPE's autograd: the gradient turns back by the same angles (cos, -sin). Autograd of the
+// slices and the cat would instead build a zero tensor of x's size for each of the four pieces
+// and add them, which made the backward of the queries' RoPE 10x slower (2048x4's q on the CPU).
+struct RopeRotation : torch::autograd::Function<RopeRotation> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& cos, const torch::Tensor& sin, int64_t first) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["first"] = first;
+    return rotate_half_pairs(x, cos, sin, first);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {rotate_half_pairs(grads[0], saved[0], -saved[1], ctx->saved_data["first"].toInt()),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 ModelConfig ModelConfig::FromSpec(const v1::ModelSpec& spec) {
@@ -202,11 +233,7 @@ torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions
   shape.push_back(half);
   const auto cos = angles.cos().to(x.scalar_type()).view(shape);
   const auto sin = angles.sin().to(x.scalar_type()).view(shape);
-  const auto x1 = x.index({"...", Slice(first_, first_ + half)});
-  const auto x2 = x.index({"...", Slice(first_ + half, first_ + rope_dim_)});
-  return torch::cat({x.index({"...", Slice(0, first_)}), x1 * cos - x2 * sin, x2 * cos + x1 * sin,
-                     x.index({"...", Slice(first_ + rope_dim_)})},
-                    -1);
+  return RopeRotation::apply(x, cos, sin, first_);
 }
 
 LightningIndexerImpl::LightningIndexerImpl(const ModelConfig& c)
