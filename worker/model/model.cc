@@ -60,7 +60,11 @@ ops::Selection select(const LightningIndexerImpl::Projections& index,
                       const torch::Tensor& replay_indices, bool loss_scores = true) {
   std::vector<torch::Tensor> indices, scores;
   for (const auto& run : runs) {
-    const auto rows = [&run](const torch::Tensor& t) { return t.narrow(1, run.begin, run.length); };
+    // A run of every row takes the tensor itself: a narrow's backward would write a zero tensor
+    // of the indexer queries' size and copy their gradient into it.
+    const auto rows = [&run](const torch::Tensor& t) {
+      return run.begin == 0 && run.length == t.size(1) ? t : t.narrow(1, run.begin, run.length);
+    };
     if (replay_indices.defined()) {
       scores.push_back(ops::index_score_gather(rows(index.q), index.k, rows(index.w),
                                                rows(replay_indices), run.offset));
