@@ -95,12 +95,6 @@ __global__ void __launch_bounds__(RowWarpTraits::kThreads)
   if (lane == 0) atomic_max_nonnegative(out, bound);
 }
 
-// 4-byte global -> shared copy (cp.async.ca: 4 bytes take no other); `valid` false writes zeros.
-__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
-               "l"(global), "r"(valid ? 4 : 0));
-}
-
 // A row's selected keys: slot i of row t is indices[t * topk + i], -1 when unused; grad_scores has
 // a row of topk floats a query row, by slot.
 struct ListedKeys {
@@ -109,7 +103,6 @@ struct ListedKeys {
   struct Row {
     const int32_t* slots;
     int64_t count;  // slots of the row
-    __device__ int32_t key(int64_t slot) const { return slot < count ? slots[slot] : -1; }
   };
   __device__ Row row(int64_t t) const { return {indices + t * topk, topk}; }
 };
