@@ -53,7 +53,10 @@ TEST_P(LostRank, SurvivorsFailWithinTheTimeout) {
     double seconds = -1;
     ASSERT_EQ(std::sscanf(r.log.c_str(), "failed after %lf s", &seconds), 1) << r.log;
     EXPECT_LT(seconds, 3.5) << r.log;
-    EXPECT_LT(r.seconds, ranks[world - 1].seconds + 1.0) << "a survivor outlived the lost rank";
+    // And it exits: a survivor hung in its teardown would run to the group's 20 s bound. The
+    // margin allows a libtorch process's exit on a machine busy building (a margin of 1 s is
+    // suspected in one failure under ctest -j2 beside a build, whose log was not kept).
+    EXPECT_LT(r.seconds, ranks[world - 1].seconds + 3.0) << "a survivor outlived the lost rank";
   }
   std::cout << "rank 0: " << ranks[0].log;  // the error a user would see
 }
