@@ -107,6 +107,27 @@ struct ListedKeys {
   __device__ Row row(int64_t t) const { return {indices + t * topk, topk}; }
 };
 
+// Where a row starts its walk of its key tiles (wrapping around). A row's tiles are in key order
+// (FlashTopK's), so tile i holds keys near i / tiles of its window. Rows launched together walk
+// together, but blocks end unevenly, and a row that starts at its first tile while the rows in
+// flight are further on spreads their keys over the whole window: at 128K the keys and their
+// gradient (96 MB) then miss the L2. A count of the tiles done, which advances by resident_tiles
+// (the resident blocks times a row's tiles) in a row's time whether rows end together or
+// apart, tells a starting row where the rows in flight are. Each row starts there, so the rows in
+// flight gather and reduce a narrow range of keys.
+struct TileSweep {
+  unsigned long long* tiles_done;  // nullptr: every row from its first tile (deterministic mode)
+  unsigned long long resident_tiles;
+  __device__ int first_tile(int tiles) const {
+    if (tiles_done == nullptr) return 0;
+    const unsigned long long done = *reinterpret_cast<volatile unsigned long long*>(tiles_done);
+    return static_cast<int>((done % resident_tiles) * tiles / resident_tiles);
+  }
+  __device__ void tile_done() const {
+    if (tiles_done != nullptr) atomicAdd(tiles_done, 1ull);
+  }
+};
+
 // How the rows kernel adds the keys' gradient: by fp32 bulk reductions, or in 64-bit fixed point
 // (deterministic).
 enum class KeyGrad { kReduce, kFixed };
@@ -241,19 +262,22 @@ __device__ __forceinline__ void store_row_gradients(
 // The next key tile is gathered (cp.async) while a tile computes, from slots copied into shared
 // memory a tile earlier, so a tile waits on no global load but its gradients' (prefetched). One
 // barrier a tile; three blocks share an SM (168 registers, 76 KB of shared memory with the
-// staging of 64 columns at a time).
+// staging of 64 columns at a time). The tiles are walked from the sweep's first tile on, so the
+// ring and the stages go by step, not by tile.
 template <class Tr, KeyGrad kKeyGrad>
 __global__ void __launch_bounds__(Tr::kThreads, 3)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
                                 float* grad_q, float* grad_k, float* grad_w,
-                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of) {
+                                unsigned long long* fixed_k, GradKScaleOf fixed_scale_of,
+                                TileSweep sweep) {
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
   constexpr bool kFixed = kKeyGrad == KeyGrad::kFixed;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // The row's slots of tiles t, t + 1 (landed) and t + 2 (in flight) during tile t.
+  // The row's slots of steps s, s + 1 (landed) and s + 2 (in flight) during step s.
   __shared__ int32_t slot_ring[Tr::kSlotTiles][Tr::kKeys];
+  __shared__ int first_tile;
   auto* const query_tile =
       reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   bf16* const key_tiles = query_tile + Tr::kQueryBytes / 2;
@@ -267,31 +291,43 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   double fixed_scale = 1;
   if constexpr (kFixed) fixed_scale = fixed_scale_of();
   const uint64_t policy = l2_evict_last_policy();
-
-  // Slot `slot`'s key, -1 when unused or past the row, from the ring (its tile has landed).
-  auto key_at = [&](int slot) {
-    return slot < row_keys.count ? slot_ring[(slot / Tr::kKeys) % Tr::kSlotTiles][slot % Tr::kKeys]
-                                 : -1;
+  if constexpr (!kFixed) {
+    if (threadIdx.x == 0) first_tile = sweep.first_tile(tiles);
+    __syncthreads();
+  }
+  // The tile of step `step` (first_tile read from shared memory where used: a register held
+  // across the loop would spill). The deterministic mode walks from the first tile.
+  auto tile_at = [&](int step) {
+    if constexpr (kFixed) return step;
+    const int tile = first_tile + step;
+    return tile < tiles ? tile : tile - tiles;
   };
-  // A tile's slots into the ring: the gathers and gates then read them from shared memory, and
+
+  // Slot r of step `step`'s tile: its key, -1 when unused or past the row, from the ring (the
+  // step's slots have landed).
+  auto key_at = [&](int step, int r) {
+    return tile_at(step) * Tr::kKeys + r < row_keys.count ? slot_ring[step % Tr::kSlotTiles][r]
+                                                          : -1;
+  };
+  // A step's slots into the ring: the gathers and gates then read them from shared memory, and
   // no global load sits in a tile's chain of waits.
-  auto copy_slots = [&](int tile) {
+  auto copy_slots = [&](int step) {
     if (threadIdx.x >= Tr::kKeys) return;
-    const int slot = tile * Tr::kKeys + threadIdx.x;
-    cp_async_4(&slot_ring[tile % Tr::kSlotTiles][threadIdx.x],
+    const int slot = tile_at(step) * Tr::kKeys + threadIdx.x;
+    cp_async_4(&slot_ring[step % Tr::kSlotTiles][threadIdx.x],
                row_keys.slots + (slot < row_keys.count ? slot : 0), slot < row_keys.count);
   };
-  auto gather = [&](int tile) {
+  auto gather = [&](int step) {
     load_rows_async<Tr::kDim, Tr::kKeys>(
-        key_tiles + (tile % Tr::kStages) * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys, threadIdx.x,
+        key_tiles + (step % Tr::kStages) * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys, threadIdx.x,
         Tr::kThreads, [&](int r) -> const bf16* {
-          const int32_t key = key_at(tile * Tr::kKeys + r);
+          const int32_t key = key_at(step, r);
           return key >= 0 ? keys + int64_t(key) * Tr::kDim : nullptr;
         });
   };
-  // The gates' gradients of a tile are fetched into L1 a tile ahead (two 128-byte lines).
-  auto prefetch_grads = [&](int tile) {
-    const int slot = tile * Tr::kKeys + 32 * threadIdx.x;
+  // The gates' gradients of a step are fetched into L1 a step ahead (two 128-byte lines).
+  auto prefetch_grads = [&](int step) {
+    const int slot = tile_at(step) * Tr::kKeys + 32 * threadIdx.x;
     if (threadIdx.x < 2 && slot < row_keys.count) prefetch_l1(row_grads + slot);
   };
   load_rows_async<Tr::kDim, Tr::kHeads>(
@@ -319,20 +355,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   // This thread's two keys of a tile (the accumulator rows), and its staging rows.
   const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
 
-  for (int tile = 0; tile < tiles; ++tile) {
-    cp_async_wait<0>();  // this tile (and the query) and the next tile's slots landed
+  for (int step = 0; step < tiles; ++step) {
+    cp_async_wait<0>();  // this step's tile (and the query) and the next step's slots landed
     fence_async_shared();
     __syncthreads();
-    if (tile + 1 < tiles) gather(tile + 1);
-    if (tile + 2 < tiles) copy_slots(tile + 2);
+    if (step + 1 < tiles) gather(step + 1);
+    if (step + 2 < tiles) copy_slots(step + 2);
     cp_async_commit();
-    prefetch_grads(tile + 1);
-    const bf16* const key_tile = key_tiles + (tile % Tr::kStages) * (Tr::kKeyTileBytes / 2);
-    const int first = tile * Tr::kKeys;
+    if (step + 1 < tiles) prefetch_grads(step + 1);
+    const bf16* const key_tile = key_tiles + (step % Tr::kStages) * (Tr::kKeyTileBytes / 2);
+    const int first = tile_at(step) * Tr::kKeys;
 
     // The gates' gradients are loaded before the scores' products, which the loads cannot pass.
-    const float g_lo = key_at(first + key_lo) >= 0 ? row_grads[first + key_lo] : 0.f;
-    const float g_hi = key_at(first + key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
+    const float g_lo = key_at(step, key_lo) >= 0 ? row_grads[first + key_lo] : 0.f;
+    const float g_hi = key_at(step, key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
     float scores[Tr::kHeads / 2];
     score_tile<Tr>(key_tile, query_tile, scores);
     uint32_t coef[Tr::kHeadSteps][4];
@@ -343,7 +379,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
 
     // The key row this lane reduces (lanes 0-15 of a warp: its 16 rows), loaded ahead of the
     // products.
-    const int32_t reduce_key = lane < 16 ? key_at(first + 16 * warp + lane) : -1;
+    const int32_t reduce_key = lane < 16 ? key_at(step, 16 * warp + lane) : -1;
     // The key gradient 64 columns of d_I at a time (32 accumulators rather than 64: three blocks
     // an SM), the query gradient's products issued with the first.
 #pragma unroll
@@ -383,7 +419,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
       if constexpr (kFixed) {
         __syncwarp();
         for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
-          const int32_t key = key_at(first + r);
+          const int32_t key = key_at(step, r);
           if (key < 0) continue;  // uniform across the warp
           for (int d = lane; d < 64; d += 32) {
             fixed_add(fixed_k + int64_t(key) * Tr::kDim + 64 * cols + d,
@@ -403,6 +439,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
     }
 #pragma unroll
     for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
+    if (!kFixed && threadIdx.x == 0) sweep.tile_done();
     // The next tile's barrier, before anything refills this tile's key tile, slots or
     // coefficients, also finds every warp done with them.
   }
@@ -893,7 +930,8 @@ size_t fixed_grad_k_bytes(const IndexerShape& shape) {
 }  // namespace
 
 size_t index_score_backward_workspace_bytes(const IndexerShape& shape, bool deterministic) {
-  return deterministic ? fixed_grad_k_bytes(shape) + 2 * sizeof(float) : 0;
+  // Deterministic: grad_k in fixed point and its two bounds; else the sweep's count of tiles.
+  return deterministic ? fixed_grad_k_bytes(shape) + 2 * sizeof(float) : sizeof(unsigned long long);
 }
 
 void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
@@ -932,9 +970,24 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
                                 : index_score_backward_kernel<Tr, KeyGrad::kReduce>;
     throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                    op, "shared memory size");
+    TileSweep sweep{nullptr, 1};
+    if (!deterministic) {
+      sweep.tiles_done = static_cast<unsigned long long*>(workspace);
+      throw_on_error(cudaMemsetAsync(sweep.tiles_done, 0, sizeof(unsigned long long), cuda_stream),
+                     op, "zeroing the count of tiles");
+      int blocks_per_sm = 0, device = 0, sms = 0;
+      throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
+                                                                   Tr::kThreads, kSmem),
+                     op, "occupancy");
+      throw_on_error(cudaGetDevice(&device), op, "device");
+      throw_on_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op,
+                     "SM count");
+      sweep.resident_tiles = std::max<unsigned long long>(
+          1, static_cast<unsigned long long>(blocks_per_sm) * sms * ceil_div(topk, Tr::kKeys));
+    }
     kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, kSmem, cuda_stream>>>(
         q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores, grad_q, grad_k,
-        grad_w, fixed_k, scale_of);
+        grad_w, fixed_k, scale_of, sweep);
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
   if (deterministic) {

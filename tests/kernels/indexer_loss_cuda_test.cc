@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -121,6 +122,29 @@ TEST_F(IndexerLossCudaTest, IndexScoreBackwardMatchesFloat64Reference) {
     const auto want = reference_index_score_backward(grad, q, k, w, indices);
     const auto got = ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(),
                                                indices.cuda(), c.m - c.n);
+    expect_close(got.q, want.q, 1e-6, "grad_q");
+    expect_close(got.k, want.k, 1e-6, "grad_k");
+    expect_close(got.w, want.w, 1e-6, "grad_w");
+  }
+}
+
+// Key-ordered rows (FlashTopK's order) of several tiles and more rows than the GPU holds at once:
+// rows launched after the first wave start their walk of their tiles where the rows in flight
+// are, mid-row, and wrap around; each tile is still summed once.
+TEST_F(IndexerLossCudaTest, IndexScoreBackwardOfRowsStartingMidRowMatchesFloat64Reference) {
+  const IndexerCase c{3000, 3000, 64, 128, 200};
+  // Row t: the min(topk, t + 1) keys of [0, t] with the highest random scores, ascending, then -1.
+  const auto future = torch::ones({c.n, c.m}, torch::kBool).triu(1);
+  const auto [top, picked] = torch::rand({c.n, c.m}).masked_fill(future, -1).topk(c.topk, 1);
+  const auto past_the_row = std::numeric_limits<int64_t>::max();
+  const auto ordered = std::get<0>(picked.masked_fill(top.lt(0), past_the_row).sort(1));
+  const auto indices = ordered.masked_fill(ordered.eq(past_the_row), -1).to(torch::kInt);
+  const auto q = eighths({c.n, c.heads, c.dim}), k = eighths({c.m, c.dim});
+  const auto w = eighths({c.n, c.heads}), grad = eighths({c.n, c.topk});
+  const auto want = reference_index_score_backward(grad, q, k, w, indices);
+  for (int run = 0; run < 3; ++run) {
+    const auto got =
+        ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(), indices.cuda());
     expect_close(got.q, want.q, 1e-6, "grad_q");
     expect_close(got.k, want.k, 1e-6, "grad_k");
     expect_close(got.w, want.w, 1e-6, "grad_w");
