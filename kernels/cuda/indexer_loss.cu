@@ -107,24 +107,19 @@ struct ListedKeys {
   __device__ Row row(int64_t t) const { return {indices + t * topk, topk}; }
 };
 
-// Where a row starts its walk of its key tiles (wrapping around). A row's tiles are in key order
-// (FlashTopK's), so tile i holds keys near i / tiles of its window. Rows launched together walk
-// together, but blocks end unevenly, and a row that starts at its first tile while the rows in
-// flight are further on spreads their keys over the whole window: at 128K the keys and their
-// gradient (96 MB) then miss the L2. A count of the tiles done, which advances by resident_tiles
-// (the resident blocks times a row's tiles) in a row's time whether rows end together or
-// apart, tells a starting row where the rows in flight are. Each row starts there, so the rows in
-// flight gather and reduce a narrow range of keys.
-struct TileSweep {
-  unsigned long long* tiles_done;  // nullptr: every row from its first tile (deterministic mode)
-  unsigned long long resident_tiles;
-  __device__ int first_tile(int tiles) const {
-    if (tiles_done == nullptr) return 0;
-    const unsigned long long done = *reinterpret_cast<volatile unsigned long long*>(tiles_done);
-    return static_cast<int>((done % resident_tiles) * tiles / resident_tiles);
-  }
-  __device__ void tile_done() const {
-    if (tiles_done != nullptr) atomicAdd(tiles_done, 1ull);
+// Where a row starts its walk of its key tiles (wrapping around). In key order (FlashTopK's) each
+// of a row's tiles holds one stretch of its span of keys, and rows start about 1 / R of a row's
+// time apart (R blocks resident), so starting row r at tile (r mod R) tiles / R puts the rows in
+// flight on one stretch of keys, as the latent backward's RotatedKeys does. That pays where the
+// rows' keys and key-gradient rows miss the L2 (128K, random selections) and costs where they do
+// not (32K, or local selections: docs/performance.md section 13), so a row rotates only when its
+// span of keys (its last slot's key less its first's) is over min_span.
+struct TileRotation {
+  int resident_rows;  // 0: no row rotates (the deterministic mode)
+  int64_t min_span;
+  __device__ int first_tile(int64_t row, int tiles, int32_t first_key, int32_t last_key) const {
+    if (resident_rows == 0 || first_key < 0 || last_key - first_key <= min_span) return 0;
+    return static_cast<int>(row % resident_rows * tiles / resident_rows);
   }
 };
 
@@ -262,15 +257,15 @@ __device__ __forceinline__ void store_row_gradients(
 // The next key tile is gathered (cp.async) while a tile computes, from slots copied into shared
 // memory a tile earlier, so a tile waits on no global load but its gradients' (prefetched). One
 // barrier a tile; three blocks share an SM (168 registers, 76 KB of shared memory with the
-// staging of 64 columns at a time). The tiles are walked from the sweep's first tile on, so the
-// ring and the stages go by step, not by tile.
+// staging of 64 columns at a time). The tiles are walked from the rotation's first tile on, so
+// the ring and the stages go by step, not by tile.
 template <class Tr, KeyGrad kKeyGrad>
 __global__ void __launch_bounds__(Tr::kThreads, 3)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
                                 float* grad_q, float* grad_k, float* grad_w,
                                 unsigned long long* fixed_k, GradKScaleOf fixed_scale_of,
-                                TileSweep sweep) {
+                                TileRotation rotation) {
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
   constexpr bool kFixed = kKeyGrad == KeyGrad::kFixed;
@@ -292,7 +287,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   if constexpr (kFixed) fixed_scale = fixed_scale_of();
   const uint64_t policy = l2_evict_last_policy();
   if constexpr (!kFixed) {
-    if (threadIdx.x == 0) first_tile = sweep.first_tile(tiles);
+    if (threadIdx.x == 0) {
+      first_tile =
+          rotation.first_tile(row, tiles, row_keys.slots[0], row_keys.slots[row_keys.count - 1]);
+    }
     __syncthreads();
   }
   // The tile of step `step` (first_tile read from shared memory where used: a register held
@@ -439,7 +437,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
     }
 #pragma unroll
     for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
-    if (!kFixed && threadIdx.x == 0) sweep.tile_done();
     // The next tile's barrier, before anything refills this tile's key tile, slots or
     // coefficients, also finds every warp done with them.
   }
@@ -930,8 +927,7 @@ size_t fixed_grad_k_bytes(const IndexerShape& shape) {
 }  // namespace
 
 size_t index_score_backward_workspace_bytes(const IndexerShape& shape, bool deterministic) {
-  // Deterministic: grad_k in fixed point and its two bounds; else the sweep's count of tiles.
-  return deterministic ? fixed_grad_k_bytes(shape) + 2 * sizeof(float) : sizeof(unsigned long long);
+  return deterministic ? fixed_grad_k_bytes(shape) + 2 * sizeof(float) : 0;
 }
 
 void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
@@ -970,24 +966,19 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
                                 : index_score_backward_kernel<Tr, KeyGrad::kReduce>;
     throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                    op, "shared memory size");
-    TileSweep sweep{nullptr, 1};
+    TileRotation rotation{0, 0};
     if (!deterministic) {
-      sweep.tiles_done = static_cast<unsigned long long*>(workspace);
-      throw_on_error(cudaMemsetAsync(sweep.tiles_done, 0, sizeof(unsigned long long), cuda_stream),
-                     op, "zeroing the count of tiles");
-      int blocks_per_sm = 0, device = 0, sms = 0;
-      throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
-                                                                   Tr::kThreads, kSmem),
-                     op, "occupancy");
+      int device = 0, l2_bytes = 0;
       throw_on_error(cudaGetDevice(&device), op, "device");
-      throw_on_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op,
-                     "SM count");
-      sweep.resident_tiles = std::max<unsigned long long>(
-          1, static_cast<unsigned long long>(blocks_per_sm) * sms * ceil_div(topk, Tr::kKeys));
+      throw_on_error(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), op,
+                     "L2 size");
+      rotation.resident_rows = static_cast<int>(resident_blocks(kernel, Tr::kThreads, kSmem, op));
+      // Rows whose keys' rows of k_I (bf16) and grad_k (fp32) fill half the L2.
+      rotation.min_span = l2_bytes / 2 / (Tr::kDim * (2 + 4));
     }
     kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, kSmem, cuda_stream>>>(
         q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores, grad_q, grad_k,
-        grad_w, fixed_k, scale_of, sweep);
+        grad_w, fixed_k, scale_of, rotation);
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
   if (deterministic) {

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -19,6 +20,18 @@ inline void throw_on_error(cudaError_t status, const char* op, const char* what)
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+// How many blocks of `kernel` the device holds at once.
+template <class Kernel>
+unsigned resident_blocks(Kernel kernel, int threads, int smem, const char* op) {
+  int device = 0, sms = 0, per_sm = 0;
+  throw_on_error(cudaGetDevice(&device), op, "device");
+  throw_on_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op,
+                 "SM count");
+  throw_on_error(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), op,
+                 "occupancy");
+  return static_cast<unsigned>(std::max(1, sms * per_sm));
 }
 
 }  // namespace hyscale::cuda

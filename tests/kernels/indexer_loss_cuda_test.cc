@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -128,27 +127,28 @@ TEST_F(IndexerLossCudaTest, IndexScoreBackwardMatchesFloat64Reference) {
   }
 }
 
-// Key-ordered rows (FlashTopK's order) of several tiles and more rows than the GPU holds at once:
-// rows launched after the first wave start their walk of their tiles where the rows in flight
-// are, mid-row, and wrap around; each tile is still summed once.
+// Key-ordered rows (FlashTopK's order) of several tiles spread over more keys than the L2 holds,
+// and more rows than the GPU holds at once: rows start their walk of their tiles mid-row (rotated
+// by their launch position) and wrap around, and each tile is still summed once. A fifth of the
+// rows end in -1 slots (those start at their first tile).
 TEST_F(IndexerLossCudaTest, IndexScoreBackwardOfRowsStartingMidRowMatchesFloat64Reference) {
-  const IndexerCase c{3000, 3000, 64, 128, 200};
-  // Row t: the min(topk, t + 1) keys of [0, t] with the highest random scores, ascending, then -1.
-  const auto future = torch::ones({c.n, c.m}, torch::kBool).triu(1);
-  const auto [top, picked] = torch::rand({c.n, c.m}).masked_fill(future, -1).topk(c.topk, 1);
-  const auto past_the_row = std::numeric_limits<int64_t>::max();
-  const auto ordered = std::get<0>(picked.masked_fill(top.lt(0), past_the_row).sort(1));
-  const auto indices = ordered.masked_fill(ordered.eq(past_the_row), -1).to(torch::kInt);
+  const IndexerCase c{3000, 200000, 64, 128, 200};
+  // Row t sees keys [0, M - N + t]: one key from each of topk strata of its window, ascending.
+  const auto window = torch::arange(c.m - c.n + 1, c.m + 1, torch::kLong).unsqueeze(1);
+  const auto strata = torch::arange(c.topk, torch::kDouble).unsqueeze(0) +
+                      torch::rand({c.n, c.topk}, torch::kDouble);
+  auto indices = (strata * window.to(torch::kDouble) / c.topk).floor().to(torch::kInt);
+  const auto tails =
+      torch::rand({c.n, 1}).lt(0.2).logical_and(torch::arange(c.topk).unsqueeze(0).ge(c.topk - 30));
+  indices = indices.masked_fill(tails, -1);
   const auto q = eighths({c.n, c.heads, c.dim}), k = eighths({c.m, c.dim});
   const auto w = eighths({c.n, c.heads}), grad = eighths({c.n, c.topk});
   const auto want = reference_index_score_backward(grad, q, k, w, indices);
-  for (int run = 0; run < 3; ++run) {
-    const auto got =
-        ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(), indices.cuda());
-    expect_close(got.q, want.q, 1e-6, "grad_q");
-    expect_close(got.k, want.k, 1e-6, "grad_k");
-    expect_close(got.w, want.w, 1e-6, "grad_w");
-  }
+  const auto got = ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(),
+                                             indices.cuda(), c.m - c.n);
+  expect_close(got.q, want.q, 1e-6, "grad_q");
+  expect_close(got.k, want.k, 1e-6, "grad_k");
+  expect_close(got.w, want.w, 1e-6, "grad_w");
 }
 
 // torch.use_deterministic_algorithms(True) for a scope; the previous setting is restored.

@@ -14,22 +14,14 @@
 
 namespace hyscale::cuda::attn {
 
+constexpr const char* kOp = "hyscale::sparse_attn (CUDA)";
+
 inline void check(cudaError_t status, const char* what) {
-  throw_on_error(status, "hyscale::sparse_attn (CUDA)", what);
+  throw_on_error(status, kOp, what);
 }
 
 // One block a tile of rows (G queries x HB heads).
 dim3 grid_of(const SparseAttnShape& s, const Problem& p);
-
-// How many blocks of `kernel` the device holds at once: a persistent kernel's grid.
-template <class Kernel>
-unsigned resident_blocks(Kernel kernel, int threads, int smem) {
-  int device = 0, sms = 0, per_sm = 0;
-  check(cudaGetDevice(&device), "device");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), "occupancy");
-  return static_cast<unsigned>(std::max(1, sms * per_sm));
-}
 
 // The launcher has checked the call and chosen the kernel family: wgmma_tiles when the blocks are
 // whole 64-head tiles of one query (G = 1, H a multiple of 64), which the wgmma kernels take.

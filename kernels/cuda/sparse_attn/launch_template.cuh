@@ -36,7 +36,7 @@ void launch_fwd(const FwdCall& call) {
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
             "forward smem");
       dim3 grid = grid_of(call.shape, call.p);
-      if (persistent) grid.x = std::min(grid.x, resident_blocks(kernel, threads, smem));
+      if (persistent) grid.x = std::min(grid.x, resident_blocks(kernel, threads, smem, kOp));
       kernel<<<grid, threads, smem, call.stream>>>(call.p, call.out);
       check(cudaGetLastError(), "sparse_attn forward kernel");
     };
@@ -101,8 +101,9 @@ void launch_bwd_latent(const BwdCall& call) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
           "backward smem");
     BwdArgs g = call.g;
-    g.resident_queries = static_cast<int>(resident_blocks(kernel, Tr::kThreads, Tr::kSmemBytes) /
-                                          ceil_div(call.shape.heads, Tr::kRows));
+    g.resident_queries =
+        static_cast<int>(resident_blocks(kernel, Tr::kThreads, Tr::kSmemBytes, kOp) /
+                         ceil_div(call.shape.heads, Tr::kRows));
     cudaLaunchConfig_t config{};
     config.gridDim = grid_of(call.shape, call.p);
     config.blockDim = dim3(Tr::kThreads);
