@@ -113,17 +113,22 @@ IndexerInputs eighths_inputs(Random& rng, const IndexerCase& c) {
 const IndexerCase kIndexerCases[] = {
     {45, 45, 16, 64, 40}, {70, 70, 64, 128, 33}, {19, 300, 32, 128, 97}};
 
+// index_score_backward on the GPU (rows at q_offset M - N) against the float64 reference, on
+// CPU inputs of eighths.
+void expect_index_score_backward_matches(const IndexerCase& c, const IndexerInputs& in) {
+  const auto grad = eighths({c.n, c.topk});
+  const auto want = reference_index_score_backward(grad, in.q, in.k, in.w, in.indices);
+  const auto got = ops::index_score_backward(grad.cuda(), in.q.cuda(), in.k.cuda(), in.w.cuda(),
+                                             in.indices.cuda(), c.m - c.n);
+  expect_close(got.q, want.q, 1e-6, "grad_q");
+  expect_close(got.k, want.k, 1e-6, "grad_k");
+  expect_close(got.w, want.w, 1e-6, "grad_w");
+}
+
 TEST_F(IndexerLossCudaTest, IndexScoreBackwardMatchesFloat64Reference) {
   for (const IndexerCase& c : kIndexerCases) {
     SCOPED_TRACE(describe(c));
-    const auto [q, k, w, indices] = eighths_inputs(rng_, c);
-    const auto grad = eighths({c.n, c.topk});
-    const auto want = reference_index_score_backward(grad, q, k, w, indices);
-    const auto got = ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(),
-                                               indices.cuda(), c.m - c.n);
-    expect_close(got.q, want.q, 1e-6, "grad_q");
-    expect_close(got.k, want.k, 1e-6, "grad_k");
-    expect_close(got.w, want.w, 1e-6, "grad_w");
+    expect_index_score_backward_matches(c, eighths_inputs(rng_, c));
   }
 }
 
@@ -137,18 +142,11 @@ TEST_F(IndexerLossCudaTest, IndexScoreBackwardOfRowsStartingMidRowMatchesFloat64
   const auto window = torch::arange(c.m - c.n + 1, c.m + 1, torch::kLong).unsqueeze(1);
   const auto strata = torch::arange(c.topk, torch::kDouble).unsqueeze(0) +
                       torch::rand({c.n, c.topk}, torch::kDouble);
-  auto indices = (strata * window.to(torch::kDouble) / c.topk).floor().to(torch::kInt);
+  const auto indices = (strata * window.to(torch::kDouble) / c.topk).floor().to(torch::kInt);
   const auto tails =
       torch::rand({c.n, 1}).lt(0.2).logical_and(torch::arange(c.topk).unsqueeze(0).ge(c.topk - 30));
-  indices = indices.masked_fill(tails, -1);
-  const auto q = eighths({c.n, c.heads, c.dim}), k = eighths({c.m, c.dim});
-  const auto w = eighths({c.n, c.heads}), grad = eighths({c.n, c.topk});
-  const auto want = reference_index_score_backward(grad, q, k, w, indices);
-  const auto got = ops::index_score_backward(grad.cuda(), q.cuda(), k.cuda(), w.cuda(),
-                                             indices.cuda(), c.m - c.n);
-  expect_close(got.q, want.q, 1e-6, "grad_q");
-  expect_close(got.k, want.k, 1e-6, "grad_k");
-  expect_close(got.w, want.w, 1e-6, "grad_w");
+  expect_index_score_backward_matches(c, {eighths({c.n, c.heads, c.dim}), eighths({c.m, c.dim}),
+                                          eighths({c.n, c.heads}), indices.masked_fill(tails, -1)});
 }
 
 // torch.use_deterministic_algorithms(True) for a scope; the previous setting is restored.
