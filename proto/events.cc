@@ -4,6 +4,7 @@
 #include <absl/strings/str_cat.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "proto/proto_json.h"
 
@@ -43,6 +44,26 @@ std::string NegativeInteger(const Message& message, const std::string& path) {
     if (value < 0) return absl::StrCat(at, ": must be >= 0 (got ", value, ")");
   }
   return "";
+}
+
+// Clears the singular floating-point fields of `message` and its messages that hold -0.0. JSON
+// writes -0.0 as -0, which reads back as 0, an unset field: without this a line read, written and
+// read again would differ from the first reading.
+void ClearNegativeZeros(Message* message) {
+  const auto* reflection = message->GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(*message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    if (field->is_repeated()) continue;  // map values and list items stay set whatever their value
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      ClearNegativeZeros(reflection->MutableMessage(message, field));
+    } else if ((field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE &&
+                reflection->GetDouble(*message, field) == 0) ||
+               (field->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT &&
+                reflection->GetFloat(*message, field) == 0)) {
+      reflection->ClearField(message, field);
+    }
+  }
 }
 
 }  // namespace
@@ -92,6 +113,7 @@ absl::StatusOr<v1::TrainerEventLine> ParseEventLine(std::string_view line) {
   if (const std::string negative = NegativeInteger(event, ""); !negative.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("trainer event: ", negative));
   }
+  ClearNegativeZeros(&event);
   return event;
 }
 
