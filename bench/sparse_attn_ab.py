@@ -73,7 +73,7 @@ def main():
     ap.add_argument("--new", help="libhyscale_ops.so of the change")
     ap.add_argument("--old", help="libhyscale_ops.so of the build before it")
     ap.add_argument("--cases", default="32768:local,32768:random,131072:local,131072:random",
-                    help="N:kind, comma-separated (kind: local, random or shuffled)")
+                    help="N:kind, comma-separated (kind: local, local_sorted, random or shuffled)")
     ap.add_argument("--backward", action="store_true", help="also time the latent backward")
     ap.add_argument("--target", action="store_true",
                     help="also time the latent backward that emits the indexer's target")

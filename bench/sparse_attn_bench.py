@@ -7,7 +7,8 @@ an untrained indexer, adjacent queries share few keys) and "local" (half the slo
 k/2 keys, half spread over the rest with one draw per block of 16 queries: adjacent queries share
 most keys, as with a trained indexer); "shuffled" is the random kind's keys in no order per row.
 FlashTopK returns rows in key order, as random's are; local's recent half runs backwards from
-t, its older half in key order. For each N, kind and G:
+t, its older half in key order; "local_sorted" is local's keys in key order (-1 last). For each
+N, kind and G:
   fwd / bwd   medians of CUDA-event timings after a warm-up; TFLOP/s counted as useful work on the
               valid (query, slot) pairs: fwd 2 H (d_qk + d_v), bwd 2 H (3 d_qk + 2 d_v) per pair;
               fraction of the bf16 floor (that work at --peak-tflops)
@@ -78,7 +79,11 @@ def make_indices(n, topk, kind, seed):
         older = strata(u, t + 1 - half, parts)  # keys 0 .. t - half, one per stratum
         idx = torch.cat([recent, older], 1)
     short = torch.where(i <= t, i, torch.full_like(i, -1))
-    return torch.where(t + 1 <= topk, short, idx).int()
+    idx = torch.where(t + 1 <= topk, short, idx)
+    if kind == "local_sorted":  # key order, as FlashTopK returns rows; -1 (short rows) last
+        idx = torch.where(idx >= 0, idx, n).sort(dim=1).values
+        idx = torch.where(idx == n, -1, idx)
+    return idx.int()
 
 
 def make_inputs(n, value_in_key):
