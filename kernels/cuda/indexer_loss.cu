@@ -109,8 +109,8 @@ struct ListedKeys {
 
 // Where a row starts its walk of its key tiles (wrapping around). In key order (FlashTopK's) each
 // of a row's tiles holds one stretch of its span of keys, and rows start about 1 / R of a row's
-// time apart (R blocks resident), so starting row r at tile (r mod R) tiles / R puts the rows in
-// flight on one stretch of keys, as the latent backward's RotatedKeys does. That pays where the
+// time apart (R blocks resident), so a rotated start (rotated_first_tile) puts the rows in flight
+// on one stretch of keys, as the latent backward's RotatedKeys does. That pays where the
 // rows' keys and key-gradient rows miss the L2 (128K, random selections) and costs where they do
 // not (32K, or local selections: docs/performance.md section 13), so a row rotates only when its
 // span of keys (its last slot's key less its first's) is over min_span.
@@ -119,7 +119,7 @@ struct TileRotation {
   int64_t min_span;
   __device__ int first_tile(int64_t row, int tiles, int32_t first_key, int32_t last_key) const {
     if (resident_rows == 0 || first_key < 0 || last_key - first_key <= min_span) return 0;
-    return static_cast<int>(row % resident_rows * tiles / resident_rows);
+    return rotated_first_tile(row, resident_rows, tiles);
   }
 };
 

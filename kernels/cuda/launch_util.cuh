@@ -22,6 +22,13 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// The first tile of item `item` of a grid walking its tiles from a rotated start: items start
+// about 1 / resident of an item's time apart, so starting item i at tile
+// (i mod resident) tiles / resident puts the items in flight on the same tile index.
+__device__ inline int rotated_first_tile(int64_t item, int resident, int tiles) {
+  return static_cast<int>(item % resident * tiles / resident);
+}
+
 // How many blocks of `kernel` the device holds at once.
 template <class Kernel>
 unsigned resident_blocks(Kernel kernel, int threads, int smem, const char* op) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cluster.cuh"
+#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sparse_attn/bwd_common.cuh"
 #include "kernels/cuda/sparse_attn/traits.cuh"
 #include "kernels/cuda/warp_specialization.cuh"
@@ -209,10 +210,8 @@ struct RotatedKeys {
   KeyList list;
   int first_slot;
   __device__ RotatedKeys(const KeyList& keys, int grp, int resident_queries) : list(keys) {
-    // Query grp starts about grp / resident_queries item times after query 0, so by then query 0
-    // has advanced grp * tiles / resident_queries tiles; mod tiles, that is the formula below.
     first_slot =
-        resident_queries > 0 ? grp % resident_queries * tiles() / resident_queries * kKeys : 0;
+        resident_queries > 0 ? rotated_first_tile(grp, resident_queries, tiles()) * kKeys : 0;
   }
   __device__ int tiles() const { return static_cast<int>(ceil_div(list.count, kKeys)); }
   // The list's slot that rotated slot `rotated` (< tiles() * kKeys) reads.
