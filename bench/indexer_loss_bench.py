@@ -191,47 +191,62 @@ def profiled_parts(fn):
     return parts
 
 
-def loss_path_beside_attention(ops, r, q_i, k_i, w, idx, runs):
-    """b) The whole loss path beside the latent attention backward on the same selection, into r."""
+def loss_path_beside_attention(ops, r, q_i, k_i, w, idx, runs, rows):
+    """b) The whole loss path beside the latent attention backward on the same selection, into r:
+    queries `rows` at a time against all keys, as the trainer's query chunks run them, each
+    measure the sum of its chunks' medians."""
     n = r["n"]
     g = torch.Generator(device="cuda").manual_seed(n + 7)
-    q = torch.randn(n, H, DQK, device="cuda", generator=g).bfloat16()
     kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
-    grad_out = torch.randn(n, H, DV, device="cuda", generator=g).bfloat16()
     scale = DQK ** -0.5
-    out, lse = ops.sparse_attn_latent(q, kv, idx, scale, DV)
-    score = ops.index_score_gather(q_i, k_i, w, idx)
-    target = ops.selected_attention_mass(q, kv, idx, lse, scale)
-    ones = torch.ones(n, device="cuda")
+    r["loss_path_rows"] = rows
+    times = dict(target_ms=0.0, kl_ms=0.0, loss_path_ms=0.0, latent_bwd_ms=0.0,
+                 latent_bwd_target_ms=0.0)
+    r["target_diff"] = 0.0
+    for begin in range(0, n, rows):
+        part = slice(begin, min(n, begin + rows))
+        q = torch.randn(part.stop - begin, H, DQK, device="cuda", generator=g).bfloat16()
+        grad_out = torch.randn(part.stop - begin, H, DV, device="cuda", generator=g).bfloat16()
+        sel, qi, wi = idx[part], q_i[part], w[part]
+        out, lse = ops.sparse_attn_latent(q, kv, sel, scale, DV)
+        score = ops.index_score_gather(qi, k_i, wi, sel, begin)
+        target = ops.selected_attention_mass(q, kv, sel, lse, scale)
+        ones = torch.ones(part.stop - begin, device="cuda")
 
-    def loss_path():
-        t = ops.selected_attention_mass(q, kv, idx, lse, scale)
-        ops.indexer_kl(score, t)
-        g_score = ops.indexer_kl_backward(ones, score, t)
-        ops.index_score_backward(g_score, q_i, k_i, w, idx)
+        def loss_path():
+            t = ops.selected_attention_mass(q, kv, sel, lse, scale)
+            ops.indexer_kl(score, t)
+            g_score = ops.indexer_kl_backward(ones, score, t)
+            ops.index_score_backward(g_score, qi, k_i, wi, sel, begin)
 
-    r["target_ms"], _ = timed_with_clock(
-        lambda: ops.selected_attention_mass(q, kv, idx, lse, scale), runs)
-    r["kl_ms"], _ = timed_with_clock(
-        lambda: (ops.indexer_kl(score, target), ops.indexer_kl_backward(ones, score, target)),
-        runs)
-    r["loss_path_ms"], _ = timed_with_clock(loss_path, runs)
-    r["latent_bwd_ms"], r["latent_bwd_clock"] = timed_with_clock(
-        lambda: ops.sparse_attn_latent_backward(grad_out, q, kv, idx, scale, DV, out, lse),
-        runs)
+        timings = dict(
+            target_ms=lambda: ops.selected_attention_mass(q, kv, sel, lse, scale),
+            kl_ms=lambda: (ops.indexer_kl(score, target),
+                           ops.indexer_kl_backward(ones, score, target)),
+            loss_path_ms=loss_path,
+            latent_bwd_ms=lambda: ops.sparse_attn_latent_backward(
+                grad_out, q, kv, sel, scale, DV, out, lse),
+            # The target as the latent backward's by-product: its cost is what the backward adds.
+            latent_bwd_target_ms=lambda: ops.sparse_attn_latent_backward_target(
+                grad_out, q, kv, sel, scale, DV, out, lse))
+        for name, fn in timings.items():
+            ms, clock = timed_with_clock(fn, runs)
+            times[name] += ms
+            if name == "latent_bwd_ms":
+                r["latent_bwd_clock"] = clock
+        r["target_diff"] = max(r["target_diff"], float(
+            (timings["latent_bwd_target_ms"]()[2] - target).abs().max()))
+        del q, grad_out, out, lse, score, target, timings
+    r.update(times)
     r["loss_path_share"] = r["loss_path_ms"] / r["latent_bwd_ms"]
-    # The target as the latent backward's by-product: its cost is what the backward adds.
-    with_target = lambda: ops.sparse_attn_latent_backward_target(
-        grad_out, q, kv, idx, scale, DV, out, lse)
-    r["target_diff"] = float((with_target()[2] - target).abs().max())
-    r["latent_bwd_target_ms"], _ = timed_with_clock(with_target, runs)
     r["target_in_bwd_ms"] = max(0.0, r["latent_bwd_target_ms"] - r["latent_bwd_ms"])
     r["fused_loss_path_ms"] = r["target_in_bwd_ms"] + r["kl_ms"] + r["isb_ms"]
     r["fused_loss_path_share"] = r["fused_loss_path_ms"] / r["latent_bwd_ms"]
+    chunks = "" if rows >= n else f", queries in {-(-n // rows)} chunks of {rows}"
     print(f"b) N {n:>7}  loss path, target apart: {r['loss_path_ms']:8.2f} ms (target "
           f"{r['target_ms']:.2f}, KL fwd+bwd {r['kl_ms']:.2f}, index_score_backward "
           f"{r['isb_ms']:.2f}) = {100 * r['loss_path_share']:.0f} % of the latent attention "
-          f"backward {r['latent_bwd_ms']:.2f} ms")
+          f"backward {r['latent_bwd_ms']:.2f} ms{chunks}")
     print(f"   N {n:>7}  loss path, target from the backward: {r['fused_loss_path_ms']:8.2f} ms "
           f"(backward {r['latent_bwd_ms']:.2f} -> {r['latent_bwd_target_ms']:.2f} ms with the "
           f"target, max |diff| vs selected_attention_mass {r['target_diff']:.1e}) = "
@@ -252,6 +267,8 @@ def main():
     ap.add_argument("--dense-sizes", default="32768",
                     help="N of the dense warm-up's loss (c); none: skip it")
     ap.add_argument("--dense-heads", type=int, default=64)
+    ap.add_argument("--query-chunk", type=int, default=0,
+                    help="b)'s queries at a time (0: all where the card holds them, else 32768)")
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.ops.load_library(a.lib)
@@ -287,15 +304,11 @@ def main():
               + (f"; unfused {r['megatron_ms']:.0f} ms ({r['megatron_ms'] / r['isb_ms']:.0f}x)"
                  if "megatron_ms" in r else ""))
 
-        try:
-            loss_path_beside_attention(ops, r, q_i, k_i, w, idx, a.runs)
-        except torch.OutOfMemoryError:
-            # q, grad_out and out at H = 128 take 54 GiB at 128K: an 80 GB card holds them only
-            # without (a)'s tensors and allocator cache.
-            r["loss_path"] = "out of memory"
-            torch.cuda.empty_cache()
-            print(f"b) N {n:>7}  not run: out of memory "
-                  f"({torch.cuda.get_device_properties(0).total_memory / 2 ** 30:.0f} GiB GPU)")
+        # q, grad_out and out at H = 128 take 54 GiB at 128K: beside (a)'s tensors only a
+        # 141 GB card holds all queries at once.
+        big_card = torch.cuda.get_device_properties(0).total_memory > 100 * 2 ** 30
+        rows = a.query_chunk or (n if big_card else min(n, 32768))
+        loss_path_beside_attention(ops, r, q_i, k_i, w, idx, a.runs, rows)
         results.append(r)
         del q_i, k_i, w, idx, grad
         torch.cuda.empty_cache()
