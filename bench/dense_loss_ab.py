@@ -44,6 +44,8 @@ def main():
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--child-timeout", type=float, default=300,
+                    help="seconds a library's process may take; past them it is killed and skipped")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # the library one process measures
     a = ap.parse_args()
     if a.child:
@@ -57,8 +59,14 @@ def main():
         for name, path in libs:
             cmd = [sys.executable, __file__, "--child", path, "--n", str(a.n), "--heads",
                    str(a.heads), "--runs", str(a.runs)]
-            row = json.loads(subprocess.run(cmd, check=True, capture_output=True,
-                                            text=True).stdout.splitlines()[-1])
+            try:
+                child = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                       timeout=a.child_timeout)
+            except subprocess.TimeoutExpired:
+                print(f"round {r + 1} {name:>12} N {a.n}: killed after {a.child_timeout:.0f} s",
+                      flush=True)
+                continue
+            row = json.loads(child.stdout.splitlines()[-1])
             rows[name].append(row)
             parts = ", ".join(f"{part} {ms:.2f}" for part, ms in
                               sorted(row["parts"].items(), key=lambda item: -item[1]))
@@ -67,7 +75,7 @@ def main():
     base = libs[0][0]
     median = lambda name, get: statistics.median(get(x) for x in rows[name])
     base_ms = median(base, lambda x: x["ms"])
-    for name, _ in libs:
+    for name in (name for name, _ in libs if rows[name]):
         ms = median(name, lambda x: x["ms"])
         parts = {part: median(name, lambda x, p=part: x["parts"].get(p, 0.0))
                  for part in rows[name][0]["parts"]}
