@@ -54,7 +54,16 @@ void ClearNegativeZeros(Message* message) {
   std::vector<const FieldDescriptor*> fields;
   reflection->ListFields(*message, &fields);
   for (const FieldDescriptor* field : fields) {
-    if (field->is_repeated()) continue;  // map values and list items stay set whatever their value
+    if (field->is_repeated()) {
+      // Map values and list items stay set whatever their value; a listed message's fields are
+      // singular again.
+      if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !field->is_map()) {
+        for (int i = 0; i < reflection->FieldSize(*message, field); ++i) {
+          ClearNegativeZeros(reflection->MutableRepeatedMessage(message, field, i));
+        }
+      }
+      continue;
+    }
     if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
       ClearNegativeZeros(reflection->MutableMessage(message, field));
     } else if ((field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE &&

@@ -49,6 +49,20 @@ TEST(EventLine, NegativeZeroReadsAsZero) {
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*again, *parsed));
 }
 
+// The same inside a listed message, whose fields are singular.
+TEST(EventLine, NegativeZeroInAListedMessageReadsAsZero) {
+  const auto parsed = ParseEventLine(
+      R"({"step":{"step":3,"evaluation":{"key_sharing":[{"group":2,"selected_per_distinct":-.0}]}}})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->step().evaluation().key_sharing_size(), 1);
+  EXPECT_FALSE(std::signbit(parsed->step().evaluation().key_sharing(0).selected_per_distinct()));
+  const auto line = FormatEventLine(*parsed);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const auto again = ParseEventLine(*line);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*again, *parsed));
+}
+
 TEST(EventLine, IntegersMayBeWrittenAsJsonNumbers) {
   const auto parsed = ParseEventLine(R"({"time":1,"step":{"step":3,"peak_memory_bytes":1024}})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();

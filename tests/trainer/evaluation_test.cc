@@ -45,5 +45,47 @@ TEST(EvaluationTest, ProbesOfTheScoredRowsGiveTheRecallOfEveryRow) {
   EXPECT_DOUBLE_EQ(got.total, want.total);
 }
 
+// Key sharing counts each group's selected keys over its distinct ones: selections alike share
+// all (G), disjoint ones none (1); -1 slots are not keys.
+TEST(EvaluationTest, KeySharingCountsSelectedOverDistinctKeys) {
+  ModelConfig config = testing::SmallConfig();
+  config.topk = 4;
+  const int64_t t = 12;
+  const auto positions = torch::arange(t, torch::kLong);
+  // Rows 4..11 see more than topk keys: the window of 8 of them, from row 4.
+  EXPECT_TRUE(torch::equal(sharing_rows(positions, config, 8), torch::arange(4, 12)));
+  EXPECT_TRUE(torch::equal(sharing_rows(positions, config, 4), torch::arange(8, 12)));
+  // A context-parallel shard whose positions jump: only the consecutive tail counts.
+  EXPECT_TRUE(torch::equal(sharing_rows(torch::tensor({4, 5, 9, 10, 11}, torch::kLong), config, 8),
+                           torch::tensor({2, 3, 4}, torch::kLong)));
+
+  LayerProbe probe;
+  probe.rows = torch::arange(t, torch::kLong);
+  // Rows 8..11 select {0, 1, 2, 3}; rows 4..7 each their own keys, row 7 with a -1 slot.
+  auto indices = torch::zeros({1, t, 4}, torch::kLong);
+  for (int64_t r = 0; r < t; ++r) {
+    for (int64_t s = 0; s < 4; ++s) indices[0][r][s] = r >= 8 ? s : 4 * r + s;
+  }
+  indices[0][7][3] = -1;
+  probe.indices = indices;
+  const KeySharing shared = key_sharing({probe}, positions, config, 8);
+  ASSERT_EQ(shared.groups, (std::vector<int64_t>{2, 4, 8}));
+  // G = 2: rows {4,5} 8/8, {6,7} 7/7, {8,9} 8/4, {10,11} 8/4.
+  EXPECT_DOUBLE_EQ(shared.selected[0], 31);
+  EXPECT_DOUBLE_EQ(shared.distinct[0], 23);
+  // G = 4: rows 4..7 15/15, rows 8..11 16/4; G = 8: 31 over 15 + 4.
+  EXPECT_DOUBLE_EQ(shared.ratio(1), 31.0 / 19.0);
+  EXPECT_DOUBLE_EQ(shared.ratio(2), 31.0 / 19.0);
+  // Two layers add their counts.
+  const KeySharing twice = key_sharing({probe, probe}, positions, config, 8);
+  EXPECT_DOUBLE_EQ(twice.selected[2], 62);
+  EXPECT_DOUBLE_EQ(twice.ratio(2), shared.ratio(2));
+  // A window with rows the probes lack is a bug.
+  LayerProbe partial = probe;
+  partial.rows = torch::arange(6, torch::kLong);
+  partial.indices = indices.narrow(1, 0, 6);
+  EXPECT_THROW(key_sharing({partial}, positions, config, 8), c10::Error);
+}
+
 }  // namespace
 }  // namespace hyscale::trainer

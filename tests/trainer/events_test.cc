@@ -50,6 +50,11 @@ StepEvent metrics_at(int64_t step) {
   if (step == 5) {
     m.mutable_evaluation()->set_accuracy(0.75);
     m.mutable_evaluation()->set_indexer_recall(0.9);
+    for (const auto& [group, ratio] : {std::pair{2, 1.03}, std::pair{64, 4.06}}) {
+      auto* shared = m.mutable_evaluation()->add_key_sharing();
+      shared->set_group(group);
+      shared->set_selected_per_distinct(ratio);
+    }
   }
   return m;
 }
@@ -159,7 +164,8 @@ TEST(EventSink, TerminalShowsABarAndReadableLines) {
   EXPECT_THAT(text, HasSubstr("\r"));
   EXPECT_THAT(text, HasSubstr("] 5/5 100%  ETA 0:00:00  loss 2.5000  4096 tok/s"));
   EXPECT_THAT(text, HasSubstr("step 2/5  loss 2.5000 (lm 2.0000, indexer 0.5000)  lr 1.00e-03"));
-  EXPECT_THAT(text, HasSubstr("accuracy 0.750  indexer recall 0.900"));
+  EXPECT_THAT(text,
+              HasSubstr("accuracy 0.750  indexer recall 0.900  keys shared G2/64 1.03/4.06x"));
   EXPECT_THAT(text, HasSubstr("warning: disk almost full\n"));
   EXPECT_THAT(text, HasSubstr("done in 0:00:00\n"));
   EXPECT_EQ(text.back(), '\n');                  // the bar is gone once the job is over

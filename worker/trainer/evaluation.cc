@@ -34,6 +34,13 @@ std::vector<int64_t> sample_rows(const torch::Tensor& targets, const torch::Tens
   return rows;
 }
 
+// Distinct values of a 1-D tensor.
+int64_t distinct_count(const torch::Tensor& values) {
+  if (values.numel() == 0) return 0;
+  const auto sorted = std::get<0>(values.sort());
+  return 1 + sorted.slice(0, 1).ne(sorted.slice(0, 0, -1)).sum().item<int64_t>();
+}
+
 }  // namespace
 
 std::vector<int32_t> predicted_tokens(const torch::Tensor& logits) {
@@ -88,6 +95,60 @@ torch::Tensor recall_rows(const torch::Tensor& targets, const torch::Tensor& pos
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   return torch::tensor(rows, torch::kLong);
+}
+
+KeySharing::KeySharing(int64_t rows) {
+  for (int64_t g = 2; g <= rows; g *= 2) groups.push_back(g);
+  selected.assign(groups.size(), 0.0);
+  distinct.assign(groups.size(), 0.0);
+}
+
+torch::Tensor sharing_rows(const torch::Tensor& positions, const ModelConfig& config,
+                           int64_t rows) {
+  const auto positions_cpu = positions.to(torch::kCPU, torch::kInt64).contiguous();
+  const auto pos = positions_cpu.accessor<int64_t, 1>();
+  std::vector<int64_t> chosen;  // from the last row back, while positions run consecutively
+  for (int64_t r = pos.size(0) - 1; r >= 0 && static_cast<int64_t>(chosen.size()) < rows; --r) {
+    if (pos[r] < config.topk) break;  // sees at most topk keys: selects them all
+    if (!chosen.empty() && pos[r] + 1 != pos[chosen.back()]) break;
+    chosen.push_back(r);
+  }
+  std::reverse(chosen.begin(), chosen.end());
+  return torch::tensor(chosen, torch::kLong);
+}
+
+KeySharing key_sharing(const std::vector<LayerProbe>& probes, const torch::Tensor& positions,
+                       const ModelConfig& config, int64_t rows) {
+  torch::NoGradGuard no_grad;
+  const auto wanted = sharing_rows(positions, config, rows);
+  const int64_t count = wanted.numel();
+  KeySharing sharing(rows);
+  for (const auto& probe : probes) {
+    const auto kept = probe.rows.to(torch::kCPU, torch::kInt64).contiguous();
+    const int64_t* kept_begin = kept.data_ptr<int64_t>();
+    const int64_t* kept_end = kept_begin + kept.numel();
+    std::vector<int64_t> at;  // the wanted rows' places among the kept ones
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = wanted[i].item<int64_t>();
+      const int64_t* found = std::lower_bound(kept_begin, kept_end, row);
+      TORCH_CHECK(found != kept_end && *found == row, "key_sharing: the probes lack row ", row);
+      at.push_back(found - kept_begin);
+    }
+    const auto places = torch::tensor(at, torch::kLong);
+    const auto window = probe.indices.to(torch::kCPU, torch::kInt64).index_select(1, places);
+    for (int64_t b = 0; b < window.size(0); ++b) {
+      for (size_t i = 0; i < sharing.groups.size(); ++i) {
+        const int64_t g = sharing.groups[i];
+        for (int64_t first = 0; first + g <= count; first += g) {
+          const auto keys = window[b].narrow(0, first, g).reshape(-1);
+          const auto valid = keys.masked_select(keys >= 0);
+          sharing.selected[i] += static_cast<double>(valid.numel());
+          sharing.distinct[i] += static_cast<double>(distinct_count(valid));
+        }
+      }
+    }
+  }
+  return sharing;
 }
 
 }  // namespace hyscale::trainer

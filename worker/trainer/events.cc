@@ -2,6 +2,7 @@
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -127,8 +128,19 @@ void EventSink::Step(StepEvent step, int64_t total_steps) {
       format("%.4f", step.lm_loss()), ", indexer ", format("%.4f", step.indexer_loss()), ")  lr ",
       format("%.2e", step.lr()), "  ", format("%.0f", step.tokens_per_second()), " tok/s");
   if (step.has_evaluation()) {
-    absl::StrAppend(&readable, "  accuracy ", format("%.3f", step.evaluation().accuracy()),
-                    "  indexer recall ", format("%.3f", step.evaluation().indexer_recall()));
+    const auto& evaluation = step.evaluation();
+    absl::StrAppend(&readable, "  accuracy ", format("%.3f", evaluation.accuracy()),
+                    "  indexer recall ", format("%.3f", evaluation.indexer_recall()));
+    if (evaluation.key_sharing_size() > 0) {
+      // "keys shared G2/4/../64 1.03/1.10/../4.06x": each G's selected keys over distinct ones.
+      std::vector<std::string> groups, ratios;
+      for (const auto& shared : evaluation.key_sharing()) {
+        groups.push_back(absl::StrCat(shared.group()));
+        ratios.push_back(format("%.2f", shared.selected_per_distinct()));
+      }
+      absl::StrAppend(&readable, "  keys shared G", absl::StrJoin(groups, "/"), " ",
+                      absl::StrJoin(ratios, "/"), "x");
+    }
   }
   v1::TrainerEventLine event;
   *event.mutable_step() = std::move(step);

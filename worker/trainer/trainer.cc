@@ -32,6 +32,8 @@ namespace hyscale::trainer {
 namespace {
 
 constexpr int64_t kRecallRows = 64;
+// Rows whose selections key_sharing compares: groups of up to 64 adjacent queries.
+constexpr int64_t kSharingRows = 64;
 
 // The device's peak: the CUDA caching allocator's (what tensors took), else the process's RSS.
 int64_t peak_memory_bytes(torch::Device device) {
@@ -420,6 +422,7 @@ class Trainer::Impl {
     options.recompute = false;
     QueryAccuracy accuracy;
     IndexerRecall recall;
+    KeySharing sharing(kSharingRows);
     const int batches = std::max(1, spec_.data().eval_batches());
     for (int i = 0; i < batches; ++i) {
       const Batch whole = data_->Get(Split::kEval, i);
@@ -430,8 +433,15 @@ class Trainer::Impl {
       torch::Tensor targets;  // the whole batch's, for the recall
       if (options.keep_probes) {
         targets = to_tensor(whole.targets, whole.batch_size, whole.seq_len);
-        options.probe_rows = recall_rows(targets, batch.positions, model_->config(), kRecallRows)
-                                 .to(options_.device);
+        // The recall's rows and the key sharing's, each list increasing.
+        options.probe_rows =
+            std::get<0>(
+                torch::unique_consecutive(std::get<0>(
+                    torch::cat(
+                        {recall_rows(targets, batch.positions, model_->config(), kRecallRows),
+                         sharing_rows(batch.positions, model_->config(), kSharingRows)})
+                        .sort())))
+                .to(options_.device);
       }
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
       const auto result = model_->forward(batch.inputs, options);
@@ -443,18 +453,31 @@ class Trainer::Impl {
       if (options.keep_probes) {
         recall =
             indexer_recall(result.probes, targets, batch.positions, model_->config(), kRecallRows);
+        sharing = key_sharing(result.probes, batch.positions, model_->config(), kSharingRows);
       }
     }
-    const auto sums = sum_over_ranks({static_cast<double>(accuracy.correct),
-                                      static_cast<double>(accuracy.counted), recall.total,
-                                      static_cast<double>(recall.rows)});
+    std::vector<double> totals = {static_cast<double>(accuracy.correct),
+                                  static_cast<double>(accuracy.counted), recall.total,
+                                  static_cast<double>(recall.rows)};
+    totals.insert(totals.end(), sharing.selected.begin(), sharing.selected.end());
+    totals.insert(totals.end(), sharing.distinct.begin(), sharing.distinct.end());
+    const auto sums = sum_over_ranks(totals);
     accuracy.correct = static_cast<int64_t>(sums[0].item<double>());
     accuracy.counted = static_cast<int64_t>(sums[1].item<double>());
     recall.total = sums[2].item<double>();
     recall.rows = static_cast<int64_t>(sums[3].item<double>());
+    const size_t groups = sharing.groups.size();
     v1::TrainerEventLine::Evaluation e;
     e.set_accuracy(accuracy.value());
     e.set_indexer_recall(recall.value());
+    for (size_t i = 0; i < groups; ++i) {
+      sharing.selected[i] = sums[4 + i].item<double>();
+      sharing.distinct[i] = sums[4 + groups + i].item<double>();
+      if (sharing.distinct[i] == 0) continue;  // no rank had G rows seeing more than topk keys
+      auto* shared = e.add_key_sharing();
+      shared->set_group(static_cast<int32_t>(sharing.groups[i]));
+      shared->set_selected_per_distinct(sharing.ratio(i));
+    }
     return e;
   }
 
