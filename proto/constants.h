@@ -20,6 +20,13 @@ inline constexpr size_t kMaxEventLineBytes = 1 << 20;
 // Ranks of one job at most (the coordinator's limit), and so context parallelism's degree.
 inline constexpr int kMaxRanks = 1024;
 
+// The largest group of adjacent queries whose key sharing an evaluation reports (G = 2, 4, ..,
+// 64: TrainerEventLine.Step.Evaluation.key_sharing); the coordinator exports no other G.
+inline constexpr int kMaxKeySharingGroup = 64;
+constexpr bool IsKeySharingGroup(int g) {
+  return g >= 2 && g <= kMaxKeySharingGroup && (g & (g - 1)) == 0;
+}
+
 // The query group sizes G the sparse attention kernels take (DESIGN.md section 1, item 4).
 inline constexpr int kQueryGroups[] = {1, 2, 4, 8, 16};
 inline constexpr char kQueryGroupsText[] = "1, 2, 4, 8 or 16";

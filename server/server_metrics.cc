@@ -1,7 +1,10 @@
 #include "server/server_metrics.h"
 
+#include <absl/strings/str_cat.h>
+
 #include <cctype>
 
+#include "proto/constants.h"
 #include "proto/events.h"
 
 namespace hyscale::server {
@@ -59,6 +62,11 @@ ServerMetrics::ServerMetrics(absl::Duration retention)
       loss_(registry_.AddGauge("hyscale_job_loss", "Training loss (rank 0).", {"job_id"})),
       indexer_recall_(registry_.AddGauge("hyscale_job_indexer_recall",
                                          "Indexer recall at the last evaluation.", {"job_id"})),
+      key_sharing_(registry_.AddGauge(
+          "hyscale_job_key_sharing",
+          "Selected keys over distinct keys of G adjacent queries' selections at the last "
+          "evaluation (1: none shared; G: alike).",
+          {"job_id", "group"})),
       peak_memory_(registry_.AddGauge("hyscale_job_peak_memory_bytes",
                                       "Peak memory of rank 0's trainer.", {"job_id"})),
       step_(registry_.AddGauge("hyscale_job_step", "Last reported training step.", {"job_id"})),
@@ -116,6 +124,11 @@ void ServerMetrics::Step(const std::string& job_id, const v1::TrainerEventLine::
   tokens_per_second_->Set({job_id}, step.tokens_per_second());
   loss_->Set({job_id}, step.loss());
   if (step.has_evaluation()) indexer_recall_->Set({job_id}, step.evaluation().indexer_recall());
+  for (const auto& shared : step.evaluation().key_sharing()) {
+    // The trainer's G only: a label's values stay few whatever a trainer writes.
+    if (!IsKeySharingGroup(shared.group())) continue;
+    key_sharing_->Set({job_id, absl::StrCat(shared.group())}, shared.selected_per_distinct());
+  }
   peak_memory_->Set({job_id}, static_cast<double>(step.peak_memory_bytes()));
   step_->Set({job_id}, static_cast<double>(step.step()));
 }

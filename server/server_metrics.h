@@ -61,6 +61,7 @@ class ServerMetrics {
   Gauge* tokens_per_second_;
   Gauge* loss_;
   Gauge* indexer_recall_;
+  Gauge* key_sharing_;
   Gauge* peak_memory_;
   Gauge* step_;
   Gauge* running_;

@@ -74,6 +74,12 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
   step.set_tokens_per_second(1000);
   step.set_peak_memory_bytes(1 << 20);
   step.mutable_evaluation()->set_indexer_recall(0.75);
+  for (const auto& [group, ratio] :
+       {std::pair{4, 1.5}, std::pair{3, 9.0}, std::pair{1 << 20, 9.0}}) {
+    auto* shared = step.mutable_evaluation()->add_key_sharing();
+    shared->set_group(group);
+    shared->set_selected_per_distinct(ratio);
+  }
   (*step.mutable_phase_seconds())["selection_fwd"] = 0.1;
   (*step.mutable_phase_seconds())["attention_fwd"] = 0.2;
   step.mutable_comm()->set_exposed(0.01);
@@ -95,12 +101,16 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
         "hyscale_job_comm_seconds_count{job_id=\"job-1\",kind=\"overlapped\"} 1",
         "hyscale_job_tokens_per_second{job_id=\"job-1\"} 1000",
         "hyscale_job_loss{job_id=\"job-1\"} 2", "hyscale_job_indexer_recall{job_id=\"job-1\"} 0.75",
+        "hyscale_job_key_sharing{job_id=\"job-1\",group=\"4\"} 1.5",
         "hyscale_job_peak_memory_bytes{job_id=\"job-1\"} 1048576",
         "hyscale_job_predicted_memory_bytes{job_id=\"job-1\"} 2097152",
         "hyscale_job_predicted_step_seconds{job_id=\"job-1\"} 0.5",
         "hyscale_job_step{job_id=\"job-1\"} 10"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name;
   }
+  // Only the trainer's G (2, 4, .., 64) become label values.
+  EXPECT_EQ(text.find("group=\"3\""), std::string::npos);
+  EXPECT_EQ(text.find("group=\"1048576\""), std::string::npos);
   const auto [status, output] = Promtool(text);
   EXPECT_EQ(status, 0) << output << text;
 

@@ -19,6 +19,7 @@
 #include "kernels/torch/ops.h"
 #include "planner/cost_model.h"
 #include "planner/planner.h"
+#include "proto/constants.h"
 #include "worker/parallel/context_parallel_group.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/data.h"
@@ -33,7 +34,7 @@ namespace {
 
 constexpr int64_t kRecallRows = 64;
 // Rows whose selections key_sharing compares: groups of up to 64 adjacent queries.
-constexpr int64_t kSharingRows = 64;
+constexpr int64_t kSharingRows = kMaxKeySharingGroup;
 
 // The device's peak: the CUDA caching allocator's (what tensors took), else the process's RSS.
 int64_t peak_memory_bytes(torch::Device device) {
