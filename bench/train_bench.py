@@ -24,6 +24,12 @@ and share of the step (phases are taken by whatever names the trainer reports), 
 (the target: within 3 %). With --longest it then finds the longest N (a multiple of --granularity,
 at most --max-n) whose steps fit on the device: see `longest_n`.
 
+--key-sharing passes `--eval true` instead: the trainer evaluates one batch after the last step
+(untimed) and the bench reports that evaluation's indexer recall and key sharing (for G = 2, 4, ..
+64 adjacent queries, their selected keys over their distinct keys: worker/trainer/evaluation.h),
+the selections' structure that the sparse attention's query groups and a merge of rows' key
+gradients pay on.
+
 --loss-share runs each sparse step again with `hyscale-train --indexer-loss false` (no target, KL or
 index-score backward: the indexer learns nothing) and reports the indexer loss's share of the step,
 1 - step without / step with (issue #38: at most 5 %), both medians GPU-timed in one call.
@@ -298,15 +304,15 @@ def job_spec(base, model, n, steps, corpus, threads, query_chunk, stage_kind="sp
 
 # ---- one trainer run ---------------------------------------------------------------------------
 
-def run_trainer(cfg, spec, label, extra=()):
+def run_trainer(cfg, spec, label, extra=(), evaluate=False):
     """Runs hyscale-train on `spec` (with the `extra` arguments); returns (step events, job_started
-    event, stage_started event). Raises OutOfMemory when it ran out of memory, BenchError on any
+    event, stage_started event); `evaluate`: with --eval true. Raises OutOfMemory when it ran out of memory, BenchError on any
     other failure."""
     spec_path = Path(cfg.tmp) / f"{spec['name']}.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     cmd = [str(cfg.trainer), "--config", str(spec_path), "--device", cfg.device, *extra]
     if cfg.eval_flag:
-        cmd += ["--eval", "false"]
+        cmd += ["--eval", "true" if evaluate else "false"]
     err_path = Path(cfg.tmp) / "stderr.txt"
     steps, started, stage, finished, other = [], None, None, None, []
     with open(err_path, "wb") as err:
@@ -404,6 +410,17 @@ def phase_seconds(event):
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def last_evaluation(steps):
+    """The last step's evaluation as {indexer_recall, key_sharing {G: ratio}}, or None."""
+    found = [s["evaluation"] for s in steps if s.get("evaluation")]
+    if not found:
+        return None
+    e = found[-1]
+    return dict(indexer_recall=e.get("indexer_recall", 0.0),
+                key_sharing={int(k["group"]): float(k.get("selected_per_distinct", 0.0))
+                             for k in e.get("key_sharing", [])})
+
+
 def summarize(cfg, model, n, steps, warmup, stage=None):
     """The figures of one run from its step events (the first `warmup` excluded)."""
     timed = [s for s in steps if int(s.get("step", 0)) > warmup]
@@ -443,6 +460,7 @@ def summarize(cfg, model, n, steps, warmup, stage=None):
         phase_sum_over_step=phase_sum,
         phase_sum_within_target=(abs(phase_sum - 1) <= PHASE_SUM_TARGET
                                  if phase_sum is not None else None),
+        evaluation=last_evaluation(steps),
         events=steps,
     )
 
@@ -453,7 +471,8 @@ def measure(cfg, entry, n, steps, warmup, label, extra=()):
     print(f"{label}: N={n}, {steps} steps ({warmup} warm-up){' ' if extra else ''}"
           f"{' '.join(extra)}", flush=True)
     try:
-        events, started, stage = run_trainer(cfg, spec, f"{entry['name']} N={n}", extra)
+        events, started, stage = run_trainer(cfg, spec, f"{entry['name']} N={n}", extra,
+                                             evaluate=cfg.key_sharing and not extra)
     except OutOfMemory as e:
         print(f"  {entry['name']} N={n}: out of memory: {e}", flush=True)
         return dict(n=n, ok=False, oom=True, reason=str(e))
@@ -617,6 +636,13 @@ def table(cfg, report):
                     f"s, without the loss {r['without_indexer_loss']['step_seconds']['median']:.3f}"
                     f" s: {100 * r['indexer_loss_share']:.1f} % of the step (issue #38: at most "
                     f"5 %)")
+    for m in report["models"]:
+        for r in m["runs"]:
+            e = r.get("evaluation")
+            if e and e["key_sharing"]:
+                shared = " | ".join(f"G{g} {v:.2f}" for g, v in sorted(e["key_sharing"].items()))
+                lines.append(f"key sharing {m['name']} N={r['n']} (after the last step, untimed): "
+                             f"{shared}; indexer recall {e['indexer_recall']:.3f}")
     lines.append("phases (median seconds, share of the median step), largest first:")
     for m in report["models"]:
         rows = list(m["runs"]) + ([m["longest"]["row"]] if m.get("longest") and
@@ -670,6 +696,8 @@ def smoke_check(report):
                     problems.append(f"{where}: {key} is {r[key]}")
             if report.get("loss_share") and r.get("indexer_loss_share") is None:
                 problems.append(f"{where}: no step without the indexer loss")
+            if report.get("key_sharing") and not (r.get("evaluation") or {}).get("key_sharing"):
+                problems.append(f"{where}: no key sharing from the evaluation")
     json.loads(json.dumps(report))
     return problems
 
@@ -717,6 +745,8 @@ def parse_args(argv):
                    "(default 2; --smoke: 1)")
     p.add_argument("--stage", choices=("sparse", "warmup"), default="sparse", help="the stage "
                    "benchmarked: sparse (trains ALL, the default) or warmup (DENSE, INDEXER_ONLY)")
+    p.add_argument("--key-sharing", action="store_true", help="evaluate once after the last "
+                   "step (untimed) and report its indexer recall and key sharing")
     p.add_argument("--loss-share", action="store_true", help="also run each sparse step without "
                    "the indexer loss (hyscale-train --indexer-loss false) and report its share")
     p.add_argument("--query-chunk", type=int, default=0, help="recompute.query_chunk of every "
@@ -856,6 +886,7 @@ def run(cfg):
         .strftime("%Y-%m-%d %H:%M UTC"), commit=git_commit(), trainer=str(cfg.trainer),
         device=cfg.device, device_name=None, eval_flag=cfg.eval_flag, peak_tflops=cfg.peak_tflops,
         steps=cfg.steps, warmup_steps=cfg.warmup, smoke=cfg.smoke, loss_share=cfg.loss_share,
+        key_sharing=cfg.key_sharing,
         mfu_formula=("FLOPs = 6 P_dense tokens + layers * pairs * (2H(d_qk+d_v) + "
                      "2H(3d_qk+2d_v) + 2H d_qk + 6 H_I d_I) + layers * H_I d_I N(N+1); "
                      "pairs = sum_t min(k, t+1); MFU = FLOPs / step seconds / peak"),
