@@ -89,6 +89,7 @@ def main():
     dashboard_text = "\n".join(e for w, e in exprs if not w.startswith("alerts.yml"))
     for needed in ["hyscale_jobs", "hyscale_job_step_phase_seconds_sum", "tokens_per_second",
                    'phase=~"selection_.*"', 'phase=~"comm_.*"', "hyscale_job_indexer_recall",
+                   "hyscale_job_key_sharing",
                    "hyscale_job_predicted_memory_bytes", "hyscale_job_predicted_step_seconds",
                    "hyscale_job_step_seconds"]:
         check(needed in dashboard_text, f"dashboards: no panel queries {needed}")
