@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
+#include "proto/constants.h"
 #include "proto/events.h"
 
 namespace hyscale::cli {
@@ -228,6 +230,12 @@ std::string DescribeStep(const v1::TrainerEventLine::Step& step) {
     absl::StrAppend(&line, "  accuracy ", absl::StrFormat("%.3f", step.evaluation().accuracy()),
                     "  indexer recall ",
                     absl::StrFormat("%.3f", step.evaluation().indexer_recall()));
+    // One G of the key sharing: the largest query group the sparse attention kernels take.
+    for (const auto& shared : step.evaluation().key_sharing()) {
+      if (shared.group() != kQueryGroups[std::size(kQueryGroups) - 1]) continue;
+      absl::StrAppend(&line, "  keys shared by ", shared.group(), " queries ",
+                      absl::StrFormat("%.2f", shared.selected_per_distinct()), "x");
+    }
   }
   return line;
 }

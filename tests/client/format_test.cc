@@ -142,6 +142,17 @@ TEST(FormatTest, EventLines) {
   figures->set_total_steps(20);
   figures->set_loss(1.5);
   EXPECT_NE(DescribeEvent(step).find("rank 0 step 10/20 stage 0  loss 1.5000"), std::string::npos);
+  // An evaluation shows the key sharing of G = 16, the kernels' largest query group.
+  auto* evaluation = figures->mutable_evaluation();
+  evaluation->set_indexer_recall(0.5);
+  for (const int group : {2, 16}) {
+    auto* shared = evaluation->add_key_sharing();
+    shared->set_group(group);
+    shared->set_selected_per_distinct(group == 16 ? 3.42 : 1.2);
+  }
+  EXPECT_NE(DescribeEvent(step).find("indexer recall 0.500  keys shared by 16 queries 3.42x"),
+            std::string::npos);
+  EXPECT_EQ(DescribeEvent(step).find("1.20x"), std::string::npos);
 }
 
 TEST(ExitCodeTest, Mapping) {
