@@ -107,6 +107,10 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
       ->check(CLI::IsMember({"h200", "h800", "h20", "cpu"}));
   plan_command->add_option("--calibration", plan.calibration,
                            "Micro-benchmark JSON whose figures replace the profile's (offline)");
+  plan_command->add_option(
+      "--key-sharing", plan.key_sharing,
+      "The job's measured key sharing, G=ratio,.. (its evaluations' key_sharing; offline): "
+      "replaces the profile's dedup for those G");
   plan_command->add_option("--top", plan.top, "Feasible candidates shown (offline); 0: all")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

@@ -1,9 +1,14 @@
 #include "planner/profile.h"
 
+#include <absl/strings/ascii.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
+#include <absl/strings/string_view.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string_view>
 
@@ -358,6 +363,43 @@ absl::StatusOr<std::string> CalibrationDevice(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", calibration.status().message()));
   }
   return calibration->device();
+}
+
+absl::Status ApplyKeySharing(const std::string& text, DeviceProfile* profile) {
+  std::map<int, double> measured;
+  for (const absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const absl::string_view trimmed = absl::StripAsciiWhitespace(item);
+    const std::vector<absl::string_view> parts = absl::StrSplit(trimmed, '=');
+    int group = 0;
+    double ratio = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &group) ||
+        !absl::SimpleAtod(parts[1], &ratio)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key sharing: '", trimmed, "' is not G=ratio (e.g. 4=1.5)"));
+    }
+    if (group <= 1 || !IsQueryGroup(group) || profile->sparse_attention.count(group) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key sharing: G ", group, " is not a query group above 1 with rates in profile ",
+          profile->name, " (", kQueryGroupsText, ")"));
+    }
+    if (!(ratio >= 1 && ratio <= group)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key sharing at G ", group, ": ", ratio, " is outside [1, ", group, "]"));
+    }
+    if (!measured.emplace(group, ratio).second) {
+      return absl::InvalidArgumentError(absl::StrCat("key sharing: G ", group, " given twice"));
+    }
+  }
+  if (measured.empty()) return absl::InvalidArgumentError("key sharing: no G=ratio given");
+  std::vector<std::string> given;
+  for (const auto& [group, ratio] : measured) {
+    profile->sparse_attention[group].dedup = ratio;
+    given.push_back(absl::StrCat(group, "=", ratio));
+  }
+  profile->sources["sparse_attention.dedup"] =
+      absl::StrCat("measured key sharing: ", absl::StrJoin(given, ","),
+                   measured.size() < std::size(kQueryGroups) - 1 ? " (other G as before)" : "");
+  return absl::OkStatus();
 }
 
 absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile) {

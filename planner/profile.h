@@ -84,6 +84,14 @@ std::vector<std::string> BuiltinProfileNames();
 // date, shapes, measurements, notes) are for people.
 absl::Status ApplyCalibration(const std::string& json_text, DeviceProfile* profile);
 absl::Status LoadCalibration(const std::string& path, DeviceProfile* profile);
+// Replaces the sparse attention's dedup(G) with a job's measured key sharing (its evaluations'
+// key_sharing: G adjacent queries' selected keys over their distinct keys), written
+// "G=ratio[,G=ratio..]", e.g. "4=1.5,16=2.9": the keys a query group loads once are the job's
+// own, not the calibration's synthetic selections'. G must be a query group above 1 that the
+// profile has rates for and the ratio within [1, G]; otherwise an error naming the item, and
+// then no figure changes. Each replaced figure's source becomes "measured key sharing".
+absl::Status ApplyKeySharing(const std::string& text, DeviceProfile* profile);
+
 // The "device" a calibration file names ("" when none), to pick the profile it calibrates.
 absl::StatusOr<std::string> CalibrationDevice(const std::string& path);
 

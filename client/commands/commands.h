@@ -42,18 +42,19 @@ struct PlanArgs {
   std::string file;
   int ranks = 1;
   std::string device = "any";
-  // Offline planning (no coordinator) when gpus or gpu is set: the candidate table on `gpus`
-  // devices of profile `gpu` (default h200), figures replaced by `calibration` when given, for
-  // `stack`'s kernels.
+  // Offline planning (no coordinator) when gpus, gpu or key_sharing is set: the candidate table on
+  // `gpus` devices of profile `gpu` (default h200), figures replaced by `calibration` and
+  // `key_sharing` when given, for `stack`'s kernels.
   int gpus = 0;
   std::string gpu;
   std::string calibration;
+  std::string key_sharing;        // "G=ratio,..": the profile's dedup(G) replaced (offline)
   int top = 20;                   // feasible rows shown (and as many rejected); 0: all
   bool sources = false;           // also list each profile figure and where it comes from
   std::string stack = "hyscale";  // whose kernels offline: "hyscale", "megatron", "megatron-naive"
 };
-// With gpus/gpu: the local planner's candidate table and why the winner won; otherwise the
-// coordinator's plan (PlanJob) with placement.
+// With gpus/gpu/key_sharing: the local planner's candidate table and why the winner won; otherwise
+// the coordinator's plan (PlanJob) with placement.
 int Plan(const Context& context, const PlanArgs& args);
 
 struct UpArgs {

@@ -84,6 +84,12 @@ int PlanOffline(const Context& context, const PlanArgs& args, const v1::JobSpec&
       return Fail(context, "plan", status);
     }
   }
+  if (!args.key_sharing.empty()) {
+    if (auto status = planner::ApplyKeySharing(args.key_sharing, &options.profile); !status.ok()) {
+      return Fail(context, "plan",
+                  absl::InvalidArgumentError(absl::StrCat("--key-sharing: ", status.message())));
+    }
+  }
   const planner::PlanResult plan = planner::PlanJob(spec, options);
 
   if (context.json()) {
@@ -117,7 +123,7 @@ int PlanOffline(const Context& context, const PlanArgs& args, const v1::JobSpec&
 int Plan(const Context& context, const PlanArgs& args) {
   auto spec = LoadValidSpec(args.file);
   if (!spec.ok()) return Fail(context, "plan", spec.status());
-  if (args.gpus > 0 || !args.gpu.empty()) {
+  if (args.gpus > 0 || !args.gpu.empty() || !args.key_sharing.empty()) {
     hyscale::ApplyDefaults(&*spec);
     return PlanOffline(context, args, *spec);
   }

@@ -340,6 +340,20 @@ TEST_F(CliTest, PlanOfflinePrintsTheCandidateTableAndWhy) {
   ASSERT_EQ(naive.code, 0) << naive.err;
   EXPECT_EQ(json::parse(naive.out)["candidates"][0]["stack"], "megatron-naive");
   EXPECT_EQ(RunRaw({"plan", spec, "--gpus", "8", "--stack", "fast"}).code, 2);
+
+  // A job's measured key sharing plans offline on its own, replacing dedup(G) for the G given.
+  const Result shared = RunRaw(
+      {"plan", spec, "--key-sharing", "2=1.05,4=1.1,8=1.3,16=1.7", "--sources", "--top", "1"});
+  ASSERT_EQ(shared.code, 0) << shared.err;
+  EXPECT_NE(shared.out.find("source: sparse_attention.dedup: measured key sharing: "
+                            "2=1.05,4=1.1,8=1.3,16=1.7\n"),
+            std::string::npos)
+      << shared.out;
+  const Result bad = RunRaw({"plan", spec, "--key-sharing", "3=1.5"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--key-sharing: key sharing: G 3 is not a query group above 1"),
+            std::string::npos)
+      << bad.err;
 }
 
 TEST_F(CliTest, PlanOfflineRejectsWhatDoesNotFit) {

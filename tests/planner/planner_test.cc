@@ -537,6 +537,40 @@ TEST(PlannerTest, CalibrationReplacesProfileFigures) {
   EXPECT_FALSE(BuiltinProfile("a100").ok());
 }
 
+// A job's measured key sharing replaces dedup(G) for the G it names: sharing less than the
+// profile assumes makes those groups load more keys, so their predicted attention is no faster.
+// Bad items are errors naming them, and then nothing changes.
+TEST(PlannerTest, KeySharingReplacesTheProfilesDedup) {
+  const DeviceProfile builtin = *BuiltinProfile("h200");
+  DeviceProfile profile = builtin;
+  ASSERT_TRUE(ApplyKeySharing("4=1.1, 16=1.5", &profile).ok());
+  EXPECT_EQ(profile.sparse_attention.at(4).dedup, 1.1);
+  EXPECT_EQ(profile.sparse_attention.at(16).dedup, 1.5);
+  EXPECT_EQ(profile.sparse_attention.at(2).dedup, builtin.sparse_attention.at(2).dedup);
+  EXPECT_EQ(profile.sparse_attention.at(4).fwd_tflops, builtin.sparse_attention.at(4).fwd_tflops);
+  EXPECT_EQ(profile.sources.at("sparse_attention.dedup"),
+            "measured key sharing: 4=1.1,16=1.5 (other G as before)");
+  const Workload work = Workload::Of(LongSparse());
+  Candidate c{8, v1::CP_LAYOUT_ZIGZAG};
+  c.group = 16;
+  EXPECT_GT(Predict(work, c, profile, 8).layer.at("attention_fwd"),
+            Predict(work, c, builtin, 8).layer.at("attention_fwd"));
+
+  const auto error = [&](const std::string& text) {
+    DeviceProfile copy = builtin;
+    const std::string message(ApplyKeySharing(text, &copy).message());
+    EXPECT_EQ(copy.sparse_attention.at(4).dedup, builtin.sparse_attention.at(4).dedup) << text;
+    return message;
+  };
+  EXPECT_NE(error("4=1.2,4:2").find("'4:2' is not G=ratio"), std::string::npos);
+  EXPECT_NE(error("4=1.2,3=1.5").find("G 3 is not a query group above 1"), std::string::npos);
+  EXPECT_NE(error("1=1").find("G 1 is not a query group above 1"), std::string::npos);
+  EXPECT_NE(error("4=1.2,8=9").find("key sharing at G 8: 9 is outside [1, 8]"), std::string::npos);
+  EXPECT_NE(error("4=0.5").find("outside [1, 4]"), std::string::npos);
+  EXPECT_NE(error("4=1.2,4=1.3").find("G 4 given twice"), std::string::npos);
+  EXPECT_NE(error(" , ").find("no G=ratio given"), std::string::npos);
+}
+
 // The indexer loss's rates, as hyscale-calibrate writes them: each replaces the profile's figure
 // and scales its term of the layer; a non-positive one is an error naming the key.
 TEST(PlannerTest, CalibrationReplacesTheIndexerLossRates) {
