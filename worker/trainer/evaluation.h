@@ -48,7 +48,8 @@ struct KeySharing {
 };
 
 // The local rows key_sharing reads: the last `rows` of consecutive positions that see more than
-// topk keys (fewer where the shard has fewer), increasing.
+// topk keys (fewer where the shard has fewer), increasing. A round-robin context-parallel shard
+// has no two consecutive positions: its rank adds nothing.
 torch::Tensor sharing_rows(const torch::Tensor& positions, const ModelConfig& config, int64_t rows);
 
 // Key sharing over the probes' rows of sharing_rows(positions, config, rows), for G = 2, 4, ..
