@@ -35,6 +35,15 @@ TEST(EventLine, RoundTripsThroughOneJsonLine) {
   EXPECT_EQ(EventKind(*parsed), "step");
 }
 
+// `event`, written and read again, is the same event.
+void ExpectReadsBackTheSame(const v1::TrainerEventLine& event) {
+  const auto line = FormatEventLine(event);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const auto again = ParseEventLine(*line);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*again, event)) << *line;
+}
+
 // JSON writes -0.0 as -0, which reads back as an unset 0: a negative zero reads as that 0 the
 // first time too (found by tests/fuzz/request_fuzz).
 TEST(EventLine, NegativeZeroReadsAsZero) {
@@ -42,11 +51,7 @@ TEST(EventLine, NegativeZeroReadsAsZero) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_FALSE(std::signbit(parsed->time()));
   EXPECT_FALSE(std::signbit(parsed->step().eta_seconds()));
-  const auto line = FormatEventLine(*parsed);
-  ASSERT_TRUE(line.ok()) << line.status();
-  const auto again = ParseEventLine(*line);
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*again, *parsed));
+  ExpectReadsBackTheSame(*parsed);
 }
 
 // The same inside a listed message, whose fields are singular.
@@ -56,11 +61,7 @@ TEST(EventLine, NegativeZeroInAListedMessageReadsAsZero) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->step().evaluation().key_sharing_size(), 1);
   EXPECT_FALSE(std::signbit(parsed->step().evaluation().key_sharing(0).selected_per_distinct()));
-  const auto line = FormatEventLine(*parsed);
-  ASSERT_TRUE(line.ok()) << line.status();
-  const auto again = ParseEventLine(*line);
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*again, *parsed));
+  ExpectReadsBackTheSame(*parsed);
 }
 
 TEST(EventLine, IntegersMayBeWrittenAsJsonNumbers) {
