@@ -175,14 +175,19 @@ __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const b
   float acc[64];
   for (int tile = wg; tile < tiles; tile += 2) {
     named_barrier_sync(kTurn + wg, Tr::kConsumerThreads);
-    int64_t n = static_cast<int64_t>(tile) * blocks;
-    // The slots of the two blocks before: two blocks' products stay queued behind the one
-    // running, so the tensor cores do not wait for this warpgroup to wake between blocks.
-    int older_slot = -1, newer_slot = -1;
-    for (int c = 0; c < blocks; ++c, ++n) {
-      const int slot = static_cast<int>(n % Tr::kSlots);
+    // The ring's block n = tile * blocks + c is in slot n % kSlots at phase (n / kSlots) & 1, kept
+    // by increments: the issue path between two blocks' products stays short.
+    const int first_block = tile * blocks;
+    int slot = first_block % Tr::kSlots;
+    uint32_t phase = static_cast<uint32_t>(first_block / Tr::kSlots) & 1;
+    // The slots of the blocks whose products are still queued, newest in the low 4 bits:
+    // kQueuedBlocks blocks' products stay queued behind the one running, so the tensor cores do
+    // not wait for this warpgroup to wake between blocks.
+    uint32_t pending = 0;
+    int queued = 0;
+    for (int c = 0; c < blocks; ++c) {
       if (tile < 2) mbarrier_wait(&sync.q_ready[c], 0);
-      mbarrier_wait(&sync.full[slot], static_cast<uint32_t>((n / Tr::kSlots) & 1));
+      mbarrier_wait(&sync.full[slot], phase);
       fence_async_shared();  // the copies' bytes, for wgmma's reads
       const uint64_t a = matrix_descriptor<64>(ring + slot * (Tr::kSlotBytes / 2), 0, 0);
       wgmma_fence();
@@ -192,17 +197,20 @@ __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const b
                         matrix_descriptor<Tr::kPairs>(q_tile, 0, 4 * c + ks), c > 0 || ks > 0);
       }
       wgmma_commit();
-      if (older_slot >= 0) {
-        wgmma_wait<2>();  // block c - 2's products have read its slot
-        mbarrier_arrive(&sync.empty[older_slot]);
+      pending = (pending << 4) | static_cast<uint32_t>(slot);
+      if (++queued > Tr::kQueuedBlocks) {
+        wgmma_wait<Tr::kQueuedBlocks>();  // block c - kQueuedBlocks's products have read its slot
+        mbarrier_arrive(&sync.empty[(pending >> (4 * Tr::kQueuedBlocks)) & 15]);
+        --queued;
       }
-      older_slot = newer_slot;
-      newer_slot = slot;
+      if (++slot == Tr::kSlots) {
+        slot = 0;
+        phase ^= 1;
+      }
     }
     if (tile + 1 < tiles) named_barrier_arrive(kTurn + 1 - wg, Tr::kConsumerThreads);
     wgmma_wait<0>();
-    if (older_slot >= 0) mbarrier_arrive(&sync.empty[older_slot]);
-    mbarrier_arrive(&sync.empty[newer_slot]);
+    for (int i = 0; i < queued; ++i) mbarrier_arrive(&sync.empty[(pending >> (4 * i)) & 15]);
     fence_accumulators(acc);
 
     const int64_t first_key = begin + static_cast<int64_t>(tile) * Tr::kKeys;

@@ -96,6 +96,11 @@ struct DenseTargetTraits {
   static constexpr int kMaxDimQk = 576;              // Q of 128 pairs: 144 KB
   static constexpr int kSlotBytes = kKeys * 64 * 2;  // a tile's 64-column block (swizzled)
   static constexpr int kSlots = 10;  // over one tile at d_qk = 576: the next consumer's comes in
+  // Blocks whose products a consumer keeps queued behind the running one. Issuing block n waits
+  // for block n - kSlots's slot, freed once block n - kSlots + kQueuedBlocks is issued: so
+  // kQueuedBlocks < kSlots, and 7 at most (4-bit slots in a 32-bit queue).
+  static constexpr int kQueuedBlocks = 2;
+  static_assert(kQueuedBlocks >= 1 && kQueuedBlocks < kSlots && kQueuedBlocks <= 7);
   static constexpr int kBarrierBytes = 1024;  // q_ready, full[kSlots], empty[kSlots], seen
   // Shared memory: 1 KB alignment slack, Q, the ring, the barriers.
   static constexpr int smem_bytes(int dim_qk) {
