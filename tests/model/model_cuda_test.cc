@@ -69,7 +69,7 @@ Step run_step(const ForwardOptions& options, bool indexer_only, double weight) {
       step.grads[p.key()] = p.value().grad().to(torch::kCPU, torch::kFloat);
     }
   }
-  step.indexer_loss = result.indexer_loss_value.item<double>();
+  step.indexer_loss = result.reported_indexer_loss().item<double>();
   return step;
 }
 

@@ -934,13 +934,26 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
     return result;
   }
   const bool recompute = options.recompute && torch::GradMode::is_enabled();
-  for (auto& layer : layers_) {
+  // Without recomputation a sparse step's backward follows this forward too: its attention
+  // backward forms the loss's target (as under recomputation) and writes each layer's rows here.
+  const bool target_in_backward = !recompute && torch::GradMode::is_enabled() &&
+                                  options.attention == AttentionMode::kSparse &&
+                                  options.indexer_loss && !options.indexer_loss_rows.defined();
+  if (target_in_backward) {
+    result.indexer_loss_rows = torch::zeros(
+        {static_cast<int64_t>(layers_.size()), x.size(0), x.size(1)},
+        x.options().dtype(x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat));
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    auto& layer = layers_[l];
+    ForwardOptions layer_options = options;
+    if (target_in_backward) layer_options.indexer_loss_rows = result.indexer_loss_rows[l];
     LayerOutput out = recompute ? checkpointed_layer(layer, x, options, stats_,
                                                      result.indexer_loss_value, per_layer)
-                                : layer->forward(x, options, torch::Tensor(), stats_);
+                                : layer->forward(x, layer_options, torch::Tensor(), stats_);
     x = out.x;
     if (out.indexer_loss.defined()) losses.push_back(out.indexer_loss);
-    if (out.indexer_loss.defined() && !recompute) {
+    if (out.indexer_loss.defined() && !recompute && !target_in_backward) {
       torch::NoGradGuard no_grad;
       result.indexer_loss_value.add_(out.indexer_loss.detach().to(x.scalar_type()) * per_layer);
     }
@@ -961,6 +974,12 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
   result.indexer_loss =
       losses.empty() ? torch::zeros({}, x.options()) : torch::stack(losses).mean();
   return result;
+}
+
+torch::Tensor ForwardResult::reported_indexer_loss() const {
+  if (!indexer_loss_rows.defined()) return indexer_loss_value;
+  torch::NoGradGuard no_grad;
+  return indexer_loss_value + indexer_loss_rows.mean().to(indexer_loss_value.scalar_type());
 }
 
 std::vector<torch::Tensor> DsaModelImpl::indexer_parameters() const {

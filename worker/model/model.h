@@ -86,8 +86,9 @@ struct ForwardOptions {
   // value without a graph, and `recompute` does not apply.
   bool frozen_main = false;
   double indexer_grad_scale = 1;
-  // Set by the recomputation, whose backward follows at once: [B, T] (the layer's query rows).
-  // Sparse attention then takes the indexer loss's target from its own backward
+  // Set where a backward follows (the recomputation, or a sparse step that trains without it):
+  // [B, T] (the layer's query rows). Sparse attention then takes the indexer loss's target from
+  // its own backward
   // (ops::sparse_attn_indexer_loss) rather than computing it in the forward, and that backward
   // writes each row's loss here; the layer's indexer_loss is then only a gradient handle (0).
   torch::Tensor indexer_loss_rows;
@@ -107,13 +108,20 @@ struct LayerProbe {
 
 struct ForwardResult {
   torch::Tensor logits;  // [B, T, vocab]
-  // Scalar, differentiable: KL averaged over queries and layers (0 if disabled). With
-  // recomputation only its gradient is right: its value is 0, since the loss is computed in the
-  // backward's recomputation.
+  // Scalar, differentiable: KL averaged over queries and layers (0 if disabled). In a sparse step
+  // that trains, only its gradient is right (its value is 0): the loss is computed in backward,
+  // by the recomputation or by the attention backward that forms the loss's target.
   torch::Tensor indexer_loss;
-  // The same loss's value, detached; with recomputation complete once backward has run.
+  // The loss's value as computed so far, detached: the forward's, and what recomputation adds in
+  // backward, times 1/layers.
   torch::Tensor indexer_loss_value;
+  // A sparse step without recomputation: each layer's per-row loss [layers, B, T], written by the
+  // attention backward; undefined otherwise.
+  torch::Tensor indexer_loss_rows;
   std::vector<LayerProbe> probes;
+
+  // The indexer loss's value, detached, once backward has run (before it, what the forward knew).
+  torch::Tensor reported_indexer_loss() const;
 };
 
 class RMSNormImpl : public torch::nn::Module {

@@ -345,10 +345,11 @@ class Trainer::Impl {
       batch = shard(whole, options);
     }
     clear_gradients(*model_);
-    torch::Tensor lm_loss, indexer_loss, indexer_loss_value, loss;
+    torch::Tensor lm_loss, indexer_loss, loss;
+    ForwardResult result;  // its indexer loss's value is complete once backward has run
     {
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
-      const auto result = model_->forward(batch.inputs, options);
+      result = model_->forward(batch.inputs, options);
       PhaseClock::Scope scope(*clock_, v1::STEP_PHASE_LM_HEAD);
       // Each rank's loss is its tokens' share of the whole batch's mean: the ranks' gradients
       // then add up to the gradient of the whole batch's loss.
@@ -359,7 +360,7 @@ class Trainer::Impl {
                         torch::kSum)) /
                 static_cast<double>(std::max<int64_t>(counted, 1));
       indexer_loss = result.indexer_loss.to(torch::kFloat) / static_cast<double>(world_size());
-      indexer_loss_value = result.indexer_loss_value;
+      result.logits = torch::Tensor();  // the loss holds what backward needs
       loss =
           (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
     }
@@ -383,10 +384,11 @@ class Trainer::Impl {
       set_learning_rate(*optimizer_, lr);
       optimizer_->step();
     }
-    // The indexer loss's value is known once backward ran (recomputation computes it).
+    // The indexer loss's value is known once backward ran (recomputation, or the attention
+    // backward that forms its target, computes it).
     const double lm_value = lm_loss.item<double>();
     const double indexer_value =
-        indexer_loss_value.item<double>() / static_cast<double>(world_size());
+        result.reported_indexer_loss().item<double>() / static_cast<double>(world_size());
     const auto losses = sum_over_ranks(
         {lm_value, indexer_value, lm_value + stage.indexer_loss_weight() * indexer_value});
     // The phases cover the step from start() to take(), which waits for the device.
