@@ -6,8 +6,9 @@ examples/train-ref-4096x2.yaml) and every N of --sizes, the bench writes a job s
 the model's: data.seq_len = N, batch 1, byte-level `text_file` data (a corpus it makes from the
 repository's tracked text files unless --text is given), ONE stage of --steps steps with SPARSE
 attention that trains ALL, log_every 1, no checkpoint directory, recomputation enabled with
-selection replay and recompute.query_chunk = --query-chunk (default 0: the trainer runs whole
-sequences while they fit the GPU and otherwise the largest query chunk that does). It runs
+selection replay (--recompute none: disabled) and recompute.query_chunk = --query-chunk (default 0:
+the trainer runs whole sequences while they fit the GPU and otherwise the largest query chunk that
+does). It runs
 
     hyscale-train --config SPEC.json --device cuda|cpu --eval false
 
@@ -276,7 +277,8 @@ def make_corpus(folder, need_bytes):
     return path, written, len(text)
 
 
-def job_spec(base, model, n, steps, corpus, threads, query_chunk, stage_kind="sparse"):
+def job_spec(base, model, n, steps, corpus, threads, query_chunk, stage_kind="sparse",
+             recompute="replay"):
     """The bench's job: the model's spec with data, one SPARSE stage and the bench's settings."""
     spec = copy.deepcopy(base)
     spec["model"] = copy.deepcopy(model)
@@ -292,7 +294,8 @@ def job_spec(base, model, n, steps, corpus, threads, query_chunk, stage_kind="sp
                            trains="INDEXER_ONLY" if warmup else "ALL",
                            indexer_loss_weight=(1.0 if warmup else
                                                 stage.get("indexer_loss_weight", 0.01)))]
-    spec["recompute"] = dict(enabled=True, selection_replay=True, query_chunk=query_chunk)
+    spec["recompute"] = dict(enabled=recompute == "replay", selection_replay=True,
+                             query_chunk=query_chunk)
     spec.pop("checkpoint", None)
     spec.pop("parallelism", None)
     spec["log_every"] = 1
@@ -467,7 +470,7 @@ def summarize(cfg, model, n, steps, warmup, stage=None):
 
 def measure(cfg, entry, n, steps, warmup, label, extra=()):
     spec = job_spec(entry["base"], entry["model"], n, steps, cfg.corpus, cfg.threads,
-                    cfg.query_chunk, cfg.stage)
+                    cfg.query_chunk, cfg.stage, cfg.recompute)
     print(f"{label}: N={n}, {steps} steps ({warmup} warm-up){' ' if extra else ''}"
           f"{' '.join(extra)}", flush=True)
     try:
@@ -584,7 +587,7 @@ def table(cfg, report):
                  f"commit {r0.get('commit') or '?'}; {r0['date']} =="]
     lines.append(f"medians over the timed steps ({cfg.steps - cfg.warmup} of {cfg.steps}; the "
                  f"first {cfg.warmup} are warm-up); MFU = useful FLOPs (no recomputation) / "
-                 f"step / {cfg.peak_tflops:g} TFLOP/s")
+                 f"step / {cfg.peak_tflops:g} TFLOP/s; recomputation: {cfg.recompute}")
     if not cfg.eval_flag:
         lines.append("note: this hyscale-train has no --eval flag: it evaluated once after the "
                      "last step (not timed; its memory counts in out-of-memory answers)")
@@ -751,6 +754,9 @@ def parse_args(argv):
                    "the indexer loss (hyscale-train --indexer-loss false) and report its share")
     p.add_argument("--query-chunk", type=int, default=0, help="recompute.query_chunk of every "
                    "run: queries a layer runs at once (default 0: the trainer fits it to the GPU)")
+    p.add_argument("--recompute", choices=("replay", "none"), default="replay", help="the sparse "
+                   "stage's recomputation: per layer with selection replay (the default) or none "
+                   "(every layer's activations kept)")
     p.add_argument("--longest", action="store_true", help="also find the longest N that fits")
     p.add_argument("--granularity", type=int, default=8192, help="the longest N is a multiple "
                    "of this (default 8192)")
@@ -886,7 +892,7 @@ def run(cfg):
         .strftime("%Y-%m-%d %H:%M UTC"), commit=git_commit(), trainer=str(cfg.trainer),
         device=cfg.device, device_name=None, eval_flag=cfg.eval_flag, peak_tflops=cfg.peak_tflops,
         steps=cfg.steps, warmup_steps=cfg.warmup, smoke=cfg.smoke, loss_share=cfg.loss_share,
-        key_sharing=cfg.key_sharing,
+        key_sharing=cfg.key_sharing, recompute=cfg.recompute,
         mfu_formula=("FLOPs = 6 P_dense tokens + layers * pairs * (2H(d_qk+d_v) + "
                      "2H(3d_qk+2d_v) + 2H d_qk + 6 H_I d_I) + layers * H_I d_I N(N+1); "
                      "pairs = sum_t min(k, t+1); MFU = FLOPs / step seconds / peak"),
