@@ -328,8 +328,9 @@ TEST_F(AgentTest, ContextParallelRanksGetTheirRendezvous) {
   EXPECT_EQ(joined.warning(), "joined 127.0.0.1:29517");
 }
 
-// With HYSCALE_TEST_TRAINER pointing at a built hyscale-train, a tiny real job runs end to end
-// through the agent: real event lines, checkpoints in the assigned directory, exit 0.
+// With HYSCALE_TEST_TRAINER pointing at a built hyscale-train (tests/agent/CMakeLists.txt sets it
+// to this build's), a tiny real job runs end to end through the agent: real event lines,
+// checkpoints in the assigned directory under the worker's checkpoint root, exit 0.
 TEST(AgentRealTrainerTest, TrainsTinyJob) {
   const char* trainer = std::getenv("HYSCALE_TEST_TRAINER");
   if (trainer == nullptr) GTEST_SKIP() << "set HYSCALE_TEST_TRAINER to a built hyscale-train";
@@ -353,6 +354,7 @@ threads: 1
   options.devices = *ParseDeviceOverride("cpu:1");
   options.work_dir = dir.path() + "/work";
   options.trainer_path = trainer;
+  options.checkpoint_roots = {dir.path() + "/checkpoints"};
   Agent agent(options);
   std::thread runner([&] { EXPECT_TRUE(agent.Run().ok()); });
   auto& fake = coordinator.service();
@@ -360,7 +362,7 @@ threads: 1
   v1::Assignment assignment;
   assignment.mutable_run()->mutable_ref()->set_job_id("real-job");
   assignment.mutable_run()->set_world_size(1);
-  assignment.mutable_run()->set_checkpoint_dir(dir.path() + "/ckpt");
+  assignment.mutable_run()->set_checkpoint_dir(dir.path() + "/checkpoints/real-job");
   *assignment.mutable_run()->mutable_spec() = *spec;
   fake.Push(assignment);
   const bool exited = fake.WaitUntil([&] { return HasExit(fake.reports_locked(), "real-job"); },
@@ -379,7 +381,7 @@ threads: 1
   EXPECT_GE(steps, 4);
   EXPECT_GE(checkpoints, 1);
   EXPECT_EQ(reports.back().exited().exit_code(), 0) << reports.back().exited().reason();
-  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/checkpoints/real-job"));
 }
 
 }  // namespace
