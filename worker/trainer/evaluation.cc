@@ -122,6 +122,7 @@ KeySharing key_sharing(const std::vector<LayerProbe>& probes, const torch::Tenso
   torch::NoGradGuard no_grad;
   const auto wanted = sharing_rows(positions, config, rows);
   const int64_t count = wanted.numel();
+  const int64_t* wanted_rows = wanted.data_ptr<int64_t>();
   KeySharing sharing(rows);
   for (const auto& probe : probes) {
     const auto kept = probe.rows.to(torch::kCPU, torch::kInt64).contiguous();
@@ -129,9 +130,9 @@ KeySharing key_sharing(const std::vector<LayerProbe>& probes, const torch::Tenso
     const int64_t* kept_end = kept_begin + kept.numel();
     std::vector<int64_t> at;  // the wanted rows' places among the kept ones
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t row = wanted[i].item<int64_t>();
-      const int64_t* found = std::lower_bound(kept_begin, kept_end, row);
-      TORCH_CHECK(found != kept_end && *found == row, "key_sharing: the probes lack row ", row);
+      const int64_t* found = std::lower_bound(kept_begin, kept_end, wanted_rows[i]);
+      TORCH_CHECK(found != kept_end && *found == wanted_rows[i],
+                  "key_sharing: the probes lack row ", wanted_rows[i]);
       at.push_back(found - kept_begin);
     }
     const auto places = torch::tensor(at, torch::kLong);

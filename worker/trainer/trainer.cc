@@ -436,15 +436,12 @@ class Trainer::Impl {
       torch::Tensor targets;  // the whole batch's, for the recall
       if (options.keep_probes) {
         targets = to_tensor(whole.targets, whole.batch_size, whole.seq_len);
-        // The recall's rows and the key sharing's, each list increasing.
-        options.probe_rows =
-            std::get<0>(
-                torch::unique_consecutive(std::get<0>(
-                    torch::cat(
-                        {recall_rows(targets, batch.positions, model_->config(), kRecallRows),
-                         sharing_rows(batch.positions, model_->config(), kSharingRows)})
-                        .sort())))
-                .to(options_.device);
+        // The recall's rows and the key sharing's, once each, increasing.
+        const auto both =
+            torch::cat({recall_rows(targets, batch.positions, model_->config(), kRecallRows),
+                        sharing_rows(batch.positions, model_->config(), kSharingRows)});
+        const auto sorted = std::get<0>(both.sort());
+        options.probe_rows = std::get<0>(torch::unique_consecutive(sorted)).to(options_.device);
       }
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
       const auto result = model_->forward(batch.inputs, options);
