@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/warp_specialization.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace hyscale::cuda {
@@ -50,13 +51,6 @@ __device__ __forceinline__ void store_remote(uint32_t remote, uint4 v, uint32_t 
 // memory arrives only after the loaded values have been used, so the loads have completed.
 __device__ __forceinline__ void arrive_remote(uint32_t remote_bar) {
   asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar)
-               : "memory");
-}
-
-// One arrival on a local mbarrier that also expects `bytes` of transactions in its phase.
-__device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)),
-               "r"(bytes)
                : "memory");
 }
 

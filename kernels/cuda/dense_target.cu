@@ -1,9 +1,11 @@
 // The dense warm-up's target on tensor cores (indexer_loss_cuda.h, dense_attention_target_fused):
 // target[r, s] = (1/H) sum_h exp(scale q_rh . key_s - lse_rh) for the keys s row r sees, formed
 // tile by tile from Q and the key rows (DenseTargetTraits), so the [rows, H, keys] logits never
-// leave the SM. Per block: the producer warpgroup copies Q (its 128 pairs) once, a column block
-// ahead of each of the first tile's, and the chunk's 64-key tiles, a 64-column block at a time,
-// into the ring (each slot with a full and an empty mbarrier). The consumer warpgroups take
+// leave the SM. Per block: one thread of the producer warpgroup has the TMA unit copy Q (its 128
+// pairs) once, a column block ahead of each of the first tile's, and the chunk's 64-key tiles, a
+// 64-column block at a time, into the ring (each slot with a full and an empty mbarrier; the
+// copies complete on the full one, through the async proxy that wgmma reads by, so the consumers
+// need no proxy fence). The consumer warpgroups take
 // alternate tiles: each accumulates S^T [64 keys x all 128 pairs] over its tile's column blocks
 // (wgmma m64n128k16, A the key block, B the Q tile, both swizzled in shared memory), freeing a slot
 // once its products have read it, then forms exp2(S scale log2(e) - lse log2(e)) where the row sees
@@ -22,6 +24,7 @@
 #include "kernels/cuda/indexer_loss_cuda.h"
 #include "kernels/cuda/indexer_loss_traits.cuh"
 #include "kernels/cuda/launch_util.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/warp_specialization.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -31,9 +34,8 @@ namespace {
 using bf16 = __nv_bfloat16;
 using Tr = DenseTargetTraits;
 
+// Q [rows, H, dim] and the keys [keys, dim] come through tensor maps (the kernel's parameters).
 struct DenseTargetProblem {
-  const bf16* q;     // [rows, H, dim]: the block's rows
-  const bf16* key;   // [keys, dim]
   const float* lse;  // [rows, H], natural log
   float* target;     // rows of target_stride floats, zeroed
   int64_t target_stride;
@@ -62,43 +64,35 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// The producer warpgroup: every column block of every tile of the block's keys [begin, end), in
-// the order the consumers read them (the ring's n-th block in slot n % kSlots), each of the first
-// tile's after Q's same column block, so the first products wait for 24 KB rather than all of Q.
-// Thread t copies the 16-byte chunk t % 8 of rows t / 8 + 16 i of a block.
-__device__ void produce(const DenseTargetProblem& p, bf16* q_tile, bf16* ring,
-                        DenseTargetSync& sync, int64_t first_pair, int64_t begin, int64_t end) {
-  const int t = threadIdx.x % 128, chunk = t % 8, row0 = t / 8;
+// The producer: every column block of every tile of the block's keys [begin, end), in the order
+// the consumers read them (the ring's n-th block in slot n % kSlots), each of the first tile's
+// after Q's same column block, so the first products wait for 24 KB rather than all of Q. One
+// thread issues every copy; rows past either map's end land as zeros (Q's rows past the last
+// pair; the keys past `end` below the map's end are real and masked by the consumers).
+__device__ void produce(const DenseTargetProblem& p, const CUtensorMap& key_map,
+                        const CUtensorMap& q_map, bf16* q_tile, bf16* ring, DenseTargetSync& sync,
+                        int64_t first_pair, int64_t begin, int64_t end) {
+  if (threadIdx.x % 128 != 0) return;
   const int blocks = static_cast<int>(p.dim / 64);
-  const int64_t pairs = p.rows * p.heads;
   const uint64_t policy = l2_evict_last_policy();     // the next rows' blocks read the same keys
   const uint64_t q_policy = l2_evict_first_policy();  // read once (the next chunk's is far off)
-  int64_t n = 0;
+  int slot = 0;
+  uint32_t phase = 0;
   for (int64_t first_key = begin; first_key < end; first_key += Tr::kKeys) {
-    for (int c = 0; c < blocks; ++c, ++n) {
+    for (int c = 0; c < blocks; ++c) {
       if (first_key == begin) {  // Q: one [128 x dim] tile, B of every product
-#pragma unroll
-        for (int i = 0; i < Tr::kPairs / 16; ++i) {
-          const int pair = row0 + 16 * i;
-          const int64_t global = first_pair + pair;
-          cp_async_16_l2(q_tile + swizzled_offset<Tr::kPairs>(pair, 8 * c + chunk),
-                         p.q + (global < pairs ? global : 0) * p.dim + c * 64 + chunk * 8,
-                         global < pairs, q_policy);
-        }
-        cp_async_arrive(&sync.q_ready[c]);
+        mbarrier_arrive_expect(&sync.q_ready[c], Tr::kPairs * 64 * 2);
+        tma_load_2d(q_tile + c * Tr::kPairs * 64, &q_map, c * 64, static_cast<int>(first_pair),
+                    &sync.q_ready[c], q_policy);
       }
-      const int slot = static_cast<int>(n % Tr::kSlots);
-      mbarrier_wait(&sync.empty[slot], static_cast<uint32_t>((n / Tr::kSlots) & 1) ^ 1);
-      bf16* const block = ring + slot * (Tr::kSlotBytes / 2);
-#pragma unroll
-      for (int i = 0; i < Tr::kKeys / 16; ++i) {
-        const int row = row0 + 16 * i;
-        const int64_t key = first_key + row;
-        const bool valid = key < end;
-        cp_async_16_l2(block + swizzled_offset<64>(row, chunk),
-                       p.key + (valid ? key : 0) * p.dim + c * 64 + chunk * 8, valid, policy);
+      mbarrier_wait(&sync.empty[slot], phase ^ 1);
+      mbarrier_arrive_expect(&sync.full[slot], Tr::kSlotBytes);
+      tma_load_2d(ring + slot * (Tr::kSlotBytes / 2), &key_map, c * 64, static_cast<int>(first_key),
+                  &sync.full[slot], policy);
+      if (++slot == Tr::kSlots) {
+        slot = 0;
+        phase ^= 1;
       }
-      cp_async_arrive(&sync.full[slot]);
     }
   }
 }
@@ -188,7 +182,6 @@ __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const b
     for (int c = 0; c < blocks; ++c) {
       if (tile < 2) mbarrier_wait(&sync.q_ready[c], 0);
       mbarrier_wait(&sync.full[slot], phase);
-      fence_async_shared();  // the copies' bytes, for wgmma's reads
       const uint64_t a = matrix_descriptor<64>(ring + slot * (Tr::kSlotBytes / 2), 0, 0);
       wgmma_fence();
 #pragma unroll
@@ -223,7 +216,9 @@ __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const b
   }
 }
 
-__global__ void __launch_bounds__(Tr::kThreads, 1) dense_target_kernel(DenseTargetProblem p) {
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    dense_target_kernel(const DenseTargetProblem p, const __grid_constant__ CUtensorMap key_map,
+                        const __grid_constant__ CUtensorMap q_map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto* const q_tile =
       reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -239,9 +234,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dense_target_kernel(DenseTarg
   const int64_t end = min(begin + Tr::kKeyChunk, p.visible(last_pair / p.heads));
   if (begin >= end) return;  // (uniform across the block: before any barrier)
   if (threadIdx.x == 0) {
-    for (int c = 0; c < Tr::kMaxDimQk / 64; ++c) mbarrier_init(&sync.q_ready[c], 128);
+    prefetch_tensor_map(&key_map);
+    prefetch_tensor_map(&q_map);
+    for (int c = 0; c < Tr::kMaxDimQk / 64; ++c) mbarrier_init(&sync.q_ready[c], 1);
     for (int s = 0; s < Tr::kSlots; ++s) {
-      mbarrier_init(&sync.full[s], 128);
+      mbarrier_init(&sync.full[s], 1);     // the producer's arrival, with the copy's bytes
       mbarrier_init(&sync.empty[s], 128);  // the one consumer of the block's tile
     }
     mbarrier_init_fence();
@@ -253,7 +250,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) dense_target_kernel(DenseTarg
   __syncthreads();
   const int wg = warpgroup_index();
   if (wg == 2) {
-    produce(p, q_tile, ring, sync, first_pair, begin, end);
+    produce(p, key_map, q_map, q_tile, ring, sync, first_pair, begin, end);
   } else {
     consume(p, q_tile, ring, sync, wg, first_pair, begin, end);
   }
@@ -277,9 +274,7 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
                                 std::to_string(heads) + ", d_qk " + std::to_string(dim));
   }
   if (rows == 0 || keys == 0) return;
-  DenseTargetProblem p{static_cast<const bf16*>(q),
-                       static_cast<const bf16*>(key),
-                       lse,
+  DenseTargetProblem p{lse,
                        target,
                        target_stride,
                        rows,
@@ -287,13 +282,16 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
                        dim,
                        PrefixKeys{shape.position(first), shape.visibility.tokens_per_key, keys},
                        scale * 1.4426950408889634f};
+  const CUtensorMap key_map = bf16_tile_map(key, keys, dim, Tr::kKeys, op);
+  const CUtensorMap q_map = bf16_tile_map(q, rows * heads, dim, Tr::kPairs, op);
   const int smem = Tr::smem_bytes(static_cast<int>(dim));
   throw_on_error(
       cudaFuncSetAttribute(dense_target_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       op, "shared memory size (target)");
   const dim3 grid(static_cast<unsigned>(ceil_div(rows * heads, Tr::kPairs)),
                   static_cast<unsigned>(ceil_div(keys, Tr::kKeyChunk)));
-  dense_target_kernel<<<grid, Tr::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  dense_target_kernel<<<grid, Tr::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p, key_map,
+                                                                                       q_map);
   throw_on_error(cudaGetLastError(), op, "target kernel launch");
 }
 

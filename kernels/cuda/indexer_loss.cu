@@ -461,6 +461,16 @@ __device__ __forceinline__ __nv_bfloat16* first_aligned_tile(unsigned char* smem
                                           ~uintptr_t(1023));
 }
 
+// The ring slots of the dense backward's kernels: a tile's slot and the one the tile kStages - 1
+// ahead refills (the slot before it; the loops stage tile + 2).
+static_assert(DenseBackwardTraits::kStages == 3, "the dense backward's loops stage tile + 2");
+__device__ __forceinline__ int next_stage(int slot) {
+  return slot + 1 == DenseBackwardTraits::kStages ? 0 : slot + 1;
+}
+__device__ __forceinline__ int previous_stage(int slot) {
+  return slot == 0 ? DenseBackwardTraits::kStages - 1 : slot - 1;
+}
+
 // The dense warm-up's grad_q and grad_w, query-major: warpgroup r of a block owns row
 // 3 blockIdx.x + r (DenseBackwardTraits) and all three walk the key tiles of the last row's
 // prefix, which bounds the others' (rows see prefixes); a key tile and the rows' gradients at its
@@ -501,8 +511,9 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   load_rows_async<Tr::kDim, Tr::kHeads>(
       query_tile, 0, Tr::kHeads, threadIdx.x % 128, 128,
       [&](int h) -> const bf16* { return live ? q + (row * Tr::kHeads + h) * Tr::kDim : nullptr; });
-  auto stage = [&](int64_t tile) {
-    const int slot = static_cast<int>(tile % D::kStages);
+  // Tile `tile`'s copies into ring slot `slot` (tile % kStages, kept by the loop by increments:
+  // no 64-bit division between one tile's products and the next).
+  auto stage = [&](int64_t tile, int slot) {
     const int64_t first = tile * Tr::kKeys;
     load_rows_async<Tr::kDim, Tr::kKeys>(
         key_tiles + slot * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys, threadIdx.x, D::kThreads,
@@ -517,9 +528,9 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
                  valid ? grad_scores + t * prefix.num_keys + key : grad_scores, valid);
     }
   };
-  if (tiles > 0) stage(0);
+  if (tiles > 0) stage(0, 0);
   cp_async_commit();
-  if (tiles > 1) stage(1);
+  if (tiles > 1) stage(1, 1);
   cp_async_commit();
 
   float head_grad[Tile::kHeadsPerLane];
@@ -533,16 +544,16 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   }
   const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
 
-  for (int64_t tile = 0; tile < tiles; ++tile) {
+  int slot = 0;
+  for (int64_t tile = 0; tile < tiles; ++tile, slot = next_stage(slot)) {
     cp_async_wait<1>();  // this tile's copies (and the queries) landed
     fence_async_shared();
     // ... for every warpgroup, each of which is done with the previous tile, whose slot the tile
     // after next refills.
     __syncthreads();
-    if (tile + 2 < tiles) stage(tile + 2);
+    if (tile + 2 < tiles) stage(tile + 2, previous_stage(slot));
     cp_async_commit();
     if (!live) continue;
-    const int slot = static_cast<int>(tile % D::kStages);
     const bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
     const float* const g = grads + (slot * kRows + wg) * Tr::kKeys;
 
@@ -617,8 +628,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
                                                                         : nullptr;
                                          });
   }
-  auto stage = [&](int64_t step) {
-    const int slot = static_cast<int>(step % D::kStages);
+  // Step `step`'s copies into ring slot `slot` (step % kStages, kept by the loop by increments).
+  auto stage = [&](int64_t step, int slot) {
 #pragma unroll
     for (int s = 0; s < kSplits; ++s) {
       const int64_t t = first_row + step * kSplits + s;
@@ -639,9 +650,9 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       cp_async_4(staged + i, valid ? src : w, valid);
     }
   };
-  stage(0);
+  stage(0, 0);
   cp_async_commit();
-  if (steps > 1) stage(1);
+  if (steps > 1) stage(1, 1);
   cp_async_commit();
 
   float key_grad[Tr::kDim / 2], unused_head_grad[Tile::kHeadsPerLane];
@@ -650,16 +661,16 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   fence_accumulators(key_grad);
   const bf16* const key_tile = key_tiles + tile * (Tr::kKeyTileBytes / 2);
 
-  for (int64_t step = 0; step < steps; ++step) {
+  int slot = 0;
+  for (int64_t step = 0; step < steps; ++step, slot = next_stage(slot)) {
     cp_async_wait<1>();  // this step's copies (and the key tiles) landed
     fence_async_shared();
     // ... for every warpgroup, each of which is done with the previous step, whose slot the step
     // after next refills.
     __syncthreads();
-    if (step + 2 < steps) stage(step + 2);
+    if (step + 2 < steps) stage(step + 2, previous_stage(slot));
     cp_async_commit();
     if (first_row + step * kSplits + split >= rows) continue;  // (the last step's spare splits)
-    const int slot = static_cast<int>(step % D::kStages);
     const bf16* const query_tile = query_ring + (slot * kSplits + split) * (Tr::kQueryBytes / 2);
     const float* const staged = row_ring + (slot * kSplits + split) * kRowFloats;
 

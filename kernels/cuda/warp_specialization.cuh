@@ -25,6 +25,12 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
                    smem_address(bar))
                : "memory");
 }
+// One arrival on a local mbarrier that also expects `bytes` of transactions in its phase.
+__device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
 // One arrival once every cp.async this thread issued so far has landed (the arrival is counted
 // in the barrier's `count`: .noinc).
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
@@ -44,6 +50,23 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
         : "r"(smem_address(bar)), "r"(parity)
         : "memory");
   }
+}
+
+// The TMA unit's copy of the box at column x, row y of `map` (tensor_map.h) into shared memory at
+// `smem` (1 KB-aligned for the 128-byte swizzle), completing `bytes` of `bar`'s expected
+// transactions. The bytes arrive through the async proxy: wgmma reads them after the barrier's
+// wait with no proxy fence.
+__device__ __forceinline__ void tma_load_2d(void* smem, const void* map, int x, int y,
+                                            uint64_t* bar, uint64_t l2_policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_address(smem)),
+      "l"(map), "r"(x), "r"(y), "r"(smem_address(bar)), "l"(l2_policy)
+      : "memory");
+}
+// Brings a kernel parameter's tensor map into the descriptor cache before its first copy.
+__device__ __forceinline__ void prefetch_tensor_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 
 // Named barriers 1..15 (0 is __syncthreads) between subsets of warps: `threads` in all arrive,
