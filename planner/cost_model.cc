@@ -203,17 +203,22 @@ MemoryBreakdown StoredStepMemory(const Workload& w, const Candidate& c, const De
     if (w.sparse) row_saved += H * k * ab;  // gather attention saves probabilities
     row_backward = H * (dqk + dv) * ab;
   } else {
-    // hyscale-train's layer under bf16 autocast (worker/model/model.cc) without recomputation
-    // (not measured), tensor by tensor: the two RMSNorms' fp32 normalized rows and outputs and
-    // the residual (5 d fp32) with the linears' bf16 casts of their inputs (6 d); the queries'
-    // projection and its RoPE'd copy; the indexer's likewise and its head weights; the
+    // hyscale-train's layer under bf16 autocast (worker/model/model.cc) without recomputation,
+    // tensor by tensor: the two RMSNorms' fp32 normalized rows and outputs and the residual
+    // (5 d fp32) with the linears' bf16 casts of their inputs (6 d); the queries after RoPE
+    // (RoPE's backward keeps nothing, so the projection's output goes: counted on the CPU,
+    // docs/performance.md section 13); the indexer's likewise and its head weights; the
     // attention output and its log-sum-exp; SwiGLU's gate, activation, up and product; the
-    // indexer loss's scores, target and KL gradient (3 k fp32).
-    row_saved = 5 * d * f + 6 * d * ab + 2 * H * dqk * ab + 2 * hi * di * ab + hi * ab +
-                H * dv * ab + H * f + 4 * w.d_ff * ab + (w.sparse ? 3 * k * f : 0);
+    // indexer loss's scores (k fp32: its target and the KL's gradient come in backward). At 24K
+    // on an H100 the step peaked at 38.57 GiB against this model's 47.9 (52.6 with the slack):
+    // its backward's transients below are not all alive at once there, which one peak does not
+    // say how (PlannerTest.TheStepWithoutRecomputationAgainstTheH100s).
+    row_saved = 5 * d * f + 6 * d * ab + H * dqk * ab + hi * di * ab + hi * ab + H * dv * ab +
+                H * f + 4 * w.d_ff * ab + (w.sparse ? k * f : 0);
     // While the attention backward runs: the queries' gradient through RoPE (two bf16 copies)
-    // and the kernel's fp32 one, and the output's gradient.
-    row_backward = (2 * ab + f) * H * dqk + H * dv * ab;
+    // and the kernel's fp32 one, and the output's gradient; the indexer loss's target and the
+    // KL's gradient.
+    row_backward = (2 * ab + f) * H * dqk + H * dv * ab + (w.sparse ? 2 * k * f : 0);
   }
   // The final norm and output projection keep the last layer's output (fp32), and unless
   // recomputed their normalized rows and bf16 cast.
@@ -397,15 +402,13 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   // The indexer loss of a sparse stage: the target (attention mass at the k selected keys; the
   // Megatron-style stack computes it like its gather attention) in forward, the index scores'
   // backward in backward. Replay saves the target, so recomputation does not pay it again. A
-  // recomputed latent at G = 1 forms the target inside its backward instead (latent_mass_tflops).
-  // The step without recomputation does so too since 746dace, but its time and memory have not
-  // been measured on a GPU: until they are it is still charged the target apart, so the plans do
-  // not move to it on an unmeasured model (docs/performance.md section 13).
+  // latent at G = 1 forms the target inside its backward instead (latent_mass_tflops), with or
+  // without recomputation.
   double loss_fwd = 0, loss_bwd = 0;
   if (w.sparse) {
     const double mass = IndexerMassFlops(H, dqk, k * n);
-    const bool target_in_backward = !megatron && w.latent_kv && c.group == 1 &&
-                                    c.recompute != Recompute::kNone && prof.latent_mass_tflops > 0;
+    const bool target_in_backward =
+        !megatron && w.latent_kv && c.group == 1 && prof.latent_mass_tflops > 0;
     if (target_in_backward) {
       loss_bwd = mass / (prof.latent_mass_tflops * kTera);
     } else {
