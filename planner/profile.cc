@@ -16,6 +16,11 @@
 #include "proto/proto_json.h"
 
 namespace hyscale::server::planner {
+
+double UsableMemoryBytes(double device_bytes) {
+  return device_bytes * 0.95;
+}
+
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
@@ -51,7 +56,7 @@ DeviceProfile H200() {
   p.name = "h200";
   // nvidia-smi's total (the "141 GB" of the datasheet), less 5 %: the trainer's 132.03 GiB peak
   // at 128K fit (docs/performance.md section 13).
-  p.memory_bytes = 143771.0 * (1 << 20) * 0.95;
+  p.memory_bytes = UsableMemoryBytes(143771.0 * (1 << 20));
   p.dense_tflops = 793;
   p.hbm_gbps = 4000;
   p.flash_topk_tflops = 512;
@@ -133,7 +138,7 @@ DeviceProfile H200() {
 DeviceProfile H800() {
   DeviceProfile p = H200();  // same GH100 compute: kernel rates carry over (assumption)
   p.name = "h800";
-  p.memory_bytes = 80e9 * 0.95;
+  p.memory_bytes = UsableMemoryBytes(80e9);
   p.hbm_gbps = 2780;
   p.intra_node_gbps = 200;
   p.sources["dense_tflops"] = "assumption: the H200's measured 793 (same GH100 SMs and clocks)";
@@ -158,7 +163,7 @@ DeviceProfile H20() {
   constexpr double kCompute = 148.0 / 989.0;
   DeviceProfile p = H200();
   p.name = "h20";
-  p.memory_bytes = 96e9 * 0.95;
+  p.memory_bytes = UsableMemoryBytes(96e9);
   p.hbm_gbps = 3300;
   SetSparse(&p, 210 * kCompute, 91 * kCompute, 127 * kCompute, 72 * kCompute);
   // The H200's rates (measured, but for the dense warm-up's loss), scaled (fp8 peaks keep the

@@ -69,6 +69,10 @@ struct DeviceProfile {
   std::map<std::string, std::string> sources;
 };
 
+// The usable memory of a device of `device_bytes` (published or reported capacity): 5 % less for
+// the CUDA context and fragmentation (an assumption every GPU profile makes).
+double UsableMemoryBytes(double device_bytes);
+
 // The built-in profile `name` ("h200", "h800", "h20", "cpu"); NotFound lists the known names.
 absl::StatusOr<DeviceProfile> BuiltinProfile(const std::string& name);
 std::vector<std::string> BuiltinProfileNames();

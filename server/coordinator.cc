@@ -4,6 +4,7 @@
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <google/protobuf/util/message_differencer.h>
@@ -12,7 +13,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <utility>
+#include <vector>
 
 #include "planner/planner.h"
 #include "proto/cp_layout.h"
@@ -194,6 +197,37 @@ const planner::DeviceProfile& Coordinator::ProfileFor(const v1::Resources& resou
   return resources.device_kind() == v1::DEVICE_KIND_GPU ? profiles_.gpu : profiles_.cpu;
 }
 
+// The GPU profile speaks for one kind of card (--gpu-profile); the fleet may hold smaller ones.
+// A GPU job is planned within the usable memory of the job's ranks-th largest GPU among the
+// online workers, where that is less than the profile's: its plan (an AUTO job's recomputation
+// and chunks) and its memory estimate then fit devices it can be placed on, instead of a larger
+// card's plan waiting for a card the fleet lacks. Devices that report no memory do not count; with
+// fewer GPUs than ranks the profile stands (the job waits for devices, and says so).
+planner::DeviceProfile Coordinator::PlanningProfile(const v1::Resources& resources) const {
+  planner::DeviceProfile profile = ProfileFor(resources);
+  if (resources.device_kind() != v1::DEVICE_KIND_GPU) return profile;
+  std::vector<int64_t> memory;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() != v1::WORKER_STATE_ONLINE) continue;
+    for (const Slot& slot : worker.slots) {
+      if (slot.kind == v1::DEVICE_KIND_GPU && slot.memory_bytes > 0) {
+        memory.push_back(slot.memory_bytes);
+      }
+    }
+  }
+  const size_t ranks = static_cast<size_t>(RanksOf(resources));
+  if (ranks == 0 || memory.size() < ranks) return profile;
+  std::nth_element(memory.begin(), memory.begin() + (ranks - 1), memory.end(),
+                   std::greater<int64_t>());
+  const double usable = planner::UsableMemoryBytes(static_cast<double>(memory[ranks - 1]));
+  if (usable < profile.memory_bytes) {
+    profile.memory_bytes = usable;
+    profile.name = absl::StrFormat("%s (%.1f GiB usable, the workers' devices)", profile.name,
+                                   usable / (1 << 30));
+  }
+  return profile;
+}
+
 absl::Status Coordinator::Load() {
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = clock_->Now();
@@ -331,7 +365,8 @@ void Coordinator::Track(const std::string& job_id, v1::JobState state, int delta
 
 void Coordinator::ExportPlan(const v1::Job& job) {
   if (metrics_ == nullptr) return;
-  const planner::PlanOptions options = PlannerOptions(job.resources(), ProfileFor(job.resources()));
+  const planner::PlanOptions options =
+      PlannerOptions(job.resources(), PlanningProfile(job.resources()));
   // The prediction placement used (MemoryPerRank), query chunks included.
   const planner::Prediction predicted =
       planner::PredictFitted(planner::Workload::Of(job.spec()), planner::CandidateOf(job.spec()),
@@ -790,15 +825,24 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   job.set_priority(request.priority());
   job.set_max_restarts(request.max_restarts());
   job.set_request_id(request.request_id());
+  // Planned for the workers' devices; where nothing fits them, for the profile's (the job then
+  // waits for larger devices, and its reason says so).
+  const planner::DeviceProfile& configured = ProfileFor(job.resources());
+  planner::DeviceProfile fleet;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fleet = PlanningProfile(job.resources());
+  }
+  const bool capped = fleet.memory_bytes < configured.memory_bytes;
   if (job.spec().parallelism().mode() == v1::AUTO) {
-    if (auto status = ApplyPlan(job.resources(), ProfileFor(job.resources()), job.mutable_spec());
-        !status.ok()) {
-      return status;
-    }
+    absl::Status status = ApplyPlan(job.resources(), fleet, job.mutable_spec());
+    if (!status.ok() && capped) status = ApplyPlan(job.resources(), configured, job.mutable_spec());
+    if (!status.ok()) return status;
     // The plan may use fewer of the offered devices than asked for; the job holds what it uses.
     job.mutable_resources()->set_ranks(job.spec().parallelism().context_parallel());
   }
-  auto memory = MemoryPerRank(job.spec(), job.resources(), ProfileFor(job.resources()));
+  auto memory = MemoryPerRank(job.spec(), job.resources(), fleet);
+  if (!memory.ok() && capped) memory = MemoryPerRank(job.spec(), job.resources(), configured);
   if (!memory.ok()) return memory.status();
   // Placed only on devices the estimate fits, as PlanJob places it; where none does, the job
   // waits and its reason says so.
@@ -999,9 +1043,18 @@ absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request)
   if (auto status = ValidateSubmit(as_submit); !status.ok()) return status;
   v1::JobSpec spec = request.spec();
   ApplyDefaults(&spec);
-  const planner::PlanOptions options =
-      PlannerOptions(request.resources(), ProfileFor(request.resources()));
-  const planner::PlanResult result = planner::PlanJob(spec, options);
+  // As SubmitJob plans: for the workers' devices, else for the profile's.
+  planner::PlanOptions options;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    options = PlannerOptions(request.resources(), PlanningProfile(request.resources()));
+  }
+  planner::PlanResult result = planner::PlanJob(spec, options);
+  const planner::DeviceProfile& configured = ProfileFor(request.resources());
+  if (result.winner < 0 && options.profile.memory_bytes < configured.memory_bytes) {
+    options.profile = configured;
+    result = planner::PlanJob(spec, options);
+  }
 
   v1::Plan plan;
   plan.set_ranks(options.gpus);

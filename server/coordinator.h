@@ -170,6 +170,9 @@ class Coordinator {
   };
   static absl::StatusOr<Profiles> LoadProfiles(const CoordinatorOptions& options);
   const planner::DeviceProfile& ProfileFor(const v1::Resources& resources) const;
+  // Under the lock: what AUTO plans and memory estimates use, ProfileFor's, for a GPU job with its
+  // usable memory capped by the online workers' devices.
+  planner::DeviceProfile PlanningProfile(const v1::Resources& resources) const;
 
   struct WorkerEntry {
     v1::WorkerInfo info;

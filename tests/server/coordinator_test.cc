@@ -1323,10 +1323,9 @@ TEST_F(CoordinatorTest, ContextParallelJobsRunOneRankPerCpProcess) {
       << mismatch.status();
 }
 
-// A job longer than one GPU holds whole (the 4-layer reference model at 1M tokens, recomputed):
-// the plan names the query chunk the trainer will run in; an AUTO submission leaves the spec's 0,
-// so that the trainer fits the chunk to the device it lands on, stage by stage.
-TEST_F(CoordinatorTest, PlanNamesTheQueryChunkOfALongJob) {
+// The 4-layer reference model (examples/train-ref-2048x4.yaml) over `tokens`, one sparse stage,
+// recomputed with replay.
+v1::JobSpec ReferenceSpec(int64_t tokens) {
   v1::JobSpec spec = testing::TinySpec();
   auto* m = spec.mutable_model();
   m->set_vocab_size(256);
@@ -1342,7 +1341,7 @@ TEST_F(CoordinatorTest, PlanNamesTheQueryChunkOfALongJob) {
   m->mutable_indexer()->set_dim(128);
   m->mutable_indexer()->set_rope_dim(64);
   m->mutable_indexer()->set_topk(2048);
-  spec.mutable_data()->set_seq_len(1 << 20);
+  spec.mutable_data()->set_seq_len(tokens);
   spec.mutable_data()->set_batch_size(1);
   spec.clear_stages();
   auto* stage = spec.add_stages();
@@ -1352,6 +1351,14 @@ TEST_F(CoordinatorTest, PlanNamesTheQueryChunkOfALongJob) {
   stage->set_indexer_loss_weight(0.01f);
   spec.mutable_recompute()->set_enabled(true);
   spec.mutable_recompute()->set_selection_replay(true);
+  return spec;
+}
+
+// A job longer than one GPU holds whole (the 4-layer reference model at 1M tokens, recomputed):
+// the plan names the query chunk the trainer will run in; an AUTO submission leaves the spec's 0,
+// so that the trainer fits the chunk to the device it lands on, stage by stage.
+TEST_F(CoordinatorTest, PlanNamesTheQueryChunkOfALongJob) {
+  const v1::JobSpec spec = ReferenceSpec(1 << 20);
   v1::PlanJobRequest request;
   *request.mutable_spec() = spec;
   request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
@@ -1370,6 +1377,41 @@ TEST_F(CoordinatorTest, PlanNamesTheQueryChunkOfALongJob) {
   const auto job = c_->SubmitJob(submit);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec().recompute().query_chunk(), 0);
+}
+
+// The coordinator's GPU profile is an H200's (141 GB), its workers' cards 80 GB: an AUTO job is
+// planned within the memory of the devices it can land on. The reference model at 48K without
+// recomputation needs about 91 GiB (the H200's plan); on the workers' cards it is recomputed,
+// fits and is placed, where the H200's plan would wait for a card the fleet lacks.
+TEST_F(CoordinatorTest, AutoPlansFitTheOnlineWorkersDevices) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = ReferenceSpec(49152);
+  request.mutable_spec()->mutable_parallelism()->set_mode(v1::AUTO);
+  request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  constexpr int64_t kWorkersCard = 80'000'000'000;  // testing::WorkerRequest's
+
+  const auto on_profile = c_->SubmitJob(request);  // no workers yet: the profile stands
+  ASSERT_TRUE(on_profile.ok()) << on_profile.status();
+  EXPECT_FALSE(on_profile->spec().recompute().enabled());
+  EXPECT_GT(on_profile->resources().memory_bytes_per_rank(), kWorkersCard);
+  EXPECT_EQ(on_profile->state(), v1::JOB_STATE_PENDING);
+
+  v1::PlanJobRequest plan_request;
+  *plan_request.mutable_spec() = request.spec();
+  *plan_request.mutable_resources() = request.resources();
+  Register("w1", 1);
+  const auto plan = c_->PlanJob(plan_request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->feasible()) << plan->reason();
+  EXPECT_LE(plan->memory_bytes_per_rank(), planner::UsableMemoryBytes(kWorkersCard));
+  const auto on_fleet = c_->SubmitJob(request);
+  ASSERT_TRUE(on_fleet.ok()) << on_fleet.status();
+  EXPECT_TRUE(on_fleet->spec().recompute().enabled());
+  EXPECT_LE(on_fleet->resources().memory_bytes_per_rank(),
+            planner::UsableMemoryBytes(kWorkersCard));
+  EXPECT_EQ(on_fleet->state(), v1::JOB_STATE_SCHEDULED);
+  ASSERT_EQ(on_fleet->placement_size(), 1);
+  EXPECT_EQ(on_fleet->placement(0).worker_id(), "w1");
 }
 
 TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
