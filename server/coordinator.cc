@@ -7,6 +7,8 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
@@ -78,6 +80,22 @@ std::string DescribeExit(int rank, const v1::RankExit& exit) {
 
 bool SameRef(const v1::RankRef& a, const v1::RankRef& b) {
   return a.job_id() == b.job_id() && a.rank() == b.rank() && a.attempt() == b.attempt();
+}
+
+// Job.request_digest: FNV-1a over the request's deterministic serialization, request_id cleared
+// (stable across restarts and builds of the same proto, unlike absl::Hash).
+uint64_t RequestDigest(v1::SubmitJobRequest request) {
+  request.clear_request_id();
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    request.SerializeToCodedStream(&coded);
+  }
+  uint64_t digest = 14695981039346656037ULL;
+  for (const unsigned char c : bytes) digest = (digest ^ c) * 1099511628211ULL;
+  return digest;
 }
 
 // The planner's view of a job's resources: its ranks, on `profile` (Coordinator::ProfileFor).
@@ -825,6 +843,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   job.set_priority(request.priority());
   job.set_max_restarts(request.max_restarts());
   job.set_request_id(request.request_id());
+  job.set_request_digest(RequestDigest(request));
   // Planned for the workers' devices; where nothing fits them, for the profile's (the job then
   // waits for larger devices, and its reason says so).
   const planner::DeviceProfile& configured = ProfileFor(job.resources());
@@ -878,10 +897,16 @@ absl::StatusOr<std::pair<v1::Job, Store::Ticket>> Coordinator::StageSubmission(
     if (existing != by_request_.end()) {
       const JobEntry& prior = jobs_.at(existing->second);
       using google::protobuf::util::MessageDifferencer;
-      if (MessageDifferencer::Equals(prior.job.spec(), job.spec()) &&
-          MessageDifferencer::Equals(prior.job.resources(), job.resources()) &&
-          prior.job.priority() == job.priority() &&
-          prior.job.max_restarts() == job.max_restarts()) {
+      // The request as sent decides (its plan may differ now); jobs stored without a digest are
+      // compared as planned.
+      const bool same =
+          prior.job.request_digest() != 0
+              ? prior.job.request_digest() == job.request_digest()
+              : MessageDifferencer::Equals(prior.job.spec(), job.spec()) &&
+                    MessageDifferencer::Equals(prior.job.resources(), job.resources()) &&
+                    prior.job.priority() == job.priority() &&
+                    prior.job.max_restarts() == job.max_restarts();
+      if (same) {
         // A retry: answered once the first submission is on disk, like the first.
         return std::make_pair(prior.job, prior.insert_ticket);
       }

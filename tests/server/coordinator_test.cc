@@ -1388,6 +1388,7 @@ TEST_F(CoordinatorTest, AutoPlansFitTheOnlineWorkersDevices) {
   *request.mutable_spec() = ReferenceSpec(49152);
   request.mutable_spec()->mutable_parallelism()->set_mode(v1::AUTO);
   request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  request.set_request_id("first");
   constexpr int64_t kWorkersCard = 80'000'000'000;  // testing::WorkerRequest's
 
   const auto on_profile = c_->SubmitJob(request);  // no workers yet: the profile stands
@@ -1395,6 +1396,7 @@ TEST_F(CoordinatorTest, AutoPlansFitTheOnlineWorkersDevices) {
   EXPECT_FALSE(on_profile->spec().recompute().enabled());
   EXPECT_GT(on_profile->resources().memory_bytes_per_rank(), kWorkersCard);
   EXPECT_EQ(on_profile->state(), v1::JOB_STATE_PENDING);
+  request.set_request_id("second");
 
   v1::PlanJobRequest plan_request;
   *plan_request.mutable_spec() = request.spec();
@@ -1412,6 +1414,16 @@ TEST_F(CoordinatorTest, AutoPlansFitTheOnlineWorkersDevices) {
   EXPECT_EQ(on_fleet->state(), v1::JOB_STATE_SCHEDULED);
   ASSERT_EQ(on_fleet->placement_size(), 1);
   EXPECT_EQ(on_fleet->placement(0).worker_id(), "w1");
+
+  // A retry of the first submission is the same request, though it would be planned otherwise
+  // now; also after a restart of the coordinator.
+  request.set_request_id("first");
+  EXPECT_EQ(c_->SubmitJob(request)->id(), on_profile->id());
+  c_.reset();
+  Open();
+  EXPECT_EQ(c_->SubmitJob(request)->id(), on_profile->id());
+  request.set_priority(3);
+  EXPECT_EQ(c_->SubmitJob(request).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
 TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
