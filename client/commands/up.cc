@@ -198,6 +198,10 @@ int Up(const Context& context, const UpArgs& args) {
       "--listen",          context.client.server,
       "--data-dir",        (data_dir / "coordinator").string(),
       "--checkpoint-root", (data_dir / "checkpoints").string()};
+  // The worker is local: its silence means a process starved on a machine the trainer fills, not
+  // a partition, so it is lost after 15 s rather than hyscaled's default 3 (a stall of over 3 s
+  // of a 2-core machine once failed the README's demo at step 425 of 450).
+  coordinator_args.insert(coordinator_args.end(), {"--heartbeat-timeout-ms", "15000"});
   if (!args.metrics_listen.empty()) {
     coordinator_args.insert(coordinator_args.end(), {"--metrics-listen", args.metrics_listen});
   }
