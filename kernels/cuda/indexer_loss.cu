@@ -32,6 +32,7 @@
 #include "kernels/cuda/indexer_loss_cuda.h"
 #include "kernels/cuda/indexer_loss_traits.cuh"
 #include "kernels/cuda/launch_util.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/warp_specialization.cuh"
 
 namespace hyscale::cuda {
@@ -471,6 +472,38 @@ __device__ __forceinline__ int previous_stage(int slot) {
   return slot == 0 ? DenseBackwardTraits::kStages - 1 : slot - 1;
 }
 
+// The dense backward's ring, without a block barrier a tile: thread 0 has the TMA unit copy the
+// slot's tile (it arrives with the bytes it expects), every thread copies its share of the rest
+// (gradients, weights) and arrives on the slot's `full` barrier when its copies land (cp.async's
+// arrival), and every thread arrives on `empty` once done with the slot. A warpgroup waits only for
+// the slot it reads and, to refill the slot of the tile before it, for every warpgroup to be done
+// with that tile, so the warpgroups run up to a tile apart: one's gate arithmetic overlaps
+// another's products instead of all three taking turns with the tensor cores idle.
+struct DenseRing {
+  uint64_t full[DenseBackwardTraits::kStages];
+  uint64_t empty[DenseBackwardTraits::kStages];
+
+  // By thread 0, then a block barrier.
+  __device__ void init() {
+    for (int s = 0; s < DenseBackwardTraits::kStages; ++s) {
+      mbarrier_init(&full[s], DenseBackwardTraits::kThreads + 1);
+      mbarrier_init(&empty[s], DenseBackwardTraits::kThreads);
+    }
+    mbarrier_init_fence();
+  }
+  // Thread 0, before the slot's TMA copies: their bytes complete the fill.
+  __device__ void expect(int slot, uint32_t bytes) { mbarrier_arrive_expect(&full[slot], bytes); }
+  // This thread's copies into `slot` so far are its share of the slot's fill.
+  __device__ void filled(int slot) { cp_async_arrive(&full[slot]); }
+  // Waits for the slot's fill of the current lap (parity `phase`). The TMA's bytes are readable
+  // by wgmma as they are; what cp.async wrote for wgmma needs a proxy fence after this.
+  __device__ void wait_full(int slot, uint32_t phase) { mbarrier_wait(&full[slot], phase); }
+  // Waits until every thread is done with the slot's previous lap (`phase` is the lap's parity
+  // that is to be filled; a fresh barrier's "lap -1" counts as done).
+  __device__ void wait_empty(int slot, uint32_t phase) { mbarrier_wait(&empty[slot], phase ^ 1); }
+  __device__ void release(int slot) { mbarrier_arrive(&empty[slot]); }
+};
+
 // The dense warm-up's grad_q and grad_w, query-major: warpgroup r of a block owns row
 // 3 blockIdx.x + r (DenseBackwardTraits) and all three walk the key tiles of the last row's
 // prefix, which bounds the others' (rows see prefixes); a key tile and the rows' gradients at its
@@ -479,9 +512,9 @@ __device__ __forceinline__ int previous_stage(int slot) {
 // gates' coefficients C^T and grad_w's terms in registers, grad_q^T += K_tile^T C^T.
 template <class Tr>
 __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
-    dense_query_grad_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
-                            PrefixKeys prefix, int64_t rows, const float* grad_scores,
-                            float* grad_q, float* grad_w) {
+    dense_query_grad_kernel(const __nv_bfloat16* q, const __grid_constant__ CUtensorMap key_map,
+                            const float* w, PrefixKeys prefix, int64_t rows,
+                            const float* grad_scores, float* grad_q, float* grad_w) {
   using D = DenseBackwardTraits;
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
@@ -491,8 +524,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   __shared__ float head_sums[kRows][4][Tr::kHeads];
   bf16* const key_tiles = first_aligned_tile(smem_raw);
   bf16* const query_tiles = key_tiles + D::kStages * (Tr::kKeyTileBytes / 2);
-  bf16* const coef_tiles = query_tiles + kRows * (Tr::kQueryBytes / 2);
-  float* const grads = reinterpret_cast<float*>(coef_tiles + kRows * (Tr::kCoefBytes / 2));
+  bf16* const coef_tiles = query_tiles + kRows * (Tr::kQueryBytes / 2);  // [row][2]
+  float* const grads = reinterpret_cast<float*>(coef_tiles + 2 * kRows * (Tr::kCoefBytes / 2));
   float* const row_weights = grads + D::kStages * kRows * Tr::kKeys;
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int64_t first_row = int64_t(blockIdx.x) * kRows;
@@ -507,19 +540,29 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     row_weights[i] = i / Tr::kHeads < live_rows ? w[first_row * Tr::kHeads + i] : 0.f;
   }
   bf16* const query_tile = query_tiles + wg * (Tr::kQueryBytes / 2);
-  bf16* const coef_tile = coef_tiles + wg * (Tr::kCoefBytes / 2);
+  // Two coefficient tiles a row, by tile parity: a warp stores tile t's while another warp of its
+  // warpgroup may still be in tile t - 1's products (no block barrier a tile orders them now);
+  // tile t - 2's were retired by every warp before the warpgroup's barrier of tile t - 1.
+  bf16* const coef_pair = coef_tiles + 2 * wg * (Tr::kCoefBytes / 2);
   load_rows_async<Tr::kDim, Tr::kHeads>(
       query_tile, 0, Tr::kHeads, threadIdx.x % 128, 128,
       [&](int h) -> const bf16* { return live ? q + (row * Tr::kHeads + h) * Tr::kDim : nullptr; });
+  __shared__ DenseRing ring;
+  const uint64_t key_policy = l2_evict_last_policy();  // every row block reads the keys
   // Tile `tile`'s copies into ring slot `slot` (tile % kStages, kept by the loop by increments:
-  // no 64-bit division between one tile's products and the next).
+  // no 64-bit division between one tile's products and the next). The key tile through the TMA
+  // (keys past the last row's prefix are real, their gradients 0; past the last key, zeros).
   auto stage = [&](int64_t tile, int slot) {
     const int64_t first = tile * Tr::kKeys;
-    load_rows_async<Tr::kDim, Tr::kKeys>(
-        key_tiles + slot * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys, threadIdx.x, D::kThreads,
-        [&](int r) -> const bf16* {
-          return first + r < last_seen ? keys + (first + r) * Tr::kDim : nullptr;
-        });
+    if (threadIdx.x == 0) {
+      ring.expect(slot, Tr::kKeyTileBytes);
+      bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
+#pragma unroll
+      for (int c = 0; c < Tr::kDim / 64; ++c) {
+        tma_load_2d(key_tile + c * Tr::kKeys * 64, &key_map, c * 64, static_cast<int>(first),
+                    &ring.full[slot], key_policy);
+      }
+    }
     if (threadIdx.x < kRows * Tr::kKeys) {
       const int r = threadIdx.x / Tr::kKeys;
       const int64_t t = first_row + r, key = first + threadIdx.x % Tr::kKeys;
@@ -528,10 +571,16 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
                  valid ? grad_scores + t * prefix.num_keys + key : grad_scores, valid);
     }
   };
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&key_map);
+    ring.init();
+  }
+  __syncthreads();  // the barriers and the head weights
+  // The query tile's copies land with tile 0's.
   if (tiles > 0) stage(0, 0);
-  cp_async_commit();
+  ring.filled(0);
   if (tiles > 1) stage(1, 1);
-  cp_async_commit();
+  ring.filled(1);
 
   float head_grad[Tile::kHeadsPerLane];
 #pragma unroll
@@ -544,32 +593,53 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   }
   const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
 
+  // A tile's query-gradient products retire in the next tile, after its scores are issued, so
+  // that their latency hides behind those; then they free the tile's slot. A warpgroup past the
+  // last row computes too (its query, gradients and weights are zeros: it adds nothing) and
+  // stores nothing, so that no wgmma sits on a branch ptxas cannot prove uniform.
   int slot = 0;
-  for (int64_t tile = 0; tile < tiles; ++tile, slot = next_stage(slot)) {
-    cp_async_wait<1>();  // this tile's copies (and the queries) landed
-    fence_async_shared();
-    // ... for every warpgroup, each of which is done with the previous tile, whose slot the tile
-    // after next refills.
-    __syncthreads();
-    if (tile + 2 < tiles) stage(tile + 2, previous_stage(slot));
-    cp_async_commit();
-    if (!live) continue;
+  uint32_t phase = 0;  // tile / kStages's parity, kept by increments like the slot
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    ring.wait_full(slot, phase);
+    if (tile == 0) fence_async_shared();  // the query tile (cp.async), for wgmma's reads
     const bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
-    const float* const g = grads + (slot * kRows + wg) * Tr::kKeys;
-
     float scores[Tr::kHeads / 2];
-    score_tile<Tr>(key_tile, query_tile, scores);
+    wgmma_fence();
+    issue_key_tile<Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
+    wgmma_commit();
+    if (tile > 0) {  // tile - 1's products
+      wgmma_wait<1>();
+#pragma unroll
+      for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+      ring.release(previous_stage(slot));
+    }
+    if (tile + 2 < tiles) {  // into the slot of the tile before this one, once all are done with it
+      const int refill = previous_stage(slot);
+      ring.wait_empty(refill, slot == 0 ? phase : phase ^ 1);
+      stage(tile + 2, refill);
+      ring.filled(refill);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(scores);
+    const float* const g = grads + (slot * kRows + wg) * Tr::kKeys;
     float weights[Tile::kHeadsPerLane];
     load_lane_weights<Tile>(row_weights + wg * Tr::kHeads, lane, weights);
     uint32_t coef[Tr::kHeadSteps][4];
     gate_coefficients<Tr, true>(scores, g[key_lo], g[key_hi], weights, coef, head_grad);
+    bf16* const coef_tile = coef_pair + (tile & 1) * (Tr::kCoefBytes / 2);
     store_coefficients<Tr>(coef, coef_tile, warp, lane);
     fence_async_shared();
     named_barrier_sync(1 + wg, 128);  // the warpgroup's coefficients are stored
-
-    run_query_grad<Tr>(query_grad, key_tile, coef_tile);
+    wgmma_fence();
+    issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+    wgmma_commit();
+    if ((slot = next_stage(slot)) == 0) phase ^= 1;
   }
-  cp_async_wait<0>();  // (no copy outlives the block)
+  wgmma_wait<0>();
+#pragma unroll
+  for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+  cp_async_commit();  // (no copy outlives the block: the ring's fills are uncommitted groups)
+  cp_async_wait<0>();
 
   if (live) {
     store_row_gradients<Tr>(query_grad, head_grad, head_sums[wg][warp],
@@ -595,8 +665,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
 // has one owner, which adds it into grad_k once: no reductions, the same bits every run.
 template <class Tr, int kTiles, int kSplits>
 __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
-    dense_key_grad_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
-                          PrefixKeys prefix, int64_t rows, const float* grad_scores,
+    dense_key_grad_kernel(const __grid_constant__ CUtensorMap query_map, const __nv_bfloat16* keys,
+                          const float* w, PrefixKeys prefix, int64_t rows, const float* grad_scores,
                           float* grad_k) {
   using D = DenseBackwardTraits;
   using Tile = typename Tr::Tile;
@@ -628,16 +698,23 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
                                                                         : nullptr;
                                          });
   }
+  __shared__ DenseRing ring;
+  const uint64_t query_policy = l2_evict_last_policy();  // every key block reads the queries
   // Step `step`'s copies into ring slot `slot` (step % kStages, kept by the loop by increments).
+  // The queries through the TMA (rows past the last: zeros).
   auto stage = [&](int64_t step, int slot) {
+    if (threadIdx.x == 0) {
+      ring.expect(slot, kSplits * Tr::kQueryBytes);
 #pragma unroll
-    for (int s = 0; s < kSplits; ++s) {
-      const int64_t t = first_row + step * kSplits + s;
-      load_rows_async<Tr::kDim, Tr::kHeads>(
-          query_ring + (slot * kSplits + s) * (Tr::kQueryBytes / 2), 0, Tr::kHeads, threadIdx.x,
-          D::kThreads, [&](int h) -> const bf16* {
-            return t < rows ? q + (t * Tr::kHeads + h) * Tr::kDim : nullptr;
-          });
+      for (int s = 0; s < kSplits; ++s) {
+        const int64_t t = first_row + step * kSplits + s;
+        bf16* const query_tile = query_ring + (slot * kSplits + s) * (Tr::kQueryBytes / 2);
+#pragma unroll
+        for (int c = 0; c < Tr::kDim / 64; ++c) {
+          tma_load_2d(query_tile + c * Tr::kHeads * 64, &query_map, c * 64,
+                      static_cast<int>(t * Tr::kHeads), &ring.full[slot], query_policy);
+        }
+      }
     }
     float* const staged = row_ring + slot * kSplits * kRowFloats;
     for (int i = threadIdx.x; i < kSplits * kRowFloats; i += D::kThreads) {
@@ -650,10 +727,16 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       cp_async_4(staged + i, valid ? src : w, valid);
     }
   };
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&query_map);
+    ring.init();
+  }
+  __syncthreads();
+  // The key tiles' copies land with step 0's.
   stage(0, 0);
-  cp_async_commit();
+  ring.filled(0);
   if (steps > 1) stage(1, 1);
-  cp_async_commit();
+  ring.filled(1);
 
   float key_grad[Tr::kDim / 2], unused_head_grad[Tile::kHeadsPerLane];
 #pragma unroll
@@ -661,24 +744,39 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   fence_accumulators(key_grad);
   const bf16* const key_tile = key_tiles + tile * (Tr::kKeyTileBytes / 2);
 
+  // A step's key-gradient products retire in the next step, after its scores are issued (their
+  // A operand, coef, stays untouched until then); then they free the step's slot. The last
+  // step's spare splits compute too (their query, gradients and weights are zeros: they add
+  // nothing), so that no wgmma sits on a branch ptxas cannot prove uniform.
+  uint32_t coef[Tr::kHeadSteps][4];
   int slot = 0;
-  for (int64_t step = 0; step < steps; ++step, slot = next_stage(slot)) {
-    cp_async_wait<1>();  // this step's copies (and the key tiles) landed
-    fence_async_shared();
-    // ... for every warpgroup, each of which is done with the previous step, whose slot the step
-    // after next refills.
-    __syncthreads();
-    if (step + 2 < steps) stage(step + 2, previous_stage(slot));
-    cp_async_commit();
-    if (first_row + step * kSplits + split >= rows) continue;  // (the last step's spare splits)
+  uint32_t phase = 0;  // step / kStages's parity, kept by increments like the slot
+  for (int64_t step = 0; step < steps; ++step) {
+    ring.wait_full(slot, phase);
+    if (step == 0) fence_async_shared();  // the key tiles (cp.async), for wgmma's reads
     const bf16* const query_tile = query_ring + (slot * kSplits + split) * (Tr::kQueryBytes / 2);
-    const float* const staged = row_ring + (slot * kSplits + split) * kRowFloats;
-
     float scores[Tr::kHeads / 2];
-    score_tile<Tr>(key_tile, query_tile, scores);
+    wgmma_fence();
+    issue_key_tile<Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
+    wgmma_commit();
+    if (step > 0) {  // step - 1's products
+      wgmma_wait<1>();
+      fence_accumulators(key_grad);
+#pragma unroll
+      for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
+      ring.release(previous_stage(slot));
+    }
+    if (step + 2 < steps) {  // into the slot of the step before this one, once all are done with it
+      const int refill = previous_stage(slot);
+      ring.wait_empty(refill, slot == 0 ? phase : phase ^ 1);
+      stage(step + 2, refill);
+      ring.filled(refill);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(scores);
+    const float* const staged = row_ring + (slot * kSplits + split) * kRowFloats;
     float weights[Tile::kHeadsPerLane];
     load_lane_weights<Tile>(staged + kBlockKeys, lane, weights);
-    uint32_t coef[Tr::kHeadSteps][4];
     gate_coefficients<Tr, false>(scores, staged[tile * Tr::kKeys + key_lo],
                                  staged[tile * Tr::kKeys + key_hi], weights, coef,
                                  unused_head_grad);
@@ -689,11 +787,13 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
                                   mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(key_grad);
-#pragma unroll
-    for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
+    if ((slot = next_stage(slot)) == 0) phase ^= 1;
   }
+  wgmma_wait<0>();
+  fence_accumulators(key_grad);
+#pragma unroll
+  for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
+  cp_async_commit();  // (as in the rows kernel)
   cp_async_wait<0>();
 
   if constexpr (kSplits > 1) {
@@ -1094,20 +1194,24 @@ void dense_index_score_backward(const IndexerShape& shape, const void* q, const 
     using Kernels = DenseScoreBackwardKernels<Tr>;
     using D = DenseBackwardTraits;
     Kernels::set_shared_memory(kDenseOp);
+    const CUtensorMap key_map = bf16_tile_map(k16, shape.num_keys, Tr::kDim, Tr::kKeys, kDenseOp);
+    const CUtensorMap query_map =
+        bf16_tile_map(q16, shape.num_queries * Tr::kHeads, Tr::kDim, Tr::kHeads, kDenseOp);
     const auto rows_kernel = Kernels::rows;
     rows_kernel<<<static_cast<unsigned>(ceil_div(shape.num_queries, D::kRowsPerBlock)), D::kThreads,
-                  Kernels::kRowsSmem, cuda_stream>>>(q16, k16, w, prefix, shape.num_queries,
+                  Kernels::kRowsSmem, cuda_stream>>>(q16, key_map, w, prefix, shape.num_queries,
                                                      grad_scores, grad_q, grad_w);
     throw_on_error(cudaGetLastError(), kDenseOp, "rows kernel launch");
     const int64_t tiles = ceil_div(shape.num_keys, Tr::kKeys);
     if (share) {
       const auto keys_kernel = Kernels::keys_share;
       keys_kernel<<<static_cast<unsigned>(ceil_div(tiles, 3)), D::kThreads, Kernels::kShareSmem,
-                    cuda_stream>>>(q16, k16, w, prefix, shape.num_queries, grad_scores, grad_k);
+                    cuda_stream>>>(query_map, k16, w, prefix, shape.num_queries, grad_scores,
+                                   grad_k);
     } else {
       const auto keys_kernel = Kernels::keys_split;
       keys_kernel<<<static_cast<unsigned>(tiles), D::kThreads, Kernels::kSplitSmem, cuda_stream>>>(
-          q16, k16, w, prefix, shape.num_queries, grad_scores, grad_k);
+          query_map, k16, w, prefix, shape.num_queries, grad_scores, grad_k);
     }
     throw_on_error(cudaGetLastError(), kDenseOp, "keys kernel launch");
   });

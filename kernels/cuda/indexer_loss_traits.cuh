@@ -59,11 +59,12 @@ struct DenseBackwardTraits {
   static constexpr int kStages = 3;
   static constexpr int kRowsPerBlock = kWarpgroups;
 
-  // Rows kernel shared memory: 1 KB alignment slack, the key tiles' ring, a query tile and a
-  // coefficient tile a row, the gradients' ring [stage][row][key] and the rows' head weights.
+  // Rows kernel shared memory: 1 KB alignment slack, the key tiles' ring, a query tile and two
+  // coefficient tiles a row, the gradients' ring [stage][row][key] and the rows' head weights.
   template <class Tr>
   static constexpr int rows_smem_bytes() {
-    return 1024 + kStages * Tr::kKeyTileBytes + kRowsPerBlock * (Tr::kQueryBytes + Tr::kCoefBytes) +
+    return 1024 + kStages * Tr::kKeyTileBytes +
+           kRowsPerBlock * (Tr::kQueryBytes + 2 * Tr::kCoefBytes) +
            kStages * kRowsPerBlock * Tr::kKeys * 4 + kRowsPerBlock * Tr::kHeads * 4;
   }
   // Key kernel shared memory: the block's key tiles, the query ring [stage][split], the
