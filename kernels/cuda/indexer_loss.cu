@@ -463,8 +463,8 @@ __device__ __forceinline__ __nv_bfloat16* first_aligned_tile(unsigned char* smem
 }
 
 // The ring slots of the dense backward's kernels: a tile's slot and the one the tile kStages - 1
-// ahead refills (the slot before it; the loops stage tile + 2).
-static_assert(DenseBackwardTraits::kStages == 3, "the dense backward's loops stage tile + 2");
+// ahead refills (the slot before it).
+constexpr int kDenseLookahead = DenseBackwardTraits::kStages - 1;
 __device__ __forceinline__ int next_stage(int slot) {
   return slot + 1 == DenseBackwardTraits::kStages ? 0 : slot + 1;
 }
@@ -577,10 +577,11 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   }
   __syncthreads();  // the barriers and the head weights
   // The query tile's copies land with tile 0's.
-  if (tiles > 0) stage(0, 0);
-  ring.filled(0);
-  if (tiles > 1) stage(1, 1);
-  ring.filled(1);
+#pragma unroll
+  for (int ahead = 0; ahead < kDenseLookahead; ++ahead) {
+    if (ahead < tiles) stage(ahead, ahead);
+    ring.filled(ahead);
+  }
 
   float head_grad[Tile::kHeadsPerLane];
 #pragma unroll
@@ -613,10 +614,11 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
       ring.release(previous_stage(slot));
     }
-    if (tile + 2 < tiles) {  // into the slot of the tile before this one, once all are done with it
+    if (tile + kDenseLookahead < tiles) {  // into the slot of the tile before this one, once all
+                                           // are done with it
       const int refill = previous_stage(slot);
       ring.wait_empty(refill, slot == 0 ? phase : phase ^ 1);
-      stage(tile + 2, refill);
+      stage(tile + kDenseLookahead, refill);
       ring.filled(refill);
     }
     wgmma_wait<0>();
@@ -733,10 +735,11 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   }
   __syncthreads();
   // The key tiles' copies land with step 0's.
-  stage(0, 0);
-  ring.filled(0);
-  if (steps > 1) stage(1, 1);
-  ring.filled(1);
+#pragma unroll
+  for (int ahead = 0; ahead < kDenseLookahead; ++ahead) {
+    if (ahead < steps) stage(ahead, ahead);
+    ring.filled(ahead);
+  }
 
   float key_grad[Tr::kDim / 2], unused_head_grad[Tile::kHeadsPerLane];
 #pragma unroll
@@ -766,10 +769,11 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
       ring.release(previous_stage(slot));
     }
-    if (step + 2 < steps) {  // into the slot of the step before this one, once all are done with it
+    if (step + kDenseLookahead < steps) {  // into the slot of the step before this one, once all
+                                           // are done with it
       const int refill = previous_stage(slot);
       ring.wait_empty(refill, slot == 0 ? phase : phase ^ 1);
-      stage(step + 2, refill);
+      stage(step + kDenseLookahead, refill);
       ring.filled(refill);
     }
     wgmma_wait<0>();
