@@ -18,10 +18,24 @@ constexpr double kGiga = 1e9;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 constexpr double kTableChunkRows = 8192;   // Megatron-style: score table rows per block
 constexpr double kGatherChunkRows = 1024;  // Megatron-style: queries gathered per block
+// The share of a layer's backward transients alive at the peak of HyScale's step without
+// recomputation (StoredStepMemory).
+constexpr double kStoredBackwardAlive = 0.12;
 // The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc, given the
-// attention's log-sum-exps as the trainer gives them) works in blocks of rows whose [rows, keys]
-// fp32 tables (target, scores, the KL's temporaries) take about this much.
-constexpr double kDenseLossBlockBytes = 1.5 * (1 << 30);
+// attention's log-sum-exps as the trainer gives them) works in blocks of at most
+// kDenseLossBlockRows rows, fewer where a row's N keys pass kDenseLossRowBudget (the op's
+// kDenseTableBlockBytes / kDenseBytesPerPair, 2048 rows at 128K), each block's [rows, N] fp32
+// target and scores (8 B a pair) with the KL's temporaries on top: kDenseLossTableFactor of them,
+// from the H100's peak at 128K in chunks of 1980 (8.42 GiB, 0.67 more than with blocks of 396 rows:
+// docs/results/warmup_128k_h100_blocks.json).
+constexpr double kDenseLossBlockRows = 4096;
+constexpr double kDenseLossRowBudget = double(int64_t(1) << 28);  // rows x keys of a block
+constexpr double kDenseLossTableFactor = 1.35;
+// A frozen dense chunk's loss tables, bytes: its rows in the op's blocks.
+double DenseLossTableBytes(double seqs, double chunk, double N) {
+  const double rows = std::min({chunk, kDenseLossBlockRows, std::max(1.0, kDenseLossRowBudget / N)});
+  return kDenseLossTableFactor * seqs * rows * N * 2 * 4;  // target and scores, fp32
+}
 // Bytes a frozen dense query row holds while its attention output runs: its key list (int32 over
 // the sequence, -1 past its position) and the attention op's contiguous copy of it. The H200's
 // warm-up at 128K (8.01 GiB, chunks of 2048) holds these 2 GiB beyond the model state, the layer's
@@ -209,10 +223,7 @@ MemoryBreakdown StoredStepMemory(const Workload& w, const Candidate& c, const De
     // (RoPE's backward keeps nothing, so the projection's output goes: counted on the CPU,
     // docs/performance.md section 13); the indexer's likewise and its head weights; the
     // attention output and its log-sum-exp; SwiGLU's gate, activation, up and product; the
-    // indexer loss's scores (k fp32: its target and the KL's gradient come in backward). At 24K
-    // on an H100 the step peaked at 38.57 GiB against this model's 47.9 (52.6 with the slack):
-    // its backward's transients below are not all alive at once there, which one peak does not
-    // say how (PlannerTest.TheStepWithoutRecomputationAgainstTheH100s).
+    // indexer loss's scores (k fp32: its target and the KL's gradient come in backward).
     row_saved = 5 * d * f + 6 * d * ab + H * dqk * ab + hi * di * ab + hi * ab + H * dv * ab +
                 H * f + 4 * w.d_ff * ab + (w.sparse ? k * f : 0);
     // While the attention backward runs: the queries' gradient through RoPE (two bf16 copies)
@@ -250,14 +261,20 @@ MemoryBreakdown StoredStepMemory(const Workload& w, const Candidate& c, const De
     scratch = prof.topk_scratch_bytes + 2 * chunk * k * 4;
   }
   // A layer's backward transients (per chunk); a chunked layer's backward holds its input's and
-  // output's gradients whole (fp32).
-  const double layer_backward = frozen ? 0 : seqs * chunk * row_backward;
+  // output's gradients whole (fp32). HyScale's step without recomputation peaks with only
+  // kStoredBackwardAlive of them on top of the saved rows (the backward frees a layer's saved
+  // tensors as it makes its gradients): fitted to the H100's peaks of the 2048x4 step at 24K, 32K,
+  // 40K and 48K (38.57, 47.98, 57.39, 66.80 GiB; PlannerTest.TheStepWithoutRecomputationAgainst-
+  // TheH100s), which the whole set of transients overshot by 36 %.
+  const double alive = w.sparse && !megatron ? kStoredBackwardAlive : 1;
+  const double layer_backward = frozen ? 0 : alive * seqs * chunk * row_backward;
   const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
   // Logits and (unless frozen) their gradient.
   const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
   // A frozen chunk's key lists are gone when its loss runs.
   const double tables = dense_hyscale && frozen
-                            ? std::max(seqs * chunk * dense_table_row, kDenseLossBlockBytes)
+                            ? std::max(seqs * chunk * dense_table_row,
+                                       DenseLossTableBytes(seqs, chunk, N))
                             : seqs * chunk * dense_table_row;
   mem.workspace = scratch + tables + layer_backward + chunked_grads + logits_bytes;
   return mem;
@@ -551,10 +568,12 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const bool recomputed = !megatron && !frozen && c.recompute != Recompute::kNone;
   MemoryBreakdown& mem = out.memory;
   mem = recomputed ? RecomputedStepMemory(w, c, prof, sizes) : StoredStepMemory(w, c, prof, sizes);
-  // The models not fitted to measured peaks keep 10 % for the allocator: all but HyScale's
-  // recomputed step and its frozen warm-up (the H200's at 32K whole and 128K in chunks of 2048,
-  // docs/performance.md section 13).
-  const double slack = recomputed || (dense_hyscale && frozen) ? 1 : 1.1;
+  // The models not fitted to measured peaks keep 10 % for the allocator: the Megatron-style
+  // stacks and HyScale's dense stage that trains every weight. The others are fitted: the
+  // recomputed step, the sparse step without recomputation (H100s, 24K-48K) and the frozen
+  // warm-up (32K whole and 128K in chunks, docs/performance.md section 13).
+  const bool fitted = recomputed || (!megatron && (w.sparse || frozen));
+  const double slack = fitted ? 1 : 1.1;
   mem.total = slack * (mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace);
   if (out.rejected.empty() && mem.total > prof.memory_bytes) {
     out.rejected = absl::StrFormat(

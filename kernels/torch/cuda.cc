@@ -467,10 +467,15 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 // ---- The dense warm-up's indexer loss ----------------------------------------------------------
 
 // What the loss keeps of a block of rows: its fp32 attention logits [rows, H, keys] near
-// kDenseBlockBytes (32 rows at 128K with H = 64), and its [rows, keys] tables (target, scores,
-// their gradient, the visibility mask: under kDenseBytesPerPair a pair) near it too, in blocks of
-// more rows (whole waves of the index-score backward's rows kernel, by the runtime's occupancy).
+// kDenseBlockBytes (32 rows at 128K with H = 64, where the target is made from logits), and its
+// [rows, keys] tables (target, scores, their gradient, the visibility mask: under
+// kDenseBytesPerPair a pair) near kDenseTableBlockBytes, in blocks of more rows (whole waves of
+// the index-score backward's rows kernel, by the runtime's occupancy). The tables' blocks are
+// large because the row-parallel passes (the scores, four rows a block; the KL, a row a block)
+// fill the GPU only with enough rows: 1980 at 128K on an H100, where 396 left the scores at
+// 99 blocks for 264 places (406 ms of a layer's 2734 at 128K, 1.6x the 32K rate a pair).
 constexpr int64_t kDenseBlockBytes = int64_t(1) << 30;
+constexpr int64_t kDenseTableBlockBytes = int64_t(4) << 30;
 constexpr int64_t kDenseBytesPerPair = 16;
 constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows still end
 
@@ -547,7 +552,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   // an SM), where a block holds more than one.
   const int64_t wave = cuda::dense_index_score_backward_rows_per_wave(shape.heads, shape.dim);
   int64_t block_rows = std::clamp<int64_t>(
-      kDenseBlockBytes / (std::max<int64_t>(1, shape.num_keys) * kDenseBytesPerPair), 1,
+      kDenseTableBlockBytes / (std::max<int64_t>(1, shape.num_keys) * kDenseBytesPerPair), 1,
       kMaxDenseBlockRows);
   if (block_rows > wave) block_rows -= block_rows % wave;
   for (int64_t seq = 0; seq < b.batch; ++seq) {

@@ -1380,12 +1380,12 @@ TEST_F(CoordinatorTest, PlanNamesTheQueryChunkOfALongJob) {
 }
 
 // The coordinator's GPU profile is an H200's (141 GB), its workers' cards 80 GB: an AUTO job is
-// planned within the memory of the devices it can land on. The reference model at 48K without
-// recomputation needs about 91 GiB (the H200's plan); on the workers' cards it is recomputed,
+// planned within the memory of the devices it can land on. The reference model at 64K without
+// recomputation needs about 86 GiB (the H200's plan); on the workers' cards it is recomputed,
 // fits and is placed, where the H200's plan would wait for a card the fleet lacks.
 TEST_F(CoordinatorTest, AutoPlansFitTheOnlineWorkersDevices) {
   v1::SubmitJobRequest request;
-  *request.mutable_spec() = ReferenceSpec(49152);
+  *request.mutable_spec() = ReferenceSpec(65536);
   request.mutable_spec()->mutable_parallelism()->set_mode(v1::AUTO);
   request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
   request.set_request_id("first");
