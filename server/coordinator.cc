@@ -146,6 +146,63 @@ absl::Status ApplyPlan(const v1::Resources& resources, const planner::DeviceProf
   return absl::OkStatus();
 }
 
+// A submission's spec and resources as a job runs them.
+struct PlannedJob {
+  v1::JobSpec spec;
+  v1::Resources resources;
+};
+
+// What a submission is planned from: defaults applied, at least the spec's CP degree of ranks.
+PlannedJob Requested(const v1::JobSpec& spec, const v1::Resources& resources) {
+  PlannedJob job{spec, resources};
+  ApplyDefaults(&job.spec);
+  job.resources.set_ranks(std::max(RanksOf(resources), job.spec.parallelism().context_parallel()));
+  return job;
+}
+
+// AUTO's plan and, unless the request set one, the memory estimate placement requires: on
+// `fleet` (Coordinator::PlanningProfile, the online workers' devices) where they fit, else on
+// `configured` (the job then waits for larger devices, and its reason says so).
+absl::Status PlanWithin(const planner::DeviceProfile& fleet,
+                        const planner::DeviceProfile& configured, PlannedJob* job) {
+  const bool capped = fleet.memory_bytes < configured.memory_bytes;
+  if (job->spec.parallelism().mode() == v1::AUTO) {
+    const v1::JobSpec requested = job->spec;
+    absl::Status status = ApplyPlan(job->resources, fleet, &job->spec);
+    if (!status.ok() && capped) {
+      job->spec = requested;
+      status = ApplyPlan(job->resources, configured, &job->spec);
+    }
+    if (!status.ok()) return status;
+    // The plan may use fewer of the offered devices than asked for; the job holds what it uses.
+    job->resources.set_ranks(job->spec.parallelism().context_parallel());
+  }
+  auto memory = MemoryPerRank(job->spec, job->resources, fleet);
+  if (!memory.ok() && capped) memory = MemoryPerRank(job->spec, job->resources, configured);
+  if (!memory.ok()) return memory.status();
+  // Placed only on devices the estimate fits, as PlanJob places it; where none does, the job
+  // waits and its reason says so.
+  if (job->resources.memory_bytes_per_rank() == 0) {
+    job->resources.set_memory_bytes_per_rank(*memory);
+  }
+  return absl::OkStatus();
+}
+
+// "CP 2 (zigzag), G 4, recomputation with replay, 30.1 GiB a rank".
+std::string DescribePlan(const v1::JobSpec& spec, const v1::Resources& resources) {
+  const v1::ParallelismSpec& par = spec.parallelism();
+  std::string line = absl::StrCat("CP ", std::max(1, par.context_parallel()));
+  if (par.context_parallel() > 1) absl::StrAppend(&line, " (", par.cp_layout(), ")");
+  if (par.query_group() > 0) absl::StrAppend(&line, ", G ", par.query_group());
+  absl::StrAppend(&line, !spec.recompute().enabled() ? ", no recomputation"
+                         : spec.recompute().selection_replay()
+                             ? ", recomputation with replay"
+                             : ", recomputation with re-selection");
+  absl::StrAppend(&line, absl::StrFormat(", %.1f GiB a rank",
+                                         resources.memory_bytes_per_rank() / double(1 << 30)));
+  return line;
+}
+
 }  // namespace
 
 bool IsTerminal(v1::JobState state) {
@@ -244,6 +301,58 @@ planner::DeviceProfile Coordinator::PlanningProfile(const v1::Resources& resourc
                                    usable / (1 << 30));
   }
   return profile;
+}
+
+// A job planned while no worker's devices were known (or for devices since lost) would wait
+// forever for a card the fleet lacks; planned again from its request, it runs on what is there.
+// Jobs whose plan the devices hold keep it (a larger card joining does not move them), as do
+// those whose request set their memory or cannot be planned smaller. Each waiting job is tried
+// once per change of the memory it is planned within.
+void Coordinator::ReplanWaitingJobs() {
+  fleet_changed_ = false;
+  std::map<std::pair<int32_t, int>, planner::DeviceProfile> fleets;  // by (ranks, device kind)
+  for (auto& [id, entry] : jobs_) {
+    const v1::Job& job = entry.job;
+    if (job.state() != v1::JOB_STATE_PENDING || !job.has_requested_resources() ||
+        job.resources().device_kind() != v1::DEVICE_KIND_GPU) {
+      continue;
+    }
+    PlannedJob planned = Requested(job.requested_spec(), job.requested_resources());
+    const auto key = std::make_pair(planned.resources.ranks(),
+                                    static_cast<int>(planned.resources.device_kind()));
+    auto fleet = fleets.find(key);
+    if (fleet == fleets.end())
+      fleet = fleets.emplace(key, PlanningProfile(planned.resources)).first;
+    const planner::DeviceProfile& configured = ProfileFor(planned.resources);
+    const double usable = fleet->second.memory_bytes;
+    if (usable >= configured.memory_bytes ||
+        static_cast<double>(job.resources().memory_bytes_per_rank()) <= usable ||
+        entry.replanned_for == usable) {
+      continue;
+    }
+    entry.replanned_for = usable;
+    if (!PlanWithin(fleet->second, configured, &planned).ok() ||
+        static_cast<double>(planned.resources.memory_bytes_per_rank()) > usable) {
+      continue;  // nothing it could run fits these devices either
+    }
+    v1::Job updated = job;
+    *updated.mutable_spec() = planned.spec;
+    *updated.mutable_resources() = planned.resources;
+    v1::JobEvent event;
+    v1::JobReplanned* replanned = event.mutable_replanned();
+    replanned->set_reason(absl::StrCat(
+        "planned again for the online workers' devices (",
+        absl::StrFormat("%.1f GiB usable", usable / double(1 << 30)),
+        "), which could not hold its plan: ", DescribePlan(job.spec(), job.resources())));
+    *replanned->mutable_parallelism() = planned.spec.parallelism();
+    *replanned->mutable_recompute() = planned.spec.recompute();
+    replanned->set_ranks(planned.resources.ranks());
+    replanned->set_memory_bytes_per_rank(planned.resources.memory_bytes_per_rank());
+    util::LogInfo("job ", id, ": ", replanned->reason(), "; now ",
+                  DescribePlan(planned.spec, planned.resources));
+    // A failed write leaves the job as it was, to be tried at the next change.
+    (void)Commit(entry, std::move(updated), {std::move(event)});
+  }
 }
 
 absl::Status Coordinator::Load() {
@@ -470,6 +579,8 @@ void Coordinator::Schedule() {
 }
 
 std::vector<JobRequest> Coordinator::WaitingJobs() {
+  // Every pass (and a submission's) reads the waiting jobs here, so plans follow the devices first.
+  if (fleet_changed_) ReplanWaitingJobs();
   const absl::Time now = clock_->Now();
   next_restart_ = absl::InfiniteFuture();
   std::vector<JobRequest> queue;
@@ -834,40 +945,24 @@ std::string Coordinator::NewJobId() {
 
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
   if (auto status = ValidateSubmit(request); !status.ok()) return status;
+  PlannedJob planned = Requested(request.spec(), request.resources());
+  planner::DeviceProfile fleet;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fleet = PlanningProfile(planned.resources);
+  }
+  if (auto status = PlanWithin(fleet, ProfileFor(planned.resources), &planned); !status.ok()) {
+    return status;
+  }
   v1::Job job;
-  *job.mutable_spec() = request.spec();
-  ApplyDefaults(job.mutable_spec());
-  *job.mutable_resources() = request.resources();
-  job.mutable_resources()->set_ranks(
-      std::max(RanksOf(request.resources()), job.spec().parallelism().context_parallel()));
+  *job.mutable_spec() = std::move(planned.spec);
+  *job.mutable_resources() = std::move(planned.resources);
+  *job.mutable_requested_spec() = request.spec();
+  *job.mutable_requested_resources() = request.resources();
   job.set_priority(request.priority());
   job.set_max_restarts(request.max_restarts());
   job.set_request_id(request.request_id());
   job.set_request_digest(RequestDigest(request));
-  // Planned for the workers' devices; where nothing fits them, for the profile's (the job then
-  // waits for larger devices, and its reason says so).
-  const planner::DeviceProfile& configured = ProfileFor(job.resources());
-  planner::DeviceProfile fleet;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fleet = PlanningProfile(job.resources());
-  }
-  const bool capped = fleet.memory_bytes < configured.memory_bytes;
-  if (job.spec().parallelism().mode() == v1::AUTO) {
-    absl::Status status = ApplyPlan(job.resources(), fleet, job.mutable_spec());
-    if (!status.ok() && capped) status = ApplyPlan(job.resources(), configured, job.mutable_spec());
-    if (!status.ok()) return status;
-    // The plan may use fewer of the offered devices than asked for; the job holds what it uses.
-    job.mutable_resources()->set_ranks(job.spec().parallelism().context_parallel());
-  }
-  auto memory = MemoryPerRank(job.spec(), job.resources(), fleet);
-  if (!memory.ok() && capped) memory = MemoryPerRank(job.spec(), job.resources(), configured);
-  if (!memory.ok()) return memory.status();
-  // Placed only on devices the estimate fits, as PlanJob places it; where none does, the job
-  // waits and its reason says so.
-  if (job.resources().memory_bytes_per_rank() == 0) {
-    job.mutable_resources()->set_memory_bytes_per_rank(*memory);
-  }
 
   Store::Ticket ticket;
   v1::Job answer;
@@ -1385,6 +1480,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   worker.slots = SlotsOf(request.devices());
   worker.stopping.clear();
   pass_needed_ = true;  // its devices (maybe changed, maybe freed) are capacity
+  fleet_changed_ = true;
 
   v1::RegisterWorkerResponse response;
   response.set_worker_id(request.name());
@@ -1694,6 +1790,7 @@ void Coordinator::DeclareLost(WorkerEntry& worker) {
   const std::string id = worker.info.id();
   worker.info.set_state(v1::WORKER_STATE_LOST);
   pass_needed_ = true;  // a job it held back for may never fit now, so others may start
+  fleet_changed_ = true;
   worker.info.clear_running();
   worker.stopping.clear();
   if (worker.queue) {

@@ -163,6 +163,9 @@ class Coordinator {
     absl::Time restart_at;    // RESTARTING: placed again from then on
     // SCHEDULED context-parallel job whose rank 0 has not published: the attempt fails then.
     absl::Time rendezvous_deadline = absl::InfiniteFuture();
+    // PENDING: the usable device memory (PlanningProfile's) it was last planned again for, so
+    // that a plan no device holds is tried once per change of the devices, not every pass.
+    double replanned_for = 0;
   };
   // The planner's device profiles, calibrated when the options name a file.
   struct Profiles {
@@ -173,6 +176,10 @@ class Coordinator {
   // Under the lock: what AUTO plans and memory estimates use, ProfileFor's, for a GPU job with its
   // usable memory capped by the online workers' devices.
   planner::DeviceProfile PlanningProfile(const v1::Resources& resources) const;
+  // Under the lock, where the online workers' devices changed (fleet_changed_): plans again, from
+  // Job.requested_spec, each PENDING GPU job whose plan those devices cannot hold, where a new
+  // one fits them (stored with a JobReplanned event).
+  void ReplanWaitingJobs();
 
   struct WorkerEntry {
     v1::WorkerInfo info;
@@ -322,6 +329,8 @@ class Coordinator {
   // what the waiting jobs' reasons would say; the next Tick refreshes them.
   bool pass_needed_ = true;
   bool reasons_stale_ = false;
+  // A worker registered, came back or was lost since the last ReplanWaitingJobs.
+  bool fleet_changed_ = true;
   std::optional<int> blocked_below_;                  // the last pass's: see scheduler.h
   absl::Time next_restart_ = absl::InfiniteFuture();  // earliest backoff end not yet passed
 };

@@ -129,6 +129,11 @@ HttpResponse WebUi::Job(const HttpRequest& request) const {
                         {"state", StateLabel(event.state_change().to())},
                         {"reason", event.state_change().reason()}});
     }
+    if (event.has_replanned()) {  // listed with the states: why a waiting job runs another plan
+      states.push_back({{"time", Seconds(event.time())},
+                        {"state", "re-planned"},
+                        {"reason", event.replanned().reason()}});
+    }
   }
   const bool more = static_cast<int>(events->size()) == kEventsPerPoll;
   return {200, kJson,

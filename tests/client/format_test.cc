@@ -110,6 +110,18 @@ TEST(FormatTest, EventLines) {
   change->set_restarts(0);
   EXPECT_EQ(DescribeEvent(event), "01:02:03 state RESTARTING: worker lost");
 
+  v1::JobEvent replanned = event;
+  v1::JobReplanned& plan = *replanned.mutable_replanned();
+  plan.set_reason("planned again for the online workers' devices (70.8 GiB usable)");
+  plan.mutable_parallelism()->set_context_parallel(1);
+  plan.mutable_parallelism()->set_query_group(1);
+  plan.mutable_recompute()->set_enabled(true);
+  plan.mutable_recompute()->set_selection_replay(true);
+  plan.set_memory_bytes_per_rank(int64_t{30} << 30);
+  EXPECT_EQ(DescribeEvent(replanned),
+            "01:02:03 re-planned: planned again for the online workers' devices (70.8 GiB "
+            "usable); now CP 1, G 1, recomputation with replay, 30.0 GiB a rank");
+
   v1::JobEvent trainer;
   trainer.mutable_trainer()->set_rank(1);
   v1::TrainerEventLine& line = *trainer.mutable_trainer()->mutable_event();

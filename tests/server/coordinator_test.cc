@@ -2,7 +2,9 @@
 // except where a stream must block.
 #include "server/coordinator.h"
 
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
@@ -143,6 +145,14 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   v1::JobState State(const std::string& job_id) { return c_->GetJob(job_id)->state(); }
+
+  // Whether the job's stored events include a JobReplanned.
+  bool Replanned(const std::string& job_id) {
+    const auto events = c_->JobEvents(job_id, 0, 1000);
+    EXPECT_TRUE(events.ok()) << events.status();
+    return events.ok() && std::any_of(events->begin(), events->end(),
+                                      [](const v1::JobEvent& e) { return e.has_replanned(); });
+  }
 
   std::vector<v1::JobEvent> Events(const std::string& job_id, int64_t after = 0) {
     std::vector<v1::JobEvent> events;
@@ -1382,7 +1392,8 @@ TEST_F(CoordinatorTest, PlanNamesTheQueryChunkOfALongJob) {
 // The coordinator's GPU profile is an H200's (141 GB), its workers' cards 80 GB: an AUTO job is
 // planned within the memory of the devices it can land on. The reference model at 64K without
 // recomputation needs about 86 GiB (the H200's plan); on the workers' cards it is recomputed,
-// fits and is placed, where the H200's plan would wait for a card the fleet lacks.
+// fits and is placed, where the H200's plan would wait for a card the fleet lacks. A job planned
+// before any worker registered is planned again once they do (JobReplanned), and placed.
 TEST_F(CoordinatorTest, AutoPlansFitTheOnlineWorkersDevices) {
   v1::SubmitJobRequest request;
   *request.mutable_spec() = ReferenceSpec(65536);
@@ -1396,16 +1407,36 @@ TEST_F(CoordinatorTest, AutoPlansFitTheOnlineWorkersDevices) {
   EXPECT_FALSE(on_profile->spec().recompute().enabled());
   EXPECT_GT(on_profile->resources().memory_bytes_per_rank(), kWorkersCard);
   EXPECT_EQ(on_profile->state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(on_profile->requested_spec().parallelism().mode(), v1::AUTO);
   request.set_request_id("second");
 
   v1::PlanJobRequest plan_request;
   *plan_request.mutable_spec() = request.spec();
   *plan_request.mutable_resources() = request.resources();
-  Register("w1", 1);
+  Register("w1", 2);
   const auto plan = c_->PlanJob(plan_request);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->feasible()) << plan->reason();
   EXPECT_LE(plan->memory_bytes_per_rank(), planner::UsableMemoryBytes(kWorkersCard));
+  c_->Tick();
+  // The first job, planned for the profile's card, is planned again for the workers' and placed.
+  const auto replanned = c_->GetJob(on_profile->id());
+  ASSERT_TRUE(replanned.ok()) << replanned.status();
+  EXPECT_TRUE(replanned->spec().recompute().enabled());
+  EXPECT_LE(replanned->resources().memory_bytes_per_rank(),
+            planner::UsableMemoryBytes(kWorkersCard));
+  EXPECT_EQ(replanned->state(), v1::JOB_STATE_SCHEDULED);
+  const auto events = c_->JobEvents(on_profile->id(), 0, 100);
+  ASSERT_TRUE(events.ok()) << events.status();
+  const auto event = std::find_if(events->begin(), events->end(),
+                                  [](const v1::JobEvent& e) { return e.has_replanned(); });
+  ASSERT_NE(event, events->end());
+  EXPECT_TRUE(absl::StrContains(event->replanned().reason(), "planned again"))
+      << event->replanned().reason();
+  EXPECT_TRUE(event->replanned().recompute().enabled());
+  EXPECT_EQ(event->replanned().memory_bytes_per_rank(),
+            replanned->resources().memory_bytes_per_rank());
+
   const auto on_fleet = c_->SubmitJob(request);
   ASSERT_TRUE(on_fleet.ok()) << on_fleet.status();
   EXPECT_TRUE(on_fleet->spec().recompute().enabled());
@@ -1415,15 +1446,55 @@ TEST_F(CoordinatorTest, AutoPlansFitTheOnlineWorkersDevices) {
   ASSERT_EQ(on_fleet->placement_size(), 1);
   EXPECT_EQ(on_fleet->placement(0).worker_id(), "w1");
 
-  // A retry of the first submission is the same request, though it would be planned otherwise
-  // now; also after a restart of the coordinator.
+  // A retry of the first submission is the same request, though it runs another plan now; also
+  // after a restart of the coordinator, which keeps the new plan.
   request.set_request_id("first");
   EXPECT_EQ(c_->SubmitJob(request)->id(), on_profile->id());
   c_.reset();
   Open();
   EXPECT_EQ(c_->SubmitJob(request)->id(), on_profile->id());
+  EXPECT_TRUE(c_->GetJob(on_profile->id())->spec().recompute().enabled());
   request.set_priority(3);
   EXPECT_EQ(c_->SubmitJob(request).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+// Only a plan the workers' devices cannot hold is made again, and only from what the request left
+// to the coordinator: a job that set its memory keeps it (and waits, saying why); one whose plan
+// fits keeps it when a larger card joins.
+TEST_F(CoordinatorTest, OnlyPlansTheDevicesCannotHoldAreMadeAgain) {
+  v1::SubmitJobRequest pinned;
+  *pinned.mutable_spec() = ReferenceSpec(65536);
+  pinned.mutable_spec()->mutable_parallelism()->set_mode(v1::AUTO);
+  pinned.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  pinned.mutable_resources()->set_memory_bytes_per_rank(100'000'000'000);
+  const auto waits = c_->SubmitJob(pinned);
+  ASSERT_TRUE(waits.ok()) << waits.status();
+  Register("w1", 1);
+  c_->Tick();
+  const auto still = c_->GetJob(waits->id());
+  EXPECT_EQ(still->state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(still->resources().memory_bytes_per_rank(), 100'000'000'000);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(still->spec(), waits->spec()));
+  EXPECT_FALSE(Replanned(waits->id()));
+
+  // w1's one GPU is free; the next job fits it and is placed; a worker with a larger card joining
+  // moves nothing.
+  v1::SubmitJobRequest fits = pinned;
+  fits.mutable_resources()->set_memory_bytes_per_rank(0);
+  *fits.mutable_spec() = ReferenceSpec(32768);
+  fits.mutable_spec()->mutable_parallelism()->set_mode(v1::AUTO);
+  const auto placed = c_->SubmitJob(fits);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  const auto queued = c_->SubmitJob(fits);  // waits for a free device
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_EQ(queued->state(), v1::JOB_STATE_PENDING);
+  v1::RegisterWorkerRequest big = testing::WorkerRequest("big", 1);
+  big.mutable_devices(0)->set_memory_bytes(141'000'000'000);
+  ASSERT_TRUE(c_->RegisterWorker(big).ok());
+  c_->Tick();
+  EXPECT_FALSE(Replanned(queued->id()));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(c_->GetJob(queued->id())->spec(),
+                                                                 queued->spec()));
 }
 
 TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
