@@ -33,7 +33,8 @@ constexpr double kDenseLossRowBudget = double(int64_t(1) << 28);  // rows x keys
 constexpr double kDenseLossTableFactor = 1.35;
 // A frozen dense chunk's loss tables, bytes: its rows in the op's blocks.
 double DenseLossTableBytes(double seqs, double chunk, double N) {
-  const double rows = std::min({chunk, kDenseLossBlockRows, std::max(1.0, kDenseLossRowBudget / N)});
+  const double rows =
+      std::min({chunk, kDenseLossBlockRows, std::max(1.0, kDenseLossRowBudget / N)});
   return kDenseLossTableFactor * seqs * rows * N * 2 * 4;  // target and scores, fp32
 }
 // Bytes a frozen dense query row holds while its attention output runs: its key list (int32 over
@@ -272,10 +273,9 @@ MemoryBreakdown StoredStepMemory(const Workload& w, const Candidate& c, const De
   // Logits and (unless frozen) their gradient.
   const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
   // A frozen chunk's key lists are gone when its loss runs.
-  const double tables = dense_hyscale && frozen
-                            ? std::max(seqs * chunk * dense_table_row,
-                                       DenseLossTableBytes(seqs, chunk, N))
-                            : seqs * chunk * dense_table_row;
+  const double tables = dense_hyscale && frozen ? std::max(seqs * chunk * dense_table_row,
+                                                           DenseLossTableBytes(seqs, chunk, N))
+                                                : seqs * chunk * dense_table_row;
   mem.workspace = scratch + tables + layer_backward + chunked_grads + logits_bytes;
   return mem;
 }
