@@ -31,6 +31,11 @@
 #                      file is refused (exit 1, "integrity check failed")
 #   port-in-use        a second hyscaled on the first one's gRPC or metrics port, and `hyscale up`
 #                      on a taken port, exit naming the port; the first keeps serving alone
+#   replan             (a script trainer) the reference model at 64K, AUTO on a GPU, submitted before
+#                      any worker: planned for the profile's H200 (no recomputation, over 80 GiB a
+#                      rank), it waits; a worker with one 80 GiB GPU registers: the job is planned
+#                      again (recomputation, within 95 % of the card), placed and run there, and
+#                      `hyscale watch` shows the re-plan
 # Usage: service_e2e.sh BUILD_DIR SCENARIO
 set -euo pipefail
 
@@ -82,7 +87,7 @@ run_as=$(trainer_user "$trainer")
 start_worker() {
   local name=$1
   "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name "$name" \
-    --devices cpu:1 --work-dir "${2:-$work/$name}" --checkpoint-root "$work/data/checkpoints" \
+    --devices "${devices:-cpu:1}" --work-dir "${2:-$work/$name}" --checkpoint-root "$work/data/checkpoints" \
     --trainer "$trainer" --run-as "$run_as" \
     --heartbeat-interval-ms "$heartbeat_ms" >"${3:-$work/$name.log}" 2>&1 &
   workers[$name]=$!
@@ -515,7 +520,44 @@ port_in_use() {
   echo "port-in-use: each second server refused its port, naming it"
 }
 
+replan() {
+  cat >"$work/sleep-train.sh" <<'SH'
+#!/bin/sh
+echo '{"time":1,"job_started":{"name":"replan","total_steps":1}}'
+exec sleep 60
+SH
+  chmod +x "$work/sleep-train.sh"
+  trainer=$work/sleep-train.sh
+  start_coordinator
+  # (The script trainer reads nothing; the path is one the worker allows.)
+  sed "s/seq_len: 32768/seq_len: 65536/; s|path: corpus.txt.*|path: $work/g1/data/corpus.txt|" \
+    "$(dirname "$0")/../../examples/train-ref-2048x4.yaml" >"$work/ref.yaml"
+  printf 'parallelism: {mode: AUTO}\n' >>"$work/ref.yaml"
+  local job memory
+  job=$(submit "$work/ref.yaml" --device gpu)
+  state_is "$job" JOB_STATE_PENDING || fail "the job did not wait: $(job_state "$job")"
+  [[ $(job_field "$job" '.spec.recompute.enabled // false') == false ]] ||
+    fail "planned with recomputation for the profile's card"
+  memory=$(job_field "$job" '.resources.memory_bytes_per_rank | tonumber')
+  local card=$((80 << 30))  # the agent's gpu:1:80GB (its units are powers of 1024)
+  ((memory > card)) || fail "the profile's plan takes $memory bytes a rank"
+  devices=gpu:1:80GB start_worker g1
+  wait_for 30 "the job placed on g1" state_is "$job" JOB_STATE_RUNNING
+  [[ $(job_field "$job" '.spec.recompute.enabled // false') == true ]] ||
+    fail "not planned again with recomputation"
+  memory=$(job_field "$job" '.resources.memory_bytes_per_rank | tonumber')
+  ((memory <= card * 95 / 100)) || fail "the new plan takes $memory bytes a rank"
+  [[ $(job_field "$job" '.placement[0].worker_id') == g1 ]] || fail "not placed on g1"
+  hs cancel "$job" >/dev/null || fail "cancel"
+  hs watch "$job" >"$work/watch.out" 2>&1 || true
+  grep -q "re-planned: planned again for the online workers' devices" "$work/watch.out" ||
+    fail "watch shows no re-plan: $(cat "$work/watch.out")"
+  echo "replan: planned for the profile ($(grep -o 'which could not hold its plan: [^;]*' \
+    "$work/watch.out")), then again for g1's 80 GiB: $(grep -o 'now CP.*' "$work/watch.out")"
+}
+
 case $scenario in
+  replan) replan ;;
   lifecycle) lifecycle ;;
   coordinator-crash) coordinator_crash ;;
   trainer-crash) trainer_crash ;;
