@@ -152,7 +152,14 @@ DeviceProfile H800() {
         "index_score_bwd_tflops", "latent_mass_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
-  p.sources["dense_indexer_loss_tflops"] = "assumption: the H200's measured 331 (same SMs)";
+  // Measured on an H100 SXM (the same GH100 SMs): the H200's figure predates the backward's TMA
+  // ring (03e9a15) and its blocks of rows (ec339f4).
+  p.dense_indexer_loss_tflops = 450.7;
+  p.sources["dense_indexer_loss_tflops"] =
+      "measured: dense_indexer_kl with the attention's lse given (the trainer's path), 165.9 ms at "
+      "32K, H = 64, d_qk = 576, H_I = 64, d_I = 128, on H100 SXM at 1815 MHz, power-capped "
+      "(bench/indexer_loss_bench.py part c in scripts/gpu-check.sh, 9c45d6d, "
+      "docs/results/gpu_check_h100_9c45d6d.txt)";
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
   p.sources["intra_node_gbps"] = "published: NVLink 400 GB/s both directions";
   return p;

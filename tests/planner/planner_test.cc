@@ -374,6 +374,20 @@ TEST(PlannerTest, PredictsTheDenseWarmUpsMeasuredSteps) {
   }
 }
 
+// The same on an H100 (the h800 profile: the same SMs, the loss's rate measured there at 32K):
+// the 128K warm-up in chunks of 1980 took 18.75 s a step at a peak of 8.42 GiB
+// (results/warmup_128k_h100_blocks.json).
+TEST(PlannerTest, PredictsTheDenseWarmUpOnTheH100) {
+  v1::JobSpec spec = ReferenceModel(1 << 17);
+  spec.mutable_stages(0)->set_attention(v1::DENSE);
+  spec.mutable_stages(0)->set_trains(v1::INDEXER_ONLY);
+  const Prediction p =
+      PredictFitted(Workload::Of(spec), CandidateOf(spec), On("h800", 1).profile, 1);
+  EXPECT_TRUE(p.rejected.empty()) << p.rejected;
+  EXPECT_NEAR(p.step_s, 18.75, 0.1 * 18.75);  // 19.12 s predicted
+  EXPECT_NEAR(p.memory.total / (1 << 30), 8.42, 0.1 * 8.42);
+}
+
 // The warm-up's indexer loss (dense_indexer_kl) at the profile's dense_indexer_loss_tflops: a
 // calibration replaces the rate, and the predicted loss time scales inversely with it. The H200's
 // built-in rate is the one bench/indexer_loss_bench.py measured.
