@@ -502,6 +502,16 @@ struct DenseRing {
   // that is to be filled; a fresh barrier's "lap -1" counts as done).
   __device__ void wait_empty(int slot, uint32_t phase) { mbarrier_wait(&empty[slot], phase ^ 1); }
   __device__ void release(int slot) { mbarrier_arrive(&empty[slot]); }
+  // At the tile in `slot` (lap parity `phase`): once every thread is done with the tile before,
+  // `stage(refill)` copies the tile kStages - 1 ahead into its slot, and this thread's copies
+  // count towards that fill.
+  template <class Stage>
+  __device__ void refill_previous(int slot, uint32_t phase, Stage&& stage) {
+    const int refill = previous_stage(slot);
+    wait_empty(refill, slot == 0 ? phase : phase ^ 1);
+    stage(refill);
+    filled(refill);
+  }
 };
 
 // The dense warm-up's grad_q and grad_w, query-major: warpgroup r of a block owns row
@@ -614,12 +624,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
       ring.release(previous_stage(slot));
     }
-    if (tile + kDenseLookahead < tiles) {  // into the slot of the tile before this one, once all
-                                           // are done with it
-      const int refill = previous_stage(slot);
-      ring.wait_empty(refill, slot == 0 ? phase : phase ^ 1);
-      stage(tile + kDenseLookahead, refill);
-      ring.filled(refill);
+    if (tile + kDenseLookahead < tiles) {
+      ring.refill_previous(slot, phase, [&](int refill) { stage(tile + kDenseLookahead, refill); });
     }
     wgmma_wait<0>();
     fence_accumulators(scores);
@@ -769,12 +775,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
       ring.release(previous_stage(slot));
     }
-    if (step + kDenseLookahead < steps) {  // into the slot of the step before this one, once all
-                                           // are done with it
-      const int refill = previous_stage(slot);
-      ring.wait_empty(refill, slot == 0 ? phase : phase ^ 1);
-      stage(step + kDenseLookahead, refill);
-      ring.filled(refill);
+    if (step + kDenseLookahead < steps) {
+      ring.refill_previous(slot, phase, [&](int refill) { stage(step + kDenseLookahead, refill); });
     }
     wgmma_wait<0>();
     fence_accumulators(scores);
