@@ -38,9 +38,10 @@ double DenseLossTableBytes(double seqs, double chunk, double N) {
   return kDenseLossTableFactor * seqs * rows * N * 2 * 4;  // target and scores, fp32
 }
 // Bytes a frozen dense query row holds while its attention output runs: its key list (int32 over
-// the sequence, -1 past its position) and the attention op's contiguous copy of it. The H200's
-// warm-up at 128K (8.01 GiB, chunks of 2048) holds these 2 GiB beyond the model state, the layer's
-// input and output and the key side.
+// the sequence, -1 past its position) and the attention op's contiguous copy of it, for a batch of
+// sequences (one sequence's list is taken as it is: 5 bytes a key with the bool mask that makes
+// it, within this bound). The H200's warm-up at 128K (8.01 GiB, chunks of 2048) held these 2 GiB
+// beyond the model state, the layer's input and output and the key side.
 constexpr double kFrozenDenseRowKeyBytes = 2 * 4;
 
 // Sum of (t + 1) over the positions the busiest rank holds: the causal work of one layer.

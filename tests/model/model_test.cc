@@ -192,14 +192,14 @@ TEST(ModelTest, QueryChunksTrainLikeTheWholeSequence) {
 
 // An INDEXER_ONLY step of a float64 model: the main model's parameters frozen, the indexer's
 // gradients of `weight` x indexer loss (by autograd after the forward, or with frozen_main inside
-// it), the logits and the loss's value.
+// it), the logits and the loss's value, on `batch` sequences.
 TrainedOnce indexer_only_step(const ModelConfig& config, const ForwardOptions& options,
-                              double weight) {
+                              double weight, int64_t batch = 2) {
   torch::manual_seed(7);
   DsaModel model(config);
   model->to(torch::kDouble);
   for (auto& p : model->named_parameters()) p.value().set_requires_grad(is_indexer(p.key()));
-  const auto tokens = torch::randint(config.vocab_size, {2, 19}, torch::kLong);
+  const auto tokens = torch::randint(config.vocab_size, {batch, 19}, torch::kLong);
   auto result = model->forward(tokens, options);
   if (!options.frozen_main) (weight * result.indexer_loss).backward();
   return trained(model, result);
@@ -213,21 +213,25 @@ TEST(ModelTest, FrozenMainModelTrainsTheIndexerInsideTheForward) {
     auto config = testing::SmallConfig();
     config.latent_kv = latent;
     if (latent) config.head_dim_qk = config.head_dim_v + config.rope_dim;
+    // (One sequence: the dense key lists go to the attention as a view, a batch as copies.)
     for (const auto mode : {AttentionMode::kDense, AttentionMode::kSparse}) {
-      ForwardOptions whole;
-      whole.attention = mode;
-      const TrainedOnce want = indexer_only_step(config, whole, 0.3);
-      for (const int64_t chunk : {0, 1, 6}) {
-        ForwardOptions frozen = whole;
-        frozen.frozen_main = true;
-        frozen.indexer_grad_scale = 0.3;
-        frozen.query_chunk = chunk;
-        const std::string what = std::string(latent ? "latent " : "") +
-                                 (mode == AttentionMode::kDense ? "dense" : "sparse") +
-                                 ", chunks of " + std::to_string(chunk);
-        const TrainedOnce got = indexer_only_step(config, frozen, 0.3);
-        expect_close(got, want, what);
-        for (const auto& [name, grad] : got.grads) EXPECT_TRUE(is_indexer(name)) << name;
+      for (const int64_t batch : {1, 2}) {
+        ForwardOptions whole;
+        whole.attention = mode;
+        const TrainedOnce want = indexer_only_step(config, whole, 0.3, batch);
+        for (const int64_t chunk : {0, 1, 6}) {
+          ForwardOptions frozen = whole;
+          frozen.frozen_main = true;
+          frozen.indexer_grad_scale = 0.3;
+          frozen.query_chunk = chunk;
+          const std::string what = std::string(latent ? "latent " : "") +
+                                   (mode == AttentionMode::kDense ? "dense" : "sparse") +
+                                   ", batch " + std::to_string(batch) + ", chunks of " +
+                                   std::to_string(chunk);
+          const TrainedOnce got = indexer_only_step(config, frozen, 0.3, batch);
+          expect_close(got, want, what);
+          for (const auto& [name, grad] : got.grads) EXPECT_TRUE(is_indexer(name)) << name;
+        }
       }
     }
   }

@@ -490,8 +490,10 @@ DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
       const auto positions =
           torch::arange(run.offset, run.offset + run.length, key.options().dtype(torch::kInt));
       auto every_key = torch::arange(chunk.keys, positions.options()).expand({run.length, -1});
-      every_key = every_key.masked_fill(every_key > positions.unsqueeze(1), -1)
-                      .expand({batch, run.length, chunk.keys});
+      every_key = every_key.masked_fill(every_key > positions.unsqueeze(1), -1);
+      // One sequence's lists as they are (a view the op takes without copying [rows, keys]).
+      every_key =
+          batch == 1 ? every_key.unsqueeze(0) : every_key.expand({batch, run.length, chunk.keys});
       attention =
           config_.latent_kv
               ? ops::sparse_attn_latent(rows(queries.q), key, every_key, scale_, config_.head_dim_v)
