@@ -321,8 +321,9 @@ void Coordinator::ReplanWaitingJobs() {
     const auto key = std::make_pair(planned.resources.ranks(),
                                     static_cast<int>(planned.resources.device_kind()));
     auto fleet = fleets.find(key);
-    if (fleet == fleets.end())
+    if (fleet == fleets.end()) {
       fleet = fleets.emplace(key, PlanningProfile(planned.resources)).first;
+    }
     const planner::DeviceProfile& configured = ProfileFor(planned.resources);
     const double usable = fleet->second.memory_bytes;
     if (usable >= configured.memory_bytes ||
