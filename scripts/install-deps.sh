@@ -23,6 +23,8 @@ packages=(
   jq curl procps openssl
   # the web view's test (headless Chromium) and the deploy/ checks (python3 with YAML)
   chromium python3-yaml
+  # the Python client (client/python/hyscale) and its test
+  python3-grpcio python3-protobuf
   # the benchmarks' CPU smoke tests (bench/dsa_layer_bench.py, bench/cp_layer_bench.py under
   # ctest): Debian's PyTorch for /usr/bin/python3, on the same libtorch 1.13 as the ops library
   python3-torch
