@@ -36,9 +36,10 @@ def load_spec(source):
     """A JobSpec from a YAML or JSON file (a path) or text, in the job files' format (field names
     as in proto/hyscale/v1/job.proto, enums by name). Unknown fields are errors naming them."""
     text = source
-    if isinstance(source, pathlib.Path) or (isinstance(source, str) and "\n" not in source
-                                            and os.path.exists(source)):
-        text = pathlib.Path(source).read_text()
+    one_line = isinstance(source, str) and "\n" not in source
+    if isinstance(source, pathlib.Path) or (one_line and (
+            os.path.exists(source) or source.endswith((".yaml", ".yml", ".json")))):
+        text = pathlib.Path(source).read_text()  # a missing file raises, naming it
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
         raise ValueError("spec: must be a mapping of the JobSpec's fields")
