@@ -573,7 +573,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   // stacks and HyScale's dense stage that trains every weight. The others are fitted: the
   // recomputed step, the sparse step without recomputation (H100s, 24K-48K) and the frozen
   // warm-up (32K whole and 128K in chunks, docs/performance.md section 13).
-  const bool fitted = recomputed || (!megatron && (w.sparse || frozen));
+  const bool fitted = recomputed || (!megatron && w.sparse && !frozen) || (dense_hyscale && frozen);
   const double slack = fitted ? 1 : 1.1;
   mem.total = slack * (mem.weights + mem.activations + mem.indices + mem.gathered + mem.workspace);
   if (out.rejected.empty() && mem.total > prof.memory_bytes) {
