@@ -1,7 +1,8 @@
 """The Python client (client/python/hyscale) against real processes: hyscaled with a token and a
 hyscale-worker agent whose trainer is a script. Submit, get, the job list, watch to the end, the
 rank's log, plan, the workers' list, a request_id retry, cancel of a queued job, and the errors:
-a bad spec names its field, a wrong token is UNAUTHENTICATED, an unknown job NOT_FOUND.
+a bad spec names its field, a wrong token is UNAUTHENTICATED, an unknown job NOT_FOUND; then TLS
+against a second hyscaled (with the CA: answered; plaintext: UNAVAILABLE).
 
     python3 tests/client/python_client_test.py BUILD_DIR
 """
@@ -48,6 +49,34 @@ def trainer_user(trainer):
     return "nobody" if probe.returncode == 0 else "root"
 
 
+def tls_checks(work, processes):
+    """A second hyscaled serving TLS: the client with its CA gets answers, without it none."""
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout",
+         str(work / "key.pem"), "-out", str(work / "cert.pem")], capture_output=True)
+    check(made.returncode == 0, f"openssl: {made.stderr[-300:]!r}")
+    log = open(work / "hyscaled-tls.log", "w")
+    processes.append(subprocess.Popen(
+        [str(build / "server/hyscaled"), "--listen", "127.0.0.1:0", "--data-dir",
+         str(work / "data-tls"), "--metrics-listen", "127.0.0.1:0", "--tls-cert", str(work / "cert.pem"), "--tls-key",
+         str(work / "key.pem")], stdout=log, stderr=subprocess.STDOUT))
+    port = wait_for(30, "the TLS hyscaled to listen", lambda: (re.findall(
+        r"listening on 127\.0\.0\.1:(\d+)", (work / "hyscaled-tls.log").read_text()) or [None])[0])
+    with hyscale.Client(f"localhost:{port}", tls_ca=work / "cert.pem") as client:
+        try:
+            client.get("job-none")
+            check(False, "an unknown job was found over TLS")
+        except hyscale.HyScaleError as error:
+            check(error.code == "NOT_FOUND", f"over TLS: {error}")
+    with hyscale.Client(f"127.0.0.1:{port}", timeout=3) as plaintext:
+        try:
+            plaintext.get("job-none")
+            check(False, "a plaintext call was answered by the TLS server")
+        except hyscale.HyScaleError as error:
+            check(error.code == "UNAVAILABLE", f"plaintext to TLS: {error}")
+
+
 SPEC = """
 name: {name}
 seed: 7
@@ -75,7 +104,8 @@ def main():
         log = open(work / "hyscaled.log", "w")
         processes.append(subprocess.Popen(
             [str(build / "server/hyscaled"), "--listen", "127.0.0.1:0", "--data-dir",
-             str(work / "data"), "--token-file", str(work / "token"),
+             str(work / "data"), "--metrics-listen", "127.0.0.1:0", "--token-file",
+             str(work / "token"),
              "--heartbeat-interval-ms", "250"], stdout=log, stderr=subprocess.STDOUT))
         port = wait_for(30, "hyscaled to listen", lambda: (re.findall(
             r"listening on 127\.0\.0\.1:(\d+)", (work / "hyscaled.log").read_text()) or [None])[0])
@@ -146,6 +176,7 @@ def main():
                 check(False, "a wrong token was accepted")
             except hyscale.HyScaleError as error:
                 check(error.code == "UNAUTHENTICATED", f"wrong token: {error}")
+        tls_checks(work, processes)
         print(f"{checks} passed, 0 failed")
     except BaseException:
         for name in ("hyscaled.log", "w1.log"):
