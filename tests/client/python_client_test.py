@@ -1,8 +1,9 @@
 """The Python client (client/python/hyscale) against real processes: hyscaled with a token and a
 hyscale-worker agent whose trainer is a script. Submit, get, the job list, watch to the end, the
 rank's log, plan, the workers' list, a request_id retry, cancel of a queued job, and the errors:
-a bad spec names its field, a wrong token is UNAUTHENTICATED, an unknown job NOT_FOUND; then TLS
-against a second hyscaled (with the CA: answered; plaintext: UNAVAILABLE).
+a bad spec names its field, a wrong token is UNAUTHENTICATED, an unknown job NOT_FOUND; a watch
+that outlives kill -9 and a restart of hyscaled; then TLS against a second hyscaled (with the CA:
+answered; plaintext: UNAVAILABLE).
 
     python3 tests/client/python_client_test.py BUILD_DIR
 """
@@ -47,6 +48,25 @@ def trainer_user(trainer):
     probe = subprocess.run(["runuser", "-u", "nobody", "--", str(trainer)],
                            capture_output=True)
     return "nobody" if probe.returncode == 0 else "root"
+
+
+def start_hyscaled(work, listen, log_name):
+    """The coordinator with the test's token and data, logging to work/log_name."""
+    return subprocess.Popen(
+        [str(build / "server/hyscaled"), "--listen", listen, "--data-dir", str(work / "data"),
+         "--metrics-listen", "127.0.0.1:0", "--token-file", str(work / "token"),
+         "--heartbeat-interval-ms", "250"], stdout=open(work / log_name, "w"),
+        stderr=subprocess.STDOUT)
+
+
+def try_cancel(client, job_id):
+    try:
+        client.cancel(job_id, "the watch resumed")
+        return True
+    except hyscale.HyScaleError as error:
+        if error.code != "UNAVAILABLE":
+            raise
+        return False
 
 
 def tls_checks(work, processes):
@@ -101,12 +121,7 @@ def main():
             "echo 'hello from the trainer' >&2\n"
             "echo '{\"time\":2,\"job_finished\":{\"ok\":true,\"elapsed_seconds\":1}}'\n")
         trainer.chmod(0o755)
-        log = open(work / "hyscaled.log", "w")
-        processes.append(subprocess.Popen(
-            [str(build / "server/hyscaled"), "--listen", "127.0.0.1:0", "--data-dir",
-             str(work / "data"), "--metrics-listen", "127.0.0.1:0", "--token-file",
-             str(work / "token"),
-             "--heartbeat-interval-ms", "250"], stdout=log, stderr=subprocess.STDOUT))
+        processes.append(start_hyscaled(work, "127.0.0.1:0", "hyscaled.log"))
         port = wait_for(30, "hyscaled to listen", lambda: (re.findall(
             r"listening on 127\.0\.0\.1:(\d+)", (work / "hyscaled.log").read_text()) or [None])[0])
         server = f"127.0.0.1:{port}"
@@ -150,6 +165,21 @@ def main():
             cancelled = client.cancel(queued.id, "not needed")
             check(client.wait(cancelled.id).state == service_pb2.JOB_STATE_CANCELLED, "cancel")
 
+            # A watch outlives a coordinator restart: hyscaled is killed and started again on its
+            # port; the watch reopens its stream and sees the waiting job's cancellation.
+            survivor = client.submit(SPEC.format(name="survives"), device="gpu")
+            events = client.watch(survivor.id)
+            first = next(events)
+            check(first.state_change.to == service_pb2.JOB_STATE_PENDING, f"first: {first}")
+            processes[0].kill()
+            processes[0].wait()
+            processes[0] = start_hyscaled(work, f"127.0.0.1:{port}", "hyscaled-2.log")
+            wait_for(30, "the restarted hyscaled", lambda: "listening on" in (
+                work / "hyscaled-2.log").read_text())
+            wait_for(30, "the cancel after the restart", lambda: try_cancel(client, survivor.id))
+            rest = [hyscale.describe(e) for e in events]
+            check(rest and rest[-1].startswith("state JOB_STATE_CANCELLED"), f"resumed: {rest}")
+
             bad = spec.__class__()
             bad.CopyFrom(spec)
             bad.data.seq_len = 0
@@ -179,7 +209,7 @@ def main():
         tls_checks(work, processes)
         print(f"{checks} passed, 0 failed")
     except BaseException:
-        for name in ("hyscaled.log", "w1.log"):
+        for name in ("hyscaled.log", "hyscaled-2.log", "w1.log"):
             path = work / name
             if path.exists():
                 print(f"--- {path} (last 25 lines)", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The client class, its errors and the spec loader (see the package's docstring)."""
 import os
 import pathlib
+import time
 
 import grpc
 import yaml
@@ -13,6 +14,10 @@ TERMINAL_STATES = frozenset({
     service_pb2.JOB_STATE_FAILED,
     service_pb2.JOB_STATE_CANCELLED,
 })
+
+# Codes after which a watch reopens its stream: the coordinator restarting or out of reach.
+_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                        grpc.StatusCode.DEADLINE_EXCEEDED})
 
 _DEVICE_KINDS = {
     "any": service_pb2.DEVICE_KIND_UNSPECIFIED,
@@ -153,10 +158,31 @@ class Client:
 
     def watch(self, job_id, after_sequence=0):
         """The job's events from after_sequence on (the current state first), as they happen;
-        ends with the terminal state's event."""
-        return self._stream(self._jobs.WatchJob,
-                            service_pb2.WatchJobRequest(job_id=job_id,
-                                                        after_sequence=after_sequence))
+        ends with the terminal state's event. A stream the coordinator drops (a restart) is
+        reopened after the last event seen, for up to `timeout` seconds without contact, as
+        `hyscale watch` does."""
+        last, state, contact = after_sequence, None, time.monotonic()
+        while True:
+            request = service_pb2.WatchJobRequest(job_id=job_id, after_sequence=last)
+            try:
+                for event in self._jobs.WatchJob(request, metadata=self._metadata):
+                    contact = time.monotonic()
+                    if 0 < event.sequence <= last:
+                        continue
+                    last = max(last, event.sequence)
+                    if event.WhichOneof("kind") == "state_change":
+                        state = event.state_change.to
+                    yield event
+                if state in TERMINAL_STATES:
+                    return
+            except grpc.RpcError as error:
+                if error.code() not in _TRANSIENT:
+                    raise HyScaleError(error.code().name, error.details()) from None
+                if time.monotonic() - contact > self._timeout:
+                    raise HyScaleError(error.code().name, error.details()) from None
+            if time.monotonic() - contact > self._timeout:
+                raise HyScaleError("UNAVAILABLE", "the event stream ended before the job did")
+            time.sleep(0.2)
 
     def wait(self, job_id):
         """Watches the job to its end and returns it, terminal."""
