@@ -307,9 +307,12 @@ planner::DeviceProfile Coordinator::PlanningProfile(const v1::Resources& resourc
 // forever for a card the fleet lacks; planned again from its request, it runs on what is there.
 // Jobs whose plan the devices hold keep it (a larger card joining does not move them), as do
 // those whose request set their memory or cannot be planned smaller. Each waiting job is tried
-// once per change of the memory it is planned within.
+// once per change of the memory it is planned within; a pass plans at most kReplansPerPass of
+// them (each is a planner search, under the lock), leaving the rest to the passes after it.
 void Coordinator::ReplanWaitingJobs() {
+  constexpr int kReplansPerPass = 64;
   fleet_changed_ = false;
+  int replans = 0;
   std::map<std::pair<int32_t, int>, planner::DeviceProfile> fleets;  // by (ranks, device kind)
   for (auto& [id, entry] : jobs_) {
     const v1::Job& job = entry.job;
@@ -330,6 +333,11 @@ void Coordinator::ReplanWaitingJobs() {
         static_cast<double>(job.resources().memory_bytes_per_rank()) <= usable ||
         entry.replanned_for == usable) {
       continue;
+    }
+    if (replans++ == kReplansPerPass) {
+      fleet_changed_ = true;  // the next pass goes on
+      pass_needed_ = true;
+      return;
     }
     entry.replanned_for = usable;
     if (!PlanWithin(fleet->second, configured, &planned).ok() ||

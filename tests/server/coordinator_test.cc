@@ -1497,6 +1497,31 @@ TEST_F(CoordinatorTest, OnlyPlansTheDevicesCannotHoldAreMadeAgain) {
                                                                  queued->spec()));
 }
 
+// Re-planning is a planner search a job, under the coordinator's lock: a pass does at most 64,
+// and the passes after it the rest.
+TEST_F(CoordinatorTest, ReplansAreSpreadOverPasses) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = ReferenceSpec(65536);
+  request.mutable_spec()->mutable_parallelism()->set_mode(v1::AUTO);
+  request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 70; ++i) {
+    const auto job = c_->SubmitJob(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ids.push_back(job->id());
+  }
+  const auto replanned = [&] {
+    return std::count_if(ids.begin(), ids.end(),
+                         [&](const std::string& id) { return Replanned(id); });
+  };
+  Register("w1", 1);  // (its registration's own pass is the first)
+  EXPECT_EQ(replanned(), 64);
+  c_->Tick();
+  EXPECT_EQ(replanned(), 70);
+  c_->Tick();  // nothing left to plan: the count stays
+  EXPECT_EQ(replanned(), 70);
+}
+
 TEST_F(CoordinatorTest, AutoParallelismIsPlannedAtSubmission) {
   v1::SubmitJobRequest request = SubmitRequest(4, 0, 0);
   v1::JobSpec& spec = *request.mutable_spec();
