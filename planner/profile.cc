@@ -1,6 +1,7 @@
 #include "planner/profile.h"
 
 #include <absl/strings/ascii.h>
+#include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
@@ -249,6 +250,16 @@ DeviceProfile Cpu() {
 
 std::vector<std::string> BuiltinProfileNames() {
   return {"h200", "h800", "h20", "cpu"};
+}
+
+std::string BuiltinProfileOfDevice(const std::string& device_name) {
+  const std::string name = absl::AsciiStrToUpper(device_name);
+  const auto has = [&name](const char* part) { return absl::StrContains(name, part); };
+  if (has("PCIE") || has("NVL")) return "";
+  if (has("H200")) return "h200";
+  if (has("H100") || has("H800")) return "h800";
+  if (has("H20")) return "h20";
+  return "";
 }
 
 absl::StatusOr<DeviceProfile> BuiltinProfile(const std::string& name) {

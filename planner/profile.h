@@ -76,6 +76,10 @@ double UsableMemoryBytes(double device_bytes);
 // The built-in profile `name` ("h200", "h800", "h20", "cpu"); NotFound lists the known names.
 absl::StatusOr<DeviceProfile> BuiltinProfile(const std::string& name);
 std::vector<std::string> BuiltinProfileNames();
+// The built-in profile whose figures stand for a GPU of this name, as nvidia-smi reports it
+// ("NVIDIA H200" -> h200; H100 SXM and H800 -> h800, the same SXM parts; H20 -> h20), or empty:
+// other cards, and the PCIe and NVL variants, whose clocks and power the profiles do not model.
+std::string BuiltinProfileOfDevice(const std::string& device_name);
 
 // Replaces figures of `profile` with those in a calibration file written by a micro-benchmark on
 // the worker's device: a hyscale.v1.Calibration (proto/hyscale/v1/calibration.proto) in

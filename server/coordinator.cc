@@ -261,6 +261,7 @@ absl::StatusOr<Coordinator::Profiles> Coordinator::LoadProfiles(const Coordinato
                                                    options.gpu_profile));
   }
   planner::DeviceProfile* target = *device == "cpu" ? &profiles.cpu : &profiles.gpu;
+  profiles.gpu_calibrated = target == &profiles.gpu;
   if (auto status = planner::LoadCalibration(options.calibration, target); !status.ok()) {
     return status;
   }
@@ -272,29 +273,38 @@ const planner::DeviceProfile& Coordinator::ProfileFor(const v1::Resources& resou
   return resources.device_kind() == v1::DEVICE_KIND_GPU ? profiles_.gpu : profiles_.cpu;
 }
 
-// The GPU profile speaks for one kind of card (--gpu-profile); the fleet may hold smaller ones.
-// A GPU job is planned within the usable memory of the job's ranks-th largest GPU among the
-// online workers, where that is less than the profile's: its plan (an AUTO job's recomputation
-// and chunks) and its memory estimate then fit devices it can be placed on, instead of a larger
-// card's plan waiting for a card the fleet lacks. Devices that report no memory do not count; with
-// fewer GPUs than ranks the profile stands (the job waits for devices, and says so).
+// The GPU profile speaks for one kind of card (--gpu-profile); the fleet may hold others. A GPU job
+// is planned for the job's ranks-th largest GPU among the online workers: within its usable memory
+// where that is less than the profile's, so that its plan (an AUTO job's recomputation and chunks)
+// and its memory estimate fit devices it can be placed on, instead of a larger card's plan waiting
+// for a card the fleet lacks; and with the figures of the built-in profile its name gives (an H100
+// is planned as an h800, not as the configured h200), unless --calibration measured the configured
+// card. Devices that report no memory do not count; with fewer GPUs than ranks the profile stands
+// (the job waits for devices, and says so).
 planner::DeviceProfile Coordinator::PlanningProfile(const v1::Resources& resources) const {
   planner::DeviceProfile profile = ProfileFor(resources);
   if (resources.device_kind() != v1::DEVICE_KIND_GPU) return profile;
-  std::vector<int64_t> memory;
+  std::vector<const Slot*> gpus;
   for (const auto& [id, worker] : workers_) {
     if (worker.info.state() != v1::WORKER_STATE_ONLINE) continue;
     for (const Slot& slot : worker.slots) {
-      if (slot.kind == v1::DEVICE_KIND_GPU && slot.memory_bytes > 0) {
-        memory.push_back(slot.memory_bytes);
-      }
+      if (slot.kind == v1::DEVICE_KIND_GPU && slot.memory_bytes > 0) gpus.push_back(&slot);
     }
   }
   const size_t ranks = static_cast<size_t>(RanksOf(resources));
-  if (ranks == 0 || memory.size() < ranks) return profile;
-  std::nth_element(memory.begin(), memory.begin() + (ranks - 1), memory.end(),
-                   std::greater<int64_t>());
-  const double usable = planner::UsableMemoryBytes(static_cast<double>(memory[ranks - 1]));
+  if (ranks == 0 || gpus.size() < ranks) return profile;
+  std::nth_element(gpus.begin(), gpus.begin() + (ranks - 1), gpus.end(),
+                   [](const Slot* a, const Slot* b) { return a->memory_bytes > b->memory_bytes; });
+  const Slot& card = *gpus[ranks - 1];
+  if (const std::string named = planner::BuiltinProfileOfDevice(card.name);
+      !profiles_.gpu_calibrated && !named.empty() && named != profile.name) {
+    auto builtin = planner::BuiltinProfile(named);
+    if (builtin.ok()) {
+      profile = *std::move(builtin);
+      profile.name = absl::StrCat(named, " (the workers' ", card.name, ")");
+    }
+  }
+  const double usable = planner::UsableMemoryBytes(static_cast<double>(card.memory_bytes));
   if (usable < profile.memory_bytes) {
     profile.memory_bytes = usable;
     profile.name = absl::StrFormat("%s (%.1f GiB usable, the workers' devices)", profile.name,
@@ -303,12 +313,6 @@ planner::DeviceProfile Coordinator::PlanningProfile(const v1::Resources& resourc
   return profile;
 }
 
-// A job planned while no worker's devices were known (or for devices since lost) would wait
-// forever for a card the fleet lacks; planned again from its request, it runs on what is there.
-// Jobs whose plan the devices hold keep it (a larger card joining does not move them), as do
-// those whose request set their memory or cannot be planned smaller. Each waiting job is tried
-// once per change of the memory it is planned within; a pass plans at most kReplansPerPass of
-// them (each is a planner search, under the lock), leaving the rest to the passes after it.
 void Coordinator::ReplanWaitingJobs() {
   constexpr int kReplansPerPass = 64;
   fleet_changed_ = false;

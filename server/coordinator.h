@@ -170,11 +170,13 @@ class Coordinator {
   // The planner's device profiles, calibrated when the options name a file.
   struct Profiles {
     planner::DeviceProfile gpu, cpu;
+    bool gpu_calibrated = false;  // --calibration measured on the GPU profile's card
   };
   static absl::StatusOr<Profiles> LoadProfiles(const CoordinatorOptions& options);
   const planner::DeviceProfile& ProfileFor(const v1::Resources& resources) const;
   // Under the lock: what AUTO plans and memory estimates use, ProfileFor's, for a GPU job with its
-  // usable memory capped by the online workers' devices.
+  // usable memory capped by the online workers' devices, and the figures of their card's built-in
+  // profile where it names one (unless a calibration stands for the configured one).
   planner::DeviceProfile PlanningProfile(const v1::Resources& resources) const;
   // Under the lock, where the online workers' devices changed (fleet_changed_): plans again, from
   // Job.requested_spec, each PENDING GPU job whose plan those devices cannot hold, where a new

@@ -374,6 +374,19 @@ TEST(PlannerTest, PredictsTheDenseWarmUpsMeasuredSteps) {
   }
 }
 
+// The built-in profile a worker's GPU name (nvidia-smi's) stands for.
+TEST(PlannerTest, BuiltinProfileOfDeviceNames) {
+  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H200"), "h200");
+  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA GH200 480GB"), "h200");
+  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H100 80GB HBM3"), "h800");
+  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H800"), "h800");
+  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H20"), "h20");
+  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H100 PCIe"), "");
+  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H200 NVL"), "");
+  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA A100-SXM4-80GB"), "");
+  EXPECT_EQ(BuiltinProfileOfDevice("gpu"), "");
+}
+
 // The same on an H100 (the h800 profile: the same SMs, the loss's rate measured there at 32K):
 // the 128K warm-up in chunks of 1980 took 18.75 s a step at a peak of 8.42 GiB
 // (results/warmup_128k_h100_blocks.json).

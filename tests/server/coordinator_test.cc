@@ -4,6 +4,7 @@
 
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -1495,6 +1496,30 @@ TEST_F(CoordinatorTest, OnlyPlansTheDevicesCannotHoldAreMadeAgain) {
   EXPECT_FALSE(Replanned(queued->id()));
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(c_->GetJob(queued->id())->spec(),
                                                                  queued->spec()));
+}
+
+// The coordinator's profile is an H200's; a worker's H100s are planned with the h800 profile's
+// figures (the same SXM part), and a device whose name names no profile keeps the configured one.
+TEST_F(CoordinatorTest, PlansForTheWorkersCardByName) {
+  v1::PlanJobRequest request;
+  *request.mutable_spec() = ReferenceSpec(32768);
+  request.mutable_spec()->mutable_parallelism()->set_mode(v1::AUTO);
+  request.mutable_resources()->set_device_kind(v1::DEVICE_KIND_GPU);
+  const auto notes = [&] {
+    const auto plan = c_->PlanJob(request);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? absl::StrJoin(plan->notes(), "\n") : std::string();
+  };
+  v1::RegisterWorkerRequest unnamed = testing::WorkerRequest("plain", 1);
+  unnamed.mutable_devices(0)->set_name("gpu");
+  ASSERT_TRUE(c_->RegisterWorker(unnamed).ok());
+  EXPECT_TRUE(absl::StrContains(notes(), "profile h200")) << notes();
+  v1::RegisterWorkerRequest h100 = testing::WorkerRequest("h100", 1);
+  h100.mutable_devices(0)->set_name("NVIDIA H100 80GB HBM3");
+  h100.mutable_devices(0)->set_memory_bytes(85'899'345'920);  // 80 GiB
+  ASSERT_TRUE(c_->RegisterWorker(h100).ok());
+  EXPECT_TRUE(absl::StrContains(notes(), "profile h800 (the workers' NVIDIA H100 80GB HBM3)"))
+      << notes();
 }
 
 // Re-planning is a planner search a job, under the coordinator's lock: a pass does at most 64,
