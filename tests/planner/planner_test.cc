@@ -376,15 +376,18 @@ TEST(PlannerTest, PredictsTheDenseWarmUpsMeasuredSteps) {
 
 // The built-in profile a worker's GPU name (nvidia-smi's) stands for.
 TEST(PlannerTest, BuiltinProfileOfDeviceNames) {
-  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H200"), "h200");
-  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA GH200 480GB"), "h200");
-  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H100 80GB HBM3"), "h800");
-  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H800"), "h800");
-  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H20"), "h20");
-  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H100 PCIe"), "");
-  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA H200 NVL"), "");
-  EXPECT_EQ(BuiltinProfileOfDevice("NVIDIA A100-SXM4-80GB"), "");
-  EXPECT_EQ(BuiltinProfileOfDevice("gpu"), "");
+  for (const auto& [device, profile] :
+       std::vector<std::pair<std::string, std::string>>{{"NVIDIA H200", "h200"},
+                                                        {"NVIDIA GH200 480GB", "h200"},
+                                                        {"NVIDIA H100 80GB HBM3", "h800"},
+                                                        {"NVIDIA H800", "h800"},
+                                                        {"NVIDIA H20", "h20"},
+                                                        {"NVIDIA H100 PCIe", ""},
+                                                        {"NVIDIA H200 NVL", ""},
+                                                        {"NVIDIA A100-SXM4-80GB", ""},
+                                                        {"gpu", ""}}) {
+    EXPECT_EQ(BuiltinProfileOfDevice(device), profile) << device;
+  }
 }
 
 // The same on an H100 (the h800 profile: the same SMs, the loss's rate measured there at 32K):
