@@ -14,6 +14,7 @@
 
 #include "proto/constants.h"
 #include "proto/events.h"
+#include "proto/job_spec.h"
 
 namespace hyscale::cli {
 namespace {
@@ -317,15 +318,11 @@ std::string DescribeEvent(const v1::JobEvent& event) {
     }
     case v1::JobEvent::kReplanned: {
       const auto& replanned = event.replanned();
-      const auto& recompute = replanned.recompute();
-      return Printable(
-          absl::StrCat(when, " re-planned: ", replanned.reason(), "; now CP ",
-                       std::max(1, replanned.parallelism().context_parallel()), ", G ",
-                       replanned.parallelism().query_group(),
-                       !recompute.enabled()           ? ", no recomputation"
-                       : recompute.selection_replay() ? ", recomputation with replay"
-                                                      : ", recomputation with re-selection",
-                       ", ", FormatBytes(replanned.memory_bytes_per_rank()), " a rank"));
+      return Printable(absl::StrCat(when, " re-planned: ", replanned.reason(), "; now CP ",
+                                    std::max(1, replanned.parallelism().context_parallel()), ", G ",
+                                    replanned.parallelism().query_group(), ", ",
+                                    RecomputeName(replanned.recompute()), ", ",
+                                    FormatBytes(replanned.memory_bytes_per_rank()), " a rank"));
     }
     default:
       return absl::StrCat(when, " event ", event.sequence());

@@ -462,6 +462,12 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
   return spec;
 }
 
+std::string RecomputeName(const v1::RecomputeSpec& recompute) {
+  if (!recompute.enabled()) return "no recomputation";
+  return recompute.selection_replay() ? "recomputation with replay"
+                                      : "recomputation with re-selection";
+}
+
 void ApplyDefaults(v1::JobSpec* spec) {
   v1::ModelSpec* m = spec->mutable_model();
   if (m->rope_theta() == 0) m->set_rope_theta(10000);

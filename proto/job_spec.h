@@ -43,6 +43,10 @@ void ApplyDefaults(v1::JobSpec* spec);
 // (hyscale-train --checkpoint-dir, the agent), and without a directory none are written.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// "no recomputation", "recomputation with replay" or "recomputation with re-selection": how a
+// plan recomputes, in the words the coordinator's and the CLI's messages use.
+std::string RecomputeName(const v1::RecomputeSpec& recompute);
+
 // Token ids of the synthetic recall task (data.recall), the one definition shared by the data
 // source, validation and the trainer:
 //   [0, kFillerCount)                      filler noise between the pairs

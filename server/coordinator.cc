@@ -7,8 +7,6 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
@@ -80,22 +78,6 @@ std::string DescribeExit(int rank, const v1::RankExit& exit) {
 
 bool SameRef(const v1::RankRef& a, const v1::RankRef& b) {
   return a.job_id() == b.job_id() && a.rank() == b.rank() && a.attempt() == b.attempt();
-}
-
-// Job.request_digest: FNV-1a over the request's deterministic serialization, request_id cleared
-// (stable across restarts and builds of the same proto, unlike absl::Hash).
-uint64_t RequestDigest(v1::SubmitJobRequest request) {
-  request.clear_request_id();
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    request.SerializeToCodedStream(&coded);
-  }
-  uint64_t digest = 14695981039346656037ULL;
-  for (const unsigned char c : bytes) digest = (digest ^ c) * 1099511628211ULL;
-  return digest;
 }
 
 // The planner's view of a job's resources: its ranks, on `profile` (Coordinator::ProfileFor).
@@ -194,12 +176,9 @@ std::string DescribePlan(const v1::JobSpec& spec, const v1::Resources& resources
   std::string line = absl::StrCat("CP ", std::max(1, par.context_parallel()));
   if (par.context_parallel() > 1) absl::StrAppend(&line, " (", par.cp_layout(), ")");
   if (par.query_group() > 0) absl::StrAppend(&line, ", G ", par.query_group());
-  absl::StrAppend(&line, !spec.recompute().enabled() ? ", no recomputation"
-                         : spec.recompute().selection_replay()
-                             ? ", recomputation with replay"
-                             : ", recomputation with re-selection");
-  absl::StrAppend(&line, absl::StrFormat(", %.1f GiB a rank",
-                                         resources.memory_bytes_per_rank() / double(1 << 30)));
+  absl::StrAppend(
+      &line, ", ", RecomputeName(spec.recompute()),
+      absl::StrFormat(", %.1f GiB a rank", resources.memory_bytes_per_rank() / double(1 << 30)));
   return line;
 }
 
@@ -313,11 +292,17 @@ planner::DeviceProfile Coordinator::PlanningProfile(const v1::Resources& resourc
   return profile;
 }
 
+// A job planned while no worker's devices were known (or for devices since lost) would wait
+// forever for a card the fleet lacks; planned again from its request, it runs on what is there.
+// Jobs whose plan the devices hold keep it (a larger card joining does not move them), as do
+// those whose request set their memory or cannot be planned smaller. Each waiting job is tried
+// once per change of the memory it is planned within; a pass plans at most kReplansPerPass of
+// them (each is a planner search, under the lock), leaving the rest to the passes after it.
 void Coordinator::ReplanWaitingJobs() {
   constexpr int kReplansPerPass = 64;
   fleet_changed_ = false;
   int replans = 0;
-  std::map<std::pair<int32_t, int>, planner::DeviceProfile> fleets;  // by (ranks, device kind)
+  std::map<int32_t, planner::DeviceProfile> fleets;  // by ranks (GPU jobs only)
   for (auto& [id, entry] : jobs_) {
     const v1::Job& job = entry.job;
     if (job.state() != v1::JOB_STATE_PENDING || !job.has_requested_resources() ||
@@ -325,11 +310,9 @@ void Coordinator::ReplanWaitingJobs() {
       continue;
     }
     PlannedJob planned = Requested(job.requested_spec(), job.requested_resources());
-    const auto key = std::make_pair(planned.resources.ranks(),
-                                    static_cast<int>(planned.resources.device_kind()));
-    auto fleet = fleets.find(key);
+    auto fleet = fleets.find(planned.resources.ranks());
     if (fleet == fleets.end()) {
-      fleet = fleets.emplace(key, PlanningProfile(planned.resources)).first;
+      fleet = fleets.emplace(planned.resources.ranks(), PlanningProfile(planned.resources)).first;
     }
     const planner::DeviceProfile& configured = ProfileFor(planned.resources);
     const double usable = fleet->second.memory_bytes;
@@ -975,7 +958,6 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   job.set_priority(request.priority());
   job.set_max_restarts(request.max_restarts());
   job.set_request_id(request.request_id());
-  job.set_request_digest(RequestDigest(request));
 
   Store::Ticket ticket;
   v1::Job answer;
@@ -1005,15 +987,16 @@ absl::StatusOr<std::pair<v1::Job, Store::Ticket>> Coordinator::StageSubmission(
     if (existing != by_request_.end()) {
       const JobEntry& prior = jobs_.at(existing->second);
       using google::protobuf::util::MessageDifferencer;
-      // The request as sent decides (its plan may differ now); jobs stored without a digest are
+      // The request as sent decides (its plan may differ now); jobs stored without it are
       // compared as planned.
+      const bool stored = prior.job.has_requested_resources();
       const bool same =
-          prior.job.request_digest() != 0
-              ? prior.job.request_digest() == job.request_digest()
-              : MessageDifferencer::Equals(prior.job.spec(), job.spec()) &&
-                    MessageDifferencer::Equals(prior.job.resources(), job.resources()) &&
-                    prior.job.priority() == job.priority() &&
-                    prior.job.max_restarts() == job.max_restarts();
+          MessageDifferencer::Equals(stored ? prior.job.requested_spec() : prior.job.spec(),
+                                     stored ? request.spec() : job.spec()) &&
+          MessageDifferencer::Equals(
+              stored ? prior.job.requested_resources() : prior.job.resources(),
+              stored ? request.resources() : job.resources()) &&
+          prior.job.priority() == job.priority() && prior.job.max_restarts() == job.max_restarts();
       if (same) {
         // A retry: answered once the first submission is on disk, like the first.
         return std::make_pair(prior.job, prior.insert_ticket);

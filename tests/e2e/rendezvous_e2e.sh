@@ -55,26 +55,22 @@ source "$(dirname "$0")/lib.sh"
 
 cp_devices=${HYSCALE_E2E_DEVICES:-cpu:2}
 echo "e2e-secret-$RANDOM$RANDOM" >"$work/token"
-grpc_port=$(free_port)
+grpc_port=""  # hyscaled's, once start has run
 
 # start TIMEOUT_MS TRAINER DEVICES: hyscaled with that rendezvous timeout, one worker with those
 # --devices (auto: none given, the worker detects them).
 start() {
   local device_flags=(--devices "$3")
   [[ $3 == auto ]] && device_flags=()
-  # A port free when chosen may be taken before hyscaled binds it (the tests run in parallel):
-  # then another.
-  local attempt
-  for attempt in 1 2 3; do
-    "$hyscaled" --listen "127.0.0.1:$grpc_port" --data-dir "$work/data" --metrics-listen 127.0.0.1:0 \
-      --token-file "$work/token" --heartbeat-interval-ms "$heartbeat_ms" --restart-backoff-ms 200 \
-      --rendezvous-timeout-ms "$1" >"$work/hyscaled.log" 2>&1 &
-    pids+=("$!")
-    wait_for 30 "hyscaled to listen" grep -qE "listening on|is the port in use" "$work/hyscaled.log"
-    grep -q "listening on" "$work/hyscaled.log" && break
-    ((attempt < 3)) || fail "hyscaled found no free port in 3 tries"
-    grpc_port=$(free_port)
-  done
+  # Port 0: hyscaled binds a free one and logs it (a port chosen free here could be taken by a
+  # parallel test before hyscaled binds it).
+  "$hyscaled" --listen 127.0.0.1:0 --data-dir "$work/data" --metrics-listen 127.0.0.1:0 \
+    --token-file "$work/token" --heartbeat-interval-ms "$heartbeat_ms" --restart-backoff-ms 200 \
+    --rendezvous-timeout-ms "$1" >"$work/hyscaled.log" 2>&1 &
+  pids+=("$!")
+  wait_for 30 "hyscaled to listen" grep -q "listening on" "$work/hyscaled.log"
+  grpc_port=$(grep -oE "listening on 127\.0\.0\.1:[0-9]+" "$work/hyscaled.log" | head -1)
+  grpc_port=${grpc_port##*:}
   # Trainers inherit the agent's environment: their rendezvous and collectives give up after 60 s,
   # so a broken rendezvous fails the job instead of hanging the test.
   HYSCALE_COMM_TIMEOUT_S=60 "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name w1 \
