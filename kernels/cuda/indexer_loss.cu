@@ -514,49 +514,56 @@ struct DenseRing {
   }
 };
 
-// The dense warm-up's grad_q and grad_w, query-major: warpgroup r of a block owns row
-// 3 blockIdx.x + r (DenseBackwardTraits) and all three walk the key tiles of the last row's
-// prefix, which bounds the others' (rows see prefixes); a key tile and the rows' gradients at its
-// keys (0 past each row's prefix, so those keys add nothing) land kStages - 1 tiles ahead. Per
-// tile, in each warpgroup, index_score_backward_kernel's steps 1, 2 and 4: S^T = K_tile q^T, the
-// gates' coefficients C^T and grad_w's terms in registers, grad_q^T += K_tile^T C^T.
+// The dense warm-up's grad_q and grad_w, query-major, with the (row, head) pairs in wgmma's M as
+// FlashAttention's dQ has its queries: warpgroup r of a block owns pairs 64 r .. of its rows
+// (rows 64 / H_I r .., one at H_I 64; a row's heads lie together in q, so the pairs are one
+// [64 x d_I] query tile) and all three walk the key tiles of the block's last row's prefix, which
+// bounds the others' (rows see prefixes); a key tile and the rows' gradients at its keys (0 past
+// each row's prefix, so those keys add nothing) land kStages - 1 tiles ahead. Per tile, in each
+// warpgroup:
+//   1. S [pairs x keys] = Q K_tile^T, both operands K-major in shared memory;
+//   2. the gates' coefficients C[p, i] = g_i w_p [S_pi > 0] where S's accumulators lie, which is
+//      where the next product's A fragments lie, and grad_w's terms g_i ReLU(S_pi) per lane;
+//   3. grad_q [pairs x d_I] += C K_tile, C from registers and the key tile read MN-major.
+// No coefficient tile goes through shared memory and a warpgroup never waits on another.
 template <class Tr>
 __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     dense_query_grad_kernel(const __nv_bfloat16* q, const __grid_constant__ CUtensorMap key_map,
                             const float* w, PrefixKeys prefix, int64_t rows,
                             const float* grad_scores, float* grad_q, float* grad_w) {
   using D = DenseBackwardTraits;
-  using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
-  constexpr int kRows = D::kRowsPerBlock;
-  static_assert(kRows * Tr::kKeys <= D::kThreads, "a thread stages at most one gradient a tile");
+  constexpr int kPairs = D::kPairsPerWarpgroup;
+  constexpr int kGroupRows = D::kRowsPerWarpgroup<Tr>;
+  constexpr int kRows = D::kRowsPerBlock<Tr>;
+  constexpr int kKeySteps = Tr::kKeys / 16;  // k16 steps over keys (grad_q's K)
+  constexpr int kDimSteps = Tr::kDim / 16;   // k16 steps over d_I (the scores' K)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  __shared__ float head_sums[kRows][4][Tr::kHeads];
   bf16* const key_tiles = first_aligned_tile(smem_raw);
-  bf16* const query_tiles = key_tiles + D::kStages * (Tr::kKeyTileBytes / 2);
-  bf16* const coef_tiles = query_tiles + kRows * (Tr::kQueryBytes / 2);  // [row][2]
-  float* const grads = reinterpret_cast<float*>(coef_tiles + 2 * kRows * (Tr::kCoefBytes / 2));
-  float* const row_weights = grads + D::kStages * kRows * Tr::kKeys;
+  bf16* const query_tiles = key_tiles + D::kStages * (Tr::kKeyTileBytes / 2);  // [warpgroup]
+  float* const grads = reinterpret_cast<float*>(query_tiles + D::kWarpgroups * kPairs * Tr::kDim);
+  float* const pair_weights = grads + D::kStages * kRows * Tr::kKeys;  // [warpgroup][pair]
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int64_t first_row = int64_t(blockIdx.x) * kRows;
   const int live_rows = static_cast<int>(rows - first_row < kRows ? rows - first_row : kRows);
-  const int64_t row = first_row + wg;
-  const bool live = wg < live_rows;  // the same in a whole warpgroup
+  const int64_t first_pair = first_row * Tr::kHeads + int64_t(wg) * kPairs;  // q's [row, head]
   const int64_t last_seen = prefix.visible(first_row + live_rows - 1);
   // (Not ceil_div: another caller of it moves the sparse kernels' code.)
   const int64_t tiles = (last_seen + Tr::kKeys - 1) / Tr::kKeys;
+  // The calling thread's accumulator rows: pairs pair_lo and pair_lo + 8, both of one row.
+  const int pair_lo = 16 * warp + lane / 4;
+  const int group_row = wg * kGroupRows + pair_lo / Tr::kHeads;  // the block's row of both
+  auto live_pair = [&](int pair) { return wg * kGroupRows + pair / Tr::kHeads < live_rows; };
 
-  for (int i = threadIdx.x; i < kRows * Tr::kHeads; i += D::kThreads) {
-    row_weights[i] = i / Tr::kHeads < live_rows ? w[first_row * Tr::kHeads + i] : 0.f;
+  for (int i = threadIdx.x; i < D::kWarpgroups * kPairs; i += D::kThreads) {
+    const bool live = i / Tr::kHeads < live_rows;
+    pair_weights[i] = live ? w[first_row * Tr::kHeads + i] : 0.f;
   }
-  bf16* const query_tile = query_tiles + wg * (Tr::kQueryBytes / 2);
-  // Two coefficient tiles a row, by tile parity: a warp stores tile t's while another warp of its
-  // warpgroup may still be in tile t - 1's products (no block barrier a tile orders them now);
-  // tile t - 2's were retired by every warp before the warpgroup's barrier of tile t - 1.
-  bf16* const coef_pair = coef_tiles + 2 * wg * (Tr::kCoefBytes / 2);
-  load_rows_async<Tr::kDim, Tr::kHeads>(
-      query_tile, 0, Tr::kHeads, threadIdx.x % 128, 128,
-      [&](int h) -> const bf16* { return live ? q + (row * Tr::kHeads + h) * Tr::kDim : nullptr; });
+  bf16* const query_tile = query_tiles + wg * kPairs * Tr::kDim;
+  load_rows_async<Tr::kDim, kPairs>(
+      query_tile, 0, kPairs, threadIdx.x % 128, 128, [&](int pair) -> const bf16* {
+        return live_pair(pair) ? q + (first_pair + pair) * Tr::kDim : nullptr;
+      });
   __shared__ DenseRing ring;
   const uint64_t key_policy = l2_evict_last_policy();  // every row block reads the keys
   // Tile `tile`'s copies into ring slot `slot` (tile % kStages, kept by the loop by increments:
@@ -573,11 +580,12 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
                     &ring.full[slot], key_policy);
       }
     }
-    if (threadIdx.x < kRows * Tr::kKeys) {
-      const int r = threadIdx.x / Tr::kKeys;
-      const int64_t t = first_row + r, key = first + threadIdx.x % Tr::kKeys;
+#pragma unroll
+    for (int i = threadIdx.x; i < kRows * Tr::kKeys; i += D::kThreads) {
+      const int r = i / Tr::kKeys;
+      const int64_t t = first_row + r, key = first + i % Tr::kKeys;
       const bool valid = r < live_rows && prefix.sees(t, key);
-      cp_async_4(grads + slot * kRows * Tr::kKeys + threadIdx.x,
+      cp_async_4(grads + slot * kRows * Tr::kKeys + i,
                  valid ? grad_scores + t * prefix.num_keys + key : grad_scores, valid);
     }
   };
@@ -593,35 +601,40 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     ring.filled(ahead);
   }
 
-  float head_grad[Tile::kHeadsPerLane];
+  const float weight_lo = pair_weights[wg * kPairs + pair_lo];
+  const float weight_hi = pair_weights[wg * kPairs + pair_lo + 8];
+  float head_grad_lo = 0.f, head_grad_hi = 0.f;
+  float query_grad[Tr::kDim / 2];
 #pragma unroll
-  for (int h = 0; h < Tile::kHeadsPerLane; ++h) head_grad[h] = 0.f;
-  float query_grad[Tr::kDimBlocks][Tr::kHeads / 2];
-#pragma unroll
-  for (int m = 0; m < Tr::kDimBlocks; ++m) {
-#pragma unroll
-    for (int i = 0; i < Tr::kHeads / 2; ++i) query_grad[m][i] = 0.f;
-  }
-  const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
+  for (int i = 0; i < Tr::kDim / 2; ++i) query_grad[i] = 0.f;
+  fence_accumulators(query_grad);
+  uint32_t coef[kKeySteps][4];
+  const uint64_t query_desc = matrix_descriptor<kPairs>(query_tile, 0, 0);
 
-  // A tile's query-gradient products retire in the next tile, after its scores are issued, so
-  // that their latency hides behind those; then they free the tile's slot. A warpgroup past the
-  // last row computes too (its query, gradients and weights are zeros: it adds nothing) and
-  // stores nothing, so that no wgmma sits on a branch ptxas cannot prove uniform.
+  // A tile's query-gradient products retire in the next tile, after its scores are issued (their
+  // A operand, coef, stays untouched until then); then they free the tile's slot. Pairs past the
+  // last row compute too (their query, gradients and weights are zeros: they add nothing) and
+  // store nothing, so that no wgmma sits on a branch ptxas cannot prove uniform.
   int slot = 0;
   uint32_t phase = 0;  // tile / kStages's parity, kept by increments like the slot
   for (int64_t tile = 0; tile < tiles; ++tile) {
     ring.wait_full(slot, phase);
     if (tile == 0) fence_async_shared();  // the query tile (cp.async), for wgmma's reads
     const bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
-    float scores[Tr::kHeads / 2];
+    const uint64_t key_desc = matrix_descriptor<Tr::kKeys>(key_tile, 0, 0);
+    float scores[Tr::kKeys / 2];
     wgmma_fence();
-    issue_key_tile<Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
+#pragma unroll
+    for (int ks = 0; ks < kDimSteps; ++ks) {
+      Wgmma<Tr::kKeys>::run(scores, advance_descriptor<kPairs>(query_desc, ks),
+                            advance_descriptor<Tr::kKeys>(key_desc, ks), ks > 0);
+    }
     wgmma_commit();
     if (tile > 0) {  // tile - 1's products
       wgmma_wait<1>();
+      fence_accumulators(query_grad);
 #pragma unroll
-      for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+      for (int s = 0; s < kKeySteps; ++s) fence_operands(coef[s]);
       ring.release(previous_stage(slot));
     }
     if (tile + kDenseLookahead < tiles) {
@@ -629,35 +642,55 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     }
     wgmma_wait<0>();
     fence_accumulators(scores);
-    const float* const g = grads + (slot * kRows + wg) * Tr::kKeys;
-    float weights[Tile::kHeadsPerLane];
-    load_lane_weights<Tile>(row_weights + wg * Tr::kHeads, lane, weights);
-    uint32_t coef[Tr::kHeadSteps][4];
-    gate_coefficients<Tr, true>(scores, g[key_lo], g[key_hi], weights, coef, head_grad);
-    bf16* const coef_tile = coef_pair + (tile & 1) * (Tr::kCoefBytes / 2);
-    store_coefficients<Tr>(coef, coef_tile, warp, lane);
-    fence_async_shared();
-    named_barrier_sync(1 + wg, 128);  // the warpgroup's coefficients are stored
+    // Accumulators 4 j + e: keys 8 j + 2 (lane % 4) + e % 2 of pair pair_lo (e < 2) or + 8.
+    const float* const g = grads + (slot * kRows + group_row) * Tr::kKeys + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < Tr::kKeys / 8; ++j) {
+      const float2 gj = *reinterpret_cast<const float2*>(g + 8 * j);
+      const float* const s = scores + 4 * j;
+      const bool open[4] = {s[0] > 0.f, s[1] > 0.f, s[2] > 0.f, s[3] > 0.f};
+      head_grad_lo += (open[0] ? gj.x * s[0] : 0.f) + (open[1] ? gj.y * s[1] : 0.f);
+      head_grad_hi += (open[2] ? gj.x * s[2] : 0.f) + (open[3] ? gj.y * s[3] : 0.f);
+      const __nv_bfloat162 lo =
+          __floats2bfloat162_rn(open[0] ? weight_lo * gj.x : 0.f, open[1] ? weight_lo * gj.y : 0.f);
+      const __nv_bfloat162 hi =
+          __floats2bfloat162_rn(open[2] ? weight_hi * gj.x : 0.f, open[3] ? weight_hi * gj.y : 0.f);
+      coef[j / 2][2 * (j % 2)] = *reinterpret_cast<const uint32_t*>(&lo);
+      coef[j / 2][2 * (j % 2) + 1] = *reinterpret_cast<const uint32_t*>(&hi);
+    }
     wgmma_fence();
-    issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
+#pragma unroll
+    for (int s = 0; s < kKeySteps; ++s) {
+      WgmmaRegA<Tr::kDim, 1>::run(query_grad, coef[s],
+                                  mn_major_descriptor<Tr::kKeys>(key_tile, 0, 16 * s));
+    }
     wgmma_commit();
     if ((slot = next_stage(slot)) == 0) phase ^= 1;
   }
   wgmma_wait<0>();
+  fence_accumulators(query_grad);
 #pragma unroll
-  for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
+  for (int s = 0; s < kKeySteps; ++s) fence_operands(coef[s]);
   cp_async_commit();  // (no copy outlives the block: the ring's fills are uncommitted groups)
   cp_async_wait<0>();
 
-  if (live) {
-    store_row_gradients<Tr>(query_grad, head_grad, head_sums[wg][warp],
-                            grad_q + row * Tr::kHeads * Tr::kDim, warp, lane);
+  // grad_w: the quad's lanes hold the pairs' other keys.
+#pragma unroll
+  for (int x = 1; x < 4; x *= 2) {
+    head_grad_lo += __shfl_xor_sync(0xffffffffu, head_grad_lo, x);
+    head_grad_hi += __shfl_xor_sync(0xffffffffu, head_grad_hi, x);
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < live_rows * Tr::kHeads; i += D::kThreads) {
-    const int r = i / Tr::kHeads, h = i % Tr::kHeads;
-    grad_w[first_row * Tr::kHeads + i] =
-        head_sums[r][0][h] + head_sums[r][1][h] + head_sums[r][2][h] + head_sums[r][3][h];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int pair = pair_lo + 8 * half;
+    if (!live_pair(pair)) continue;
+    if (lane % 4 == 0) grad_w[first_pair + pair] = half ? head_grad_hi : head_grad_lo;
+    float* const dst = grad_q + (first_pair + pair) * Tr::kDim + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < Tr::kDim / 8; ++j) {
+      *reinterpret_cast<float2*>(dst + 8 * j) =
+          make_float2(query_grad[4 * j + 2 * half], query_grad[4 * j + 2 * half + 1]);
+    }
   }
 }
 
@@ -1182,7 +1215,7 @@ int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim) {
                        &resident, Kernels::rows, DenseBackwardTraits::kThreads, Kernels::kRowsSmem),
                    kDenseOp, "occupancy");
     return std::max<int64_t>(1, int64_t(multiprocessors()) * resident) *
-           DenseBackwardTraits::kRowsPerBlock;
+           DenseBackwardTraits::kRowsPerBlock<decltype(traits)>;
   });
 }
 
@@ -1204,9 +1237,9 @@ void dense_index_score_backward(const IndexerShape& shape, const void* q, const 
     const CUtensorMap query_map =
         bf16_tile_map(q16, shape.num_queries * Tr::kHeads, Tr::kDim, Tr::kHeads, kDenseOp);
     const auto rows_kernel = Kernels::rows;
-    rows_kernel<<<static_cast<unsigned>(ceil_div(shape.num_queries, D::kRowsPerBlock)), D::kThreads,
-                  Kernels::kRowsSmem, cuda_stream>>>(q16, key_map, w, prefix, shape.num_queries,
-                                                     grad_scores, grad_q, grad_w);
+    rows_kernel<<<static_cast<unsigned>(ceil_div(shape.num_queries, D::kRowsPerBlock<Tr>)),
+                  D::kThreads, Kernels::kRowsSmem, cuda_stream>>>(
+        q16, key_map, w, prefix, shape.num_queries, grad_scores, grad_q, grad_w);
     throw_on_error(cudaGetLastError(), kDenseOp, "rows kernel launch");
     const int64_t tiles = ceil_div(shape.num_keys, Tr::kKeys);
     if (share) {

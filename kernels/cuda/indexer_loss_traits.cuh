@@ -45,9 +45,10 @@ struct ScoreGradTraits {
 // H_I 64, d_I 128), so an operand landed in shared memory serves three warpgroups instead of one.
 // Copies run kStages - 1 steps ahead in a ring (one barrier a step), each step's gradients and
 // head weights staged with the operands, so no global load waits inside a step.
-//   rows kernel: warpgroup r owns row 3 b + r and all three walk the key tiles of the last row's
-//     prefix, each key tile read from L2 once for three rows (a row's keys past its own prefix
-//     get gradient 0);
+//   rows kernel: warpgroup r owns the 64 (row, head) pairs of rows 64 / H_I r .. of the block's
+//     (one row at H_I 64) as wgmma's M, and all three walk the key tiles of the block's last
+//     row's prefix, each key tile read from L2 once for the block's rows (a row's keys past its
+//     own prefix get gradient 0);
 //   key kernel: kTiles x kSplits = 3 warpgroups, warpgroup (tile, split) owning 64-key tile
 //     `tile` of the block's and the rows first + split, first + split + kSplits, ..; a row's q
 //     serves kTiles tiles (kTiles = 3 where there are blocks to fill the SMs), or the rows of a
@@ -57,15 +58,20 @@ struct DenseBackwardTraits {
   static constexpr int kWarpgroups = 3;
   static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kStages = 3;
-  static constexpr int kRowsPerBlock = kWarpgroups;
+  static constexpr int kPairsPerWarpgroup = 64;  // (row, head) pairs: the rows kernel's M
 
-  // Rows kernel shared memory: 1 KB alignment slack, the key tiles' ring, a query tile and two
-  // coefficient tiles a row, the gradients' ring [stage][row][key] and the rows' head weights.
+  // The rows kernel's rows a warpgroup (64 / H_I: H_I divides 64) and a block.
+  template <class Tr>
+  static constexpr int kRowsPerWarpgroup = kPairsPerWarpgroup / Tr::kHeads;
+  template <class Tr>
+  static constexpr int kRowsPerBlock = kWarpgroups* kRowsPerWarpgroup<Tr>;
+
+  // Rows kernel shared memory: 1 KB alignment slack, the key tiles' ring, a query tile a
+  // warpgroup [pairs x d_I], the gradients' ring [stage][row][key] and the rows' head weights.
   template <class Tr>
   static constexpr int rows_smem_bytes() {
-    return 1024 + kStages * Tr::kKeyTileBytes +
-           kRowsPerBlock * (Tr::kQueryBytes + 2 * Tr::kCoefBytes) +
-           kStages * kRowsPerBlock * Tr::kKeys * 4 + kRowsPerBlock * Tr::kHeads * 4;
+    return 1024 + kStages * Tr::kKeyTileBytes + kWarpgroups * kPairsPerWarpgroup * Tr::kDim * 2 +
+           kStages * kRowsPerBlock<Tr> * Tr::kKeys * 4 + kWarpgroups * kPairsPerWarpgroup * 4;
   }
   // Key kernel shared memory: the block's key tiles, the query ring [stage][split], the
   // gradients' ring [stage][split][tile keys] and the head weights' ring [stage][split]; the

@@ -567,12 +567,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       {
         // The indexer's scores over the same keys (-infinity where the row does not see the
         // key), then the KL and, in the target's place, d loss / d score = softmax - target.
-        const auto scores = at::empty({rows, shape.num_keys}, f32);
-        cuda::index_score_table(shape, in.q[seq].data_ptr(), in.k[seq].data_ptr(),
+        IndexerShape scored = shape;
+        scored.num_keys = keys;
+        const auto scores = at::empty({rows, keys}, f32);
+        cuda::index_score_table(scored, in.q[seq].data_ptr(), in.k[seq].data_ptr(),
                                 in.w[seq].data_ptr<float>(), first, rows, scores.data_ptr<float>(),
                                 current_stream());
         cuda::dense_indexer_kl_rows(
-            rows, keys, scores.data_ptr<float>(), shape.num_keys, target.data_ptr<float>(),
+            rows, keys, scores.data_ptr<float>(), keys, target.data_ptr<float>(),
             loss[seq].narrow(0, first, rows).data_ptr<float>(), current_stream());
       }
       const auto& grad_scores = target;
