@@ -1146,11 +1146,11 @@ template <class Tr>
 struct DenseScoreBackwardKernels {
   using D = DenseBackwardTraits;
   static constexpr size_t kRowsSmem = D::rows_smem_bytes<Tr>();
-  static constexpr size_t kShareSmem = D::keys_smem_bytes<Tr, 3, 1>();
-  static constexpr size_t kSplitSmem = D::keys_smem_bytes<Tr, 1, 3>();
+  static constexpr size_t kShareSmem = D::keys_smem_bytes<Tr, D::kWarpgroups, 1>();
+  static constexpr size_t kSplitSmem = D::keys_smem_bytes<Tr, 1, D::kWarpgroups>();
   static constexpr auto rows = dense_query_grad_kernel<Tr>;
-  static constexpr auto keys_share = dense_key_grad_kernel<Tr, 3, 1>;
-  static constexpr auto keys_split = dense_key_grad_kernel<Tr, 1, 3>;
+  static constexpr auto keys_share = dense_key_grad_kernel<Tr, D::kWarpgroups, 1>;
+  static constexpr auto keys_split = dense_key_grad_kernel<Tr, 1, D::kWarpgroups>;
   static void set_shared_memory(const char* op) {
     throw_on_error(
         cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kRowsSmem), op,
@@ -1201,7 +1201,8 @@ bool dense_key_grad_shares_queries(const IndexerShape& shape, int sms) {
     if (std::string(forced) == "share") return true;
     if (std::string(forced) == "split") return false;
   }
-  return key_grad_makespan(shape, 3, 1, sms) <= key_grad_makespan(shape, 1, 3, sms);
+  constexpr int kWays = DenseBackwardTraits::kWarpgroups;
+  return key_grad_makespan(shape, kWays, 1, sms) <= key_grad_makespan(shape, 1, kWays, sms);
 }
 
 }  // namespace
@@ -1244,9 +1245,9 @@ void dense_index_score_backward(const IndexerShape& shape, const void* q, const 
     const int64_t tiles = ceil_div(shape.num_keys, Tr::kKeys);
     if (share) {
       const auto keys_kernel = Kernels::keys_share;
-      keys_kernel<<<static_cast<unsigned>(ceil_div(tiles, 3)), D::kThreads, Kernels::kShareSmem,
-                    cuda_stream>>>(query_map, k16, w, prefix, shape.num_queries, grad_scores,
-                                   grad_k);
+      keys_kernel<<<static_cast<unsigned>(ceil_div(tiles, D::kWarpgroups)), D::kThreads,
+                    Kernels::kShareSmem, cuda_stream>>>(query_map, k16, w, prefix,
+                                                        shape.num_queries, grad_scores, grad_k);
     } else {
       const auto keys_kernel = Kernels::keys_split;
       keys_kernel<<<static_cast<unsigned>(tiles), D::kThreads, Kernels::kSplitSmem, cuda_stream>>>(
