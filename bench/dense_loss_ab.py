@@ -11,6 +11,10 @@ the rounds and the base's time over it (above 1: faster), with the median SM clo
 indexer_loss_cuda_test's and the main benchmark's business, not this script's.
 
   python3 bench/dense_loss_ab.py --libs base=/tmp/base.so,chunk=/tmp/chunk.so --n 32768 --rounds 2
+
+scripts/ab-libs.sh builds the libraries: the tree as it is and with each patch applied, e.g.
+  python3 bench/dense_loss_ab.py --n 32768 --libs $(scripts/ab-libs.sh /tmp/ab base= \
+      w4=docs/results/dense_bwd_four_warpgroups.patch)
 """
 import argparse
 import json
