@@ -543,8 +543,9 @@ std::vector<WorkerView> Coordinator::WorkerViews() const {
   std::vector<WorkerView> views;
   std::map<std::string, size_t> index;
   for (const auto& [id, worker] : workers_) {
-    // Excluded workers are left out as if offline.
-    if (worker.info.state() != v1::WORKER_STATE_ONLINE || worker.info.has_unhealthy_until()) {
+    // Excluded workers, and restored ones not yet heard from, are left out as if offline.
+    if (worker.info.state() != v1::WORKER_STATE_ONLINE || worker.info.has_unhealthy_until() ||
+        !worker.heard) {
       continue;
     }
     WorkerView view;
@@ -1466,6 +1467,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   }
   WorkerEntry& worker = workers_[request.name()];
   worker.instance = request.instance();
+  worker.heard = true;
+  worker.lost_why.clear();
   worker.info.set_id(request.name());
   worker.info.set_address(request.address());
   worker.info.set_state(v1::WORKER_STATE_ONLINE);
@@ -1534,8 +1537,19 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   }
   WorkerEntry& worker = *holder;
   response.set_registered(true);
+  if (request.leaving() && request.running().empty()) {
+    // Its agent stopped cleanly: the name is free now, not after the heartbeat timeout.
+    const std::string id = worker.info.id();
+    util::LogInfo("worker ", id, " left: its agent stopped");
+    DeclareLost(worker, absl::StrCat("worker ", id, " left: its agent stopped"));
+    RestartJobsOnLostWorkers();
+    Schedule();
+    return response;
+  }
   const absl::Time now = clock_->Now();
   worker.last_seen = now;
+  // Restored and heard from now: its free devices are capacity again.
+  bool freed = !std::exchange(worker.heard, true);
   SetTime(worker.info.mutable_last_heartbeat(), now);
   *worker.info.mutable_running() = request.running();
   for (const auto& ref : request.running()) {
@@ -1547,7 +1561,6 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     }
   }
   // A stopped rank's slot is free once the worker no longer reports it.
-  bool freed = false;
   for (auto it = worker.stopping.begin(); it != worker.stopping.end();) {
     const auto& [job_id, rank, attempt] = it->first;
     const bool still = std::any_of(
@@ -1782,9 +1795,13 @@ absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
   return response;
 }
 
-void Coordinator::DeclareLost(WorkerEntry& worker) {
+void Coordinator::DeclareLost(WorkerEntry& worker, std::string why) {
   const std::string id = worker.info.id();
   worker.info.set_state(v1::WORKER_STATE_LOST);
+  worker.lost_why = why.empty()
+                        ? absl::StrCat("worker ", id, " lost: no heartbeat for ",
+                                       absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms")
+                        : std::move(why);
   pass_needed_ = true;  // a job it held back for may never fit now, so others may start
   fleet_changed_ = true;
   worker.info.clear_running();
@@ -1810,8 +1827,9 @@ void Coordinator::RestartJobsOnLostWorkers() {
       const std::string why =
           worker == workers_.end()
               ? absl::StrCat("worker ", placement.worker_id(), " is not registered")
-              : absl::StrCat("worker ", placement.worker_id(), " lost: no heartbeat for ",
-                             absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms");
+          : worker->second.lost_why.empty()  // restored LOST from the store
+              ? absl::StrCat("worker ", placement.worker_id(), " lost")
+              : worker->second.lost_why;
       // A failed write leaves the job as it was; the next Tick tries again.
       (void)FailAttempt(entry, why);
       break;

@@ -103,6 +103,26 @@ TEST_F(UpTest, RunsJobToTheEndAndStops) {
   EXPECT_NE(text.find("hyscale-worker: stopped"), std::string::npos) << text;
 }
 
+// The README's first command run twice on one data folder: the first run's agent left when it
+// stopped, so the second run's agent takes the worker's name at once, and its job runs there
+// rather than wait on the stored worker the first run left behind.
+TEST_F(UpTest, RunsAgainOnTheSameDataFolder) {
+  const Outcome first = Up();
+  ASSERT_EQ(first.code, 0) << first.output;
+  EXPECT_NE(ReadAll(dir_.Path("data/hyscaled.log")).find("left: its agent stopped"),
+            std::string::npos)
+      << ReadAll(dir_.Path("data/hyscaled.log"));
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome second = Up();
+  EXPECT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(second.output.find("SUCCEEDED"), std::string::npos) << second.output;
+  // Far inside the lease a lost agent holds its name for (hyscaled's recovery grace and
+  // heartbeat timeout, 25 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_EQ(ReadAll(dir_.Path("data/hyscale-worker.log")).find("held by another live agent"),
+            std::string::npos);
+}
+
 TEST_F(UpTest, FailedJobExitsOne) {
   const Outcome run = Up({{"FAKE_EXIT", "1"}});
   EXPECT_EQ(run.code, 1) << run.output;

@@ -865,6 +865,72 @@ TEST_F(CoordinatorTest, WorkerLeaseSurvivesARestart) {
   EXPECT_TRUE(c_->RegisterWorker(first).ok());
 }
 
+// An agent that stops cleanly says so in its last heartbeat: the worker is lost at once, so its
+// name is free for the next agent and its jobs restart without waiting for the heartbeat timeout.
+// While it still reports a running rank, leaving is not taken.
+TEST_F(CoordinatorTest, AWorkerThatLeavesFreesItsNameAtOnce) {
+  auto first = WorkerRequest("w1", 1);
+  first.set_instance("agent-a");
+  ASSERT_TRUE(c_->RegisterWorker(first).ok());
+  const v1::Job job = Submit(1, 0, 1);
+  ASSERT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("w1");
+  beat.set_instance("agent-a");
+  beat.set_leaving(true);
+  *beat.add_running() = Ref(job.id(), 0, 0);
+  ASSERT_TRUE(c_->Heartbeat(beat)->registered());
+  EXPECT_EQ(c_->ListWorkers({})->workers(0).state(), v1::WORKER_STATE_ONLINE);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_RUNNING);
+  beat.clear_running();
+  ASSERT_TRUE(c_->Heartbeat(beat)->registered());
+  EXPECT_EQ(c_->ListWorkers({})->workers(0).state(), v1::WORKER_STATE_LOST);
+  const auto restarting = c_->GetJob(job.id());
+  EXPECT_EQ(restarting->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(restarting->reason().find("worker w1 left: its agent stopped"), std::string::npos)
+      << restarting->reason();
+  auto second = WorkerRequest("w1", 1);
+  second.set_instance("agent-b");
+  EXPECT_TRUE(c_->RegisterWorker(second).ok());  // at once: no lease to wait out
+}
+
+// A worker restored from the store takes no new ranks until its agent is heard from. Its agent
+// may have stopped while the coordinator was down (`hyscale up` run again: the old agent stopped
+// cleanly, a new one wants the name): a rank placed there would wait out the lease and fail with
+// it.
+TEST_F(CoordinatorTest, RestoredWorkersTakeNewRanksOnlyOnceHeardFrom) {
+  auto first = WorkerRequest("w1", 2);  // room for both jobs
+  first.set_instance("agent-a");
+  ASSERT_TRUE(c_->RegisterWorker(first).ok());
+  c_.reset();
+  Open();
+  const v1::Job job = Submit();  // max_restarts 0
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_PENDING);
+  auto second = WorkerRequest("w1", 2);
+  second.set_instance("agent-b");
+  EXPECT_TRUE(absl::IsFailedPrecondition(c_->RegisterWorker(second).status()));
+  clock_.Advance(absl::Seconds(9));  // recovery grace 5 s + heartbeat timeout 3 s: w1 is lost
+  c_->Tick();
+  ASSERT_EQ(c_->ListWorkers({})->workers(0).state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_PENDING);  // it waited, rather than fail with w1
+  ASSERT_TRUE(c_->RegisterWorker(second).ok());
+  auto queue = c_->OpenAssignments(Assignments("w1", "agent-b"));
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  EXPECT_EQ(State(job.id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(Drain(*queue).size(), 1u);
+
+  // The agent that held the name, heard from again after a restart, takes new ranks at once.
+  c_.reset();
+  Open();
+  const v1::Job next = Submit();
+  EXPECT_EQ(State(next.id()), v1::JOB_STATE_PENDING);
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("w1");
+  beat.set_instance("agent-b");
+  ASSERT_TRUE(c_->Heartbeat(beat)->registered());
+  EXPECT_EQ(State(next.id()), v1::JOB_STATE_SCHEDULED);
+}
+
 // A worker that heartbeats but never starts what it is given: after the start timeout (60 s) the
 // job goes elsewhere, without using its restarts (max_restarts 0 here), and the worker gets no
 // placements until its exclusion (10 min) ends.

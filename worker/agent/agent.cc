@@ -128,6 +128,7 @@ absl::Status Agent::Run() {
   if (const size_t left = reports_.size(); left > 0) {
     util::LogWarning("shutting down with ", left, " reports undelivered");
   }
+  Leave();
   if (const size_t dropped = reports_.dropped(); dropped > 0) {
     util::LogWarning(dropped,
                      " log and event reports were dropped while the coordinator was unreachable");
@@ -231,6 +232,31 @@ std::chrono::steady_clock::duration Agent::ServeAssignments() {
     util::LogWarning("assignment stream ended (", Describe(status), "); reconnecting");
   }
   return std::chrono::steady_clock::now() - opened;
+}
+
+void Agent::Leave() {
+  std::string worker_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!registered_) return;
+    worker_id = worker_id_;
+  }
+  // A trainer that outlived StopAllTrainers still runs here: leaving would let its rank be
+  // placed again while it trains, so the lease runs out as for a lost agent instead.
+  if (!Running().empty()) return;
+  v1::HeartbeatRequest request;
+  request.set_worker_id(worker_id);
+  request.set_instance(instance_);
+  request.set_leaving(true);
+  grpc::ClientContext context;
+  PrepareCall(&context);
+  v1::HeartbeatResponse response;
+  const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  if (!status.ok()) {
+    util::LogWarning("could not tell ", options_.client.server, " that worker ", worker_id,
+                     " leaves (", Describe(status),
+                     "): its name is held until it is declared lost");
+  }
 }
 
 void Agent::Reconnect() {

@@ -90,6 +90,9 @@ class Agent {
   void Delivered(const std::vector<v1::RankReport>& batch);
   // Forces a new registration (the coordinator forgot us or restarted).
   void Reconnect();
+  // At the end of a clean shutdown, with no trainer left: a last heartbeat that tells the
+  // coordinator this worker leaves (HeartbeatRequest.leaving), so its name is free at once.
+  void Leave();
   void StopAllTrainers();
   // Sleeps up to `duration`, returning early (false) on shutdown.
   bool SleepFor(std::chrono::milliseconds duration);
