@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -265,6 +266,14 @@ TEST_F(AgentTest, ShutdownStopsTrainersAndReportsExit) {
   const auto reports = ReportsOf(service().reports(), "job-shutdown");
   ASSERT_TRUE(reports.back().has_exited());
   EXPECT_EQ(reports.back().exited().reason(), "worker shutting down");
+  // Its trainer gone and the exit delivered, it left: one last heartbeat, running nothing.
+  const auto beats = service().heartbeats();
+  ASSERT_FALSE(beats.empty());
+  EXPECT_TRUE(beats.back().leaving());
+  EXPECT_EQ(beats.back().running_size(), 0);
+  EXPECT_EQ(std::count_if(beats.begin(), beats.end(),
+                          [](const v1::HeartbeatRequest& beat) { return beat.leaving(); }),
+            1);
 }
 
 TEST_F(AgentTest, RetriesRegistrationUntilCoordinatorComesUp) {

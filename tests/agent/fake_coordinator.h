@@ -98,6 +98,10 @@ class FakeWorkerService final : public v1::WorkerService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return reports_;
   }
+  std::vector<v1::HeartbeatRequest> heartbeats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heartbeats_;
+  }
   std::vector<v1::RegisterWorkerRequest> registrations() {
     std::lock_guard<std::mutex> lock(mu_);
     return registrations_;

@@ -236,10 +236,12 @@ std::chrono::steady_clock::duration Agent::ServeAssignments() {
 
 void Agent::Leave() {
   std::string worker_id;
+  milliseconds interval;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!registered_) return;
     worker_id = worker_id_;
+    interval = heartbeat_interval_;
   }
   // A trainer that outlived StopAllTrainers still runs here: leaving would let its rank be
   // placed again while it trains, so the lease runs out as for a lost agent instead.
@@ -249,7 +251,8 @@ void Agent::Leave() {
   request.set_instance(instance_);
   request.set_leaving(true);
   grpc::ClientContext context;
-  PrepareCall(&context);
+  // Bounded as a heartbeat is: an unreachable coordinator delays the agent's exit no longer.
+  rpc::PrepareCall(&context, options_.client, std::min(options_.client.timeout, interval * 2));
   v1::HeartbeatResponse response;
   const grpc::Status status = stub_->Heartbeat(&context, request, &response);
   if (!status.ok()) {
