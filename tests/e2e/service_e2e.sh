@@ -65,20 +65,37 @@ tag=$scenario
 source "$(dirname "$0")/lib.sh"
 
 echo "e2e-secret-$RANDOM$RANDOM" >"$work/token"
-grpc_port=$(free_port)
+# The first start binds gRPC to port 0 and reads the port back; restarts take it again. The metrics
+# port (0 would turn metrics off) is picked free in advance, which another process may take before
+# hyscaled binds it (parallel tests): a first start that finds it taken picks again.
+grpc_port=""
 metrics_port=$(free_port)
-while [[ $metrics_port == "$grpc_port" ]]; do metrics_port=$(free_port); done
 starts=0
 
+listening_or_gone() { grep -q "listening on" "$1" || ! kill -0 "$2" 2>/dev/null; }
+
 start_coordinator() {
-  starts=$((starts + 1))
-  local log="$work/hyscaled.$starts.log"
-  "$hyscaled" --listen "127.0.0.1:$grpc_port" --data-dir "$work/data" \
-    --metrics-listen "127.0.0.1:$metrics_port" --token-file "$work/token" \
-    --heartbeat-interval-ms "$heartbeat_ms" --restart-backoff-ms 200 >"$log" 2>&1 &
-  coordinator=$!
-  pids+=("$coordinator")
-  wait_for 30 "hyscaled to listen" grep -q "listening on" "$log"
+  local attempt log
+  for attempt in 1 2 3 4 5; do
+    starts=$((starts + 1))
+    log="$work/hyscaled.$starts.log"
+    "$hyscaled" --listen "127.0.0.1:${grpc_port:-0}" --data-dir "$work/data" \
+      --metrics-listen "127.0.0.1:$metrics_port" --token-file "$work/token" \
+      --heartbeat-interval-ms "$heartbeat_ms" --restart-backoff-ms 200 >"$log" 2>&1 &
+    coordinator=$!
+    pids+=("$coordinator")
+    wait_for 30 "hyscaled to listen" listening_or_gone "$log" "$coordinator"
+    if grep -q "listening on" "$log"; then
+      [[ -n $grpc_port ]] ||
+        grpc_port=$(grep -oE "listening on 127\.0\.0\.1:[0-9]+" "$log" | head -1 | sed 's/.*://')
+      return
+    fi
+    [[ -z $grpc_port ]] && grep -q "cannot bind 127.0.0.1:$metrics_port" "$log" ||
+      fail "hyscaled exited: $(tail -5 "$log")"
+    echo "metrics port $metrics_port was taken before hyscaled bound it (attempt $attempt)"
+    metrics_port=$(free_port)
+  done
+  fail "no free metrics port in 5 attempts"
 }
 
 declare -A workers
@@ -133,13 +150,13 @@ expect_exit() {
 lifecycle() {
   local prom_port
   prom_port=$(free_port)
+  start_coordinator
   cat >"$work/prometheus.yml" <<EOF
 global: {scrape_interval: 1s, scrape_timeout: 1s}
 scrape_configs:
   - job_name: hyscaled
     static_configs: [{targets: ['127.0.0.1:$metrics_port']}]
 EOF
-  start_coordinator
   prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
     --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
   pids+=("$!")
