@@ -1468,7 +1468,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   WorkerEntry& worker = workers_[request.name()];
   worker.instance = request.instance();
   worker.heard = true;
-  worker.lost_why.clear();
+  worker.left = false;
   worker.info.set_id(request.name());
   worker.info.set_address(request.address());
   worker.info.set_state(v1::WORKER_STATE_ONLINE);
@@ -1539,9 +1539,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   response.set_registered(true);
   if (request.leaving() && request.running().empty()) {
     // Its agent stopped cleanly: the name is free now, not after the heartbeat timeout.
-    const std::string id = worker.info.id();
-    util::LogInfo("worker ", id, " left: its agent stopped");
-    DeclareLost(worker, absl::StrCat("worker ", id, " left: its agent stopped"));
+    util::LogInfo("worker ", worker.info.id(), " left: its agent stopped");
+    worker.left = true;
+    DeclareLost(worker);
     RestartJobsOnLostWorkers();
     Schedule();
     return response;
@@ -1795,13 +1795,9 @@ absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
   return response;
 }
 
-void Coordinator::DeclareLost(WorkerEntry& worker, std::string why) {
+void Coordinator::DeclareLost(WorkerEntry& worker) {
   const std::string id = worker.info.id();
   worker.info.set_state(v1::WORKER_STATE_LOST);
-  worker.lost_why = why.empty()
-                        ? absl::StrCat("worker ", id, " lost: no heartbeat for ",
-                                       absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms")
-                        : std::move(why);
   pass_needed_ = true;  // a job it held back for may never fit now, so others may start
   fleet_changed_ = true;
   worker.info.clear_running();
@@ -1827,9 +1823,10 @@ void Coordinator::RestartJobsOnLostWorkers() {
       const std::string why =
           worker == workers_.end()
               ? absl::StrCat("worker ", placement.worker_id(), " is not registered")
-          : worker->second.lost_why.empty()  // restored LOST from the store
-              ? absl::StrCat("worker ", placement.worker_id(), " lost")
-              : worker->second.lost_why;
+          : worker->second.left
+              ? absl::StrCat("worker ", placement.worker_id(), " left: its agent stopped")
+              : absl::StrCat("worker ", placement.worker_id(), " lost: no heartbeat for ",
+                             absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms");
       // A failed write leaves the job as it was; the next Tick tries again.
       (void)FailAttempt(entry, why);
       break;

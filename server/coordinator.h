@@ -193,7 +193,7 @@ class Coordinator {
     // restored from the store takes no new ranks before then: its agent may have stopped while we
     // were down, and a rank placed there would wait out the lease and fail with it.
     bool heard = false;
-    std::string lost_why;  // set while LOST by DeclareLost: why its jobs' attempts failed
+    bool left = false;  // LOST because its agent said it stopped, not for its silence
     std::vector<Slot> slots;
     std::map<RankKey, int> stopping;  // told to stop, slot (flat index) busy until gone
     std::shared_ptr<AssignmentQueue> queue;
@@ -256,9 +256,8 @@ class Coordinator {
   // Puts jobs back as they were before a report batch that was not stored.
   void Restore(std::map<std::string, JobEntry> before);
   void AppendLog(const std::string& job_id, int rank, const std::string& data);
-  // Marks the worker LOST, `why` being what its jobs' attempts fail with (by default its silence);
-  // RestartJobsOnLostWorkers then restarts its jobs.
-  void DeclareLost(WorkerEntry& worker, std::string why = "");
+  // Marks the worker LOST; RestartJobsOnLostWorkers then restarts its jobs.
+  void DeclareLost(WorkerEntry& worker);
   // Restarts (or fails) every SCHEDULED/RUNNING job with a rank on a worker that is not online.
   void RestartJobsOnLostWorkers();
   absl::Status PersistWorker(const WorkerEntry& worker);

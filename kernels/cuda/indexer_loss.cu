@@ -187,19 +187,6 @@ __device__ __forceinline__ void issue_query_grad(
   }
 }
 
-// ... issued, committed and waited for.
-template <class Tr>
-__device__ __forceinline__ void run_query_grad(float (&query_grad)[Tr::kDimBlocks][Tr::kHeads / 2],
-                                               const __nv_bfloat16* key_tile,
-                                               const __nv_bfloat16* coef_tile) {
-  wgmma_fence();
-  issue_query_grad<Tr>(query_grad, key_tile, coef_tile);
-  wgmma_commit();
-  wgmma_wait<0>();
-#pragma unroll
-  for (int m = 0; m < Tr::kDimBlocks; ++m) fence_accumulators(query_grad[m]);
-}
-
 // The calling thread's gate coefficients (its A fragments) into C [H_I x keys] in coef_tile, the
 // B operand of the query gradient: matrix i of step s is heads 8 (2 s + i / 2) .., keys
 // 16 warp + 8 (i % 2) ..

@@ -33,6 +33,9 @@ free_port() {
   done
 }
 
+# listening_port LOG: the gRPC port a hyscaled logging to LOG listens on ("listening on HOST:PORT").
+listening_port() { grep -oE "listening on 127\.0\.0\.1:[0-9]+" "$1" | head -1 | sed 's/.*://'; }
+
 # trainer_user TRAINER: the user a root worker's trainers run as here. nobody (the agent's default
 # under root) where nobody can start TRAINER; where a folder above the build is closed to others (a
 # clone under a 0700 home), this user, with a note.

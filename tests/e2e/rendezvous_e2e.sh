@@ -69,8 +69,7 @@ start() {
     --rendezvous-timeout-ms "$1" >"$work/hyscaled.log" 2>&1 &
   pids+=("$!")
   wait_for 30 "hyscaled to listen" grep -q "listening on" "$work/hyscaled.log"
-  grpc_port=$(grep -oE "listening on 127\.0\.0\.1:[0-9]+" "$work/hyscaled.log" | head -1)
-  grpc_port=${grpc_port##*:}
+  grpc_port=$(listening_port "$work/hyscaled.log")
   # Trainers inherit the agent's environment: their rendezvous and collectives give up after 60 s,
   # so a broken rendezvous fails the job instead of hanging the test.
   HYSCALE_COMM_TIMEOUT_S=60 "$agent" --server "127.0.0.1:$grpc_port" --token-file "$work/token" --name w1 \

@@ -86,8 +86,7 @@ start_coordinator() {
     pids+=("$coordinator")
     wait_for 30 "hyscaled to listen" listening_or_gone "$log" "$coordinator"
     if grep -q "listening on" "$log"; then
-      [[ -n $grpc_port ]] ||
-        grpc_port=$(grep -oE "listening on 127\.0\.0\.1:[0-9]+" "$log" | head -1 | sed 's/.*://')
+      [[ -n $grpc_port ]] || grpc_port=$(listening_port "$log")
       return
     fi
     [[ -z $grpc_port ]] && grep -q "cannot bind 127.0.0.1:$metrics_port" "$log" ||
