@@ -46,6 +46,10 @@ constexpr int kLogChunksPerPull = 4;
 constexpr int64_t kLogsOnly = -1;
 // Backoff doubles per restart up to 2^kMaxBackoffDoublings times the base.
 constexpr int kMaxBackoffDoublings = 10;
+// Attempts of a job that may end without counting against max_restarts (start timeouts and
+// disruptions, Job.disruptions): later ones count, so workers that keep failing to start ranks or
+// keep leaving cannot restart a job forever.
+constexpr int kMaxUncountedAttempts = 10;
 
 void SetTime(google::protobuf::Timestamp* stamp, absl::Time time) {
   const int64_t nanos = absl::ToUnixNanos(time);
@@ -813,10 +817,15 @@ bool Coordinator::Wanted(const v1::RankRef& ref, const std::string& worker_id) c
   return job.placement(ref.rank()).worker_id() == worker_id;
 }
 
-absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why, AttemptEnd end) {
+absl::Status Coordinator::FailAttempt(JobEntry& entry, std::string why, AttemptEnd end) {
   const v1::Job before = entry.job;
   const std::vector<RankState> ranks = entry.ranks;
-  const int used = before.restarts() - before.start_timeouts();
+  const int uncounted = before.start_timeouts() + before.disruptions();
+  const int used = before.restarts() - uncounted;
+  if (end != AttemptEnd::kFailed && uncounted >= kMaxUncountedAttempts) {
+    absl::StrAppend(&why, "; counted: ", uncounted, " attempts already ended without counting");
+    end = AttemptEnd::kFailed;
+  }
   if (end == AttemptEnd::kFailed && used >= before.max_restarts()) {
     const std::string reason =
         before.max_restarts() == 0
@@ -831,8 +840,12 @@ absl::Status Coordinator::FailAttempt(JobEntry& entry, const std::string& why, A
     updated.clear_placement();
     updated.clear_rendezvous();  // the next attempt's rank 0 publishes its own
     std::string reason;
-    if (end == AttemptEnd::kNotStarted) {
-      updated.set_start_timeouts(before.start_timeouts() + 1);
+    if (end == AttemptEnd::kNotStarted || end == AttemptEnd::kDisrupted) {
+      if (end == AttemptEnd::kNotStarted) {
+        updated.set_start_timeouts(before.start_timeouts() + 1);
+      } else {
+        updated.set_disruptions(before.disruptions() + 1);
+      }
       reason = absl::StrCat(why, " (placed again; not counted against max_restarts)");
     } else {
       reason = absl::StrCat(why, " (restart ", used + 1, " of ", before.max_restarts(), ")");
@@ -1751,7 +1764,9 @@ absl::Status Coordinator::HandleExit(JobEntry& entry, int rank, const v1::RankEx
     if (status.ok()) StopRanks(before, ranks, why);
     return status;
   }
-  return FailAttempt(entry, why);
+  // Stopped by its agent's clean shutdown (a drained node, a replaced pod): not the job's fault.
+  return FailAttempt(entry, why,
+                     exit.worker_stopping() ? AttemptEnd::kDisrupted : AttemptEnd::kFailed);
 }
 
 void Coordinator::AppendLog(const std::string& job_id, int rank, const std::string& data) {
@@ -1820,15 +1835,20 @@ void Coordinator::RestartJobsOnLostWorkers() {
       if (worker != workers_.end() && worker->second.info.state() == v1::WORKER_STATE_ONLINE) {
         continue;
       }
+      const bool left = worker != workers_.end() && worker->second.left;
       const std::string why =
           worker == workers_.end()
               ? absl::StrCat("worker ", placement.worker_id(), " is not registered")
-          : worker->second.left
-              ? absl::StrCat("worker ", placement.worker_id(), " left: its agent stopped")
-              : absl::StrCat("worker ", placement.worker_id(), " lost: no heartbeat for ",
-                             absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms");
+          : left ? absl::StrCat("worker ", placement.worker_id(), " left: its agent stopped")
+                 : absl::StrCat("worker ", placement.worker_id(), " lost: no heartbeat for ",
+                                absl::ToInt64Milliseconds(options_.heartbeat_timeout), " ms");
+      // A worker that left cleanly, or went before the rank started, did not fail the job; a
+      // lost worker with the rank running might have (a trainer that takes its node down).
+      const size_t rank = static_cast<size_t>(placement.rank());
+      const bool started = rank < entry.ranks.size() && entry.ranks[rank].started;
       // A failed write leaves the job as it was; the next Tick tries again.
-      (void)FailAttempt(entry, why);
+      (void)FailAttempt(entry, why,
+                        left || !started ? AttemptEnd::kDisrupted : AttemptEnd::kFailed);
       break;
     }
   }

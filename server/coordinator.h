@@ -12,7 +12,8 @@
 // the attempt like a failed rank.
 // A rank exiting 2 (bad input) fails the job; any other failure, or the loss of a worker, stops
 // the job's other ranks and restarts it (attempt = restarts, resume from its checkpoints) after
-// restart_backoff x 2^(restarts-1), until max_restarts is used up. Reports of an older attempt
+// restart_backoff x 2^(restarts-1), until max_restarts is used up (attempts a worker ended, not
+// the job, are not counted: Job.start_timeouts, Job.disruptions). Reports of an older attempt
 // are ignored, so no job runs twice. Every transition and event is in the Store before the call
 // that caused it returns.
 //
@@ -243,12 +244,14 @@ class Coordinator {
   // exited; their slots stay busy until their worker stops reporting them.
   void StopRanks(const v1::Job& job, const std::vector<RankState>& ranks,
                  const std::string& reason);
-  // Why an attempt ended: the job (a rank failed or was lost), or a worker that did not start
-  // it, which is not counted against max_restarts.
-  enum class AttemptEnd { kFailed, kNotStarted };
-  // Restarts the job if restarts remain (always for kNotStarted), else fails it.
-  absl::Status FailAttempt(JobEntry& entry, const std::string& why,
-                           AttemptEnd end = AttemptEnd::kFailed);
+  // Why an attempt ended: the job (a rank failed, or was lost with its worker while running), a
+  // worker that did not start it (Job.start_timeouts), or a worker that went away under it
+  // (Job.disruptions: its agent stopped the rank on shutdown, or it left or was lost before the
+  // rank started). The last two are not counted against max_restarts, up to
+  // kMaxUncountedAttempts of them.
+  enum class AttemptEnd { kFailed, kNotStarted, kDisrupted };
+  // Restarts the job if restarts remain (always for an uncounted end), else fails it.
+  absl::Status FailAttempt(JobEntry& entry, std::string why, AttemptEnd end = AttemptEnd::kFailed);
   absl::Status MarkStarted(JobEntry& entry, int rank);
   // Errors are the store's: the report was not applied and should be sent again.
   absl::Status HandleReport(WorkerEntry& worker, const v1::RankReport& report);

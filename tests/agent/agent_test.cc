@@ -175,6 +175,7 @@ TEST_F(AgentTest, StopRankKillsTrainer) {
   EXPECT_EQ(reports.back().exited().exit_code(), -1);
   EXPECT_EQ(reports.back().exited().signal(), SIGTERM);
   EXPECT_EQ(reports.back().exited().reason(), reason.substr(0, 2048) + "...");
+  EXPECT_FALSE(reports.back().exited().worker_stopping());  // the coordinator asked
   // The rank is forgotten once the coordinator acknowledged its exit.
   for (int i = 0; i < 100 && !agent_->Running().empty(); ++i) {
     std::this_thread::sleep_for(milliseconds(20));
@@ -266,6 +267,7 @@ TEST_F(AgentTest, ShutdownStopsTrainersAndReportsExit) {
   const auto reports = ReportsOf(service().reports(), "job-shutdown");
   ASSERT_TRUE(reports.back().has_exited());
   EXPECT_EQ(reports.back().exited().reason(), "worker shutting down");
+  EXPECT_TRUE(reports.back().exited().worker_stopping());  // not the job's failure
   // Its trainer gone and the exit delivered, it left: one last heartbeat, running nothing.
   const auto beats = service().heartbeats();
   ASSERT_FALSE(beats.empty());

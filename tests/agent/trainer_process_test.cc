@@ -260,7 +260,7 @@ TEST_F(TrainerProcessTest, StopKillsTheProcessGroup) {
   ASSERT_TRUE(process.ok()) << process.status();
   const pid_t child = WaitForChildPid();
   ASSERT_TRUE(Alive(child));
-  (*process)->Stop("cancelled", std::chrono::seconds(10));
+  (*process)->Stop("cancelled", std::chrono::seconds(10), TrainerProcess::StopCause::kCoordinator);
   ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
   {
     std::lock_guard<std::mutex> lock(recorder.mu);
@@ -268,6 +268,7 @@ TEST_F(TrainerProcessTest, StopKillsTheProcessGroup) {
     EXPECT_EQ(recorder.exits[0].exit_code, -1);
     EXPECT_EQ(recorder.exits[0].signal, SIGTERM);
     EXPECT_EQ(recorder.exits[0].reason, "cancelled");
+    EXPECT_FALSE(recorder.exits[0].worker_stopping);  // the job's own business
   }
   for (int i = 0; i < 100 && Alive(child); ++i) std::this_thread::sleep_for(milliseconds(20));
   EXPECT_FALSE(Alive(child)) << "the trainer's child survived";
@@ -279,9 +280,13 @@ TEST_F(TrainerProcessTest, StopEscalatesToSigkill) {
   auto process = TrainerProcess::Start(command, recorder.Callbacks());
   ASSERT_TRUE(process.ok()) << process.status();
   const pid_t child = WaitForChildPid();
-  (*process)->Stop("cancelled", milliseconds(300));
+  (*process)->Stop("worker shutting down", milliseconds(300),
+                   TrainerProcess::StopCause::kWorkerShutdown);
   ASSERT_TRUE((*process)->WaitForExit(std::chrono::seconds(5)));
   ExpectKilledWithItsChild(recorder, child);
+  std::lock_guard<std::mutex> lock(recorder.mu);
+  EXPECT_EQ(recorder.exits.at(0).reason, "worker shutting down");
+  EXPECT_TRUE(recorder.exits.at(0).worker_stopping);  // the job was not at fault
 }
 
 // A restarted agent ends what its predecessor left: the trainer's whole group, found by its pid

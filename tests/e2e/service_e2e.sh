@@ -10,6 +10,9 @@
 #   trainer-crash      kill -9 a trainer: the job restarts from its checkpoint and finishes
 #   worker-loss        kill a worker (agent and trainer): within three heartbeat intervals its
 #                      job is RESTARTING, then runs on the other worker and finishes
+#   worker-drain       SIGTERM to the agent running a job with max_restarts 0 (a drained node, a
+#                      replaced pod): the job is not failed but placed again, with a disruption and
+#                      no restart used, and finishes on the other worker from its checkpoint
 #   bad-input          malformed and oversized specs, unknown fields, wrong or missing token,
 #                      unknown job id: each a clear error, and the server keeps serving
 #   job-paths          (a script trainer) a relative data path is refused at submission; a job
@@ -269,6 +272,32 @@ worker_loss() {
   ((elapsed_ms <= 3 * heartbeat_ms + 150)) ||
     fail "RESTARTING ${elapsed_ms} ms after the worker died: more than 3 heartbeat intervals"
   echo "worker-loss: RESTARTING ${elapsed_ms} ms after the worker died, finished on $moved"
+}
+
+worker_drain() {
+  start_coordinator
+  start_worker w1
+  start_worker w2
+  wait_for 30 "2 workers online" workers_online 2
+  write_job "$work/job.yaml" worker-drain 600
+  local job drained
+  job=$(submit "$work/job.yaml")  # max_restarts 0: a counted restart would fail it
+  wait_for 60 "the job to run" state_is "$job" JOB_STATE_RUNNING
+  wait_for 60 "a checkpoint" step_at_least "$job" 20
+  drained=$(job_field "$job" '.placement[0].worker_id')
+  [[ -n ${workers[$drained]:-} ]] || fail "placed on unknown worker '$drained'"
+  kill -TERM "${workers[$drained]}"
+  wait_for 30 "the drained agent to exit" bash -c "! kill -0 ${workers[$drained]} 2>/dev/null"
+  grep -q "worker shutting down" "$work/$drained.log" || fail "the agent did not stop its trainer"
+  expect_exit 0 "watch the job to SUCCEEDED on the other worker" hs watch "$job"
+  local summary
+  summary=$(job_field "$job" '"\(.restarts) \(.disruptions) \(.placement[0].worker_id)"')
+  [[ $summary == "1 1 "* && $summary != *" $drained" ]] ||
+    fail "restarts, disruptions, worker: '$summary' (want 1 1 and not $drained)"
+  hs watch "$job" -o json >"$work/events.json" || true
+  grep -q "not counted against max_restarts" "$work/events.json" ||
+    fail "no uncounted restart in the events: $(head -c 2000 "$work/events.json")"
+  echo "worker-drain: the job moved off the drained worker $drained without using a restart"
 }
 
 bad_input() {
@@ -578,6 +607,7 @@ case $scenario in
   coordinator-crash) coordinator_crash ;;
   trainer-crash) trainer_crash ;;
   worker-loss) worker_loss ;;
+  worker-drain) worker_drain ;;
   bad-input) bad_input ;;
   port-in-use) port_in_use ;;
   job-paths) job_paths ;;

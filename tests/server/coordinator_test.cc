@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -929,6 +930,96 @@ TEST_F(CoordinatorTest, RestoredWorkersTakeNewRanksOnlyOnceHeardFrom) {
   beat.set_instance("agent-b");
   ASSERT_TRUE(c_->Heartbeat(beat)->registered());
   EXPECT_EQ(State(next.id()), v1::JOB_STATE_SCHEDULED);
+}
+
+// A rank its agent stopped on a clean shutdown (a drained node, a replaced pod) ends the attempt
+// without using a restart: the job (max_restarts 0) runs again elsewhere instead of failing.
+TEST_F(CoordinatorTest, ARankItsWorkerStoppedOnShutdownUsesNoRestart) {
+  auto q1 = Register("w1", 1);
+  const v1::Job job = Submit();
+  const v1::RankRef ref = Drain(q1).at(0).run().ref();
+  Started("w1", ref);
+  v1::RankReport report;
+  *report.mutable_ref() = ref;
+  report.mutable_exited()->set_exit_code(-1);
+  report.mutable_exited()->set_signal(SIGTERM);
+  report.mutable_exited()->set_reason("worker shutting down");
+  report.mutable_exited()->set_worker_stopping(true);
+  Report("w1", report);
+  auto restarted = c_->GetJob(job.id());
+  EXPECT_EQ(restarted->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(restarted->restarts(), 1);
+  EXPECT_EQ(restarted->disruptions(), 1);
+  EXPECT_NE(restarted->reason().find("worker shutting down"), std::string::npos);
+  EXPECT_NE(restarted->reason().find("(placed again; not counted against max_restarts)"),
+            std::string::npos)
+      << restarted->reason();
+  // The same exit without the flag is the job's failure.
+  auto q2 = Register("w2", 1);
+  Pass(absl::Seconds(2), {{"w1", {}}, {"w2", {}}});
+  std::vector<v1::Assignment> sent = Drain(q1);
+  for (auto& assignment : Drain(q2)) sent.push_back(assignment);
+  ASSERT_EQ(sent.size(), 1u);
+  const v1::RankRef again = sent[0].run().ref();
+  EXPECT_EQ(again.attempt(), 1);
+  const std::string worker = c_->GetJob(job.id())->placement(0).worker_id();
+  Started(worker, again);
+  report.mutable_exited()->set_worker_stopping(false);
+  *report.mutable_ref() = again;
+  Report(worker, report);
+  auto failed = c_->GetJob(job.id());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(failed->reason().find("(max_restarts is 0)"), std::string::npos) << failed->reason();
+}
+
+// A worker lost (no heartbeat) before the rank placed on it started did not fail the job either;
+// one lost while the rank ran might have (a trainer that takes its node down), and counts.
+TEST_F(CoordinatorTest, AWorkerLostBeforeItsRankStartedUsesNoRestart) {
+  auto q1 = Register("w1", 1);
+  const v1::Job job = Submit();
+  ASSERT_EQ(Drain(q1).size(), 1u);   // sent, never started
+  clock_.Advance(absl::Seconds(4));  // past the 3 s heartbeat timeout
+  c_->Tick();
+  auto restarted = c_->GetJob(job.id());
+  EXPECT_EQ(restarted->state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(restarted->disruptions(), 1);
+  EXPECT_EQ(restarted->reason(),
+            "worker w1 lost: no heartbeat for 3000 ms (placed again; not counted against "
+            "max_restarts)");
+}
+
+// Attempts that end without counting are bounded: a worker that keeps taking the job and leaving
+// cannot restart it forever. After ten, the next one counts (max_restarts 0: the job fails).
+TEST_F(CoordinatorTest, AttemptsEndedWithoutCountingAreBounded) {
+  auto queue = Register("w1", 1);
+  const v1::Job job = Submit();
+  for (int attempt = 0; attempt <= 10; ++attempt) {
+    Heartbeat("w1", {});
+    const std::vector<v1::Assignment> sent = Drain(queue);
+    ASSERT_EQ(sent.size(), 1u) << "attempt " << attempt;
+    const v1::RankRef ref = sent[0].run().ref();
+    ASSERT_EQ(ref.attempt(), attempt);
+    Started("w1", ref);
+    v1::RankReport report;
+    *report.mutable_ref() = ref;
+    report.mutable_exited()->set_exit_code(-1);
+    report.mutable_exited()->set_signal(SIGTERM);
+    report.mutable_exited()->set_reason("worker shutting down");
+    report.mutable_exited()->set_worker_stopping(true);
+    Report("w1", report);
+    if (attempt < 10) {
+      ASSERT_EQ(State(job.id()), v1::JOB_STATE_RESTARTING) << "attempt " << attempt;
+      clock_.Advance(absl::Minutes(20));  // past the backoff (up to 2^10 s)
+      Heartbeat("w1", {});
+      c_->Tick();
+    }
+  }
+  auto failed = c_->GetJob(job.id());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->disruptions(), 10);
+  EXPECT_EQ(failed->reason(),
+            "rank 0 was killed by signal 15: worker shutting down; counted: 10 attempts already "
+            "ended without counting (max_restarts is 0)");
 }
 
 // A worker that heartbeats but never starts what it is given: after the start timeout (60 s) the

@@ -381,7 +381,7 @@ void Agent::RunRank(const v1::RunRank& run) {
     for (auto& [key, rank] : ranks_) {
       if (rank.ref.job_id() == ref.job_id() && rank.ref.rank() == ref.rank() && rank.process) {
         rank.process->Stop(absl::StrCat("superseded by attempt ", ref.attempt()),
-                           options_.stop_grace);
+                           options_.stop_grace, TrainerProcess::StopCause::kCoordinator);
         superseded.push_back(rank.process);
       }
     }
@@ -414,6 +414,7 @@ void Agent::RunRank(const v1::RunRank& run) {
     report.mutable_exited()->set_exit_code(exit.exit_code);
     report.mutable_exited()->set_signal(exit.signal);
     report.mutable_exited()->set_reason(Shortened(exit.reason));
+    report.mutable_exited()->set_worker_stopping(exit.worker_stopping);
     Report(ref, std::move(report));
   };
 
@@ -447,7 +448,7 @@ void Agent::StopRank(const v1::RankRef& ref, const std::string& reason) {
   util::LogInfo(Describe(ref), ": stopping (",
                 reason.empty() ? "stopped by the coordinator" : reason, ")");
   found->second.process->Stop(reason.empty() ? "stopped by the coordinator" : reason,
-                              options_.stop_grace);
+                              options_.stop_grace, TrainerProcess::StopCause::kCoordinator);
 }
 
 void Agent::StopAllTrainers() {
@@ -455,7 +456,8 @@ void Agent::StopAllTrainers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [key, rank] : ranks_) {
-      rank.process->Stop("worker shutting down", options_.stop_grace);
+      rank.process->Stop("worker shutting down", options_.stop_grace,
+                         TrainerProcess::StopCause::kWorkerShutdown);
       processes.push_back(rank.process);
     }
   }

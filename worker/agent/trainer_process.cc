@@ -241,17 +241,22 @@ TrainerProcess::~TrainerProcess() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!exited_) {
-      if (!stop_reason_) stop_reason_ = "agent shutting down";
+      if (!stop_reason_) {
+        stop_reason_ = "agent shutting down";
+        stop_cause_ = StopCause::kWorkerShutdown;
+      }
       kill_at_ = Clock::now();
     }
   }
   monitor_.join();
 }
 
-void TrainerProcess::Stop(const std::string& reason, std::chrono::milliseconds grace) {
+void TrainerProcess::Stop(const std::string& reason, std::chrono::milliseconds grace,
+                          StopCause cause) {
   std::lock_guard<std::mutex> lock(mu_);
   if (exited_ || stop_reason_) return;
   stop_reason_ = reason;
+  stop_cause_ = cause;
   kill_at_ = Clock::now() + grace;
   process_.SignalGroup(SIGTERM);
 }
@@ -368,6 +373,7 @@ TrainerExit TrainerProcess::DescribeExit(const util::ExitStatus& status) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_reason_) {
     exit.reason = *stop_reason_;
+    exit.worker_stopping = stop_cause_ == StopCause::kWorkerShutdown;
   } else if (!job_finished_reason_.empty()) {
     exit.reason = job_finished_reason_;
   } else if (exit.signal != 0) {

@@ -68,6 +68,9 @@ struct TrainerExit {
   int exit_code = 0;  // -1 when killed by a signal
   int signal = 0;
   std::string reason;  // the stop reason, the trainer's job_finished reason, or what happened
+  // Stopped because its agent is shutting down (StopCause::kWorkerShutdown, or the process object
+  // destroyed while it ran): no failure of the job's.
+  bool worker_stopping = false;
 };
 
 class TrainerProcess {
@@ -95,9 +98,14 @@ class TrainerProcess {
 
   pid_t pid() const { return process_.pid(); }
 
+  // Who asks a trainer to stop: the coordinator (the job was cancelled, failed elsewhere or
+  // moved), or the agent itself on its way out (TrainerExit::worker_stopping).
+  enum class StopCause { kCoordinator, kWorkerShutdown };
+
   // SIGTERM to the whole process group now, SIGKILL after `grace` if the trainer still runs.
-  // `reason` becomes the exit's reason. Returns at once; repeated calls keep the first reason.
-  void Stop(const std::string& reason, std::chrono::milliseconds grace);
+  // `reason` becomes the exit's reason. Returns at once; repeated calls keep the first reason and
+  // cause.
+  void Stop(const std::string& reason, std::chrono::milliseconds grace, StopCause cause);
 
   // Waits up to `timeout` for the exit to be reported; true when it was.
   bool WaitForExit(std::chrono::milliseconds timeout);
@@ -128,6 +136,7 @@ class TrainerProcess {
   std::condition_variable exited_cv_;
   bool exited_ = false;
   std::optional<std::string> stop_reason_;
+  StopCause stop_cause_ = StopCause::kCoordinator;  // of stop_reason_
   std::optional<Clock::time_point> kill_at_;
   bool killed_ = false;
 
