@@ -109,6 +109,16 @@ class CoordinatorTest : public ::testing::Test {
     report.mutable_exited()->set_exit_code(code);
     Report(worker, report);
   }
+  // The exit an agent reports for a rank it stopped on its way out (SIGTERM to hyscale-worker).
+  void ExitedOnShutdown(const std::string& worker, const v1::RankRef& ref) {
+    v1::RankReport report;
+    *report.mutable_ref() = ref;
+    report.mutable_exited()->set_exit_code(-1);
+    report.mutable_exited()->set_signal(SIGTERM);
+    report.mutable_exited()->set_reason("worker shutting down");
+    report.mutable_exited()->set_worker_stopping(true);
+    Report(worker, report);
+  }
   void EventLine(const std::string& worker, const v1::RankRef& ref, const std::string& json) {
     v1::RankReport report;
     *report.mutable_ref() = ref;
@@ -939,13 +949,7 @@ TEST_F(CoordinatorTest, ARankItsWorkerStoppedOnShutdownUsesNoRestart) {
   const v1::Job job = Submit();
   const v1::RankRef ref = Drain(q1).at(0).run().ref();
   Started("w1", ref);
-  v1::RankReport report;
-  *report.mutable_ref() = ref;
-  report.mutable_exited()->set_exit_code(-1);
-  report.mutable_exited()->set_signal(SIGTERM);
-  report.mutable_exited()->set_reason("worker shutting down");
-  report.mutable_exited()->set_worker_stopping(true);
-  Report("w1", report);
+  ExitedOnShutdown("w1", ref);
   auto restarted = c_->GetJob(job.id());
   EXPECT_EQ(restarted->state(), v1::JOB_STATE_RESTARTING);
   EXPECT_EQ(restarted->restarts(), 1);
@@ -954,7 +958,7 @@ TEST_F(CoordinatorTest, ARankItsWorkerStoppedOnShutdownUsesNoRestart) {
   EXPECT_NE(restarted->reason().find("(placed again; not counted against max_restarts)"),
             std::string::npos)
       << restarted->reason();
-  // The same exit without the flag is the job's failure.
+  // A failure of the rank itself counts.
   auto q2 = Register("w2", 1);
   Pass(absl::Seconds(2), {{"w1", {}}, {"w2", {}}});
   std::vector<v1::Assignment> sent = Drain(q1);
@@ -964,9 +968,7 @@ TEST_F(CoordinatorTest, ARankItsWorkerStoppedOnShutdownUsesNoRestart) {
   EXPECT_EQ(again.attempt(), 1);
   const std::string worker = c_->GetJob(job.id())->placement(0).worker_id();
   Started(worker, again);
-  report.mutable_exited()->set_worker_stopping(false);
-  *report.mutable_ref() = again;
-  Report(worker, report);
+  Exited(worker, again, -1);
   auto failed = c_->GetJob(job.id());
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(failed->reason().find("(max_restarts is 0)"), std::string::npos) << failed->reason();
@@ -1000,13 +1002,7 @@ TEST_F(CoordinatorTest, AttemptsEndedWithoutCountingAreBounded) {
     const v1::RankRef ref = sent[0].run().ref();
     ASSERT_EQ(ref.attempt(), attempt);
     Started("w1", ref);
-    v1::RankReport report;
-    *report.mutable_ref() = ref;
-    report.mutable_exited()->set_exit_code(-1);
-    report.mutable_exited()->set_signal(SIGTERM);
-    report.mutable_exited()->set_reason("worker shutting down");
-    report.mutable_exited()->set_worker_stopping(true);
-    Report("w1", report);
+    ExitedOnShutdown("w1", ref);
     if (attempt < 10) {
       ASSERT_EQ(State(job.id()), v1::JOB_STATE_RESTARTING) << "attempt " << attempt;
       clock_.Advance(absl::Minutes(20));  // past the backoff (up to 2^10 s)
