@@ -22,6 +22,18 @@ int Ranks(const v1::Job& job) {
   return std::max(1, job.resources().ranks());
 }
 
+// The restarts that used max_restarts, and the attempts a worker ended (a start it missed, or
+// its leaving), which did not.
+std::string Restarts(const v1::Job& job) {
+  const int uncounted = job.start_timeouts() + job.disruptions();
+  std::string text = absl::StrCat(job.restarts() - uncounted, " of ", job.max_restarts());
+  if (uncounted > 0) {
+    absl::StrAppend(&text, "; ", uncounted, " more not counted (", job.disruptions(),
+                    " worker left or lost, ", job.start_timeouts(), " start timed out)");
+  }
+  return text;
+}
+
 void PrintJob(const Context& context, const v1::Job& job) {
   const int64_t now = absl::ToUnixSeconds(absl::Now());
   const auto& progress = job.progress();
@@ -31,7 +43,7 @@ void PrintJob(const Context& context, const v1::Job& job) {
   table.AddRow({"state", StateName(job.state())});
   if (!job.reason().empty()) table.AddRow({"reason", job.reason()});
   table.AddRow({"priority", absl::StrCat(job.priority())});
-  table.AddRow({"restarts", absl::StrCat(job.restarts(), " of ", job.max_restarts())});
+  table.AddRow({"restarts", Restarts(job)});
   table.AddRow(
       {"resources",
        absl::StrCat(Ranks(job), " ranks, ", DeviceKindName(job.resources().device_kind()),

@@ -178,6 +178,18 @@ TEST_F(CliTest, GetShowsJobOrNotFound) {
   EXPECT_NE(missing.err.find("job nope not found"), std::string::npos) << missing.err;
 }
 
+// `restarts` counts what used max_restarts; the attempts workers ended are apart.
+TEST_F(CliTest, GetCountsOnlyTheRestartsTheJobUsed) {
+  const std::string id = Submit();
+  server_.jobs().SetRestarts(id, 4, 1, 2);
+  const Result table = Run({"get", id});
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("restarts    1 of 0; 3 more not counted (2 worker left or lost, 1 start "
+                           "timed out)"),
+            std::string::npos)
+      << table.out;
+}
+
 TEST_F(CliTest, GetShowsAContextParallelJobsRendezvous) {
   const std::string id = Submit();
   server_.jobs().SetRendezvous(id, "10.0.0.7:29500");

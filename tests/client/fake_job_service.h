@@ -145,6 +145,13 @@ class FakeJobService final : public v1::JobService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     Find(job_id)->set_state(state);
   }
+  void SetRestarts(const std::string& job_id, int restarts, int start_timeouts, int disruptions) {
+    std::lock_guard<std::mutex> lock(mu_);
+    v1::Job* job = Find(job_id);
+    job->set_restarts(restarts);
+    job->set_start_timeouts(start_timeouts);
+    job->set_disruptions(disruptions);
+  }
   void SetRendezvous(const std::string& job_id, const std::string& address) {
     std::lock_guard<std::mutex> lock(mu_);
     Find(job_id)->set_rendezvous(address);
