@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,10 @@ struct SubmitArgs {
   std::string request_id;  // empty: a random one
   bool watch = false;
 };
-int Submit(const Context& context, const SubmitArgs& args);
+// `on_submitted`, when given, learns the job's id as soon as the coordinator took it (before any
+// watching).
+int Submit(const Context& context, const SubmitArgs& args,
+           const std::function<void(const std::string& job_id)>& on_submitted = {});
 
 int List(const Context& context, const std::vector<std::string>& states);
 int Get(const Context& context, const std::string& job_id);

@@ -5,7 +5,8 @@
 
 namespace hyscale::cli {
 
-int Submit(const Context& context, const SubmitArgs& args) {
+int Submit(const Context& context, const SubmitArgs& args,
+           const std::function<void(const std::string& job_id)>& on_submitted) {
   auto spec = LoadValidSpec(args.file);
   if (!spec.ok()) return Fail(context, "submit", spec.status());
   auto kind = ParseDeviceKind(args.device);
@@ -24,6 +25,7 @@ int Submit(const Context& context, const SubmitArgs& args) {
   const auto submitted = CallUnary(context, **stub, &v1::JobService::Stub::SubmitJob, request);
   if (!submitted.ok()) return Fail(context, "submit", submitted.status());
   const v1::Job& job = *submitted;
+  if (on_submitted) on_submitted(job.id());
   if (context.json()) {
     // With --watch the job is the first JSON line, its events the following ones.
     PrintJson(context, job, /*one_line=*/args.watch);

@@ -27,6 +27,7 @@ using std::chrono::milliseconds;
 constexpr milliseconds kPollInterval{200};
 constexpr std::chrono::seconds kWorkerStopGrace{20};  // the worker stops its trainers first
 constexpr std::chrono::seconds kCoordinatorStopGrace{10};
+constexpr milliseconds kCancelTimeout{3000};  // Ctrl-C's cancel of the job `up -f` runs
 
 // Which child, for messages: its name and its log file.
 struct ChildLabel {
@@ -138,6 +139,42 @@ absl::Status WaitUntil(const std::string& what, Children& children, std::chrono:
       absl::StrCat("timed out after ", timeout.count(), " s waiting for ", what));
 }
 
+// The job `up -f` runs, once the coordinator took it (set by the main thread, read by the one that
+// handles Ctrl-C).
+class SubmittedJob {
+ public:
+  void Set(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    id_ = id;
+  }
+  std::string Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return id_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string id_;
+};
+
+// Ctrl-C cancels the job `up -f` runs before its worker stops, which would otherwise end the
+// attempt as a disruption: the job would stay in the data folder, to run again beside the next
+// run's own job. Bounded; says what happened on err.
+void CancelInterruptedJob(Context context, const std::string& job_id) {
+  context.client.timeout = kCancelTimeout;
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason("hyscale up was interrupted");
+  const auto cancelled = CallJobService(context, &v1::JobService::Stub::CancelJob, request);
+  if (cancelled.ok()) {
+    *context.err << "hyscale: up: job " << job_id << " cancelled\n" << std::flush;
+  } else {
+    *context.err << "hyscale: up: job " << job_id
+                 << " not cancelled: " << cancelled.status().message() << "\n"
+                 << std::flush;
+  }
+}
+
 // The first folder on the way to `path` (or `path` itself) that other users cannot pass through
 // (no search bit for others), or "" when there is none.
 std::string ClosedToOthers(const std::filesystem::path& path) {
@@ -184,13 +221,17 @@ int Up(const Context& context, const UpArgs& args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto children = std::make_shared<Children>();
+  auto submitted = std::make_shared<SubmittedJob>();
   const bool serving = args.file.empty();
-  std::thread([children, signals, serving, out = context.out, err = context.err] {
+  std::thread([children, submitted, signals, serving, context] {
     int received = 0;
     sigwait(&signals, &received);
-    *err << "\nhyscale: up: stopping the worker and the coordinator\n" << std::flush;
+    *context.err << "\nhyscale: up: stopping the worker and the coordinator\n" << std::flush;
+    if (const std::string job_id = submitted->Get(); !job_id.empty()) {
+      CancelInterruptedJob(context, job_id);
+    }
     children->StopAll();
-    out->flush();
+    context.out->flush();
     _exit(serving ? kExitOk : kExitJobFailed);
   }).detach();
 
@@ -318,7 +359,8 @@ int Up(const Context& context, const UpArgs& args) {
   }
   SubmitArgs submit = args.submit;
   submit.watch = true;
-  const int code = Submit(context, submit);
+  const int code =
+      Submit(context, submit, [&submitted](const std::string& id) { submitted->Set(id); });
   children->StopAll();
   return code;
 }

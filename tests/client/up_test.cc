@@ -23,9 +23,11 @@ namespace {
 
 constexpr const char* kSpec = hyscale::cli::testing::kTinySpec;
 
-// Prints the trainer's event lines; exits with $FAKE_EXIT (default 0).
+// Prints the trainer's event lines (after $FAKE_SLEEP seconds, if set); exits with $FAKE_EXIT
+// (default 0).
 constexpr char kTrainer[] = R"SH(#!/bin/sh
 echo '{"time":1,"job_started":{"name":"tiny","total_steps":3}}'
+if [ -n "${FAKE_SLEEP:-}" ]; then sleep "$FAKE_SLEEP"; fi
 for i in 1 2 3; do
   echo "{\"time\":1,\"step\":{\"step\":$i,\"total_steps\":3,\"loss\":1.5}}"
 done
@@ -121,6 +123,63 @@ TEST_F(UpTest, RunsAgainOnTheSameDataFolder) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
   EXPECT_EQ(ReadAll(dir_.Path("data/hyscale-worker.log")).find("held by another live agent"),
             std::string::npos);
+}
+
+// Ctrl-C during `up -f` cancels the job it runs: the data folder keeps no interrupted job that a
+// later `up` would run again (its worker's stop alone would only end the attempt, uncounted).
+TEST_F(UpTest, InterruptedRunCancelsItsJob) {
+  const std::string server = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string output = dir_.Path("up.out");
+  hyscale::util::Command command({HYSCALE_BIN, "--server", server, "up", "--data-dir",
+                                  dir_.Path("data"), "-f", dir_.Path("job.yaml"), "--devices",
+                                  "cpu:1", "--trainer", dir_.Path("train.sh"), "--metrics-listen",
+                                  "127.0.0.1:0"});
+  command.env = {{"FAKE_SLEEP", "600"}};
+  command.stdout_to = hyscale::util::Redirect::WriteTo(output);
+  command.stderr_to = hyscale::util::Redirect::ToStdout();
+  auto up = hyscale::util::Subprocess::Start(command);
+  ASSERT_TRUE(up.ok()) << up.status();
+  // The job's id from "job ID submitted", then until it runs.
+  std::string job_id;
+  bool running = false;
+  for (int i = 0; i < 600 && !running; ++i) {
+    const std::string text = ReadAll(output);
+    if (const size_t at = text.find(" submitted ("); job_id.empty() && at != std::string::npos) {
+      const size_t start = text.rfind("job ", at);
+      job_id = text.substr(start + 4, at - start - 4);
+    }
+    running =
+        !job_id.empty() &&
+        Hyscale({"--server", server, "get", job_id}).output.find("RUNNING") != std::string::npos;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(running) << ReadAll(output);
+
+  up->Signal(SIGINT);
+  const auto exit = up->WaitFor(std::chrono::seconds(40));
+  ASSERT_TRUE(exit.has_value()) << ReadAll(output);
+  EXPECT_NE(exit->ShellCode(), 0);
+  EXPECT_NE(ReadAll(output).find("job " + job_id + " cancelled"), std::string::npos)
+      << ReadAll(output);
+
+  // Served again from the same data folder, the job is CANCELLED and nothing runs it.
+  hyscale::util::Command serve({HYSCALE_BIN, "--server", server, "up", "--data-dir",
+                                dir_.Path("data"), "--devices", "cpu:1", "--trainer",
+                                dir_.Path("train.sh"), "--metrics-listen", "127.0.0.1:0"});
+  serve.stderr_to = hyscale::util::Redirect::WriteTo(dir_.Path("serve.out"));
+  auto served = hyscale::util::Subprocess::Start(serve);
+  ASSERT_TRUE(served.ok()) << served.status();
+  bool serving = false;
+  for (int i = 0; i < 600 && !serving; ++i) {
+    serving = ReadAll(dir_.Path("serve.out")).find("serving") != std::string::npos;
+    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(serving) << ReadAll(dir_.Path("serve.out"));
+  const Outcome job = Hyscale({"--server", server, "get", job_id});
+  EXPECT_NE(job.output.find("CANCELLED"), std::string::npos) << job.output;
+  EXPECT_NE(job.output.find("hyscale up was interrupted"), std::string::npos) << job.output;
+  served->Signal(SIGINT);
+  EXPECT_TRUE(served->WaitFor(std::chrono::seconds(30)).has_value());
 }
 
 TEST_F(UpTest, FailedJobExitsOne) {
