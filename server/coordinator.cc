@@ -840,15 +840,12 @@ absl::Status Coordinator::FailAttempt(JobEntry& entry, std::string why, AttemptE
     updated.clear_placement();
     updated.clear_rendezvous();  // the next attempt's rank 0 publishes its own
     std::string reason;
-    if (end == AttemptEnd::kNotStarted || end == AttemptEnd::kDisrupted) {
-      if (end == AttemptEnd::kNotStarted) {
-        updated.set_start_timeouts(before.start_timeouts() + 1);
-      } else {
-        updated.set_disruptions(before.disruptions() + 1);
-      }
-      reason = absl::StrCat(why, " (placed again; not counted against max_restarts)");
-    } else {
+    if (end == AttemptEnd::kFailed) {
       reason = absl::StrCat(why, " (restart ", used + 1, " of ", before.max_restarts(), ")");
+    } else {
+      if (end == AttemptEnd::kNotStarted) updated.set_start_timeouts(before.start_timeouts() + 1);
+      if (end == AttemptEnd::kDisrupted) updated.set_disruptions(before.disruptions() + 1);
+      reason = absl::StrCat(why, " (placed again; not counted against max_restarts)");
     }
     if (auto status = TransitionWith(entry, std::move(updated), v1::JOB_STATE_RESTARTING, reason);
         !status.ok()) {
