@@ -12,7 +12,7 @@ b) The whole indexer-loss path: the target + indexer_kl forward and backward +
 
 c) The dense warm-up's loss (dense_indexer_kl, issue #40) at the 2048x4 reference model's shape
    (--dense-heads 64 heads of d_qk 576, H_I 64 x 128), with the lse of the frozen attention's
-   output pass as the trainer passes it: its time and rate (2 H d_qk + 8 H_I d_I FLOPs a visible
+   output pass as the trainer passes it: its time and rate (2 H d_qk + 6 H_I d_I FLOPs a visible
    pair: the planner's dense_indexer_loss_tflops), its kernels' shares of the GPU time
    (torch.profiler), and the output pass itself as the trainer runs it (sparse_attn_latent over
    each row's whole prefix, 2048 rows at a time).
@@ -150,7 +150,7 @@ def dense_warmup(ops, n, heads, runs, peak):
     r["rel_err_vs_float64"] = max(errors)
     r["loss_ms"], r["loss_clock"] = timed_with_clock(loss, runs)
     pairs = n * (n + 1) / 2
-    flops = (2 * heads * DQK + 8 * HEADS_I * DIM_I) * pairs
+    flops = (2 * heads * DQK + 6 * HEADS_I * DIM_I) * pairs
     r["loss_tflops"] = flops / r["loss_ms"] / 1e9
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

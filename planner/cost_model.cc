@@ -25,9 +25,9 @@ constexpr double kStoredBackwardAlive = 0.12;
 // attention's log-sum-exps as the trainer gives them) works in blocks of at most
 // kDenseLossBlockRows rows, fewer where a row's N keys pass kDenseLossRowBudget (the op's
 // kDenseTableBlockBytes / kDenseBytesPerPair, 2048 rows at 128K), each block's [rows, N] fp32
-// target and scores (8 B a pair) with the KL's temporaries on top: kDenseLossTableFactor of them,
-// from the H100's peak at 128K in chunks of 1980 (8.42 GiB, 0.67 more than with blocks of 396 rows:
-// docs/results/warmup_128k_h100_blocks.json).
+// target and scores (8 B a pair) with the KL's temporaries on top (kDenseLossTableFactor of them,
+// from the H100's peak at 128K in chunks of 1980: 8.42 GiB, 0.67 more than with blocks of 396 rows,
+// docs/results/warmup_128k_h100_blocks.json) and the scores' ReLU gates (8 B a pair).
 constexpr double kDenseLossBlockRows = 4096;
 constexpr double kDenseLossRowBudget = double(int64_t(1) << 28);  // rows x keys of a block
 constexpr double kDenseLossTableFactor = 1.35;
@@ -35,7 +35,7 @@ constexpr double kDenseLossTableFactor = 1.35;
 double DenseLossTableBytes(double seqs, double chunk, double N) {
   const double rows =
       std::min({chunk, kDenseLossBlockRows, std::max(1.0, kDenseLossRowBudget / N)});
-  return kDenseLossTableFactor * seqs * rows * N * 2 * 4;  // target and scores, fp32
+  return seqs * rows * N * (kDenseLossTableFactor * 2 * 4 + 8);
 }
 // Bytes a frozen dense query row holds while its attention output runs: its key list (int32 over
 // the sequence, -1 past its position) and the attention op's contiguous copy of it, for a batch of

@@ -38,12 +38,12 @@ inline double IndexScoreBackwardFlops(double indexer_heads, double indexer_dim, 
 
 // The dense warm-up's indexer loss (dense_indexer_kl) over `pairs` (query, visible key) pairs:
 // the frozen attention's logits Q.K for every head (2 H d_qk), the index scores (2 H_I d_I) and
-// their backward (6 H_I d_I: the grads of q_I and k_I, and the scores recomputed for the ReLU
-// gates and grad_w). The target's softmax, the KL and the passes over the fp32 logits are not
-// counted: the measured rate absorbs them.
+// their backward (4 H_I d_I: the grads of q_I and k_I, from the ReLU gates the scores pass kept).
+// The target's softmax, the KL and the passes over the fp32 tables are not counted: the measured
+// rate absorbs them.
 inline double DenseIndexerLossFlops(double heads, double dim_qk, double indexer_heads,
                                     double indexer_dim, double pairs) {
-  return pairs * (2 * heads * dim_qk + 8 * indexer_heads * indexer_dim);
+  return pairs * (2 * heads * dim_qk + 6 * indexer_heads * indexer_dim);
 }
 
 }  // namespace hyscale::server::planner

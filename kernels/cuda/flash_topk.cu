@@ -17,6 +17,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/flash_topk_cuda.h"
 #include "kernels/cuda/index_score_warpgroup.cuh"
@@ -58,6 +59,7 @@ struct ScoreParams {
   int* counts;              // [rows]: candidates found (may exceed capacity)
   float* table;             // score-table mode: [rows, table_stride]
   int64_t table_stride;
+  uint64_t* gates;  // score-table mode: [rows, table_stride] head bits (gate_bits), or null
 };
 
 __device__ __forceinline__ int64_t visible_keys(int64_t row, int64_t q_offset,
@@ -195,7 +197,7 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
 
   const int tile_key = emitted_key(warp, lane);
   // One finished tile of query q: keep (or write) the score of this lane's key.
-  auto emit = [&](int q, int64_t base, float2 scores, float key_scale) {
+  auto emit = [&](int q, int64_t base, float2 scores, float key_scale, ulonglong2 gates) {
     const int slot = first_slot + q;
     float score = lane % 4 == 0 ? scores.x : scores.y;
     if constexpr (Traits::kFp8) score *= key_scale;
@@ -215,7 +217,10 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
         if (p.cand_keys) p.cand_keys[out] = static_cast<int>(key * p.key_stride);
       }
     } else {
-      if (valid) p.table[static_cast<int64_t>(slot) * p.table_stride + key] = score;
+      if (!valid) return;
+      const int64_t at = static_cast<int64_t>(slot) * p.table_stride + key;
+      p.table[at] = score;
+      if (p.gates) p.gates[at] = lane % 4 == 0 ? gates.x : gates.y;
     }
   };
 
@@ -240,14 +245,23 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
     float acc_lo[kHalf * Traits::kHeads / 2], acc_hi[kHalf * Traits::kHeads / 2];
     issue(key_tile, 0, acc_lo);
     issue(key_tile, kHalf, acc_hi);
+    // The gates' bits where a table keeps them (a uniform branch).
+    auto gates = [&](auto query, const auto& acc) {
+      if constexpr (kMode == ScoreMode::kTable) {
+        if (p.gates) return gate_bits<Traits, decltype(query)::value>(acc, lane);
+      }
+      return ulonglong2{};
+    };
+    using Q0 = std::integral_constant<int, 0>;
+    using Q1 = std::integral_constant<int, 1>;
     wgmma_wait<1>();  // the first half is done
     fence_accumulators(acc_lo);
-    emit(0, base, reduce_heads<Traits, 0>(acc_lo, weights[0]), key_scale);
-    emit(1, base, reduce_heads<Traits, 1>(acc_lo, weights[1]), key_scale);
+    emit(0, base, reduce_heads<Traits, 0>(acc_lo, weights[0]), key_scale, gates(Q0{}, acc_lo));
+    emit(1, base, reduce_heads<Traits, 1>(acc_lo, weights[1]), key_scale, gates(Q1{}, acc_lo));
     wgmma_wait<0>();
     fence_accumulators(acc_hi);
-    emit(2, base, reduce_heads<Traits, 0>(acc_hi, weights[2]), key_scale);
-    emit(3, base, reduce_heads<Traits, 1>(acc_hi, weights[3]), key_scale);
+    emit(2, base, reduce_heads<Traits, 0>(acc_hi, weights[2]), key_scale, gates(Q0{}, acc_hi));
+    emit(3, base, reduce_heads<Traits, 1>(acc_hi, weights[3]), key_scale, gates(Q1{}, acc_hi));
   }
   static_assert(kQueries == 4, "the epilogue above names four queries");
   cp_async_wait<0>();
@@ -736,7 +750,8 @@ void index_score_gather(const IndexerShape& shape, const void* q, const void* k,
 }
 
 void index_score_table(const IndexerShape& shape, const void* q, const void* k, const float* w,
-                       int64_t row_begin, int64_t rows, float* table, Stream stream) {
+                       int64_t row_begin, int64_t rows, float* table, uint64_t* gates,
+                       Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   fill_kernel<<<1024, 256, 0, cuda_stream>>>(table, rows * shape.num_keys, kNegInf);
   check(cudaGetLastError(), "fill launch");
@@ -753,6 +768,7 @@ void index_score_table(const IndexerShape& shape, const void* q, const void* k, 
     p.num_array_keys = shape.num_keys;
     p.table = table;
     p.table_stride = shape.num_keys;
+    p.gates = gates;
     launch_score<decltype(traits), ScoreMode::kTable>(p, cuda_stream);
   });
 }

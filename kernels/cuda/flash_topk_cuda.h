@@ -55,8 +55,12 @@ void index_score_gather(const IndexerShape& shape, const void* q, const void* k,
                         const int32_t* indices, int64_t topk, float* scores, Stream stream);
 
 // The baseline of DESIGN.md section 4 (b): the same tensor-core scoring, written as an fp32 table
-// [rows, M] for rows [row_begin, row_begin + rows) (-infinity where not visible). For benchmarks.
+// [rows, M] for rows [row_begin, row_begin + rows) (-infinity where not visible). With `gates`
+// (else null), also each visible pair's ReLU gates [rows, M]: bit h is whether head h's product is
+// positive (the dense warm-up's backward reads them instead of recomputing the products; entries
+// of keys a row does not see are left as they were).
 void index_score_table(const IndexerShape& shape, const void* q, const void* k, const float* w,
-                       int64_t row_begin, int64_t rows, float* table, Stream stream);
+                       int64_t row_begin, int64_t rows, float* table, uint64_t* gates,
+                       Stream stream);
 
 }  // namespace hyscale::cuda

@@ -74,6 +74,39 @@ __device__ __forceinline__ float2 reduce_heads(const float (&acc)[kAccumulators]
   return make_float2(lo, hi);
 }
 
+// The ReLU gates of query kQuery of a completed tile as head bits: bit h of .x is whether head h's
+// product with the warp's key 16*warp + lane/4 is positive (.y: that key + 8), the gates that
+// reduce_heads applies to the same accumulators; all four lanes of a quad get the same bits.
+// (The dense warm-up's backward reads them instead of computing the products again.)
+template <class Traits, int kQuery, int kAccumulators>
+__device__ __forceinline__ ulonglong2 gate_bits(const float (&acc)[kAccumulators], int lane) {
+  constexpr int kFirst = 4 * kQuery * Traits::kNTiles;
+  static_assert(kFirst + 4 * Traits::kNTiles <= kAccumulators, "query out of range");
+  // A lane holds heads 8 j + 2 (lane % 4) + e: two bits of each byte j, the quad the rest.
+  uint32_t lo[2] = {0u, 0u}, hi[2] = {0u, 0u};  // heads 0-31, 32-63
+#pragma unroll
+  for (int j = 0; j < Traits::kNTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int bit = (8 * j + e) % 32;  // before the lane's shift
+      lo[j / 4] |= uint32_t(acc[kFirst + 4 * j + e] > 0.f) << bit;
+      hi[j / 4] |= uint32_t(acc[kFirst + 4 * j + 2 + e] > 0.f) << bit;
+    }
+  }
+  const int shift = 2 * (lane % 4);
+#pragma unroll
+  for (int w = 0; w < (Traits::kHeads + 31) / 32; ++w) {
+    lo[w] <<= shift;
+    hi[w] <<= shift;
+#pragma unroll
+    for (int x = 1; x < 4; x *= 2) {
+      lo[w] |= __shfl_xor_sync(0xffffffffu, lo[w], x);
+      hi[w] |= __shfl_xor_sync(0xffffffffu, hi[w], x);
+    }
+  }
+  return make_ulonglong2(uint64_t(lo[1]) << 32 | lo[0], uint64_t(hi[1]) << 32 | hi[0]);
+}
+
 // The tile key whose score lane `lane` of warp `warp` (of its warpgroup) emits: lanes with
 // lane%4 == 0 emit .x, lane%4 == 1 emit .y, the other two lanes emit nothing (-1).
 __device__ __forceinline__ int emitted_key(int warp, int lane) {

@@ -130,9 +130,9 @@ enum class KeyGrad { kReduce, kFixed };
 
 // The gates' coefficients of a finished score tile S^T [keys x H_I], for the calling thread's keys
 // 16 warp + lane / 4 (gradient g_lo) and that + 8 (g_hi): C^T[i, j] = g_i w_j [S_ij > 0] as the
-// bf16 A fragments of the k16 steps over heads, and with kHeadGrad grad_w's per-lane terms
-// g_i ReLU(S_ij) added into head_grad.
-template <class Tr, bool kHeadGrad>
+// bf16 A fragments of the k16 steps over heads, and grad_w's per-lane terms g_i ReLU(S_ij) added
+// into head_grad.
+template <class Tr>
 __device__ __forceinline__ void gate_coefficients(const float (&scores)[Tr::kHeads / 2], float g_lo,
                                                   float g_hi,
                                                   const float (&weights)[Tr::Tile::kHeadsPerLane],
@@ -146,9 +146,31 @@ __device__ __forceinline__ void gate_coefficients(const float (&scores)[Tr::kHea
       const float s_lo = scores[4 * j + e], s_hi = scores[4 * j + 2 + e];
       c[e] = s_lo > 0.f ? g_lo * weights[2 * j + e] : 0.f;
       c[2 + e] = s_hi > 0.f ? g_hi * weights[2 * j + e] : 0.f;
-      if constexpr (kHeadGrad) {
-        head_grad[2 * j + e] += (s_lo > 0.f ? g_lo * s_lo : 0.f) + (s_hi > 0.f ? g_hi * s_hi : 0.f);
-      }
+      head_grad[2 * j + e] += (s_lo > 0.f ? g_lo * s_lo : 0.f) + (s_hi > 0.f ? g_hi * s_hi : 0.f);
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(c[0], c[1]);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(c[2], c[3]);
+    coef[j / 2][2 * (j % 2)] = *reinterpret_cast<const uint32_t*>(&lo);
+    coef[j / 2][2 * (j % 2) + 1] = *reinterpret_cast<const uint32_t*>(&hi);
+  }
+}
+
+// The same coefficients from the gates' head bits (gate_bits) of the two keys, in the fragments'
+// places: heads 8 j + 2 (lane % 4) + e.
+template <class Tr>
+__device__ __forceinline__ void gated_coefficients(uint64_t gates_lo, uint64_t gates_hi, float g_lo,
+                                                   float g_hi,
+                                                   const float (&weights)[Tr::Tile::kHeadsPerLane],
+                                                   int lane, uint32_t (&coef)[Tr::kHeadSteps][4]) {
+  gates_lo >>= 2 * (lane % 4);
+  gates_hi >>= 2 * (lane % 4);
+#pragma unroll
+  for (int j = 0; j < Tr::Tile::kNTiles; ++j) {
+    float c[4];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      c[e] = (gates_lo >> (8 * j + e)) & 1 ? g_lo * weights[2 * j + e] : 0.f;
+      c[2 + e] = (gates_hi >> (8 * j + e)) & 1 ? g_hi * weights[2 * j + e] : 0.f;
     }
     const __nv_bfloat162 lo = __floats2bfloat162_rn(c[0], c[1]);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(c[2], c[3]);
@@ -358,7 +380,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
     float scores[Tr::kHeads / 2];
     score_tile<Tr>(key_tile, query_tile, scores);
     uint32_t coef[Tr::kHeadSteps][4];
-    gate_coefficients<Tr, true>(scores, g_lo, g_hi, weights, coef, head_grad);
+    gate_coefficients<Tr>(scores, g_lo, g_hi, weights, coef, head_grad);
     store_coefficients<Tr>(coef, coef_tile, warp, lane);
     fence_async_shared();
     __syncthreads();
@@ -503,33 +525,32 @@ struct DenseRing {
 
 // The dense warm-up's grad_q and grad_w, query-major, with the (row, head) pairs in wgmma's M as
 // FlashAttention's dQ has its queries: warpgroup r of a block owns pairs 64 r .. of its rows
-// (rows 64 / H_I r .., one at H_I 64; a row's heads lie together in q, so the pairs are one
-// [64 x d_I] query tile) and all three walk the key tiles of the block's last row's prefix, which
-// bounds the others' (rows see prefixes); a key tile and the rows' gradients at its keys (0 past
-// each row's prefix, so those keys add nothing) land kStages - 1 tiles ahead. Per tile, in each
-// warpgroup:
-//   1. S [pairs x keys] = Q K_tile^T, both operands K-major in shared memory;
-//   2. the gates' coefficients C[p, i] = g_i w_p [S_pi > 0] where S's accumulators lie, which is
-//      where the next product's A fragments lie, and grad_w's terms g_i ReLU(S_pi) per lane;
-//   3. grad_q [pairs x d_I] += C K_tile, C from registers and the key tile read MN-major.
-// No coefficient tile goes through shared memory and a warpgroup never waits on another.
+// (rows 64 / H_I r .., one at H_I 64) and all three walk the key tiles of the block's last row's
+// prefix, which bounds the others' (rows see prefixes); a key tile, the rows' gradients at its
+// keys and their gates (0 past each row's prefix, so those keys add nothing) land kStages - 1
+// tiles ahead. The scores pass kept every pair's ReLU gates as head bits (index_score_table), so
+// no product is computed again: per tile, in each warpgroup,
+//   U [pairs x d_I] += C K_tile, C[p, i] = g_i [S_pi > 0] built in registers where the A
+//   fragments lie, the key tile read MN-major;
+// and at the end grad_q_p = w_p U_p and grad_w_p = q_p . U_p (= sum_i g_i ReLU(S_pi)).
+// No warpgroup waits on another but for the ring's refills.
 template <class Tr>
 __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     dense_query_grad_kernel(const __nv_bfloat16* q, const __grid_constant__ CUtensorMap key_map,
                             const float* w, PrefixKeys prefix, int64_t rows,
-                            const float* grad_scores, float* grad_q, float* grad_w) {
+                            const float* grad_scores, const uint64_t* gates, float* grad_q,
+                            float* grad_w) {
   using D = DenseBackwardTraits;
   using bf16 = __nv_bfloat16;
   constexpr int kPairs = D::kPairsPerWarpgroup;
   constexpr int kGroupRows = D::kRowsPerWarpgroup<Tr>;
   constexpr int kRows = D::kRowsPerBlock<Tr>;
-  constexpr int kKeySteps = Tr::kKeys / 16;  // k16 steps over keys (grad_q's K)
-  constexpr int kDimSteps = Tr::kDim / 16;   // k16 steps over d_I (the scores' K)
+  constexpr int kKeySteps = Tr::kKeys / 16;  // k16 steps over keys (U's K)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   bf16* const key_tiles = first_aligned_tile(smem_raw);
-  bf16* const query_tiles = key_tiles + D::kStages * (Tr::kKeyTileBytes / 2);  // [warpgroup]
-  float* const grads = reinterpret_cast<float*>(query_tiles + D::kWarpgroups * kPairs * Tr::kDim);
-  float* const pair_weights = grads + D::kStages * kRows * Tr::kKeys;  // [warpgroup][pair]
+  // The rows' gradients and gates, [stage][row][key] each.
+  float* const grads = reinterpret_cast<float*>(key_tiles + D::kStages * (Tr::kKeyTileBytes / 2));
+  uint64_t* const row_gates = reinterpret_cast<uint64_t*>(grads + D::kStages * kRows * Tr::kKeys);
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int64_t first_row = int64_t(blockIdx.x) * kRows;
   const int live_rows = static_cast<int>(rows - first_row < kRows ? rows - first_row : kRows);
@@ -540,17 +561,10 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   // The calling thread's accumulator rows: pairs pair_lo and pair_lo + 8, both of one row.
   const int pair_lo = 16 * warp + lane / 4;
   const int group_row = wg * kGroupRows + pair_lo / Tr::kHeads;  // the block's row of both
+  const uint64_t gate_lo = uint64_t(1) << (pair_lo % Tr::kHeads);
+  const uint64_t gate_hi = gate_lo << 8;
   auto live_pair = [&](int pair) { return wg * kGroupRows + pair / Tr::kHeads < live_rows; };
 
-  for (int i = threadIdx.x; i < D::kWarpgroups * kPairs; i += D::kThreads) {
-    const bool live = i / Tr::kHeads < live_rows;
-    pair_weights[i] = live ? w[first_row * Tr::kHeads + i] : 0.f;
-  }
-  bf16* const query_tile = query_tiles + wg * kPairs * Tr::kDim;
-  load_rows_async<Tr::kDim, kPairs>(
-      query_tile, 0, kPairs, threadIdx.x % 128, 128, [&](int pair) -> const bf16* {
-        return live_pair(pair) ? q + (first_pair + pair) * Tr::kDim : nullptr;
-      });
   __shared__ DenseRing ring;
   const uint64_t key_policy = l2_evict_last_policy();  // every row block reads the keys
   // Tile `tile`'s copies into ring slot `slot` (tile % kStages, kept by the loop by increments:
@@ -572,111 +586,116 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       const int r = i / Tr::kKeys;
       const int64_t t = first_row + r, key = first + i % Tr::kKeys;
       const bool valid = r < live_rows && prefix.sees(t, key);
-      cp_async_4(grads + slot * kRows * Tr::kKeys + i,
-                 valid ? grad_scores + t * prefix.num_keys + key : grad_scores, valid);
+      const int64_t at = valid ? t * prefix.num_keys + key : 0;
+      cp_async_4(grads + slot * kRows * Tr::kKeys + i, grad_scores + at, valid);
+      cp_async_8(row_gates + slot * kRows * Tr::kKeys + i, gates + at, valid);
     }
   };
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&key_map);
     ring.init();
   }
-  __syncthreads();  // the barriers and the head weights
-  // The query tile's copies land with tile 0's.
+  __syncthreads();  // the barriers
 #pragma unroll
   for (int ahead = 0; ahead < kDenseLookahead; ++ahead) {
     if (ahead < tiles) stage(ahead, ahead);
     ring.filled(ahead);
   }
 
-  const float weight_lo = pair_weights[wg * kPairs + pair_lo];
-  const float weight_hi = pair_weights[wg * kPairs + pair_lo + 8];
-  float head_grad_lo = 0.f, head_grad_hi = 0.f;
-  float query_grad[Tr::kDim / 2];
+  float u[Tr::kDim / 2];
 #pragma unroll
-  for (int i = 0; i < Tr::kDim / 2; ++i) query_grad[i] = 0.f;
-  fence_accumulators(query_grad);
-  uint32_t coef[kKeySteps][4];
-  const uint64_t query_desc = matrix_descriptor<kPairs>(query_tile, 0, 0);
+  for (int i = 0; i < Tr::kDim / 2; ++i) u[i] = 0.f;
+  fence_accumulators(u);
 
-  // A tile's query-gradient products retire in the next tile, after its scores are issued (their
-  // A operand, coef, stays untouched until then); then they free the tile's slot. Pairs past the
-  // last row compute too (their query, gradients and weights are zeros: they add nothing) and
-  // store nothing, so that no wgmma sits on a branch ptxas cannot prove uniform.
+  // Per tile: its gradients and gates read, the tile before's product waited for (which frees
+  // its slot and coef: ptxas serializes wgmmas whose register operands are written while one is
+  // in flight), its coefficients built and its product issued; then the refill of the slot the
+  // tile before held, which waits for every warpgroup, overlaps this product. Pairs past the
+  // last row compute too (their gradients are zeros: they add nothing) and store nothing, so that
+  // no wgmma sits on a branch ptxas cannot prove uniform.
+  uint32_t coef[kKeySteps][4];
   int slot = 0;
   uint32_t phase = 0;  // tile / kStages's parity, kept by increments like the slot
   for (int64_t tile = 0; tile < tiles; ++tile) {
     ring.wait_full(slot, phase);
-    if (tile == 0) fence_async_shared();  // the query tile (cp.async), for wgmma's reads
-    const bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
-    const uint64_t key_desc = matrix_descriptor<Tr::kKeys>(key_tile, 0, 0);
-    float scores[Tr::kKeys / 2];
-    wgmma_fence();
+    // Accumulators 4 j + e: keys 8 j + 2 (lane % 4) + e % 2 of pair pair_lo (e < 2) or + 8.
+    const int at = (slot * kRows + group_row) * Tr::kKeys + 2 * (lane % 4);
+    float2 g[Tr::kKeys / 8];
+    ulonglong2 gate[Tr::kKeys / 8];
 #pragma unroll
-    for (int ks = 0; ks < kDimSteps; ++ks) {
-      Wgmma<Tr::kKeys>::run(scores, advance_descriptor<kPairs>(query_desc, ks),
-                            advance_descriptor<Tr::kKeys>(key_desc, ks), ks > 0);
+    for (int j = 0; j < Tr::kKeys / 8; ++j) {
+      g[j] = *reinterpret_cast<const float2*>(grads + at + 8 * j);
+      gate[j] = *reinterpret_cast<const ulonglong2*>(row_gates + at + 8 * j);
     }
-    wgmma_commit();
-    if (tile > 0) {  // tile - 1's products
-      wgmma_wait<1>();
-      fence_accumulators(query_grad);
+    if (tile > 0) {  // the tile before's product
+      wgmma_wait<0>();
+      fence_accumulators(u);
 #pragma unroll
       for (int s = 0; s < kKeySteps; ++s) fence_operands(coef[s]);
       ring.release(previous_stage(slot));
     }
-    if (tile + kDenseLookahead < tiles) {
-      ring.refill_previous(slot, phase, [&](int refill) { stage(tile + kDenseLookahead, refill); });
-    }
-    wgmma_wait<0>();
-    fence_accumulators(scores);
-    // Accumulators 4 j + e: keys 8 j + 2 (lane % 4) + e % 2 of pair pair_lo (e < 2) or + 8.
-    const float* const g = grads + (slot * kRows + group_row) * Tr::kKeys + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < Tr::kKeys / 8; ++j) {
-      const float2 gj = *reinterpret_cast<const float2*>(g + 8 * j);
-      const float* const s = scores + 4 * j;
-      const bool open[4] = {s[0] > 0.f, s[1] > 0.f, s[2] > 0.f, s[3] > 0.f};
-      head_grad_lo += (open[0] ? gj.x * s[0] : 0.f) + (open[1] ? gj.y * s[1] : 0.f);
-      head_grad_hi += (open[2] ? gj.x * s[2] : 0.f) + (open[3] ? gj.y * s[3] : 0.f);
-      const __nv_bfloat162 lo =
-          __floats2bfloat162_rn(open[0] ? weight_lo * gj.x : 0.f, open[1] ? weight_lo * gj.y : 0.f);
-      const __nv_bfloat162 hi =
-          __floats2bfloat162_rn(open[2] ? weight_hi * gj.x : 0.f, open[3] ? weight_hi * gj.y : 0.f);
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(gate[j].x & gate_lo ? g[j].x : 0.f,
+                                                      gate[j].y & gate_lo ? g[j].y : 0.f);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(gate[j].x & gate_hi ? g[j].x : 0.f,
+                                                      gate[j].y & gate_hi ? g[j].y : 0.f);
       coef[j / 2][2 * (j % 2)] = *reinterpret_cast<const uint32_t*>(&lo);
       coef[j / 2][2 * (j % 2) + 1] = *reinterpret_cast<const uint32_t*>(&hi);
     }
+    const bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < kKeySteps; ++s) {
-      WgmmaRegA<Tr::kDim, 1>::run(query_grad, coef[s],
-                                  mn_major_descriptor<Tr::kKeys>(key_tile, 0, 16 * s));
+      WgmmaRegA<Tr::kDim, 1>::run(u, coef[s], mn_major_descriptor<Tr::kKeys>(key_tile, 0, 16 * s));
     }
     wgmma_commit();
+    if (tile + kDenseLookahead < tiles) {
+      ring.refill_previous(slot, phase, [&](int refill) { stage(tile + kDenseLookahead, refill); });
+    }
     if ((slot = next_stage(slot)) == 0) phase ^= 1;
   }
   wgmma_wait<0>();
-  fence_accumulators(query_grad);
+  fence_accumulators(u);
 #pragma unroll
   for (int s = 0; s < kKeySteps; ++s) fence_operands(coef[s]);
   cp_async_commit();  // (no copy outlives the block: the ring's fills are uncommitted groups)
   cp_async_wait<0>();
 
-  // grad_w: the quad's lanes hold the pairs' other keys.
+  // grad_q = w U and grad_w = q . U, the dot over the quad's lanes (the pair's other columns).
+  float head_grad[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int pair = pair_lo + 8 * half;
+    // (A pair past the last row reads the block's first pair instead: its sum is not stored.)
+    const int64_t read_pair = live_pair(pair) ? first_pair + pair : first_row * Tr::kHeads;
+    const bf16* const q_pair = q + read_pair * Tr::kDim + 2 * (lane % 4);
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < Tr::kDim / 8; ++j) {
+      const float2 qj =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_pair + 8 * j));
+      dot = __fmaf_rn(qj.x, u[4 * j + 2 * half], dot);
+      dot = __fmaf_rn(qj.y, u[4 * j + 2 * half + 1], dot);
+    }
+    head_grad[half] = dot;
+  }
 #pragma unroll
   for (int x = 1; x < 4; x *= 2) {
-    head_grad_lo += __shfl_xor_sync(0xffffffffu, head_grad_lo, x);
-    head_grad_hi += __shfl_xor_sync(0xffffffffu, head_grad_hi, x);
+    head_grad[0] += __shfl_xor_sync(0xffffffffu, head_grad[0], x);
+    head_grad[1] += __shfl_xor_sync(0xffffffffu, head_grad[1], x);
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int pair = pair_lo + 8 * half;
     if (!live_pair(pair)) continue;
-    if (lane % 4 == 0) grad_w[first_pair + pair] = half ? head_grad_hi : head_grad_lo;
+    if (lane % 4 == 0) grad_w[first_pair + pair] = head_grad[half];
+    const float weight = w[first_pair + pair];
     float* const dst = grad_q + (first_pair + pair) * Tr::kDim + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < Tr::kDim / 8; ++j) {
       *reinterpret_cast<float2*>(dst + 8 * j) =
-          make_float2(query_grad[4 * j + 2 * half], query_grad[4 * j + 2 * half + 1]);
+          make_float2(weight * u[4 * j + 2 * half], weight * u[4 * j + 2 * half + 1]);
     }
   }
 }
@@ -684,18 +703,19 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
 // The dense warm-up's key gradient, key-major: a block owns kTiles 64-key tiles and walks the
 // rows that see its first key, in order, kSplits rows a step (DenseBackwardTraits); warpgroup
 // (tile, split) takes its tile against row first + kSplits step + split. A step's queries, their
-// gradients at the block's keys (0 where the row does not see the key) and head weights land
-// kStages - 1 steps ahead. Per row t, in a warpgroup:
-//   1. S^T [keys x H_I] = K_tile q_t^T (the rows kernel's product, the same gates);
-//   2. C^T[i, j] = g_ti w_tj [S_ij > 0] in registers (gate_coefficients);
-//   3. grad_k[tile] += C^T q_t [keys x d_I] (A from registers), accumulated across rows.
+// gradients and gates at the block's keys (0 where the row does not see the key) and head weights
+// land kStages - 1 steps ahead. Per row t, in a warpgroup, from the gates the scores pass kept
+// (no product computed again):
+//   1. C^T[i, j] = g_ti w_tj [S_ij > 0] in registers where the A fragments lie
+//   (gated_coefficients);
+//   2. grad_k[tile] += C^T q_t [keys x d_I], accumulated across rows.
 // With kSplits > 1 the splits' sums meet in shared memory and split 0 adds them in order; a tile
 // has one owner, which adds it into grad_k once: no reductions, the same bits every run.
 template <class Tr, int kTiles, int kSplits>
 __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
-    dense_key_grad_kernel(const __grid_constant__ CUtensorMap query_map, const __nv_bfloat16* keys,
-                          const float* w, PrefixKeys prefix, int64_t rows, const float* grad_scores,
-                          float* grad_k) {
+    dense_key_grad_kernel(const __grid_constant__ CUtensorMap query_map, const float* w,
+                          PrefixKeys prefix, int64_t rows, const float* grad_scores,
+                          const uint64_t* gates, float* grad_k) {
   using D = DenseBackwardTraits;
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
@@ -704,10 +724,11 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   // A row's staged floats: its gradients at the block's keys, then its head weights.
   constexpr int kRowFloats = kBlockKeys + Tr::kHeads;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  bf16* const key_tiles = first_aligned_tile(smem_raw);
-  bf16* const query_ring = key_tiles + kTiles * (Tr::kKeyTileBytes / 2);  // [stage][split]
-  float* const row_ring =  // [stage][split][kRowFloats]
+  bf16* const query_ring = first_aligned_tile(smem_raw);  // [stage][split]
+  float* const row_ring =                                 // [stage][split][kRowFloats]
       reinterpret_cast<float*>(query_ring + D::kStages * kSplits * (Tr::kQueryBytes / 2));
+  uint64_t* const gate_ring =  // [stage][split][kBlockKeys]
+      reinterpret_cast<uint64_t*>(row_ring + D::kStages * kSplits * kRowFloats);
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int tile = wg % kTiles, split = wg / kTiles;
   const int64_t block_key = int64_t(blockIdx.x) * kBlockKeys;
@@ -717,15 +738,6 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   const int64_t first_key = block_key + tile * Tr::kKeys;
   const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;  // of the warpgroup's tile
 
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-    load_rows_async<Tr::kDim, Tr::kKeys>(key_tiles + i * (Tr::kKeyTileBytes / 2), 0, Tr::kKeys,
-                                         threadIdx.x, D::kThreads, [&](int r) -> const bf16* {
-                                           const int64_t key = block_key + i * Tr::kKeys + r;
-                                           return key < prefix.num_keys ? keys + key * Tr::kDim
-                                                                        : nullptr;
-                                         });
-  }
   __shared__ DenseRing ring;
   const uint64_t query_policy = l2_evict_last_policy();  // every key block reads the queries
   // Step `step`'s copies into ring slot `slot` (step % kStages, kept by the loop by increments).
@@ -750,9 +762,14 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       const int64_t t = first_row + step * kSplits + s;
       const bool gradient = j < kBlockKeys;
       const bool valid = t < rows && (!gradient || prefix.sees(t, block_key + j));
-      const float* const src = gradient ? grad_scores + t * prefix.num_keys + block_key + j
-                                        : w + t * Tr::kHeads + (j - kBlockKeys);
+      const int64_t pair = t * prefix.num_keys + block_key + j;  // of the [rows, keys] tables
+      const float* const src =
+          gradient ? grad_scores + pair : w + t * Tr::kHeads + (j - kBlockKeys);
       cp_async_4(staged + i, valid ? src : w, valid);
+      if (gradient) {
+        cp_async_8(gate_ring + (slot * kSplits + s) * kBlockKeys + j, valid ? gates + pair : gates,
+                   valid);
+      }
     }
   };
   if (threadIdx.x == 0) {
@@ -760,52 +777,43 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     ring.init();
   }
   __syncthreads();
-  // The key tiles' copies land with step 0's.
 #pragma unroll
   for (int ahead = 0; ahead < kDenseLookahead; ++ahead) {
     if (ahead < steps) stage(ahead, ahead);
     ring.filled(ahead);
   }
 
-  float key_grad[Tr::kDim / 2], unused_head_grad[Tile::kHeadsPerLane];
+  float key_grad[Tr::kDim / 2];
 #pragma unroll
   for (int i = 0; i < Tr::kDim / 2; ++i) key_grad[i] = 0.f;
   fence_accumulators(key_grad);
-  const bf16* const key_tile = key_tiles + tile * (Tr::kKeyTileBytes / 2);
 
-  // A step's key-gradient products retire in the next step, after its scores are issued (their
-  // A operand, coef, stays untouched until then); then they free the step's slot. The last
-  // step's spare splits compute too (their query, gradients and weights are zeros: they add
-  // nothing), so that no wgmma sits on a branch ptxas cannot prove uniform.
+  // Per step as in the rows kernel: the row's gradients, gates and weights read, the step
+  // before's product waited for (freeing its slot and coef), the coefficients built and the
+  // product issued, then the refill that waits for every warpgroup. The last step's spare splits
+  // compute too (their query, gradients and weights are zeros: they add nothing), so that no
+  // wgmma sits on a branch ptxas cannot prove uniform.
   uint32_t coef[Tr::kHeadSteps][4];
   int slot = 0;
   uint32_t phase = 0;  // step / kStages's parity, kept by increments like the slot
   for (int64_t step = 0; step < steps; ++step) {
     ring.wait_full(slot, phase);
-    if (step == 0) fence_async_shared();  // the key tiles (cp.async), for wgmma's reads
-    const bf16* const query_tile = query_ring + (slot * kSplits + split) * (Tr::kQueryBytes / 2);
-    float scores[Tr::kHeads / 2];
-    wgmma_fence();
-    issue_key_tile<Tile, 1, Tr::kHeads>(key_tile, query_tile, 0, scores);
-    wgmma_commit();
-    if (step > 0) {  // step - 1's products
-      wgmma_wait<1>();
+    const int row_slot = slot * kSplits + split;
+    const float* const staged = row_ring + row_slot * kRowFloats;
+    const uint64_t* const staged_gates = gate_ring + row_slot * kBlockKeys + tile * Tr::kKeys;
+    float weights[Tile::kHeadsPerLane];
+    load_lane_weights<Tile>(staged + kBlockKeys, lane, weights);
+    const float g_lo = staged[tile * Tr::kKeys + key_lo], g_hi = staged[tile * Tr::kKeys + key_hi];
+    const uint64_t gates_lo = staged_gates[key_lo], gates_hi = staged_gates[key_hi];
+    if (step > 0) {  // the step before's product
+      wgmma_wait<0>();
       fence_accumulators(key_grad);
 #pragma unroll
       for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
       ring.release(previous_stage(slot));
     }
-    if (step + kDenseLookahead < steps) {
-      ring.refill_previous(slot, phase, [&](int refill) { stage(step + kDenseLookahead, refill); });
-    }
-    wgmma_wait<0>();
-    fence_accumulators(scores);
-    const float* const staged = row_ring + (slot * kSplits + split) * kRowFloats;
-    float weights[Tile::kHeadsPerLane];
-    load_lane_weights<Tile>(staged + kBlockKeys, lane, weights);
-    gate_coefficients<Tr, false>(scores, staged[tile * Tr::kKeys + key_lo],
-                                 staged[tile * Tr::kKeys + key_hi], weights, coef,
-                                 unused_head_grad);
+    gated_coefficients<Tr>(gates_lo, gates_hi, g_lo, g_hi, weights, lane, coef);
+    const bf16* const query_tile = query_ring + row_slot * (Tr::kQueryBytes / 2);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < Tr::kHeadSteps; ++s) {
@@ -813,6 +821,9 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
                                   mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
     }
     wgmma_commit();
+    if (step + kDenseLookahead < steps) {
+      ring.refill_previous(slot, phase, [&](int refill) { stage(step + kDenseLookahead, refill); });
+    }
     if ((slot = next_stage(slot)) == 0) phase ^= 1;
   }
   wgmma_wait<0>();
@@ -824,7 +835,7 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
 
   if constexpr (kSplits > 1) {
     // The splits' sums, [split - 1][tile][accumulator][thread], over the ring.
-    auto* const partials = reinterpret_cast<float*>(key_tiles);
+    auto* const partials = reinterpret_cast<float*>(query_ring);
     auto partial = [&](int s) {
       return partials + ((s - 1) * kTiles + tile) * (Tr::kDim / 2) * 128 + threadIdx.x % 128;
     };
@@ -1208,8 +1219,8 @@ int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim) {
 }
 
 void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
-                                const float* w, const float* grad_scores, float* grad_q,
-                                float* grad_k, float* grad_w, Stream stream) {
+                                const float* w, const float* grad_scores, const uint64_t* gates,
+                                float* grad_q, float* grad_k, float* grad_w, Stream stream) {
   if (shape.num_queries == 0 || shape.num_keys == 0) return;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const auto* q16 = static_cast<const __nv_bfloat16*>(q);
@@ -1227,18 +1238,18 @@ void dense_index_score_backward(const IndexerShape& shape, const void* q, const 
     const auto rows_kernel = Kernels::rows;
     rows_kernel<<<static_cast<unsigned>(ceil_div(shape.num_queries, D::kRowsPerBlock<Tr>)),
                   D::kThreads, Kernels::kRowsSmem, cuda_stream>>>(
-        q16, key_map, w, prefix, shape.num_queries, grad_scores, grad_q, grad_w);
+        q16, key_map, w, prefix, shape.num_queries, grad_scores, gates, grad_q, grad_w);
     throw_on_error(cudaGetLastError(), kDenseOp, "rows kernel launch");
     const int64_t tiles = ceil_div(shape.num_keys, Tr::kKeys);
     if (share) {
       const auto keys_kernel = Kernels::keys_share;
       keys_kernel<<<static_cast<unsigned>(ceil_div(tiles, D::kWarpgroups)), D::kThreads,
-                    Kernels::kShareSmem, cuda_stream>>>(query_map, k16, w, prefix,
-                                                        shape.num_queries, grad_scores, grad_k);
+                    Kernels::kShareSmem, cuda_stream>>>(query_map, w, prefix, shape.num_queries,
+                                                        grad_scores, gates, grad_k);
     } else {
       const auto keys_kernel = Kernels::keys_split;
       keys_kernel<<<static_cast<unsigned>(tiles), D::kThreads, Kernels::kSplitSmem, cuda_stream>>>(
-          query_map, k16, w, prefix, shape.num_queries, grad_scores, grad_k);
+          query_map, w, prefix, shape.num_queries, grad_scores, gates, grad_k);
     }
     throw_on_error(cudaGetLastError(), kDenseOp, "keys kernel launch");
   });

@@ -36,16 +36,17 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
 // The dense warm-up's indexer gradients of a block of rows (dense_indexer_kl): shape.num_queries
 // rows at positions q_offset.., each seeing its causal prefix of shape.num_keys keys
 // (shape.visible_keys); q [rows, H_I, d_I] and w [rows, H_I] of the block, k [num_keys, d_I]
-// bf16, grad_scores [rows, num_keys] fp32 by key (what is not seen is skipped). Writes grad_q and
-// grad_w of the block and adds into grad_k [num_keys, d_I]: grad_q and grad_w query-major (three
-// rows a block sharing each key tile of their prefixes), grad_k key-major (a block three 64-key
-// tiles sharing each row's q, or one tile with its rows split three ways and summed in a fixed
-// order; HYSCALE_DENSE_KEY_GRAD=share or split forces one). No reductions: the same bits every
-// run of a shape on a device and setting (the SM count picks the form and dense_indexer_kl's
-// blocks of rows).
+// bf16, grad_scores [rows, num_keys] fp32 by key and gates [rows, num_keys], the ReLU gates'
+// head bits index_score_table wrote for the same rows and keys (what is not seen is skipped: no
+// product of q and k is computed again). Writes grad_q and grad_w of the block and adds into
+// grad_k [num_keys, d_I]: grad_q and grad_w query-major (three rows a block sharing each key tile
+// of their prefixes), grad_k key-major (a block three 64-key tiles sharing each row's q, or one
+// tile with its rows split three ways and summed in a fixed order; HYSCALE_DENSE_KEY_GRAD=share
+// or split forces one). No reductions: the same bits every run of a shape on a device and setting
+// (the SM count picks the form and dense_indexer_kl's blocks of rows).
 void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
-                                const float* w, const float* grad_scores, float* grad_q,
-                                float* grad_k, float* grad_w, Stream stream);
+                                const float* w, const float* grad_scores, const uint64_t* gates,
+                                float* grad_q, float* grad_k, float* grad_w, Stream stream);
 // The rows of dense_index_score_backward resident at once on the current device (three a block):
 // blocks of rows a multiple of it leave no wave of the query-major kernel part empty.
 int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim);

@@ -43,8 +43,9 @@ struct ScoreGradTraits {
 // The dense warm-up's index-score backward (dense_index_score_backward): blocks of three
 // warpgroups, one block an SM by registers (<= 168 a thread, as the one-warpgroup kernels use at
 // H_I 64, d_I 128), so an operand landed in shared memory serves three warpgroups instead of one.
-// Copies run kStages - 1 steps ahead in a ring (one barrier a step), each step's gradients and
-// head weights staged with the operands, so no global load waits inside a step.
+// Copies run kStages - 1 steps ahead in a ring (one barrier a step), each step's gradients, gates
+// (the scores pass's head bits: no product of q and k is computed again) and head weights staged
+// with the operand, so no global load waits inside a step.
 //   rows kernel: warpgroup r owns the 64 (row, head) pairs of rows 64 / H_I r .. of the block's
 //     (one row at H_I 64) as wgmma's M, and all three walk the key tiles of the block's last
 //     row's prefix, each key tile read from L2 once for the block's rows (a row's keys past its
@@ -66,20 +67,20 @@ struct DenseBackwardTraits {
   template <class Tr>
   static constexpr int kRowsPerBlock = kWarpgroups* kRowsPerWarpgroup<Tr>;
 
-  // Rows kernel shared memory: 1 KB alignment slack, the key tiles' ring, a query tile a
-  // warpgroup [pairs x d_I], the gradients' ring [stage][row][key] and the rows' head weights.
+  // Rows kernel shared memory: 1 KB alignment slack, the key tiles' ring, and the rows'
+  // gradients (fp32) and gates (64-bit) [stage][row][key].
   template <class Tr>
   static constexpr int rows_smem_bytes() {
-    return 1024 + kStages * Tr::kKeyTileBytes + kWarpgroups * kPairsPerWarpgroup * Tr::kDim * 2 +
-           kStages * kRowsPerBlock<Tr> * Tr::kKeys * 4 + kWarpgroups * kPairsPerWarpgroup * 4;
+    return 1024 + kStages * Tr::kKeyTileBytes + kStages * kRowsPerBlock<Tr> * Tr::kKeys * (4 + 8);
   }
-  // Key kernel shared memory: the block's key tiles, the query ring [stage][split], the
-  // gradients' ring [stage][split][tile keys] and the head weights' ring [stage][split]; the
-  // splits' partial sums reuse it from the start once the rows are done.
+  // Key kernel shared memory: the query ring [stage][split], the gradients' and head weights'
+  // ring [stage][split][tile keys, heads] and the gates' [stage][split][tile keys]; the splits'
+  // partial sums reuse it from the start once the rows are done.
   template <class Tr, int kTiles, int kSplits>
   static constexpr int keys_smem_bytes() {
-    constexpr int kMain = kTiles * Tr::kKeyTileBytes + kStages * kSplits * Tr::kQueryBytes +
-                          kStages * kSplits * (kTiles * Tr::kKeys + Tr::kHeads) * 4;
+    constexpr int kMain = kStages * kSplits * Tr::kQueryBytes +
+                          kStages * kSplits * (kTiles * Tr::kKeys + Tr::kHeads) * 4 +
+                          kStages * kSplits * kTiles * Tr::kKeys * 8;
     constexpr int kPartials = (kSplits - 1) * kTiles * Tr::kKeys * Tr::kDim * 4;
     return 1024 + (kMain > kPartials ? kMain : kPartials);
   }

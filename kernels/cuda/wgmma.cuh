@@ -25,6 +25,11 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool 
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
                "l"(global), "r"(valid ? 4 : 0));
 }
+// 8-byte global -> shared copy (cp.async.ca); `valid` false writes zeros.
+__device__ __forceinline__ void cp_async_8(void* smem, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(smem)),
+               "l"(global), "r"(valid ? 8 : 0));
+}
 // An L2 policy that keeps lines over evict-normal ones: rows that other blocks read or add to
 // again (gathered keys, gradient rows).
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {

@@ -128,7 +128,7 @@ at::Tensor index_score_table(const at::Tensor& q, const at::Tensor& k, const at:
   const IndexerInputs in = indexer_inputs(op, a, q, k, w);
   auto table = at::empty({rows, a.shape.num_keys}, q.options().dtype(at::kFloat));
   cuda::index_score_table(a.shape, in.q.data_ptr(), in.k.data_ptr(), in.w.data_ptr<float>(),
-                          row_begin, rows, table.data_ptr<float>(), current_stream());
+                          row_begin, rows, table.data_ptr<float>(), nullptr, current_stream());
   return table;
 }
 
@@ -468,16 +468,21 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 
 // What the loss keeps of a block of rows: its fp32 attention logits [rows, H, keys] near
 // kDenseBlockBytes (32 rows at 128K with H = 64, where the target is made from logits), and its
-// [rows, keys] tables (target, scores, their gradient, the visibility mask: under
-// kDenseBytesPerPair a pair) near kDenseTableBlockBytes, in blocks of more rows (whole waves of
-// the index-score backward's rows kernel, by the runtime's occupancy). The tables' blocks are
+// [rows, keys] tables (target, scores, their gradient, the gates' head bits, the visibility mask:
+// under kDenseBytesPerPair a pair) near kDenseTableBlockBytes, in blocks of more rows (whole waves
+// of the index-score backward's rows kernel, by the runtime's occupancy). The tables' blocks are
 // large because the row-parallel passes (the scores, four rows a block; the KL, a row a block)
 // fill the GPU only with enough rows: 1980 at 128K on an H100, where 396 left the scores at
 // 99 blocks for 264 places (406 ms of a layer's 2734 at 128K, 1.6x the 32K rate a pair).
 constexpr int64_t kDenseBlockBytes = int64_t(1) << 30;
-constexpr int64_t kDenseTableBlockBytes = int64_t(4) << 30;
-constexpr int64_t kDenseBytesPerPair = 16;
+constexpr int64_t kDenseTableBlockBytes = int64_t(6) << 30;
+constexpr int64_t kDenseBytesPerPair = 24;
 constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows still end
+
+// The gates' head bits of the dense loss (index_score_table), in an int64 tensor.
+uint64_t* gate_bits(const at::Tensor& gates) {
+  return reinterpret_cast<uint64_t*>(gates.data_ptr<int64_t>());
+}
 
 // target [rows, keys] (zeroed; 0 stays past each row's visible keys) of rows [first, first + rows)
 // of one sequence: the frozen attention's probabilities summed over heads, divided by H. With the
@@ -561,18 +566,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       const int64_t keys = shape.visible_keys(first + rows - 1);  // rows see prefixes
       if (keys == 0) continue;                                    // loss 0, gradients 0
       auto target = at::zeros({rows, keys}, f32);
+      const auto gates = at::empty({rows, keys}, vq.options().dtype(at::kLong));
       dense_target(shape, vq[seq], vkey[seq], vlse.defined() ? vlse[seq] : vlse, scale, first, rows,
                    target);
 
       {
         // The indexer's scores over the same keys (-infinity where the row does not see the
-        // key), then the KL and, in the target's place, d loss / d score = softmax - target.
+        // key) and their ReLU gates, then the KL and, in the target's place, d loss / d score =
+        // softmax - target.
         IndexerShape scored = shape;
         scored.num_keys = keys;
         const auto scores = at::empty({rows, keys}, f32);
         cuda::index_score_table(scored, in.q[seq].data_ptr(), in.k[seq].data_ptr(),
                                 in.w[seq].data_ptr<float>(), first, rows, scores.data_ptr<float>(),
-                                current_stream());
+                                gate_bits(gates), current_stream());
         cuda::dense_indexer_kl_rows(
             rows, keys, scores.data_ptr<float>(), keys, target.data_ptr<float>(),
             loss[seq].narrow(0, first, rows).data_ptr<float>(), current_stream());
@@ -586,8 +593,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       cuda::dense_index_score_backward(
           block, in.q[seq].narrow(0, first, rows).data_ptr(), in.k[seq].data_ptr(),
           in.w[seq].narrow(0, first, rows).data_ptr<float>(), grad_scores.data_ptr<float>(),
-          grad_q[seq].narrow(0, first, rows).data_ptr<float>(), grad_k[seq].data_ptr<float>(),
-          grad_w[seq].narrow(0, first, rows).data_ptr<float>(), current_stream());
+          gate_bits(gates), grad_q[seq].narrow(0, first, rows).data_ptr<float>(),
+          grad_k[seq].data_ptr<float>(), grad_w[seq].narrow(0, first, rows).data_ptr<float>(),
+          current_stream());
     }
   }
   return {unbatch(loss, b), unbatch(grad_q, b).to(q_I.scalar_type()),

@@ -97,10 +97,10 @@ TEST_F(CalibrateTest, QuickCpuRunWritesAFileThePlannerLoads) {
   EXPECT_EQ(doc["measurements"]["indexer_mass"]["flops"], 2.0 * 4 * 32 * 128 * 16);
   EXPECT_EQ(doc["measurements"]["index_score_bwd"]["flops"], 4.0 * 4 * 16 * 128 * 16);
   // The dense warm-up's loss: every one of the N(N+1)/2 visible pairs of one sequence (N 128 as
-  // --seq-len), 2 H d_qk for the logits and 8 H_I d_I for the index scores and their backward.
+  // --seq-len), 2 H d_qk for the logits and 6 H_I d_I for the index scores and their backward.
   EXPECT_EQ(doc["shapes"]["dense_loss_seq_len"], "128");
   EXPECT_EQ(doc["measurements"]["dense_indexer_loss"]["flops"],
-            128.0 * 129 / 2 * (2 * 4 * 32 + 8 * 4 * 16));
+            128.0 * 129 / 2 * (2 * 4 * 32 + 6 * 4 * 16));
 
   auto profile = planner::BuiltinProfile("cpu");
   ASSERT_TRUE(profile.ok());

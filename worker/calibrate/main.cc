@@ -187,7 +187,7 @@ int Run(const Flags& flags) {
   c.notes.push_back(absl::StrCat(
       "dense_indexer_loss: dense_indexer_kl on one causal sequence of random inputs at N = ",
       shapes.dense_loss_seq_len, " with the attention's lse given, as the trainer gives it",
-      "; FLOPs (2 H d_qk + 8 H_I d_I) per visible pair, N(N+1)/2 of them"));
+      "; FLOPs (2 H d_qk + 6 H_I d_I) per visible pair, N(N+1)/2 of them"));
   c.notes.push_back(
       absl::StrCat("flash_topk / table_topk: random (untrained-indexer) inputs at N = ",
                    shapes.selection_seq_len,
