@@ -152,7 +152,7 @@ DeviceProfile H800() {
         "index_score_bwd_tflops", "latent_mass_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
-  // The H200's figure (463.9) was measured here, on an H100 SXM: the same GH100 SMs.
+  // The figure both profiles use (463.9) was measured on an H100 SXM (the same GH100 SMs).
   p.sources["dense_indexer_loss_tflops"] =
       "measured: dense_indexer_kl with the attention's lse given (the trainer's path), 2275.4 ms "
       "at 128K, H = 64, d_qk = 576, H_I = 64, d_I = 128, on H100 SXM at 1650 MHz, the backward "

@@ -479,8 +479,8 @@ constexpr int64_t kDenseTableBlockBytes = int64_t(6) << 30;
 constexpr int64_t kDenseBytesPerPair = 24;
 constexpr int64_t kMaxDenseBlockRows = 4096;  // short sequences: blocks of rows still end
 
-// The gates' head bits of the dense loss (index_score_table), in an int64 tensor.
-uint64_t* gate_bits(const at::Tensor& gates) {
+// The [rows, keys] words of gate bits that index_score_table writes, held in an int64 tensor.
+uint64_t* gate_words(const at::Tensor& gates) {
   return reinterpret_cast<uint64_t*>(gates.data_ptr<int64_t>());
 }
 
@@ -579,7 +579,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
         const auto scores = at::empty({rows, keys}, f32);
         cuda::index_score_table(scored, in.q[seq].data_ptr(), in.k[seq].data_ptr(),
                                 in.w[seq].data_ptr<float>(), first, rows, scores.data_ptr<float>(),
-                                gate_bits(gates), current_stream());
+                                gate_words(gates), current_stream());
         cuda::dense_indexer_kl_rows(
             rows, keys, scores.data_ptr<float>(), keys, target.data_ptr<float>(),
             loss[seq].narrow(0, first, rows).data_ptr<float>(), current_stream());
@@ -593,7 +593,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       cuda::dense_index_score_backward(
           block, in.q[seq].narrow(0, first, rows).data_ptr(), in.k[seq].data_ptr(),
           in.w[seq].narrow(0, first, rows).data_ptr<float>(), grad_scores.data_ptr<float>(),
-          gate_bits(gates), grad_q[seq].narrow(0, first, rows).data_ptr<float>(),
+          gate_words(gates), grad_q[seq].narrow(0, first, rows).data_ptr<float>(),
           grad_k[seq].data_ptr<float>(), grad_w[seq].narrow(0, first, rows).data_ptr<float>(),
           current_stream());
     }
