@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
 
   const int tile_key = emitted_key(warp, lane);
   // One finished tile of query q: keep (or write) the score of this lane's key.
-  auto emit = [&](int q, int64_t base, float2 scores, float key_scale, ulonglong2 gates) {
+  auto emit = [&](int q, int64_t base, float2 scores, float key_scale, uint2 gates) {
     const int slot = first_slot + q;
     float score = lane % 4 == 0 ? scores.x : scores.y;
     if constexpr (Traits::kFp8) score *= key_scale;
@@ -217,10 +217,14 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
         if (p.cand_keys) p.cand_keys[out] = static_cast<int>(key * p.key_stride);
       }
     } else {
-      if (!valid) return;
-      const int64_t at = static_cast<int64_t>(slot) * p.table_stride + key;
-      p.table[at] = score;
-      if (p.gates) p.gates[at] = lane % 4 == 0 ? gates.x : gates.y;
+      const int64_t row = static_cast<int64_t>(slot) * p.table_stride;
+      if (valid) p.table[row + key] = score;
+      if (p.gates) {  // every lane its 16 bits of both its keys' words
+        auto* const words = reinterpret_cast<uint16_t*>(p.gates);
+        const int64_t lo = base + 16 * warp + lane / 4, hi = lo + 8;
+        if (lo < visible[q]) words[4 * (row + lo) + lane % 4] = static_cast<uint16_t>(gates.x);
+        if (hi < visible[q]) words[4 * (row + hi) + lane % 4] = static_cast<uint16_t>(gates.y);
+      }
     }
   };
 
@@ -248,9 +252,9 @@ __global__ void __launch_bounds__(SelectTraits::kThreads, SelectTraits::kBlocksP
     // The gates' bits where a table keeps them (a uniform branch).
     auto gates = [&](auto query, const auto& acc) {
       if constexpr (kMode == ScoreMode::kTable) {
-        if (p.gates) return gate_bits<Traits, decltype(query)::value>(acc, lane);
+        if (p.gates) return gate_bits<Traits, decltype(query)::value>(acc);
       }
-      return ulonglong2{};
+      return uint2{};
     };
     using Q0 = std::integral_constant<int, 0>;
     using Q1 = std::integral_constant<int, 1>;

@@ -56,9 +56,10 @@ void index_score_gather(const IndexerShape& shape, const void* q, const void* k,
 
 // The baseline of DESIGN.md section 4 (b): the same tensor-core scoring, written as an fp32 table
 // [rows, M] for rows [row_begin, row_begin + rows) (-infinity where not visible). With `gates`
-// (else null), also each visible pair's ReLU gates [rows, M]: bit h is whether head h's product is
-// positive (the dense warm-up's backward reads them instead of recomputing the products; entries
-// of keys a row does not see are left as they were).
+// (else null), also each visible pair's ReLU gates [rows, M]: bit gate_bit_position(h)
+// (index_score_warpgroup.cuh) is whether head h's product is positive (the dense warm-up's
+// backward reads them instead of recomputing the products; entries of keys a row does not see are
+// left as they were).
 void index_score_table(const IndexerShape& shape, const void* q, const void* k, const float* w,
                        int64_t row_begin, int64_t rows, float* table, uint64_t* gates,
                        Stream stream);

@@ -74,37 +74,35 @@ __device__ __forceinline__ float2 reduce_heads(const float (&acc)[kAccumulators]
   return make_float2(lo, hi);
 }
 
-// The ReLU gates of query kQuery of a completed tile as head bits: bit h of .x is whether head h's
-// product with the warp's key 16*warp + lane/4 is positive (.y: that key + 8), the gates that
-// reduce_heads applies to the same accumulators; all four lanes of a quad get the same bits.
+// Where head h's ReLU gate lies in a pair's 64-bit word of gate bits: the lane that holds the head
+// (h % 8 / 2 of its quad) owns bits 16 (h % 8 / 2).., and in them heads 8 j + 2 (lane % 4) + e lie
+// at bit 8 e + j, as gate_bits packs them.
+__host__ __device__ constexpr int gate_bit_position(int head) {
+  return 16 * (head % 8 / 2) + 8 * (head % 2) + head / 8;
+}
+
+// The ReLU gates of query kQuery of a completed tile: this lane's 16 bits (gate_bit_position) of
+// the word of the warp's key 16 warp + lane / 4 (.x) and of that + 8 (.y), whose products
+// reduce_heads gates. A product's sign is read after rounding it to bf16 (two heads a packed
+// compare), the same as fp32's but for magnitudes under 2^-126.
 // (The dense warm-up's backward reads them instead of computing the products again.)
 template <class Traits, int kQuery, int kAccumulators>
-__device__ __forceinline__ ulonglong2 gate_bits(const float (&acc)[kAccumulators], int lane) {
+__device__ __forceinline__ uint2 gate_bits(const float (&acc)[kAccumulators]) {
   constexpr int kFirst = 4 * kQuery * Traits::kNTiles;
   static_assert(kFirst + 4 * Traits::kNTiles <= kAccumulators, "query out of range");
-  // A lane holds heads 8 j + 2 (lane % 4) + e: two bits of each byte j, the quad the rest.
-  uint32_t lo[2] = {0u, 0u}, hi[2] = {0u, 0u};  // heads 0-31, 32-63
+  const __nv_bfloat162 zero = __float2bfloat162_rn(0.f);
+  uint32_t lo = 0u, hi = 0u;  // heads 8 j + 2 (lane % 4) + e at bit 16 e + j
 #pragma unroll
   for (int j = 0; j < Traits::kNTiles; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int bit = (8 * j + e) % 32;  // before the lane's shift
-      lo[j / 4] |= uint32_t(acc[kFirst + 4 * j + e] > 0.f) << bit;
-      hi[j / 4] |= uint32_t(acc[kFirst + 4 * j + 2 + e] > 0.f) << bit;
-    }
+    const uint32_t mine = (1u << j) | (1u << (16 + j));
+    lo |= __hgt2_mask(__floats2bfloat162_rn(acc[kFirst + 4 * j], acc[kFirst + 4 * j + 1]), zero) &
+          mine;
+    hi |=
+        __hgt2_mask(__floats2bfloat162_rn(acc[kFirst + 4 * j + 2], acc[kFirst + 4 * j + 3]), zero) &
+        mine;
   }
-  const int shift = 2 * (lane % 4);
-#pragma unroll
-  for (int w = 0; w < (Traits::kHeads + 31) / 32; ++w) {
-    lo[w] <<= shift;
-    hi[w] <<= shift;
-#pragma unroll
-    for (int x = 1; x < 4; x *= 2) {
-      lo[w] |= __shfl_xor_sync(0xffffffffu, lo[w], x);
-      hi[w] |= __shfl_xor_sync(0xffffffffu, hi[w], x);
-    }
-  }
-  return make_ulonglong2(uint64_t(lo[1]) << 32 | lo[0], uint64_t(hi[1]) << 32 | hi[0]);
+  // Bytes 0 and 2: e = 1's bits move to 8 + j.
+  return make_uint2(__byte_perm(lo, 0u, 0x4420), __byte_perm(hi, 0u, 0x4420));
 }
 
 // The tile key whose score lane `lane` of warp `warp` (of its warpgroup) emits: lanes with

@@ -156,21 +156,21 @@ __device__ __forceinline__ void gate_coefficients(const float (&scores)[Tr::kHea
 }
 
 // The same coefficients from the gates' head bits (gate_bits) of the two keys, in the fragments'
-// places: heads 8 j + 2 (lane % 4) + e.
+// places: heads 8 j + 2 (lane % 4) + e, the lane's 16 bits of each word at 8 e + j.
 template <class Tr>
 __device__ __forceinline__ void gated_coefficients(uint64_t gates_lo, uint64_t gates_hi, float g_lo,
                                                    float g_hi,
                                                    const float (&weights)[Tr::Tile::kHeadsPerLane],
                                                    int lane, uint32_t (&coef)[Tr::kHeadSteps][4]) {
-  gates_lo >>= 2 * (lane % 4);
-  gates_hi >>= 2 * (lane % 4);
+  gates_lo >>= 16 * (lane % 4);
+  gates_hi >>= 16 * (lane % 4);
 #pragma unroll
   for (int j = 0; j < Tr::Tile::kNTiles; ++j) {
     float c[4];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      c[e] = (gates_lo >> (8 * j + e)) & 1 ? g_lo * weights[2 * j + e] : 0.f;
-      c[2 + e] = (gates_hi >> (8 * j + e)) & 1 ? g_hi * weights[2 * j + e] : 0.f;
+      c[e] = (gates_lo >> (8 * e + j)) & 1 ? g_lo * weights[2 * j + e] : 0.f;
+      c[2 + e] = (gates_hi >> (8 * e + j)) & 1 ? g_hi * weights[2 * j + e] : 0.f;
     }
     const __nv_bfloat162 lo = __floats2bfloat162_rn(c[0], c[1]);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(c[2], c[3]);
@@ -561,8 +561,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   // The calling thread's accumulator rows: pairs pair_lo and pair_lo + 8, both of one row.
   const int pair_lo = 16 * warp + lane / 4;
   const int group_row = wg * kGroupRows + pair_lo / Tr::kHeads;  // the block's row of both
-  const uint64_t gate_lo = uint64_t(1) << (pair_lo % Tr::kHeads);
-  const uint64_t gate_hi = gate_lo << 8;
+  const uint64_t gate_lo = uint64_t(1) << gate_bit_position(pair_lo % Tr::kHeads);
+  const uint64_t gate_hi = uint64_t(1) << gate_bit_position(pair_lo % Tr::kHeads + 8);
   auto live_pair = [&](int pair) { return wg * kGroupRows + pair / Tr::kHeads < live_rows; };
 
   __shared__ DenseRing ring;
