@@ -271,8 +271,8 @@ MemoryBreakdown StoredStepMemory(const Workload& w, const Candidate& c, const De
   const double alive = w.sparse && !megatron ? kStoredBackwardAlive : 1;
   const double layer_backward = frozen ? 0 : alive * seqs * chunk * row_backward;
   const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
-  // Logits and (unless frozen) their gradient.
-  const double logits_bytes = (frozen ? 1 : 2) * seqs * n * w.vocab * f;
+  // Logits and their gradient; a frozen step forms none.
+  const double logits_bytes = frozen ? 0 : 2 * seqs * n * w.vocab * f;
   // A frozen chunk's key lists are gone when its loss runs.
   const double tables = dense_hyscale && frozen ? std::max(seqs * chunk * dense_table_row,
                                                            DenseLossTableBytes(seqs, chunk, N))
@@ -509,22 +509,31 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
     // recomputation, no backward of the main model, only the indexer keys' gradient travels. A
     // dense stage (worker/model DsaLayer::frozen_dense_attention) takes its output from the sparse
     // attention kernels over each row's causal prefix and its loss from dense_indexer_kl: the
-    // logits, the target, the index scores, the KL and the index scores' backward over every
-    // visible pair, at the profile's rate for that op (dense_indexer_loss_tflops, which
-    // hyscale-calibrate measures; the H200's built-in figure is modelled from its parts).
-    double attention = attn_fwd, indexer = selection + loss_fwd + loss_bwd;
+    // attention's scores, the target, the index scores, the KL and the index scores' backward over
+    // every visible pair, at the profile's rate for that op (dense_indexer_loss_tflops, which
+    // hyscale-calibrate measures). The step reports no LM loss (the frozen model's does not
+    // change), so it forms no logits and the last layer's output has no reader: that layer runs
+    // only its projections and its loss, which then forms the attention's log-sum-exps itself on
+    // the target's tiles (QK^T alone, at the same op's rate: 1.32 s a step at 128K on an H100,
+    // results/dense_warmup_128k_h100_no_logits.txt).
+    const double seqs = static_cast<double>(out.sequences);
+    const double last_layer_proj = q_proj + 2 * d * (key_elems + di) * n / dense_rate;
+    double attention = per_layer * attn_fwd,
+           indexer = per_layer * (selection + loss_fwd + loss_bwd);
     if (!w.sparse && !megatron) {
       const double fwd_tflops = w.latent_kv && prof.latent_fwd_tflops > 0
                                     ? prof.latent_fwd_tflops
                                     : prof.sparse_attention.at(1).fwd_tflops;
-      attention = 2 * H * (dqk + dv) * causal / (fwd_tflops * kTera);
-      indexer =
-          DenseIndexerLossFlops(H, dqk, hi, di, causal) / (prof.dense_indexer_loss_tflops * kTera);
+      const double loss_rate = prof.dense_indexer_loss_tflops * kTera;
+      attention = seqs * (w.layers - 1) * 2 * H * (dqk + dv) * causal / (fwd_tflops * kTera);
+      indexer = (per_layer * DenseIndexerLossFlops(H, dqk, hi, di, causal) +
+                 seqs * 2 * H * dqk * causal) /
+                loss_rate;
     }
     const double indexer_keys_back = RingSeconds(N * idx_elems * ab, p, prof);
-    out.seconds = {{"dense", per_layer * dense_fwd + out.sequences * logits / 3},
-                   {"attention", per_layer * attention},
-                   {"indexer_loss", per_layer * indexer},
+    out.seconds = {{"dense", seqs * ((w.layers - 1) * dense_fwd + last_layer_proj)},
+                   {"attention", attention},
+                   {"indexer_loss", indexer},
                    {"launches", per_layer * launches}};
     out.compute_s = 0;
     for (const auto& [term, s] : out.seconds) out.compute_s += s;

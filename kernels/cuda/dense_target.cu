@@ -36,9 +36,13 @@ using Tr = DenseTargetTraits;
 
 // Q [rows, H, dim] and the keys [keys, dim] come through tensor maps (the kernel's parameters).
 struct DenseTargetProblem {
-  const float* lse;  // [rows, H], natural log
+  const float* lse;  // [rows, H], natural log (the target pass)
   float* target;     // rows of target_stride floats, zeroed
   int64_t target_stride;
+  // The lse pass's per-chunk partials, [key chunk][pair] each: the reference (log2 units of the
+  // scaled logits) and the sum of exp2(logit - reference) over the chunk's keys the row sees.
+  float* partial_max;
+  float* partial_sum;
   int64_t rows, heads, dim;
   PrefixKeys prefix;  // num_keys: those the block's last row sees
   float scale_log2;   // scale * log2(e)
@@ -54,8 +58,9 @@ struct DenseTargetSync {
 };
 static_assert(sizeof(DenseTargetSync) <= Tr::kBarrierBytes);
 
-// Named barriers: consumer w may issue its next tile's products once it syncs on kTurn + w.
-enum DenseTargetBarrier : int { kTurn = 1 };
+// Named barriers: consumer w may issue its next tile's products once it syncs on kTurn + w; the
+// lse pass's consumers meet on kSumsDone (kTurn + 2) at the end.
+enum DenseTargetBarrier : int { kTurn = 1, kSumsDone = 3 };
 
 // 2^x as one MUFU.EX2; results under 2^-126 (probabilities of no weight) flush to 0.
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -135,8 +140,96 @@ __device__ __forceinline__ void add_probabilities(const DenseTargetProblem& p, c
   }
 }
 
-// Consumer warpgroup `wg`: all 128 pairs against the block's tiles wg, wg + 2, ...
-__device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const bf16* ring,
+// The lse pass's running sums: a column's reference moves only when a tile's maximum passes it
+// by more than kMaxLag (log2 units), so its terms stay below 2^kMaxLag and it is rarely rescaled.
+constexpr float kMaxLag = 8.f;
+
+// (max, sum) += (other_max, other_sum), both sums relative to their maxima (-infinity, 0: empty).
+__device__ __forceinline__ void merge_sums(float& max, float& sum, float other_max,
+                                           float other_sum) {
+  const float merged = fmaxf(max, other_max);
+  if (merged == -INFINITY) return;
+  sum = sum * exp2_ftz(max - merged) + other_sum * exp2_ftz(other_max - merged);
+  max = merged;
+}
+
+// One tile's exponentials of keys lo (acc[4 j + e]) and hi (acc[4 j + 2 + e]) into this thread's
+// columns' running (max, sum); kMasked as in add_probabilities.
+template <bool kMasked>
+__device__ __forceinline__ void add_exponentials(const DenseTargetProblem& p, const float* acc,
+                                                 float (&run_max)[16][2], float (&run_sum)[16][2],
+                                                 const int64_t* seen, int js_shift, int64_t lo,
+                                                 int64_t hi) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int64_t limit = kMasked ? seen[j >> js_shift] : 0;
+    const bool sees_lo = !kMasked || lo < limit, sees_hi = !kMasked || hi < limit;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float s_lo = sees_lo ? acc[4 * j + e] * p.scale_log2 : -INFINITY;
+      const float s_hi = sees_hi ? acc[4 * j + 2 + e] * p.scale_log2 : -INFINITY;
+      const float tile_max = fmaxf(s_lo, s_hi);
+      float& max = run_max[j][e];
+      float& sum = run_sum[j][e];
+      if (tile_max > max + kMaxLag) {  // (-infinity + kMaxLag is -infinity: the first key seen)
+        sum *= exp2_ftz(max - tile_max);
+        max = tile_max;
+      }
+      if (max != -INFINITY) sum += exp2_ftz(s_lo - max) + exp2_ftz(s_hi - max);
+    }
+  }
+}
+
+// The lse pass's end in a block: each consumer's columns merged over the rows of its
+// accumulators (the 8 lanes of a column, then its 4 warps), then both consumers' per pair, into
+// the block's partial of its key chunk. `scratch` (Q's tile, free once both consumers' products
+// have retired) holds [consumer][warp][pair] (max, sum).
+__device__ void publish_sums(const DenseTargetProblem& p, float (&run_max)[16][2],
+                             float (&run_sum)[16][2], float* scratch, int wg, int64_t first_pair) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      for (int x = 4; x < 32; x *= 2) {
+        const float other_max = __shfl_xor_sync(0xffffffffu, run_max[j][e], x);
+        const float other_sum = __shfl_xor_sync(0xffffffffu, run_sum[j][e], x);
+        merge_sums(run_max[j][e], run_sum[j][e], other_max, other_sum);
+      }
+    }
+  }
+  named_barrier_sync(kSumsDone, Tr::kConsumerThreads);  // both consumers' products retired
+  if (lane < 4) {
+    float* const mine = scratch + 2 * Tr::kPairs * (4 * wg + warp);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int pair = 8 * j + 2 * lane + e;
+        mine[2 * pair] = run_max[j][e];
+        mine[2 * pair + 1] = run_sum[j][e];
+      }
+    }
+  }
+  named_barrier_sync(kSumsDone, Tr::kConsumerThreads);
+  if (wg != 0) return;
+  float max = -INFINITY, sum = 0.f;
+  for (int part = 0; part < 8; ++part) {  // in a fixed order: the same bits every run
+    const float* const theirs = scratch + 2 * Tr::kPairs * part + 2 * t;
+    merge_sums(max, sum, theirs[0], theirs[1]);
+  }
+  const int64_t pair = first_pair + t;
+  if (pair < p.rows * p.heads) {
+    const int64_t at = static_cast<int64_t>(blockIdx.y) * p.rows * p.heads + pair;
+    p.partial_max[at] = max;
+    p.partial_sum[at] = sum;
+  }
+}
+
+// Consumer warpgroup `wg`: all 128 pairs against the block's tiles wg, wg + 2, ...: the target's
+// probabilities, or with kLse the running sums of the lse pass.
+template <bool kLse>
+__device__ void consume(const DenseTargetProblem& p, bf16* q_tile, const bf16* ring,
                         DenseTargetSync& sync, int wg, int64_t first_pair, int64_t begin,
                         int64_t end) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -144,13 +237,19 @@ __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const b
   const int64_t pairs = p.rows * p.heads;
   // This thread's columns: pairs 8 j + 2 (lane % 4) + e of the block (j < 16, e < 2), each with
   // -lse in log2 units (-infinity past the last pair: nothing survives it).
-  float neg_lse[16][2];
+  // The lse pass's running (max, sum) in the same places.
+  float neg_lse[16][2], run_max[16][2], run_sum[16][2];
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int64_t pair = first_pair + 8 * j + 2 * (lane % 4) + e;
-      neg_lse[j][e] = pair < pairs ? p.lse[pair] * -1.4426950408889634f : -INFINITY;
+      if constexpr (kLse) {
+        run_max[j][e] = -INFINITY;
+        run_sum[j][e] = 0.f;
+      } else {
+        neg_lse[j][e] = pair < pairs ? p.lse[pair] * -1.4426950408889634f : -INFINITY;
+      }
     }
   }
   const int js_shift = __ffs(static_cast<int>(p.heads) / 8) - 1;  // j's of a row: H / 8
@@ -208,17 +307,27 @@ __device__ void consume(const DenseTargetProblem& p, const bf16* q_tile, const b
 
     const int64_t first_key = begin + static_cast<int64_t>(tile) * Tr::kKeys;
     const int64_t lo = first_key + key_lo, hi = first_key + key_hi;
-    if (first_key + Tr::kKeys <= all_see) {
+    if constexpr (kLse) {
+      if (first_key + Tr::kKeys <= all_see) {
+        add_exponentials<false>(p, acc, run_max, run_sum, sync.seen, js_shift, lo, hi);
+      } else {
+        add_exponentials<true>(p, acc, run_max, run_sum, sync.seen, js_shift, lo, hi);
+      }
+    } else if (first_key + Tr::kKeys <= all_see) {
       add_probabilities<false>(p, acc, neg_lse, sync.seen, first_row, js_shift, lo, hi, lane);
     } else {
       add_probabilities<true>(p, acc, neg_lse, sync.seen, first_row, js_shift, lo, hi, lane);
     }
   }
+  if constexpr (kLse) {
+    publish_sums(p, run_max, run_sum, reinterpret_cast<float*>(q_tile), wg, first_pair);
+  }
 }
 
-__global__ void __launch_bounds__(Tr::kThreads, 1)
-    dense_target_kernel(const DenseTargetProblem p, const __grid_constant__ CUtensorMap key_map,
-                        const __grid_constant__ CUtensorMap q_map) {
+// A block of the target pass (kLse false) or the lse pass: the producer and the two consumers.
+template <bool kLse>
+__device__ __forceinline__ void run_block(const DenseTargetProblem& p, const CUtensorMap& key_map,
+                                          const CUtensorMap& q_map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto* const q_tile =
       reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -249,11 +358,41 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   __syncthreads();
   const int wg = warpgroup_index();
+  // The lse pass's running sums take twice the registers of the target's -lse: the producer gives
+  // them up.
   if (wg == 2) {
+    if constexpr (kLse) release_registers<Tr::kProducerRegisters>();
     produce(p, key_map, q_map, q_tile, ring, sync, first_pair, begin, end);
   } else {
-    consume(p, q_tile, ring, sync, wg, first_pair, begin, end);
+    if constexpr (kLse) claim_registers<Tr::kConsumerRegisters>();
+    consume<kLse>(p, q_tile, ring, sync, wg, first_pair, begin, end);
   }
+}
+
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    dense_target_kernel(const DenseTargetProblem p, const __grid_constant__ CUtensorMap key_map,
+                        const __grid_constant__ CUtensorMap q_map) {
+  run_block<false>(p, key_map, q_map);
+}
+
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    dense_lse_kernel(const DenseTargetProblem p, const __grid_constant__ CUtensorMap key_map,
+                     const __grid_constant__ CUtensorMap q_map) {
+  run_block<true>(p, key_map, q_map);
+}
+
+// lse[pair] from the chunks' partials, merged in chunk order (a chunk no block of the pair ran
+// holds sum 0 and adds nothing); -infinity where the row sees no key.
+__global__ void dense_lse_merge_kernel(const float* partial_max, const float* partial_sum,
+                                       int64_t pairs, int chunks, float* lse) {
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (pair >= pairs) return;
+  float max = -INFINITY, sum = 0.f;
+  for (int c = 0; c < chunks; ++c) {
+    const int64_t at = c * pairs + pair;
+    if (partial_sum[at] > 0.f) merge_sums(max, sum, partial_max[at], partial_sum[at]);
+  }
+  lse[pair] = max == -INFINITY ? -INFINITY : (max + log2f(sum)) * 0.6931471805599453f;
 }
 
 }  // namespace
@@ -277,6 +416,8 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
   DenseTargetProblem p{lse,
                        target,
                        target_stride,
+                       nullptr,
+                       nullptr,
                        rows,
                        heads,
                        dim,
@@ -293,6 +434,56 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
   dense_target_kernel<<<grid, Tr::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p, key_map,
                                                                                        q_map);
   throw_on_error(cudaGetLastError(), op, "target kernel launch");
+}
+
+int64_t dense_attention_lse_fused_workspace(int64_t rows, int64_t heads, int64_t keys) {
+  return 2 * ceil_div(keys, Tr::kKeyChunk) * rows * heads;
+}
+
+void dense_attention_lse_fused(const IndexerShape& shape, int64_t first, int64_t rows,
+                               int64_t heads, int64_t dim, int64_t keys, const void* q,
+                               const void* key, float scale, float* workspace, float* lse,
+                               Stream stream) {
+  const char* op = "hyscale::dense_indexer_kl (CUDA)";
+  if (!dense_attention_target_fused_supported(heads, dim)) {
+    throw std::invalid_argument(std::string(op) + ": the fused lse takes H in {8, 16, 32, " +
+                                "64, 128} and d_qk a multiple of 64 up to 576, got H " +
+                                std::to_string(heads) + ", d_qk " + std::to_string(dim));
+  }
+  if (rows == 0) return;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  const int64_t pairs = rows * heads;
+  const int chunks = static_cast<int>(ceil_div(keys, Tr::kKeyChunk));
+  float* const partial_max = workspace;
+  float* const partial_sum = workspace + chunks * pairs;
+  // Chunks no block runs (past a row's prefix) keep sum 0: the merge skips them.
+  throw_on_error(cudaMemsetAsync(partial_sum, 0, sizeof(float) * chunks * pairs, cuda_stream), op,
+                 "lse partials' zeros");
+  if (keys > 0) {
+    DenseTargetProblem p{nullptr,
+                         nullptr,
+                         0,
+                         partial_max,
+                         partial_sum,
+                         rows,
+                         heads,
+                         dim,
+                         PrefixKeys{shape.position(first), shape.visibility.tokens_per_key, keys},
+                         scale * 1.4426950408889634f};
+    const CUtensorMap key_map = bf16_tile_map(key, keys, dim, Tr::kKeys, op);
+    const CUtensorMap q_map = bf16_tile_map(q, pairs, dim, Tr::kPairs, op);
+    const int smem = Tr::smem_bytes(static_cast<int>(dim));
+    throw_on_error(
+        cudaFuncSetAttribute(dense_lse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+        op, "shared memory size (lse)");
+    const dim3 grid(static_cast<unsigned>(ceil_div(pairs, Tr::kPairs)),
+                    static_cast<unsigned>(chunks));
+    dense_lse_kernel<<<grid, Tr::kThreads, smem, cuda_stream>>>(p, key_map, q_map);
+    throw_on_error(cudaGetLastError(), op, "lse kernel launch");
+  }
+  dense_lse_merge_kernel<<<static_cast<unsigned>(ceil_div(pairs, int64_t{256})), 256, 0,
+                           cuda_stream>>>(partial_max, partial_sum, pairs, chunks, lse);
+  throw_on_error(cudaGetLastError(), op, "lse merge launch");
 }
 
 }  // namespace hyscale::cuda

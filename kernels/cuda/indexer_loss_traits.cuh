@@ -110,6 +110,10 @@ struct DenseTargetTraits {
   static constexpr int kQueuedBlocks = 2;
   static_assert(kQueuedBlocks >= 1 && kQueuedBlocks < kSlots && kQueuedBlocks <= 7);
   static constexpr int kBarrierBytes = 1024;  // q_ready, full[kSlots], empty[kSlots], seen
+  // The lse pass's registers a thread (setmaxnreg): its consumers keep two running sums a column.
+  static constexpr int kConsumerRegisters = 216;
+  static constexpr int kProducerRegisters = 72;
+  static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536);
   // Shared memory: 1 KB alignment slack, Q, the ring, the barriers.
   static constexpr int smem_bytes(int dim_qk) {
     return 1024 + kPairs * dim_qk * 2 + kSlots * kSlotBytes + kBarrierBytes;

@@ -485,21 +485,33 @@ uint64_t* gate_words(const at::Tensor& gates) {
 }
 
 // target [rows, keys] (zeroed; 0 stays past each row's visible keys) of rows [first, first + rows)
-// of one sequence: the frozen attention's probabilities summed over heads, divided by H. With the
-// log-sum-exps given (`lse` [N, H], fp32, contiguous: the trainer's) and a shape it takes, tile by
-// tile on tensor cores (dense_attention_target_fused), no logits in memory; otherwise from logits
-// made by cuBLAS (bf16 in, fp32 out) a few rows at a time, read once for their log-sum-exps unless
-// given, and once for the target.
+// of one sequence: the frozen attention's probabilities summed over heads, divided by H. For a
+// shape the tensor-core passes take, tile by tile (dense_attention_target_fused) with the
+// log-sum-exps given (`lse` [N, H], fp32, contiguous: the trainer's) or else made by the same
+// tiles first (dense_attention_lse_fused), no logits in memory; otherwise from logits made by
+// cuBLAS (bf16 in, fp32 out) a few rows at a time, read once for their log-sum-exps unless given,
+// and once for the target.
 void dense_target(const IndexerShape& shape, const at::Tensor& q, const at::Tensor& key,
                   const at::Tensor& lse, double scale, int64_t first, int64_t rows,
                   const at::Tensor& target) {
-  const int64_t heads = q.size(1), keys = target.size(1);
-  if (lse.defined() && cuda::dense_attention_target_fused_supported(heads, q.size(2))) {
+  const int64_t heads = q.size(1), dim = q.size(2), keys = target.size(1);
+  if (cuda::dense_attention_target_fused_supported(heads, dim)) {
+    const int64_t seen = shape.visible_keys(first + rows - 1);
+    const void* const block_q = q.narrow(0, first, rows).data_ptr();
+    at::Tensor block_lse;
+    if (lse.defined()) {
+      block_lse = lse.narrow(0, first, rows);
+    } else {
+      block_lse = at::empty({rows, heads}, target.options());
+      const auto workspace = at::empty(
+          {cuda::dense_attention_lse_fused_workspace(rows, heads, seen)}, target.options());
+      cuda::dense_attention_lse_fused(shape, first, rows, heads, dim, seen, block_q, key.data_ptr(),
+                                      static_cast<float>(scale), workspace.data_ptr<float>(),
+                                      block_lse.data_ptr<float>(), current_stream());
+    }
     cuda::dense_attention_target_fused(
-        shape, first, rows, heads, q.size(2), shape.visible_keys(first + rows - 1),
-        q.narrow(0, first, rows).data_ptr(), key.data_ptr(), static_cast<float>(scale),
-        lse.narrow(0, first, rows).data_ptr<float>(), target.data_ptr<float>(), keys,
-        current_stream());
+        shape, first, rows, heads, dim, seen, block_q, key.data_ptr(), static_cast<float>(scale),
+        block_lse.data_ptr<float>(), target.data_ptr<float>(), keys, current_stream());
     return;
   }
   const int64_t step = std::clamp<int64_t>(kDenseBlockBytes / (heads * keys * 4), 1, rows);

@@ -458,6 +458,44 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
   }
 }
 
+// Without the lse, dense_indexer_kl makes it by the fused target's tiles (dense_lse_kernel) for the
+// shapes they take: the same loss and gradients as with the float64 lse given, over more than one
+// 2048-key chunk (the chunks' partials merged), rows that see no key (tokens_per_key 2), a row
+// block's last pairs past N, and H at both ends of what the tiles take.
+TEST_F(IndexerLossCudaTest, DenseIndexerKlMakesTheLseItIsNotGiven) {
+  struct LseCase {
+    int64_t n, heads, dim_qk, q_offset, tokens_per_key;
+  };
+  for (const LseCase& c :
+       {LseCase{2500, 64, 576, 0, 1}, LseCase{301, 8, 64, 0, 2}, LseCase{130, 128, 128, 2100, 1}}) {
+    SCOPED_TRACE("N " + std::to_string(c.n) + " H " + std::to_string(c.heads) + " d_qk " +
+                 std::to_string(c.dim_qk) + " q_offset " + std::to_string(c.q_offset) +
+                 " tokens_per_key " + std::to_string(c.tokens_per_key));
+    const int64_t m = (c.n + c.q_offset) / c.tokens_per_key;
+    const auto q = bf16_values({c.n, c.heads, c.dim_qk}), key = bf16_values({m, c.dim_qk});
+    const auto q_i = eighths({c.n, 32, 64}), k_i = eighths({m, 64}), w = eighths({c.n, 32});
+    const double scale = 1 / std::sqrt(static_cast<double>(c.dim_qk));
+    const auto visible = torch::arange(m).unsqueeze(0) * c.tokens_per_key + c.tokens_per_key - 1 <=
+                         torch::arange(c.n).unsqueeze(1) + c.q_offset;
+    const auto lse = torch::logsumexp(
+        (torch::einsum("thd,sd->ths", {q.to(torch::kDouble), key.to(torch::kDouble)}) * scale)
+            .masked_fill(visible.logical_not().unsqueeze(1), -INFINITY),
+        -1);
+    const auto given =
+        ops::dense_indexer_kl(q.cuda(), key.cuda(), q_i.cuda(), k_i.cuda(), w.cuda(), scale,
+                              c.q_offset, c.tokens_per_key, lse.to(torch::kFloat).cuda());
+    const auto made = ops::dense_indexer_kl(q.cuda(), key.cuda(), q_i.cuda(), k_i.cuda(), w.cuda(),
+                                            scale, c.q_offset, c.tokens_per_key);
+    // The loss (fp32 sums) holds the lse made to the given one's fp32 rounding. The gradients go
+    // through bf16 (the KL's gradient as the products' coefficients, grad q_I as the output), whose
+    // rounding such a difference flips by an ulp here and there: up to 3.2e-4 of the largest.
+    expect_close(made.loss, given.loss, 1e-5, "loss");
+    expect_close(made.grad_q, given.grad_q, 2e-3, "grad q_I");
+    expect_close(made.grad_k, given.grad_k, 2e-3, "grad k_I");
+    expect_close(made.grad_w, given.grad_w, 2e-3, "grad w");
+  }
+}
+
 // A sequence long enough that the GPU op works in blocks of rows (up to 4096 for the tables, whole
 // waves of the index-score backward; 256 for the logits at 16K keys and H = 64): rows near the
 // edges of blocks and sub-blocks, each against the CPU op in float64 on those rows alone

@@ -31,7 +31,7 @@ TrainedOnce trained(const DsaModel& model, const ForwardResult& result) {
   for (const auto& p : model->named_parameters()) {
     if (p.value().grad().defined()) run.grads[p.key()] = p.value().grad().clone();
   }
-  run.logits = result.logits.detach();
+  if (result.logits.defined()) run.logits = result.logits.detach();
   run.indexer_loss = result.reported_indexer_loss().item<double>();
   run.stats = model->selection_stats();
   return run;
@@ -150,7 +150,10 @@ void expect_close(const TrainedOnce& got, const TrainedOnce& want, const std::st
         << what << ": " << name << " max |diff| "
         << (got.grads.at(name) - grad).abs().max().item<double>();
   }
-  EXPECT_TRUE(torch::allclose(got.logits, want.logits, 1e-10, 1e-12)) << what;
+  // (A frozen step without logits: the rest as with them.)
+  if (got.logits.defined()) {
+    EXPECT_TRUE(torch::allclose(got.logits, want.logits, 1e-10, 1e-12)) << what;
+  }
   EXPECT_NEAR(got.indexer_loss, want.indexer_loss, 1e-12) << what;
 }
 
@@ -207,7 +210,8 @@ TrainedOnce indexer_only_step(const ModelConfig& config, const ForwardOptions& o
 
 // options.frozen_main (INDEXER_ONLY stages, the dense warm-up): the indexer learns inside the
 // forward, layer by layer and chunk by chunk, exactly as autograd after the whole forward
-// teaches it, and nothing else gets a gradient.
+// teaches it, and nothing else gets a gradient; without frozen_logits (the trainer's step) the
+// same, with no logits (the last layer's loss takes no attention output).
 TEST(ModelTest, FrozenMainModelTrainsTheIndexerInsideTheForward) {
   for (const bool latent : {false, true}) {
     auto config = testing::SmallConfig();
@@ -231,6 +235,10 @@ TEST(ModelTest, FrozenMainModelTrainsTheIndexerInsideTheForward) {
           const TrainedOnce got = indexer_only_step(config, frozen, 0.3, batch);
           expect_close(got, want, what);
           for (const auto& [name, grad] : got.grads) EXPECT_TRUE(is_indexer(name)) << name;
+          frozen.frozen_logits = false;
+          const TrainedOnce no_logits = indexer_only_step(config, frozen, 0.3, batch);
+          EXPECT_FALSE(no_logits.logits.defined()) << what;
+          expect_close(no_logits, want, what + ", no logits");
         }
       }
     }

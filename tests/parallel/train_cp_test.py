@@ -124,8 +124,9 @@ def steps(events):
 
 
 def compared(step):
-    """The losses of a step and, after an evaluation, its accuracy and indexer recall."""
-    figures = {key: step[key] for key in ("loss", "lm_loss", "indexer_loss")}
+    """The losses of a step (no lm_loss in a stage that trains the indexer alone) and, after an
+    evaluation, its accuracy and indexer recall."""
+    figures = {key: step[key] for key in ("loss", "lm_loss", "indexer_loss") if key in step}
     figures.update(step.get("evaluation", {}))
     return figures
 

@@ -37,8 +37,9 @@ StepEvent metrics_at(int64_t step) {
   StepEvent m;
   m.set_step(step);
   m.set_stage(step > 3 ? 1 : 0);
-  m.set_loss(2.5);
-  m.set_lm_loss(2.0);
+  // Stage 0 trains the indexer alone: its steps report no LM loss.
+  m.set_loss(step > 3 ? 2.5 : 0.5);
+  if (step > 3) m.set_lm_loss(2.0);
   m.set_indexer_loss(0.5);
   m.set_lr(1e-3);
   m.set_step_seconds(0.25);
@@ -116,9 +117,10 @@ TEST(EventSink, WritesOneJsonLinePerEvent) {
   EXPECT_EQ(step2.step(), 2);
   EXPECT_EQ(step2.total_steps(), 5);
   EXPECT_EQ(step2.stage(), 0);
-  EXPECT_DOUBLE_EQ(step2.loss(), 2.5);
-  EXPECT_DOUBLE_EQ(step2.lm_loss(), 2.0);
+  EXPECT_DOUBLE_EQ(step2.loss(), 0.5);
+  EXPECT_FALSE(step2.has_lm_loss());
   EXPECT_DOUBLE_EQ(step2.indexer_loss(), 0.5);
+  EXPECT_DOUBLE_EQ(events[6].step().lm_loss(), 2.0);
   EXPECT_DOUBLE_EQ(step2.lr(), 1e-3);
   EXPECT_DOUBLE_EQ(step2.tokens_per_second(), 4096);
   EXPECT_EQ(step2.peak_memory_bytes(), 1 << 20);
@@ -163,7 +165,8 @@ TEST(EventSink, TerminalShowsABarAndReadableLines) {
   const std::string text = terminal.str();
   EXPECT_THAT(text, HasSubstr("\r"));
   EXPECT_THAT(text, HasSubstr("] 5/5 100%  ETA 0:00:00  loss 2.5000  4096 tok/s"));
-  EXPECT_THAT(text, HasSubstr("step 2/5  loss 2.5000 (lm 2.0000, indexer 0.5000)  lr 1.00e-03"));
+  EXPECT_THAT(text, HasSubstr("step 2/5  loss 0.5000 (indexer 0.5000)  lr 1.00e-03"));
+  EXPECT_THAT(text, HasSubstr("step 4/5  loss 2.5000 (lm 2.0000, indexer 0.5000)  lr 1.00e-03"));
   EXPECT_THAT(text,
               HasSubstr("accuracy 0.750  indexer recall 0.900  keys shared G2/64 1.03/4.06x"));
   EXPECT_THAT(text, HasSubstr("warning: disk almost full\n"));

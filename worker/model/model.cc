@@ -467,7 +467,8 @@ DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
 
 DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
     const QuerySide& queries, const KeySide& keys, const Chunk& chunk,
-    const ForwardOptions& options, double mean_grad, const torch::Tensor& index_k_grad) {
+    const ForwardOptions& options, double mean_grad, const torch::Tensor& index_k_grad,
+    bool output) {
   const auto key = keys.key.narrow(1, 0, chunk.keys);
   const auto index_k = keys.index_k.narrow(1, 0, chunk.keys).detach();
   const auto& index = queries.index;
@@ -482,7 +483,7 @@ DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
       return t.narrow(1, run.begin, run.length).detach();
     };
     ops::Attention attention;
-    {
+    if (output) {
       // The output by the sparse kernels over each row's whole causal prefix: [rows, keys]
       // indices, -1 past a row's position (skipped, not computed), instead of [H, rows, keys]
       // probability tables.
@@ -503,7 +504,8 @@ DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
     }
     {
       PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_INDEXER_LOSS);
-      // The attention's log-sum-exps are the output's: the loss need not compute them again.
+      // The attention's log-sum-exps are the output's, where it ran: the loss need not compute
+      // them again.
       const auto kl = ops::dense_indexer_kl(rows(queries.q), key, rows(index.q), index_k,
                                             rows(index.w), scale_, run.offset, 1, attention.lse);
       loss_sum = loss_sum.defined() ? loss_sum + kl.loss.sum() : kl.loss.sum();
@@ -527,7 +529,7 @@ DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
     backward.run();
   }
   Attention a;
-  a.out = join(out);
+  if (output) a.out = join(out);
   a.loss = loss_sum / static_cast<double>(batch * chunk.length);
   return a;
 }
@@ -810,7 +812,7 @@ DsaModelImpl::DsaModelImpl(const ModelConfig& c) : config_(c) {
 }
 
 LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOptions& options,
-                                         double grad_scale, SelectionStats& stats) {
+                                         double grad_scale, SelectionStats& stats, bool output) {
   auto& clock = *options.clock;
   const double rows = static_cast<double>(x.size(1));
   const std::vector<Chunk> parts = chunks(x, options);
@@ -849,10 +851,11 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
                  keys.value.defined() ? keys.value.narrow(1, 0, c.keys).detach() : keys.value,
                  as_leaf(keys.index_k.narrow(1, 0, c.keys))};
     const double chunk_share = static_cast<double>(c.length) / rows;
-    const Attention a = key_lists ? frozen_dense_attention(queries, keys, c, options,
-                                                           grad_scale * chunk_share, index_k_grad)
-                                  : attend(queries, seen, c, options, torch::Tensor());
-    {
+    const Attention a = key_lists
+                            ? frozen_dense_attention(queries, keys, c, options,
+                                                     grad_scale * chunk_share, index_k_grad, output)
+                            : attend(queries, seen, c, options, torch::Tensor());
+    if (output) {
       torch::NoGradGuard no_grad;
       out_x.add(c.begin, residuals(x_c, a.out.detach(), options));
     }
@@ -901,7 +904,7 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
     }
   }
   LayerOutput out;
-  out.x = out_x.take();
+  if (output) out.x = out_x.take();
   out.indexer_loss = loss;
   return out;
 }
@@ -919,15 +922,18 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
   const double per_layer = 1.0 / static_cast<double>(layers_.size());
   if (options.frozen_main && options.indexer_loss && torch::GradMode::is_enabled()) {
     x = x.detach();
-    for (auto& layer : layers_) {
-      LayerOutput out =
-          layer->forward_frozen(x, options, options.indexer_grad_scale * per_layer, stats_);
+    const auto dtype = x.scalar_type();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      // Without logits the last layer's output has no reader.
+      const bool output = options.frozen_logits || l + 1 < layers_.size();
+      LayerOutput out = layers_[l]->forward_frozen(
+          x, options, options.indexer_grad_scale * per_layer, stats_, output);
       x = out.x;
       if (out.indexer_loss.defined()) {
-        result.indexer_loss_value.add_(out.indexer_loss.to(x.scalar_type()) * per_layer);
+        result.indexer_loss_value.add_(out.indexer_loss.to(dtype) * per_layer);
       }
     }
-    {
+    if (options.frozen_logits) {
       PhaseClock::Scope scope(clock, v1::STEP_PHASE_LM_HEAD);
       torch::NoGradGuard no_grad;
       result.logits = lm_head_(final_norm_(x));

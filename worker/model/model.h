@@ -86,6 +86,10 @@ struct ForwardOptions {
   // value without a graph, and `recompute` does not apply.
   bool frozen_main = false;
   double indexer_grad_scale = 1;
+  // With frozen_main: compute the logits. False (a frozen step that reports no LM loss): the last
+  // layer computes only its indexer loss (no attention output, MLP or LM head; the result has no
+  // logits), the dense warm-up's largest saving after the loss itself.
+  bool frozen_logits = true;
   // Set where a backward follows (the recomputation, or a sparse step that trains without it):
   // [B, T] (the layer's query rows). Sparse attention then takes the indexer loss's target from
   // its own backward
@@ -107,7 +111,7 @@ struct LayerProbe {
 };
 
 struct ForwardResult {
-  torch::Tensor logits;  // [B, T, vocab]
+  torch::Tensor logits;  // [B, T, vocab]; undefined in a frozen step without frozen_logits
   // Scalar, differentiable: KL averaged over queries and layers (0 if disabled). In a sparse step
   // that trains, only its gradient is right (its value is 0): the loss is computed in backward,
   // by the recomputation or by the attention backward that forms the loss's target.
@@ -207,12 +211,12 @@ class DsaLayerImpl : public torch::nn::Module {
                                 const torch::Tensor& grad_loss, const ForwardOptions& options,
                                 const torch::Tensor& replay_indices, SelectionStats& stats);
 
-  // options.frozen_main: the frozen layer's output and its indexer loss's value, both without a
-  // graph (no indices: nothing replays them); on the way the loss times `grad_scale` is
-  // backpropagated into the indexer's parameters (and, under context parallelism, its keys'
-  // gradients to their ranks).
+  // options.frozen_main: the frozen layer's output (unless `output` is false: none) and its indexer
+  // loss's value, both without a graph (no indices: nothing replays them); on the way the loss
+  // times `grad_scale` is backpropagated into the indexer's parameters (and, under context
+  // parallelism, its keys' gradients to their ranks).
   LayerOutput forward_frozen(const torch::Tensor& x, const ForwardOptions& options,
-                             double grad_scale, SelectionStats& stats);
+                             double grad_scale, SelectionStats& stats, bool output = true);
 
   std::vector<torch::Tensor> indexer_parameters() const { return indexer_->parameters(); }
 
@@ -258,13 +262,15 @@ class DsaLayerImpl : public torch::nn::Module {
                             const torch::Tensor& value,
                             const LightningIndexerImpl::Projections& index,
                             const torch::Tensor& positions, const ForwardOptions& options);
-  // options.frozen_main, dense: the chunk's attention output without a graph and its indexer loss
-  // (the mean over its rows, a value) by ops::dense_indexer_kl, which holds no [N, M] table. The
+  // options.frozen_main, dense: the chunk's attention output without a graph (with `output`) and
+  // its indexer loss (the mean over its rows, a value) by ops::dense_indexer_kl, which holds no
+  // [N, M] table (without the output, it makes the attention's log-sum-exps itself). The
   // loss's gradients times `mean_grad` (the gradient of that mean) go into the indexer's query
   // side here, by autograd, and into `index_k_grad` [B, >= keys, d_I] for its keys.
   Attention frozen_dense_attention(const QuerySide& queries, const KeySide& keys,
                                    const Chunk& chunk, const ForwardOptions& options,
-                                   double mean_grad, const torch::Tensor& index_k_grad);
+                                   double mean_grad, const torch::Tensor& index_k_grad,
+                                   bool output);
   Attention sparse_attention(const torch::Tensor& q, const torch::Tensor& key,
                              const torch::Tensor& value,
                              const LightningIndexerImpl::Projections& index, const Chunk& chunk,

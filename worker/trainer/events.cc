@@ -124,9 +124,10 @@ void EventSink::Step(StepEvent step, int64_t total_steps) {
   if (!log) return;
 
   std::string readable = absl::StrCat(
-      "step ", step.step(), "/", total_steps, "  loss ", format("%.4f", step.loss()), " (lm ",
-      format("%.4f", step.lm_loss()), ", indexer ", format("%.4f", step.indexer_loss()), ")  lr ",
-      format("%.2e", step.lr()), "  ", format("%.0f", step.tokens_per_second()), " tok/s");
+      "step ", step.step(), "/", total_steps, "  loss ", format("%.4f", step.loss()), " (",
+      step.has_lm_loss() ? absl::StrCat("lm ", format("%.4f", step.lm_loss()), ", ") : "",
+      "indexer ", format("%.4f", step.indexer_loss()), ")  lr ", format("%.2e", step.lr()), "  ",
+      format("%.0f", step.tokens_per_second()), " tok/s");
   if (step.has_evaluation()) {
     const auto& evaluation = step.evaluation();
     absl::StrAppend(&readable, "  accuracy ", format("%.3f", evaluation.accuracy()),

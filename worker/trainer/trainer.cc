@@ -197,9 +197,10 @@ class Trainer::Impl {
       }
       StepEvent metrics = TrainStep(step, position);
       if (!std::isfinite(metrics.loss())) {
-        return absl::InternalError(absl::StrCat("loss is not finite at step ", step, " (lm_loss ",
-                                                metrics.lm_loss(), ", indexer_loss ",
-                                                metrics.indexer_loss(), ")"));
+        return absl::InternalError(absl::StrCat(
+            "loss is not finite at step ", step, " (",
+            metrics.has_lm_loss() ? absl::StrCat("lm_loss ", metrics.lm_loss(), ", ") : "",
+            "indexer_loss ", metrics.indexer_loss(), ")"));
       }
       step_ = step;
       const bool stage_end = step == plan_.last_step_of(position.stage);
@@ -267,8 +268,10 @@ class Trainer::Impl {
     o.selection_replay = options_.selection_replay.value_or(spec_.recompute().selection_replay());
     o.bf16_autocast = options_.device.is_cuda();
     o.query_group = spec_.parallelism().query_group();
-    // A frozen main model: the indexer learns inside the forward (nothing to backpropagate after).
+    // A frozen main model: the indexer learns inside the forward (nothing to backpropagate after),
+    // and its step reports no LM loss (the frozen model's does not change): no logits.
     o.frozen_main = stage.trains() == v1::INDEXER_ONLY;
+    o.frozen_logits = false;
     o.indexer_grad_scale = stage.indexer_loss_weight() / static_cast<double>(world_size());
     o.query_chunk = memory_plan(shape_of(stage), o).candidate.query_chunk;
     return o;
@@ -351,18 +354,20 @@ class Trainer::Impl {
       compat::CudaBf16Autocast autocast(options.bf16_autocast);
       result = model_->forward(batch.inputs, options);
       PhaseClock::Scope scope(*clock_, v1::STEP_PHASE_LM_HEAD);
-      // Each rank's loss is its tokens' share of the whole batch's mean: the ranks' gradients
-      // then add up to the gradient of the whole batch's loss.
-      lm_loss = torch::nn::functional::cross_entropy(
-                    result.logits.view({-1, result.logits.size(-1)}).to(torch::kFloat),
-                    batch.targets.view(-1),
-                    torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(
-                        torch::kSum)) /
-                static_cast<double>(std::max<int64_t>(counted, 1));
       indexer_loss = result.indexer_loss.to(torch::kFloat) / static_cast<double>(world_size());
-      result.logits = torch::Tensor();  // the loss holds what backward needs
-      loss =
-          (main_trains ? lm_loss : lm_loss.detach()) + stage.indexer_loss_weight() * indexer_loss;
+      loss = stage.indexer_loss_weight() * indexer_loss;
+      if (result.logits.defined()) {  // (not in a frozen step: options.frozen_logits)
+        // Each rank's loss is its tokens' share of the whole batch's mean: the ranks' gradients
+        // then add up to the gradient of the whole batch's loss.
+        lm_loss = torch::nn::functional::cross_entropy(
+                      result.logits.view({-1, result.logits.size(-1)}).to(torch::kFloat),
+                      batch.targets.view(-1),
+                      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(
+                          torch::kSum)) /
+                  static_cast<double>(std::max<int64_t>(counted, 1));
+        result.logits = torch::Tensor();  // the loss holds what backward needs
+        loss = (main_trains ? lm_loss : lm_loss.detach()) + loss;
+      }
     }
     {
       PhaseClock::PassGuard pass(*clock_, v1::STEP_PASS_BWD);
@@ -386,7 +391,7 @@ class Trainer::Impl {
     }
     // The indexer loss's value is known once backward ran (recomputation, or the attention
     // backward that forms its target, computes it).
-    const double lm_value = lm_loss.item<double>();
+    const double lm_value = lm_loss.defined() ? lm_loss.item<double>() : 0;
     const double indexer_value =
         result.reported_indexer_loss().item<double>() / static_cast<double>(world_size());
     const auto losses = sum_over_ranks(
@@ -399,7 +404,7 @@ class Trainer::Impl {
     StepEvent m;
     m.set_step(step);
     m.set_stage(position.stage);
-    m.set_lm_loss(losses[0].item<double>());
+    if (lm_loss.defined()) m.set_lm_loss(losses[0].item<double>());
     m.set_indexer_loss(losses[1].item<double>());
     m.set_loss(losses[2].item<double>());
     m.set_lr(lr);
