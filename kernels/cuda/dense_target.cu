@@ -395,6 +395,23 @@ __global__ void dense_lse_merge_kernel(const float* partial_max, const float* pa
   lse[pair] = max == -INFINITY ? -INFINITY : (max + log2f(sum)) * 0.6931471805599453f;
 }
 
+// A pass of `kernel` (dense_target_kernel or dense_lse_kernel): a block a kPairs pairs of p and
+// kKeyChunk keys of its prefix.
+template <class Kernel>
+void launch_pass(Kernel kernel, const DenseTargetProblem& p, const void* q, const void* key,
+                 const char* op, const char* pass, cudaStream_t stream) {
+  const int64_t pairs = p.rows * p.heads, keys = p.prefix.num_keys;
+  const CUtensorMap key_map = bf16_tile_map(key, keys, p.dim, Tr::kKeys, op);
+  const CUtensorMap q_map = bf16_tile_map(q, pairs, p.dim, Tr::kPairs, op);
+  const int smem = Tr::smem_bytes(static_cast<int>(p.dim));
+  throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                 op, (std::string("shared memory size (") + pass + ")").c_str());
+  const dim3 grid(static_cast<unsigned>(ceil_div(pairs, Tr::kPairs)),
+                  static_cast<unsigned>(ceil_div(keys, Tr::kKeyChunk)));
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(p, key_map, q_map);
+  throw_on_error(cudaGetLastError(), op, (std::string(pass) + " kernel launch").c_str());
+}
+
 }  // namespace
 
 bool dense_attention_target_fused_supported(int64_t heads, int64_t dim) {
@@ -423,17 +440,7 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
                        dim,
                        PrefixKeys{shape.position(first), shape.visibility.tokens_per_key, keys},
                        scale * 1.4426950408889634f};
-  const CUtensorMap key_map = bf16_tile_map(key, keys, dim, Tr::kKeys, op);
-  const CUtensorMap q_map = bf16_tile_map(q, rows * heads, dim, Tr::kPairs, op);
-  const int smem = Tr::smem_bytes(static_cast<int>(dim));
-  throw_on_error(
-      cudaFuncSetAttribute(dense_target_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-      op, "shared memory size (target)");
-  const dim3 grid(static_cast<unsigned>(ceil_div(rows * heads, Tr::kPairs)),
-                  static_cast<unsigned>(ceil_div(keys, Tr::kKeyChunk)));
-  dense_target_kernel<<<grid, Tr::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p, key_map,
-                                                                                       q_map);
-  throw_on_error(cudaGetLastError(), op, "target kernel launch");
+  launch_pass(dense_target_kernel, p, q, key, op, "target", static_cast<cudaStream_t>(stream));
 }
 
 int64_t dense_attention_lse_fused_workspace(int64_t rows, int64_t heads, int64_t keys) {
@@ -470,16 +477,7 @@ void dense_attention_lse_fused(const IndexerShape& shape, int64_t first, int64_t
                          dim,
                          PrefixKeys{shape.position(first), shape.visibility.tokens_per_key, keys},
                          scale * 1.4426950408889634f};
-    const CUtensorMap key_map = bf16_tile_map(key, keys, dim, Tr::kKeys, op);
-    const CUtensorMap q_map = bf16_tile_map(q, pairs, dim, Tr::kPairs, op);
-    const int smem = Tr::smem_bytes(static_cast<int>(dim));
-    throw_on_error(
-        cudaFuncSetAttribute(dense_lse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-        op, "shared memory size (lse)");
-    const dim3 grid(static_cast<unsigned>(ceil_div(pairs, Tr::kPairs)),
-                    static_cast<unsigned>(chunks));
-    dense_lse_kernel<<<grid, Tr::kThreads, smem, cuda_stream>>>(p, key_map, q_map);
-    throw_on_error(cudaGetLastError(), op, "lse kernel launch");
+    launch_pass(dense_lse_kernel, p, q, key, op, "lse", cuda_stream);
   }
   dense_lse_merge_kernel<<<static_cast<unsigned>(ceil_div(pairs, int64_t{256})), 256, 0,
                            cuda_stream>>>(partial_max, partial_sum, pairs, chunks, lse);

@@ -68,6 +68,19 @@ void expect_close(const torch::Tensor& got, const torch::Tensor& want, double to
   EXPECT_LE(worst, tol * scale) << what << ": max error " << worst << " vs max |ref| " << scale;
 }
 
+// The attention's log-sum-exps [N, H] in float64 over each row's causal prefix of keys (row t
+// sees key s where (s + 1) tokens_per_key - 1 <= t + q_offset).
+torch::Tensor causal_lse(const torch::Tensor& q, const torch::Tensor& key, double scale,
+                         int64_t q_offset, int64_t tokens_per_key) {
+  const auto visible =
+      torch::arange(key.size(0)).unsqueeze(0) * tokens_per_key + tokens_per_key - 1 <=
+      torch::arange(q.size(0)).unsqueeze(1) + q_offset;
+  return torch::logsumexp(
+      (torch::einsum("thd,sd->ths", {q.to(torch::kDouble), key.to(torch::kDouble)}) * scale)
+          .masked_fill(visible.logical_not().unsqueeze(1), -INFINITY),
+      -1);
+}
+
 struct IndexerCase {
   int64_t n, m, heads, dim, topk;
 };
@@ -441,13 +454,7 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMatchesTheFloat64CpuOp) {
       expect_close(gpu.grad_w, want.grad_w, 1e-2, "grad w");
     }
     // With the attention's log-sum-exps given (as the trainer passes its forward's): the same.
-    const auto visible =
-        torch::arange(c.m).unsqueeze(0) * c.tokens_per_key + c.tokens_per_key - 1 <=
-        torch::arange(c.n).unsqueeze(1) + c.q_offset;
-    const auto lse = torch::logsumexp(
-        (torch::einsum("thd,sd->ths", {q.to(torch::kDouble), key.to(torch::kDouble)}) * scale)
-            .masked_fill(visible.logical_not().unsqueeze(1), -INFINITY),
-        -1);
+    const auto lse = causal_lse(q, key, scale, c.q_offset, c.tokens_per_key);
     const auto given =
         ops::dense_indexer_kl(q.cuda(), key.cuda(), q_i.cuda(), k_i.cuda(), w.cuda(), scale,
                               c.q_offset, c.tokens_per_key, lse.to(torch::kFloat).cuda());
@@ -475,12 +482,7 @@ TEST_F(IndexerLossCudaTest, DenseIndexerKlMakesTheLseItIsNotGiven) {
     const auto q = bf16_values({c.n, c.heads, c.dim_qk}), key = bf16_values({m, c.dim_qk});
     const auto q_i = eighths({c.n, 32, 64}), k_i = eighths({m, 64}), w = eighths({c.n, 32});
     const double scale = 1 / std::sqrt(static_cast<double>(c.dim_qk));
-    const auto visible = torch::arange(m).unsqueeze(0) * c.tokens_per_key + c.tokens_per_key - 1 <=
-                         torch::arange(c.n).unsqueeze(1) + c.q_offset;
-    const auto lse = torch::logsumexp(
-        (torch::einsum("thd,sd->ths", {q.to(torch::kDouble), key.to(torch::kDouble)}) * scale)
-            .masked_fill(visible.logical_not().unsqueeze(1), -INFINITY),
-        -1);
+    const auto lse = causal_lse(q, key, scale, c.q_offset, c.tokens_per_key);
     const auto given =
         ops::dense_indexer_kl(q.cuda(), key.cuda(), q_i.cuda(), k_i.cuda(), w.cuda(), scale,
                               c.q_offset, c.tokens_per_key, lse.to(torch::kFloat).cuda());
