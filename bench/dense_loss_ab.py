@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Builds of libhyscale_ops.so on the same GPU, in turn: the dense warm-up's loss
-(dense_indexer_kl with the frozen attention's lse, the trainer's path; issue #40) at the 2048x4
-reference model's shape of bench/indexer_loss_bench.py part c (H = 64, d_qk 576, H_I 64 x 128),
+(dense_indexer_kl with the frozen attention's lse, the trainer's path; with --no-lse, its last
+frozen layer's, which makes the lse on the target's tiles; issue #40) at the 2048x4 reference
+model's shape of bench/indexer_loss_bench.py part c (H = 64, d_qk 576, H_I 64 x 128),
 whole and by kernel (torch.profiler, DENSE_PARTS).
 
 As bench/sparse_attn_ab.py does for the attention: each library runs in its own process (all
@@ -27,7 +28,7 @@ from sparse_attn_ab import mhz
 from sparse_attn_bench import timed_with_clock
 
 
-def measure(lib, n, heads, runs):
+def measure(lib, n, heads, runs, no_lse):
     """One library's loss at N: its median time, clock and kernels' times, as one JSON line."""
     import torch
 
@@ -35,7 +36,7 @@ def measure(lib, n, heads, runs):
     ops = torch.ops.hyscale
     q, kv, q_i, k_i, w = dense_inputs(n, heads, n + 11)
     scale = DQK ** -0.5
-    _, lse = dense_output_pass(ops, q, kv, scale)
+    _, lse = (None, None) if no_lse else dense_output_pass(ops, q, kv, scale)
     loss = lambda: ops.dense_indexer_kl(q, kv, q_i, k_i, w, scale, 0, 1, lse)
     ms, clock = timed_with_clock(loss, runs)
     print(json.dumps(dict(ms=ms, clock=clock, parts=profiled_parts(loss))), flush=True)
@@ -48,12 +49,15 @@ def main():
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--no-lse", action="store_true",
+                    help="the loss without the attention's lse (the trainer's last frozen layer: "
+                         "the op makes it on the target's tiles)")
     ap.add_argument("--child-timeout", type=float, default=300,
                     help="seconds a library's process may take; past them it is killed and skipped")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # the library one process measures
     a = ap.parse_args()
     if a.child:
-        measure(a.child, a.n, a.heads, a.runs)
+        measure(a.child, a.n, a.heads, a.runs, a.no_lse)
         return
     libs = [tuple(item.split("=", 1)) for item in (a.libs or "").split(",") if "=" in item]
     if len(libs) < 2:
@@ -62,7 +66,7 @@ def main():
     for r in range(a.rounds):
         for name, path in libs:
             cmd = [sys.executable, __file__, "--child", path, "--n", str(a.n), "--heads",
-                   str(a.heads), "--runs", str(a.runs)]
+                   str(a.heads), "--runs", str(a.runs)] + (["--no-lse"] if a.no_lse else [])
             try:
                 child = subprocess.run(cmd, check=True, capture_output=True, text=True,
                                        timeout=a.child_timeout)
