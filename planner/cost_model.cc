@@ -24,18 +24,17 @@ constexpr double kStoredBackwardAlive = 0.12;
 // The frozen dense stage's loss on the GPU (dense_indexer_kl, kernels/torch/cuda.cc, given the
 // attention's log-sum-exps as the trainer gives them) works in blocks of at most
 // kDenseLossBlockRows rows, fewer where a row's N keys pass kDenseLossRowBudget (the op's
-// kDenseTableBlockBytes / kDenseBytesPerPair, 2048 rows at 128K), each block's [rows, N] fp32
-// target and scores (8 B a pair) with the KL's temporaries on top (kDenseLossTableFactor of them,
-// from the H100's peak at 128K in chunks of 1980: 8.42 GiB, 0.67 more than with blocks of 396 rows,
-// docs/results/warmup_128k_h100_blocks.json) and the scores' ReLU gates (8 B a pair).
+// kDenseTableBlockBytes / kDenseBytesPerPair, 2048 rows at 128K), each block's [rows, N] tables
+// alive together: the target (fp32; the KL's gradient in its place), the scores (fp32) and their
+// ReLU gates (a 64-bit word).
 constexpr double kDenseLossBlockRows = 4096;
 constexpr double kDenseLossRowBudget = double(int64_t(1) << 28);  // rows x keys of a block
-constexpr double kDenseLossTableFactor = 1.35;
+constexpr double kDenseLossPairBytes = 4 + 4 + 8;
 // A frozen dense chunk's loss tables, bytes: its rows in the op's blocks.
 double DenseLossTableBytes(double seqs, double chunk, double N) {
   const double rows =
       std::min({chunk, kDenseLossBlockRows, std::max(1.0, kDenseLossRowBudget / N)});
-  return seqs * rows * N * (kDenseLossTableFactor * 2 * 4 + 8);
+  return seqs * rows * N * kDenseLossPairBytes;
 }
 // Bytes a frozen dense query row holds while its attention output runs: its key list (int32 over
 // the sequence, -1 past its position) and the attention op's contiguous copy of it, for a batch of
@@ -273,10 +272,13 @@ MemoryBreakdown StoredStepMemory(const Workload& w, const Candidate& c, const De
   const double chunked_grads = chunks > 1 && !frozen ? 2 * seqs * n * d * f : 0;
   // Logits and their gradient; a frozen step forms none.
   const double logits_bytes = frozen ? 0 : 2 * seqs * n * w.vocab * f;
-  // A frozen chunk's key lists are gone when its loss runs.
-  const double tables = dense_hyscale && frozen ? std::max(seqs * chunk * dense_table_row,
-                                                           DenseLossTableBytes(seqs, chunk, N))
-                                                : seqs * chunk * dense_table_row;
+  // A frozen chunk's key lists are gone when its loss runs; its queries (the attention's and the
+  // indexer's with its head weights) and the attention's output are alive through both.
+  const double tables =
+      dense_hyscale && frozen
+          ? std::max(seqs * chunk * dense_table_row, DenseLossTableBytes(seqs, chunk, N)) +
+                seqs * chunk * (H * (dqk + dv) + hi * (di + 1)) * ab
+          : seqs * chunk * dense_table_row;
   mem.workspace = scratch + tables + layer_backward + chunked_grads + logits_bytes;
   return mem;
 }
