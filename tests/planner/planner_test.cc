@@ -328,7 +328,7 @@ TEST(PlannerTest, TheDenseWarmUpFitsInQueryChunks) {
   // Its time: a forward with the indexer's loss and backward inside it, no recomputation; the
   // loss (dense_indexer_kl at the profile's dense_indexer_loss_tflops) and the attention over
   // every earlier key dominate (above 3x the built-in profile's sparse step, which runs under the
-  // measured one; measured on an H100 2.86x, results/dense_warmup_128k_h100_no_logits.txt).
+  // measured one; measured on an H100 2.79x, results/dense_warmup_128k_h100_715106a.txt).
   EXPECT_EQ(fitted.seconds.count("recompute"), 0u);
   EXPECT_GT(fitted.seconds.at("attention"), 10 * fitted.seconds.at("dense"));
   EXPECT_GT(fitted.step_s, 3 * sparse.step_s);
@@ -353,7 +353,7 @@ TEST(PlannerTest, TheDenseWarmUpFitsInQueryChunks) {
 // rounds it down to whole waves of the loss's rows kernel, 2048 -> 1980 at 128K; 8192 -> 7920 at
 // 32K: results/gpu_check_h200_4199a78.txt), and the peak at 128K, the loss's in blocks of 1980
 // rows with the scores' gates (10.28 GiB on an H100, any card's:
-// results/dense_warmup_128k_h100_no_logits.txt), is within 10 %. The step time is held on the
+// results/dense_warmup_128k_h100_715106a.txt), is within 10 %. The step time is held on the
 // H100 (below), where the step of this tree was measured.
 TEST(PlannerTest, PredictsTheDenseWarmUpsMeasuredSteps) {
   const DeviceProfile h200 = On("h200", 1).profile;
@@ -388,12 +388,12 @@ TEST(PlannerTest, BuiltinProfileOfDeviceNames) {
 
 // The same on an H100 (the h800 profile: the same SMs, the loss's rate measured there at 128K):
 // the warm-up with its backward from the scores pass's ReLU gates and its last layer without an
-// output pass took 17.23 s a step at 128K in chunks of 1980, at a peak of 10.28 GiB
-// (results/dense_warmup_128k_h100_no_logits.txt), and 1.174 s at 32K in chunks of 7920
-// (results/gpu_check_h100_cbb8640.txt) at a peak of 7.66 GiB.
+// output pass took 17.00 s a step at 128K in chunks of 1980, at a peak of 10.28 GiB
+// (results/dense_warmup_128k_h100_715106a.txt), and 1.161 s at 32K in chunks of 7920
+// (results/gpu_check_h100_715106a.txt) at a peak of 7.66 GiB.
 TEST(PlannerTest, PredictsTheDenseWarmUpOnTheH100) {
   for (const auto& [tokens, seconds, gib] : std::vector<std::tuple<int64_t, double, double>>{
-           {1 << 17, 17.23, 10.28}, {1 << 15, 1.174, 7.66}}) {
+           {1 << 17, 17.00, 10.28}, {1 << 15, 1.161, 7.66}}) {
     v1::JobSpec spec = ReferenceModel(tokens);
     spec.mutable_stages(0)->set_attention(v1::DENSE);
     spec.mutable_stages(0)->set_trains(v1::INDEXER_ONLY);
