@@ -347,6 +347,16 @@ Workload Workload::Of(const v1::JobSpec& spec) {
   return w;
 }
 
+Workload Workload::OfStage(const v1::JobSpec& spec, int stage) {
+  const v1::StageSpec& own = spec.stages(stage);
+  v1::JobSpec alone = spec;
+  if (own.seq_len() > 0) alone.mutable_data()->set_seq_len(own.seq_len());
+  if (own.batch_size() > 0) alone.mutable_data()->set_batch_size(own.batch_size());
+  alone.clear_stages();
+  *alone.add_stages() = own;
+  return Of(alone);
+}
+
 Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& prof, int gpus) {
   Prediction out;
   out.candidate = c;
@@ -631,6 +641,25 @@ Prediction PredictFitted(const Workload& work, const Candidate& candidate,
     if (fitted.memory.total <= profile.memory_bytes) break;
   }
   return fitted;
+}
+
+Prediction PredictJob(const v1::JobSpec& spec, const Candidate& candidate,
+                      const DeviceProfile& profile, int gpus, std::vector<Prediction>* stages) {
+  Prediction job = PredictFitted(Workload::Of(spec), candidate, profile, gpus);
+  if (stages != nullptr) stages->clear();
+  if (spec.stages_size() < 2) {
+    if (stages != nullptr && spec.stages_size() == 1) stages->push_back(job);
+    return job;
+  }
+  for (int i = 0; i < spec.stages_size(); ++i) {
+    const Prediction stage = PredictFitted(Workload::OfStage(spec, i), candidate, profile, gpus);
+    if (job.rejected.empty() && !stage.rejected.empty()) {
+      job.rejected = absl::StrCat("stage '", spec.stages(i).name(), "': ", stage.rejected);
+    }
+    if (stage.memory.total > job.memory.total) job.memory = stage.memory;
+    if (stages != nullptr) stages->push_back(stage);
+  }
+  return job;
 }
 
 }  // namespace hyscale::server::planner

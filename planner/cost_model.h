@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "hyscale/v1/job.pb.h"
 #include "planner/profile.h"
@@ -73,6 +74,8 @@ struct Workload {
   bool indexer_only = false;
 
   static Workload Of(const v1::JobSpec& spec);
+  // Stage `stage` of `spec` alone: its attention, what it trains and its batch shape.
+  static Workload OfStage(const v1::JobSpec& spec, int stage);
 };
 
 struct MemoryBreakdown {
@@ -138,5 +141,14 @@ inline constexpr double kFrozenKeyListBytes = 2.0 * (1 << 30);
 // Otherwise Predict as given.
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus);
+
+// The job `spec` as a candidate runs it: PredictFitted of its workload (Workload::Of: the costly
+// stage at length), and where it has several stages, of each stage's own workload too (the trainer
+// fits each stage's query chunk to the device on its own): rejected where a stage does not fit
+// (naming it), at the largest memory of them. `stages` (if given) gets each stage's prediction, in
+// the spec's order.
+Prediction PredictJob(const v1::JobSpec& spec, const Candidate& candidate,
+                      const DeviceProfile& profile, int gpus,
+                      std::vector<Prediction>* stages = nullptr);
 
 }  // namespace hyscale::server::planner

@@ -161,13 +161,38 @@ std::string Compare(const std::string& choice, const PlanResult& plan, Same same
   return absl::StrCat(choice, ": the only choice");
 }
 
+// The winner's step, memory and time in each stage of a job with several (their attention, what
+// they train and their batch shapes differ: a dense warm-up before the sparse stage, a length
+// curriculum), and the job's time in all.
+void AddStageNotes(const v1::JobSpec& spec, const Candidate& winner, const PlanOptions& options,
+                   std::vector<std::string>* notes) {
+  std::vector<Prediction> stages;
+  PredictJob(spec, winner, options.profile, options.gpus, &stages);
+  double total = 0;
+  for (int i = 0; i < spec.stages_size(); ++i) {
+    const v1::StageSpec& stage = spec.stages(i);
+    const Workload work = Workload::OfStage(spec, i);
+    const Prediction& p = stages[i];
+    total += static_cast<double>(stage.steps()) * p.step_s;
+    notes->push_back(absl::StrCat(
+        "stage '", stage.name(), "' (", work.sparse ? "sparse" : "dense",
+        work.indexer_only ? ", the indexer alone" : "", ", ", work.seq_len, " tokens x ",
+        work.batch, ", ", stage.steps(), " steps): ", Seconds(p.step_s), " a step, ",
+        absl::StrFormat("%.1f GiB", p.memory.total / (1 << 30)),
+        p.candidate.query_chunk > 0 ? absl::StrCat(", chunks of ", p.candidate.query_chunk) : "",
+        p.rejected.empty() ? "" : absl::StrCat(" (", p.rejected, ")")));
+  }
+  notes->push_back(absl::StrFormat("the job's %d stages: %.2f h of steps (evaluations not counted)",
+                                   spec.stages_size(), total / 3600));
+}
+
 }  // namespace
 
 PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options) {
   const Workload work = Workload::Of(spec);
   PlanResult plan;
   for (const Candidate& c : EnumerateCandidates(work, options)) {
-    plan.candidates.push_back(PredictFitted(work, c, options.profile, options.gpus));
+    plan.candidates.push_back(PredictJob(spec, c, options.profile, options.gpus));
   }
   std::stable_sort(plan.candidates.begin(), plan.candidates.end(),
                    [](const Prediction& a, const Prediction& b) {
@@ -197,6 +222,7 @@ PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options) {
                    " per step (compute ", Seconds(w.compute_s), ", exposed communication ",
                    Seconds(w.exposed_comm_s), " of ", Seconds(w.comm_s), "), ",
                    absl::StrFormat("%.1f GiB", w.memory.total / (1 << 30)), " per device"));
+  if (spec.stages_size() > 1) AddStageNotes(spec, w.candidate, options, &plan.notes);
   const auto same = [](auto field) {
     return [field](const Candidate& a, const Candidate& b) {
       Candidate x = a;

@@ -99,9 +99,10 @@ planner::PlanOptions PlannerOptions(const v1::Resources& resources,
 absl::StatusOr<int64_t> MemoryPerRank(const v1::JobSpec& spec, const v1::Resources& resources,
                                       const planner::DeviceProfile& profile) {
   const planner::PlanOptions options = PlannerOptions(resources, profile);
-  // A query_chunk of 0 lets the trainer choose one that fits (recomputed layers).
-  const planner::Prediction own = planner::PredictFitted(
-      planner::Workload::Of(spec), planner::CandidateOf(spec), options.profile, options.gpus);
+  // A query_chunk of 0 lets the trainer choose one that fits (recomputed layers); every stage
+  // must fit.
+  const planner::Prediction own =
+      planner::PredictJob(spec, planner::CandidateOf(spec), options.profile, options.gpus);
   if (!own.rejected.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("spec: does not fit ", options.gpus, " ",
                                                    options.profile.name,
@@ -495,9 +496,8 @@ void Coordinator::ExportPlan(const v1::Job& job) {
   const planner::PlanOptions options =
       PlannerOptions(job.resources(), PlanningProfile(job.resources()));
   // The prediction placement used (MemoryPerRank), query chunks included.
-  const planner::Prediction predicted =
-      planner::PredictFitted(planner::Workload::Of(job.spec()), planner::CandidateOf(job.spec()),
-                             options.profile, options.gpus);
+  const planner::Prediction predicted = planner::PredictJob(
+      job.spec(), planner::CandidateOf(job.spec()), options.profile, options.gpus);
   metrics_->JobPlanned(job.id(), static_cast<int64_t>(predicted.memory.total), predicted.step_s);
 }
 

@@ -1,9 +1,11 @@
 #include "planner/planner.h"
 
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -403,6 +405,61 @@ TEST(PlannerTest, PredictsTheDenseWarmUpOnTheH100) {
     EXPECT_NEAR(p.step_s, seconds, 0.1 * seconds) << "N " << tokens;
     EXPECT_NEAR(p.memory.total / (1 << 30), gib, 0.1 * gib) << "N " << tokens;
   }
+}
+
+// DeepSeek-V3.2's recipe as one job: the dense warm-up (the indexer alone) before the sparse
+// stage. The plan is chosen on the sparse stage (the costly one at length); each stage is predicted
+// on its own workload as the trainer runs it (the warm-up in its own query chunks, at its own
+// memory); the notes give each stage's step and memory and the job's hours. A stage that cannot fit
+// rejects the plan by its name, though the job's data shape fits: a last stage at 2M tokens.
+TEST(PlannerTest, PlansEveryStageOfAJob) {
+  v1::JobSpec spec = ReferenceModel(1 << 17);
+  spec.clear_stages();
+  v1::StageSpec* warm_up = spec.add_stages();
+  warm_up->set_name("warmup");
+  warm_up->set_steps(1000);
+  warm_up->set_attention(v1::DENSE);
+  warm_up->set_trains(v1::INDEXER_ONLY);
+  v1::StageSpec* sparse = spec.add_stages();
+  sparse->set_name("sparse");
+  sparse->set_steps(100);
+  sparse->set_attention(v1::SPARSE);
+  const PlanOptions h200 = On("h200", 1);
+
+  std::vector<Prediction> stages;
+  const Prediction job = PredictJob(spec, CandidateOf(spec), h200.profile, 1, &stages);
+  ASSERT_TRUE(job.rejected.empty()) << job.rejected;
+  ASSERT_EQ(stages.size(), 2u);
+  v1::JobSpec warm_up_alone = ReferenceModel(1 << 17);
+  *warm_up_alone.mutable_stages(0) = *warm_up;
+  const Prediction alone =
+      PredictFitted(Workload::Of(warm_up_alone), CandidateOf(warm_up_alone), h200.profile, 1);
+  EXPECT_DOUBLE_EQ(stages[0].step_s, alone.step_s);
+  EXPECT_EQ(stages[0].candidate.query_chunk, 2048);
+  EXPECT_DOUBLE_EQ(stages[1].step_s, job.step_s);
+  EXPECT_EQ(job.memory.total, std::max(stages[0].memory.total, stages[1].memory.total));
+
+  const PlanResult plan = PlanJob(spec, h200);
+  ASSERT_EQ(plan.winner, 0);
+  const std::string notes = absl::StrJoin(plan.notes, "\n");
+  EXPECT_NE(
+      notes.find("stage 'warmup' (dense, the indexer alone, 131072 tokens x 1, 1000 steps): "),
+      std::string::npos)
+      << notes;
+  EXPECT_NE(notes.find("stage 'sparse' (sparse, 131072 tokens x 1, 100 steps): "),
+            std::string::npos)
+      << notes;
+  const double hours = (1000 * stages[0].step_s + 100 * stages[1].step_s) / 3600;
+  EXPECT_NE(notes.find(absl::StrFormat("the job's 2 stages: %.2f h of steps", hours)),
+            std::string::npos)
+      << notes;
+
+  v1::StageSpec* longest = spec.add_stages();
+  *longest = *sparse;
+  longest->set_name("long");
+  longest->set_seq_len(1 << 21);
+  const Prediction too_long = PredictJob(spec, CandidateOf(spec), h200.profile, 1);
+  EXPECT_EQ(too_long.rejected.rfind("stage 'long': memory", 0), 0u) << too_long.rejected;
 }
 
 // The warm-up's indexer loss (dense_indexer_kl) at the profile's dense_indexer_loss_tflops: a

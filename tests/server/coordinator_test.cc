@@ -1066,6 +1066,24 @@ TEST_F(CoordinatorTest, JobsThatCannotFitAreRefusedOrWait) {
   EXPECT_NE(refused.status().message().find("spec: does not fit 1 "), std::string::npos)
       << refused.status();
   EXPECT_NE(refused.status().message().find("device(s): memory"), std::string::npos);
+  // Each stage counts on its own: at 64K tokens the sparse stage fits, the dense one before it
+  // (its score tables without recomputation) does not.
+  auto staged = SubmitRequest(1, 0, 2);
+  staged.mutable_spec()->mutable_data()->set_seq_len(65536);
+  v1::StageSpec* dense = staged.mutable_spec()->mutable_stages(0);
+  dense->set_name("dense");
+  dense->set_attention(v1::DENSE);
+  v1::StageSpec* sparse = staged.mutable_spec()->add_stages();
+  *sparse = staged.spec().stages(0);
+  sparse->set_name("sparse");
+  sparse->set_attention(v1::SPARSE);
+  const auto refused_stage = c_->SubmitJob(staged);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused_stage.status())) << refused_stage.status();
+  EXPECT_NE(refused_stage.status().message().find("device(s): stage 'dense': memory"),
+            std::string::npos)
+      << refused_stage.status();
+  staged.mutable_spec()->mutable_stages()->DeleteSubrange(0, 1);
+  EXPECT_TRUE(c_->SubmitJob(staged).ok());
 
   auto small = WorkerRequest("small", 1);
   small.mutable_devices(0)->set_memory_bytes(1000);
