@@ -501,6 +501,19 @@ void Coordinator::ExportPlan(const v1::Job& job) {
   metrics_->JobPlanned(job.id(), static_cast<int64_t>(predicted.memory.total), predicted.step_s);
 }
 
+void Coordinator::ExportStagePlan(const v1::Job& job,
+                                  const v1::TrainerEventLine::StageStarted& started) {
+  if (metrics_ == nullptr || started.predicted_memory().total_bytes() <= 0) return;
+  const planner::PlanOptions options =
+      PlannerOptions(job.resources(), PlanningProfile(job.resources()));
+  std::vector<planner::Prediction> stages;
+  planner::PredictJob(job.spec(), planner::CandidateOf(job.spec()), options.profile, options.gpus,
+                      &stages);
+  const bool known = started.stage() >= 0 && started.stage() < static_cast<int>(stages.size());
+  metrics_->StagePredicted(job.id(), started.predicted_memory().total_bytes(),
+                           known ? stages[started.stage()].step_s : 0);
+}
+
 void Coordinator::UpdateGauges() {
   if (metrics_ == nullptr) return;
   metrics_->SetJobCounts(job_counts_);
@@ -1707,10 +1720,7 @@ absl::Status Coordinator::HandleReport(WorkerEntry& worker, const v1::RankReport
       if (line.has_rendezvous() && ref.rank() == 0) {
         return PublishRendezvous(entry, *std::move(event));
       }
-      if (line.has_stage_started() && ref.rank() == 0 && metrics_ != nullptr &&
-          line.stage_started().predicted_memory().total_bytes() > 0) {
-        metrics_->StagePredicted(job.id(), line.stage_started().predicted_memory().total_bytes());
-      }
+      if (line.has_stage_started() && ref.rank() == 0) ExportStagePlan(job, line.stage_started());
       v1::Job updated = job;
       if (line.has_step() && ref.rank() == 0) {
         const v1::TrainerEventLine::Step& step = line.step();

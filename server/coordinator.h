@@ -38,6 +38,7 @@
 #include <tuple>
 #include <vector>
 
+#include "hyscale/v1/events.pb.h"
 #include "hyscale/v1/service.pb.h"
 #include "planner/profile.h"
 #include "proto/constants.h"
@@ -279,6 +280,8 @@ class Coordinator {
   void UpdateGauges();
   // Exports the planner's predictions for `job` beside what it measures.
   void ExportPlan(const v1::Job& job);
+  // Rank 0 started a stage: the stage's predictions replace the job's (ServerMetrics).
+  void ExportStagePlan(const v1::Job& job, const v1::TrainerEventLine::StageStarted& started);
   std::string NewJobId();
   // SubmitJob under the lock: a retry's earlier job, or the new job, adopted, staged in the store
   // and scheduled; with the ticket to sync before answering.

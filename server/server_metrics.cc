@@ -139,8 +139,10 @@ void ServerMetrics::JobPlanned(const std::string& job_id, int64_t predicted_memo
   predicted_step_->Set({job_id}, predicted_step_seconds);
 }
 
-void ServerMetrics::StagePredicted(const std::string& job_id, int64_t predicted_memory_bytes) {
+void ServerMetrics::StagePredicted(const std::string& job_id, int64_t predicted_memory_bytes,
+                                   double predicted_step_seconds) {
   predicted_memory_->Set({job_id}, static_cast<double>(predicted_memory_bytes));
+  if (predicted_step_seconds > 0) predicted_step_->Set({job_id}, predicted_step_seconds);
 }
 
 void ServerMetrics::JobState(const std::string& job_id, v1::JobState state) {

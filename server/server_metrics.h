@@ -31,9 +31,12 @@ class ServerMetrics {
   // profile; 0 when unknown), beside the measured ones.
   void JobPlanned(const std::string& job_id, int64_t predicted_memory_bytes,
                   double predicted_step_seconds);
-  // Rank 0's trainer starting a stage: its own memory prediction (for the stage's shape and query
-  // chunk, on the memory its device has) replaces the plan's.
-  void StagePredicted(const std::string& job_id, int64_t predicted_memory_bytes);
+  // Rank 0's trainer starting a stage: the stage's own predictions replace the job's (its memory
+  // as the trainer predicts it for the stage's shape and query chunk on the memory its device has;
+  // its step time as the planner predicts the stage's own workload: a dense warm-up's step is not
+  // the sparse stage's). A step time of 0 (unknown) leaves the job's.
+  void StagePredicted(const std::string& job_id, int64_t predicted_memory_bytes,
+                      double predicted_step_seconds);
   // A non-terminal state the job entered (or was loaded in): whether it is RUNNING, so alerts on
   // a stalled step counter do not fire for jobs that wait, restart or ended. PENDING jobs get no
   // series: every queued job would add some.

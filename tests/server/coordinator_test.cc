@@ -1773,6 +1773,48 @@ TEST_F(CoordinatorTest, MetricsFollowTheJobs) {
   EXPECT_NE(text.find("hyscale_jobs{state=\"succeeded\"} 1"), std::string::npos);
 }
 
+// A job of two stages (the dense warm-up of the indexer alone, then the sparse stage) exports the
+// planner's step time for the stage its trainer starts: the warm-up's own, then the sparse stage's,
+// which is the job's plan (its costly stage at length).
+TEST_F(CoordinatorTest, AStartedStageExportsItsOwnPredictedStep) {
+  auto queue = Register("w1", 1);
+  v1::SubmitJobRequest request = SubmitRequest();
+  v1::JobSpec& spec = *request.mutable_spec();
+  spec.mutable_data()->set_seq_len(4096);
+  v1::StageSpec* warm_up = spec.mutable_stages(0);
+  warm_up->set_name("warmup");
+  warm_up->set_attention(v1::DENSE);
+  warm_up->set_trains(v1::INDEXER_ONLY);
+  warm_up->set_indexer_loss_weight(1);
+  v1::StageSpec* sparse = spec.add_stages();
+  *sparse = spec.stages(0);
+  sparse->set_name("sparse");
+  sparse->set_attention(v1::SPARSE);
+  sparse->set_trains(v1::ALL);
+  const auto job = c_->SubmitJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const auto ref = Drain(queue).at(0).run().ref();
+  const std::string series = "hyscale_job_predicted_step_seconds{job_id=\"" + job->id() + "\"} ";
+  const auto predicted = [&] {
+    const std::string text = metrics_.Render();
+    const size_t at = text.find(series);
+    EXPECT_NE(at, std::string::npos) << text;
+    return at == std::string::npos ? 0.0 : std::stod(text.substr(at + series.size()));
+  };
+  const double planned = predicted();
+  EXPECT_GT(planned, 0);
+  EventLine(
+      "w1", ref,
+      R"({"stage_started":{"stage":0,"name":"warmup","predicted_memory":{"total_bytes":1000}}})");
+  const double warming_up = predicted();
+  EXPECT_GT(warming_up, 0);
+  EXPECT_NE(warming_up, planned);
+  EventLine(
+      "w1", ref,
+      R"({"stage_started":{"stage":1,"name":"sparse","predicted_memory":{"total_bytes":1000}}})");
+  EXPECT_EQ(predicted(), planned);
+}
+
 TEST_F(CoordinatorTest, ConcurrentClientsWorkersAndWatchers) {
   // Four workers run whatever they are given while clients submit and watch: every job ends
   // SUCCEEDED exactly once, and every watch ends with it.

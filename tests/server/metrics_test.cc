@@ -86,7 +86,7 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
   step.mutable_comm()->set_overlapped(0.03);
   metrics.Step("job-1", step);
   metrics.JobPlanned("job-1", 3 << 20, 0.5);
-  metrics.StagePredicted("job-1", 2 << 20);  // the trainer's own prediction replaces the plan's
+  metrics.StagePredicted("job-1", 2 << 20, 0.25);  // the stage's own replace the job's
   const std::string text = metrics.Render();
   for (const char* name :
        {"hyscale_jobs{state=\"running\"} 2", "hyscale_job_submissions_total 1",
@@ -104,7 +104,7 @@ TEST(MetricsTest, ServerMetricsPassPromtool) {
         "hyscale_job_key_sharing{job_id=\"job-1\",group=\"4\"} 1.5",
         "hyscale_job_peak_memory_bytes{job_id=\"job-1\"} 1048576",
         "hyscale_job_predicted_memory_bytes{job_id=\"job-1\"} 2097152",
-        "hyscale_job_predicted_step_seconds{job_id=\"job-1\"} 0.5",
+        "hyscale_job_predicted_step_seconds{job_id=\"job-1\"} 0.25",
         "hyscale_job_step{job_id=\"job-1\"} 10"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name;
   }
