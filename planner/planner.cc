@@ -161,29 +161,28 @@ std::string Compare(const std::string& choice, const PlanResult& plan, Same same
   return absl::StrCat(choice, ": the only choice");
 }
 
-// The winner's step, memory and time in each stage of a job with several (their attention, what
-// they train and their batch shapes differ: a dense warm-up before the sparse stage, a length
-// curriculum), and the job's time in all.
-void AddStageNotes(const v1::JobSpec& spec, const Candidate& winner, const PlanOptions& options,
-                   std::vector<std::string>* notes) {
-  std::vector<Prediction> stages;
-  PredictJob(spec, winner, options.profile, options.gpus, &stages);
-  double total = 0;
+// The winner on each stage of a job with several (their attention, what they train and their
+// batch shapes differ: a dense warm-up before the sparse stage, a length curriculum): each stage's
+// prediction, the job's seconds of steps, and a note a stage and one for the job.
+void PlanStages(const v1::JobSpec& spec, const PlanOptions& options, PlanResult* plan) {
+  PredictJob(spec, plan->candidates[plan->winner].candidate, options.profile, options.gpus,
+             &plan->stages);
   for (int i = 0; i < spec.stages_size(); ++i) {
     const v1::StageSpec& stage = spec.stages(i);
     const Workload work = Workload::OfStage(spec, i);
-    const Prediction& p = stages[i];
-    total += static_cast<double>(stage.steps()) * p.step_s;
-    notes->push_back(absl::StrCat(
+    const Prediction& p = plan->stages[i];
+    plan->job_seconds += static_cast<double>(stage.steps()) * p.step_s;
+    plan->notes.push_back(absl::StrCat(
         "stage '", stage.name(), "' (", work.sparse ? "sparse" : "dense",
         work.indexer_only ? ", the indexer alone" : "", ", ", work.seq_len, " tokens x ",
         work.batch, ", ", stage.steps(), " steps): ", Seconds(p.step_s), " a step, ",
         absl::StrFormat("%.1f GiB", p.memory.total / (1 << 30)),
-        p.candidate.query_chunk > 0 ? absl::StrCat(", chunks of ", p.candidate.query_chunk) : "",
-        p.rejected.empty() ? "" : absl::StrCat(" (", p.rejected, ")")));
+        p.candidate.query_chunk > 0 ? absl::StrCat(", chunks of ", p.candidate.query_chunk) : ""));
   }
-  notes->push_back(absl::StrFormat("the job's %d stages: %.2f h of steps (evaluations not counted)",
-                                   spec.stages_size(), total / 3600));
+  plan->notes.push_back(
+      absl::StrFormat("the job's %d stages: %.2f h of steps (evaluations not "
+                      "counted)",
+                      spec.stages_size(), plan->job_seconds / 3600));
 }
 
 }  // namespace
@@ -222,7 +221,7 @@ PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options) {
                    " per step (compute ", Seconds(w.compute_s), ", exposed communication ",
                    Seconds(w.exposed_comm_s), " of ", Seconds(w.comm_s), "), ",
                    absl::StrFormat("%.1f GiB", w.memory.total / (1 << 30)), " per device"));
-  if (spec.stages_size() > 1) AddStageNotes(spec, w.candidate, options, &plan.notes);
+  if (spec.stages_size() > 1) PlanStages(spec, options, &plan);
   const auto same = [](auto field) {
     return [field](const Candidate& a, const Candidate& b) {
       Candidate x = a;

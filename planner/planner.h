@@ -67,6 +67,10 @@ struct PlanResult {
   int winner = -1;                     // index into candidates; -1 when none fits
   std::vector<std::string> why;        // why the winner won, one line per choice it made
   std::vector<std::string> notes;      // the profile and how the numbers were made
+  // A job of several stages: the winner on each stage's own workload (PredictJob), and the
+  // stages' steps at their step times, seconds.
+  std::vector<Prediction> stages;
+  double job_seconds = 0;
 };
 
 PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options);

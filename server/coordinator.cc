@@ -1207,6 +1207,16 @@ absl::StatusOr<v1::Plan> Coordinator::PlanJob(const v1::PlanJobRequest& request)
     plan.set_query_chunk(static_cast<int32_t>(best.candidate.query_chunk));
     plan.set_step_seconds(best.step_s);
     memory = static_cast<int64_t>(best.memory.total);
+    for (int i = 0; i < static_cast<int>(result.stages.size()); ++i) {
+      const planner::Prediction& stage = result.stages[i];
+      v1::Plan::Stage* out = plan.add_stages();
+      out->set_name(spec.stages(i).name());
+      out->set_steps(spec.stages(i).steps());
+      out->set_step_seconds(stage.step_s);
+      out->set_memory_bytes_per_rank(static_cast<int64_t>(stage.memory.total));
+      out->set_query_chunk(static_cast<int32_t>(stage.candidate.query_chunk));
+    }
+    plan.set_job_seconds(result.job_seconds);
   }
   plan.set_memory_bytes_per_rank(memory);
   for (const auto& line : result.why) plan.add_notes(line);

@@ -101,6 +101,16 @@ int PlanOffline(const Context& context, const PlanArgs& args, const v1::JobSpec&
                           {"sources", options.profile.sources},
                           {"candidates", nlohmann::json::array()}};
     for (const auto& p : plan.candidates) out["candidates"].push_back(ToJson(p));
+    if (!plan.stages.empty()) {
+      out["stages"] = nlohmann::json::array();
+      for (int i = 0; i < static_cast<int>(plan.stages.size()); ++i) {
+        nlohmann::json stage = ToJson(plan.stages[i]);
+        stage["name"] = spec.stages(i).name();
+        stage["steps"] = spec.stages(i).steps();
+        out["stages"].push_back(std::move(stage));
+      }
+      out["job_seconds"] = plan.job_seconds;
+    }
     *context.out << out.dump(2) << "\n";
   } else {
     PrintTable(context, plan, args.top);
@@ -153,6 +163,17 @@ int Plan(const Context& context, const PlanArgs& args) {
   table.AddRow({"step time", plan.step_seconds() > 0
                                  ? absl::StrFormat("%.3f s", plan.step_seconds())
                                  : "unknown (no profile)"});
+  for (const auto& stage : plan.stages()) {
+    table.AddRow(
+        {absl::StrCat("stage ", stage.name()),
+         absl::StrCat(
+             Seconds(stage.step_seconds()), " a step x ", stage.steps(), ", ",
+             FormatBytes(stage.memory_bytes_per_rank()),
+             stage.query_chunk() > 0 ? absl::StrCat(", chunks of ", stage.query_chunk()) : "")});
+  }
+  if (plan.job_seconds() > 0) {
+    table.AddRow({"job time", absl::StrFormat("%.2f h of steps", plan.job_seconds() / 3600)});
+  }
   for (const auto& placement : plan.placement()) {
     table.AddRow({absl::StrCat("rank ", placement.rank()),
                   absl::StrCat(placement.worker_id(), " device ", placement.device_index())});

@@ -441,6 +441,9 @@ TEST(PlannerTest, PlansEveryStageOfAJob) {
 
   const PlanResult plan = PlanJob(spec, h200);
   ASSERT_EQ(plan.winner, 0);
+  ASSERT_EQ(plan.stages.size(), 2u);
+  EXPECT_DOUBLE_EQ(plan.stages[0].step_s, stages[0].step_s);
+  EXPECT_DOUBLE_EQ(plan.job_seconds, 1000 * stages[0].step_s + 100 * stages[1].step_s);
   const std::string notes = absl::StrJoin(plan.notes, "\n");
   EXPECT_NE(
       notes.find("stage 'warmup' (dense, the indexer alone, 131072 tokens x 1, 1000 steps): "),

@@ -1482,6 +1482,33 @@ TEST_F(CoordinatorTest, PlanIsSingleDeviceWithPlacement) {
   EXPECT_TRUE(plan->feasible());
   ASSERT_EQ(plan->placement_size(), 1);
   EXPECT_EQ(plan->placement(0).worker_id(), "w1");
+  EXPECT_EQ(plan->stages_size(), 0);  // one stage: the fields above are it
+
+  // Two stages (a dense warm-up of the indexer alone, then the sparse stage): each on its own.
+  v1::JobSpec& spec = *request.mutable_spec();
+  v1::StageSpec* warm_up = spec.mutable_stages(0);
+  warm_up->set_name("warmup");
+  warm_up->set_attention(v1::DENSE);
+  warm_up->set_trains(v1::INDEXER_ONLY);
+  warm_up->set_indexer_loss_weight(1);
+  v1::StageSpec* sparse = spec.add_stages();
+  *sparse = spec.stages(0);
+  sparse->set_name("sparse");
+  sparse->set_steps(30);
+  sparse->set_attention(v1::SPARSE);
+  sparse->set_trains(v1::ALL);
+  plan = c_->PlanJob(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages_size(), 2);
+  EXPECT_EQ(plan->stages(0).name(), "warmup");
+  EXPECT_EQ(plan->stages(1).steps(), 30);
+  EXPECT_EQ(plan->stages(1).step_seconds(), plan->step_seconds());  // planned on the sparse one
+  EXPECT_NE(plan->stages(0).step_seconds(), plan->step_seconds());
+  EXPECT_EQ(plan->memory_bytes_per_rank(), std::max(plan->stages(0).memory_bytes_per_rank(),
+                                                    plan->stages(1).memory_bytes_per_rank()));
+  EXPECT_DOUBLE_EQ(plan->job_seconds(),
+                   20 * plan->stages(0).step_seconds() + 30 * plan->stages(1).step_seconds());
+
   request.mutable_spec()->mutable_data()->set_seq_len(0);
   EXPECT_NE(std::string(c_->PlanJob(request).status().message()).find("spec.data.seq_len"),
             std::string::npos);
