@@ -1464,6 +1464,22 @@ TEST_F(CoordinatorTest, ListJobsPagesNewestFirst) {
   EXPECT_EQ(c_->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+// DeepSeek-V3.2's recipe from a spec of one stage: that stage as the dense warm-up of the
+// indexer alone ("warmup"), then a sparse stage training every weight ("sparse", `sparse_steps`).
+void WarmUpThenSparse(v1::JobSpec* spec, int sparse_steps) {
+  v1::StageSpec* warm_up = spec->mutable_stages(0);
+  warm_up->set_name("warmup");
+  warm_up->set_attention(v1::DENSE);
+  warm_up->set_trains(v1::INDEXER_ONLY);
+  warm_up->set_indexer_loss_weight(1);
+  v1::StageSpec* sparse = spec->add_stages();
+  *sparse = spec->stages(0);
+  sparse->set_name("sparse");
+  sparse->set_steps(sparse_steps);
+  sparse->set_attention(v1::SPARSE);
+  sparse->set_trains(v1::ALL);
+}
+
 TEST_F(CoordinatorTest, PlanIsSingleDeviceWithPlacement) {
   v1::PlanJobRequest request;
   *request.mutable_spec() = testing::TinySpec();
@@ -1485,18 +1501,7 @@ TEST_F(CoordinatorTest, PlanIsSingleDeviceWithPlacement) {
   EXPECT_EQ(plan->stages_size(), 0);  // one stage: the fields above are it
 
   // Two stages (a dense warm-up of the indexer alone, then the sparse stage): each on its own.
-  v1::JobSpec& spec = *request.mutable_spec();
-  v1::StageSpec* warm_up = spec.mutable_stages(0);
-  warm_up->set_name("warmup");
-  warm_up->set_attention(v1::DENSE);
-  warm_up->set_trains(v1::INDEXER_ONLY);
-  warm_up->set_indexer_loss_weight(1);
-  v1::StageSpec* sparse = spec.add_stages();
-  *sparse = spec.stages(0);
-  sparse->set_name("sparse");
-  sparse->set_steps(30);
-  sparse->set_attention(v1::SPARSE);
-  sparse->set_trains(v1::ALL);
+  WarmUpThenSparse(request.mutable_spec(), 30);
   plan = c_->PlanJob(request);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->stages_size(), 2);
@@ -1806,18 +1811,8 @@ TEST_F(CoordinatorTest, MetricsFollowTheJobs) {
 TEST_F(CoordinatorTest, AStartedStageExportsItsOwnPredictedStep) {
   auto queue = Register("w1", 1);
   v1::SubmitJobRequest request = SubmitRequest();
-  v1::JobSpec& spec = *request.mutable_spec();
-  spec.mutable_data()->set_seq_len(4096);
-  v1::StageSpec* warm_up = spec.mutable_stages(0);
-  warm_up->set_name("warmup");
-  warm_up->set_attention(v1::DENSE);
-  warm_up->set_trains(v1::INDEXER_ONLY);
-  warm_up->set_indexer_loss_weight(1);
-  v1::StageSpec* sparse = spec.add_stages();
-  *sparse = spec.stages(0);
-  sparse->set_name("sparse");
-  sparse->set_attention(v1::SPARSE);
-  sparse->set_trains(v1::ALL);
+  request.mutable_spec()->mutable_data()->set_seq_len(4096);
+  WarmUpThenSparse(request.mutable_spec(), 20);
   const auto job = c_->SubmitJob(request);
   ASSERT_TRUE(job.ok()) << job.status();
   const auto ref = Drain(queue).at(0).run().ref();
