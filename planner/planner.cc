@@ -179,10 +179,12 @@ void PlanStages(const v1::JobSpec& spec, const PlanOptions& options, PlanResult*
         absl::StrFormat("%.1f GiB", p.memory.total / (1 << 30)),
         p.candidate.query_chunk > 0 ? absl::StrCat(", chunks of ", p.candidate.query_chunk) : ""));
   }
-  plan->notes.push_back(
-      absl::StrFormat("the job's %d stages: %.2f h of steps (evaluations not "
-                      "counted)",
-                      spec.stages_size(), plan->job_seconds / 3600));
+  const double total = plan->job_seconds;
+  plan->notes.push_back(absl::StrCat("the job's ", spec.stages_size(), " stages: ",
+                                     total >= 3600 ? absl::StrFormat("%.2f h", total / 3600)
+                                     : total >= 60 ? absl::StrFormat("%.1f min", total / 60)
+                                                   : Seconds(total),
+                                     " of steps (evaluations not counted)"));
 }
 
 }  // namespace

@@ -172,7 +172,8 @@ int Plan(const Context& context, const PlanArgs& args) {
              stage.query_chunk() > 0 ? absl::StrCat(", chunks of ", stage.query_chunk()) : "")});
   }
   if (plan.job_seconds() > 0) {
-    table.AddRow({"job time", absl::StrFormat("%.2f h of steps", plan.job_seconds() / 3600)});
+    table.AddRow({"job time", absl::StrFormat("%.0f s of steps (%.2f h)", plan.job_seconds(),
+                                              plan.job_seconds() / 3600)});
   }
   for (const auto& placement : plan.placement()) {
     table.AddRow({absl::StrCat("rank ", placement.rank()),
