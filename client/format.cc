@@ -222,12 +222,9 @@ namespace {
 
 std::string DescribeStep(const v1::TrainerEventLine::Step& step) {
   std::string line = absl::StrCat(
-      "step ", step.step(), "/", step.total_steps(), " stage ", step.stage(), "  loss ",
-      absl::StrFormat("%.4f", step.loss()), " (",
-      step.has_lm_loss() ? absl::StrCat("lm ", absl::StrFormat("%.4f", step.lm_loss()), ", ") : "",
-      "indexer ", absl::StrFormat("%.4f", step.indexer_loss()), ")  lr ",
-      absl::StrFormat("%.2e", step.lr()), "  ", FormatRate(step.tokens_per_second()),
-      " tok/s  ETA ", FormatDuration(step.eta_seconds()));
+      "step ", step.step(), "/", step.total_steps(), " stage ", step.stage(), "  ",
+      DescribeLosses(step), "  lr ", absl::StrFormat("%.2e", step.lr()), "  ",
+      FormatRate(step.tokens_per_second()), " tok/s  ETA ", FormatDuration(step.eta_seconds()));
   if (step.has_evaluation()) {
     absl::StrAppend(&line, "  accuracy ", absl::StrFormat("%.3f", step.evaluation().accuracy()),
                     "  indexer recall ",

@@ -2,6 +2,7 @@
 
 #include <absl/strings/ascii.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
 
 #include <algorithm>
 #include <vector>
@@ -130,6 +131,13 @@ std::string_view EventKind(const v1::TrainerEventLine& event) {
   const auto* kind = event.GetReflection()->GetOneofFieldDescriptor(
       event, v1::TrainerEventLine::descriptor()->FindOneofByName("kind"));
   return kind == nullptr ? std::string_view() : std::string_view(kind->name());
+}
+
+std::string DescribeLosses(const v1::TrainerEventLine::Step& step) {
+  return absl::StrCat(
+      "loss ", absl::StrFormat("%.4f", step.loss()), " (",
+      step.has_lm_loss() ? absl::StrCat("lm ", absl::StrFormat("%.4f", step.lm_loss()), ", ") : "",
+      "indexer ", absl::StrFormat("%.4f", step.indexer_loss()), ")");
 }
 
 }  // namespace hyscale

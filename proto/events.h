@@ -30,6 +30,10 @@ absl::StatusOr<std::string> FormatEventLine(const v1::TrainerEventLine& event);
 // negative number where every integer is a count or an index.
 absl::StatusOr<v1::TrainerEventLine> ParseEventLine(std::string_view line);
 
+// A step's losses as the trainer's log and `hyscale watch` print them: "loss 2.5000 (lm 2.0000,
+// indexer 0.5000)", without lm where the step reports none (a stage training the indexer alone).
+std::string DescribeLosses(const v1::TrainerEventLine::Step& step);
+
 // The kind's field name: "step", "warning", "job_finished", ...; "" when none is set.
 std::string_view EventKind(const v1::TrainerEventLine& event);
 

@@ -123,11 +123,9 @@ void EventSink::Step(StepEvent step, int64_t total_steps) {
       steps_timed == 0 || step.step() % log_every_ == 0 || step.has_evaluation() || last;
   if (!log) return;
 
-  std::string readable = absl::StrCat(
-      "step ", step.step(), "/", total_steps, "  loss ", format("%.4f", step.loss()), " (",
-      step.has_lm_loss() ? absl::StrCat("lm ", format("%.4f", step.lm_loss()), ", ") : "",
-      "indexer ", format("%.4f", step.indexer_loss()), ")  lr ", format("%.2e", step.lr()), "  ",
-      format("%.0f", step.tokens_per_second()), " tok/s");
+  std::string readable = absl::StrCat("step ", step.step(), "/", total_steps, "  ",
+                                      DescribeLosses(step), "  lr ", format("%.2e", step.lr()),
+                                      "  ", format("%.0f", step.tokens_per_second()), " tok/s");
   if (step.has_evaluation()) {
     const auto& evaluation = step.evaluation();
     absl::StrAppend(&readable, "  accuracy ", format("%.3f", evaluation.accuracy()),
