@@ -648,6 +648,8 @@ Prediction PredictJob(const v1::JobSpec& spec, const Candidate& candidate,
   Prediction job = PredictFitted(Workload::Of(spec), candidate, profile, gpus);
   if (stages != nullptr) stages->clear();
   if (spec.stages_size() < 2) {
+    job.job_s =
+        job.step_s * static_cast<double>(spec.stages_size() == 1 ? spec.stages(0).steps() : 1);
     if (stages != nullptr && spec.stages_size() == 1) stages->push_back(job);
     return job;
   }
@@ -657,6 +659,7 @@ Prediction PredictJob(const v1::JobSpec& spec, const Candidate& candidate,
       job.rejected = absl::StrCat("stage '", spec.stages(i).name(), "': ", stage.rejected);
     }
     if (stage.memory.total > job.memory.total) job.memory = stage.memory;
+    job.job_s += static_cast<double>(spec.stages(i).steps()) * stage.step_s;
     if (stages != nullptr) stages->push_back(stage);
   }
   return job;

@@ -114,6 +114,9 @@ struct Prediction {
   double comm_s = 0;          // all communication, hidden or not
   double exposed_comm_s = 0;  // what the step waits for
   double step_s = 0;
+  // PredictJob: the job's seconds of steps, each stage's steps at its own step time (evaluations
+  // not counted); what the planner ranks candidates by.
+  double job_s = 0;
   MemoryBreakdown memory;
   std::string rejected;  // why the plan cannot run; empty when it can
 };
@@ -145,8 +148,8 @@ Prediction PredictFitted(const Workload& work, const Candidate& candidate,
 // The job `spec` as a candidate runs it: PredictFitted of its workload (Workload::Of: the costly
 // stage at length), and where it has several stages, of each stage's own workload too (the trainer
 // fits each stage's query chunk to the device on its own): rejected where a stage does not fit
-// (naming it), at the largest memory of them. `stages` (if given) gets each stage's prediction, in
-// the spec's order.
+// (naming it), at the largest memory of them, and its job_s summed over them. `stages` (if given)
+// gets each stage's prediction, in the spec's order.
 Prediction PredictJob(const v1::JobSpec& spec, const Candidate& candidate,
                       const DeviceProfile& profile, int gpus,
                       std::vector<Prediction>* stages = nullptr);

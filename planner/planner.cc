@@ -120,6 +120,12 @@ std::string Seconds(double s) {
   return s >= 1 ? absl::StrFormat("%.2f s", s) : absl::StrFormat("%.1f ms", s * 1e3);
 }
 
+// What candidates are ranked by: the job's seconds of steps, where its stages differ in cost (a
+// dense warm-up, then sparse), else the step's (a spec without steps).
+double RankSeconds(const Prediction& p) {
+  return p.job_s > 0 ? p.job_s : p.step_s;
+}
+
 // The term that grew most from `winner` to `other`, e.g. "selection +1.20 s".
 std::string BiggestLoss(const Prediction& winner, const Prediction& other) {
   std::string term;
@@ -146,13 +152,14 @@ std::string Compare(const std::string& choice, const PlanResult& plan, Same same
   const Prediction* best_rejected = nullptr;
   for (const auto& p : plan.candidates) {
     if (&p == &winner || !same_elsewhere(p.candidate, winner.candidate)) continue;
-    if (p.rejected.empty() && (best == nullptr || p.step_s < best->step_s)) best = &p;
+    if (p.rejected.empty() && (best == nullptr || RankSeconds(p) < RankSeconds(*best))) best = &p;
     if (!p.rejected.empty() && best_rejected == nullptr) best_rejected = &p;
   }
   if (best != nullptr) {
-    return absl::StrFormat("%s: next best %s is %.1f%% slower (%s)", choice,
-                           best->candidate.Describe(), 100 * (best->step_s / winner.step_s - 1),
-                           BiggestLoss(winner, *best));
+    return absl::StrFormat(
+        "%s: next best %s is %.1f%% slower%s (%s)", choice, best->candidate.Describe(),
+        100 * (RankSeconds(*best) / RankSeconds(winner) - 1),
+        plan.stages.size() > 1 ? " over the job" : "", BiggestLoss(winner, *best));
   }
   if (best_rejected != nullptr) {
     return absl::StrCat(choice, ": the alternatives do not fit (",
@@ -171,7 +178,6 @@ void PlanStages(const v1::JobSpec& spec, const PlanOptions& options, PlanResult*
     const v1::StageSpec& stage = spec.stages(i);
     const Workload work = Workload::OfStage(spec, i);
     const Prediction& p = plan->stages[i];
-    plan->job_seconds += static_cast<double>(stage.steps()) * p.step_s;
     plan->notes.push_back(absl::StrCat(
         "stage '", stage.name(), "' (", work.sparse ? "sparse" : "dense",
         work.indexer_only ? ", the indexer alone" : "", ", ", work.seq_len, " tokens x ",
@@ -179,6 +185,7 @@ void PlanStages(const v1::JobSpec& spec, const PlanOptions& options, PlanResult*
         absl::StrFormat("%.1f GiB", p.memory.total / (1 << 30)),
         p.candidate.query_chunk > 0 ? absl::StrCat(", chunks of ", p.candidate.query_chunk) : ""));
   }
+  plan->job_seconds = plan->candidates[plan->winner].job_s;
   const double total = plan->job_seconds;
   plan->notes.push_back(absl::StrCat("the job's ", spec.stages_size(), " stages: ",
                                      total >= 3600 ? absl::StrFormat("%.2f h", total / 3600)
@@ -198,7 +205,7 @@ PlanResult PlanJob(const v1::JobSpec& spec, const PlanOptions& options) {
   std::stable_sort(plan.candidates.begin(), plan.candidates.end(),
                    [](const Prediction& a, const Prediction& b) {
                      if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();
-                     return a.step_s < b.step_s;
+                     return RankSeconds(a) < RankSeconds(b);
                    });
   plan.notes.push_back(absl::StrCat(
       "profile ", options.profile.name, ", ", options.gpus, " devices, ", work.seq_len,

@@ -63,10 +63,12 @@ struct PlanOptions {
 std::vector<Candidate> EnumerateCandidates(const Workload& work, const PlanOptions& options);
 
 struct PlanResult {
-  std::vector<Prediction> candidates;  // the feasible fastest first, then the rejected
-  int winner = -1;                     // index into candidates; -1 when none fits
-  std::vector<std::string> why;        // why the winner won, one line per choice it made
-  std::vector<std::string> notes;      // the profile and how the numbers were made
+  // The feasible first, fastest over the job (Prediction::job_s; the step where the spec gives
+  // no steps), then the rejected.
+  std::vector<Prediction> candidates;
+  int winner = -1;                 // index into candidates; -1 when none fits
+  std::vector<std::string> why;    // why the winner won, one line per choice it made
+  std::vector<std::string> notes;  // the profile and how the numbers were made
   // A job of several stages: the winner on each stage's own workload (PredictJob), and the
   // stages' steps at their step times, seconds.
   std::vector<Prediction> stages;

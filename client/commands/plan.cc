@@ -30,6 +30,7 @@ nlohmann::json ToJson(const planner::Prediction& p) {
       {"data_parallel", p.data_parallel},
       {"sequences_per_replica", p.sequences},
       {"step_seconds", p.step_s},
+      {"job_seconds", p.job_s},
       {"compute_seconds", p.compute_s},
       {"comm_seconds", p.comm_s},
       {"exposed_comm_seconds", p.exposed_comm_s},
@@ -49,7 +50,12 @@ nlohmann::json ToJson(const planner::Prediction& p) {
 }
 
 void PrintTable(const Context& context, const planner::PlanResult& plan, int top) {
-  Table table({"PLAN", "STEP", "COMPUTE", "EXPOSED COMM", "MEMORY", "STATUS"});
+  // A job of several stages is ranked on its time (STEP is its costly stage's).
+  const bool stages = plan.stages.size() > 1;
+  Table table(stages ? std::vector<std::string>{"PLAN", "JOB", "STEP", "COMPUTE", "EXPOSED COMM",
+                                                "MEMORY", "STATUS"}
+                     : std::vector<std::string>{"PLAN", "STEP", "COMPUTE", "EXPOSED COMM", "MEMORY",
+                                                "STATUS"});
   int feasible = 0, rejected = 0, hidden = 0;
   for (const auto& p : plan.candidates) {
     int& shown = p.rejected.empty() ? feasible : rejected;
@@ -60,9 +66,14 @@ void PrintTable(const Context& context, const planner::PlanResult& plan, int top
     ++shown;
     std::string status = p.rejected.empty() ? "ok" : absl::StrCat("rejected: ", p.rejected);
     if (&p == &plan.candidates.front() && plan.winner == 0) status = "winner";
-    table.AddRow({p.candidate.Describe(), Seconds(p.step_s), Seconds(p.compute_s),
-                  Seconds(p.exposed_comm_s), FormatBytes(static_cast<int64_t>(p.memory.total)),
-                  status});
+    std::vector<std::string> row = {p.candidate.Describe(),
+                                    Seconds(p.step_s),
+                                    Seconds(p.compute_s),
+                                    Seconds(p.exposed_comm_s),
+                                    FormatBytes(static_cast<int64_t>(p.memory.total)),
+                                    status};
+    if (stages) row.insert(row.begin() + 1, absl::StrFormat("%.2f h", p.job_s / 3600));
+    table.AddRow(row);
   }
   table.Print(*context.out);
   if (hidden > 0) {

@@ -368,6 +368,40 @@ TEST_F(CliTest, PlanOfflinePrintsTheCandidateTableAndWhy) {
       << bad.err;
 }
 
+// A dense warm-up of the indexer, then the sparse stage: the table ranks on the job's time (its JOB
+// column) and each stage's step and memory are in the notes and the JSON.
+TEST_F(CliTest, PlanOfflineRanksAJobOfStagesOnItsTime) {
+  std::string text = kLongSpec;
+  text.replace(text.find("stages: ["), 9,
+               "stages: [{name: warmup, steps: 1000, lr: 1.0e-3, attention: DENSE, trains: "
+               "INDEXER_ONLY, indexer_loss_weight: 1.0}, ");
+  const std::string spec = Write("warmup.yaml", text);
+  const Result result = RunRaw({"plan", spec, "--gpus", "8", "--gpu", "h200", "--top", "3"});
+  ASSERT_EQ(result.code, 0) << result.err;
+  const std::string& out = result.out;
+  EXPECT_EQ(out.rfind("PLAN ", 0), 0u) << out;
+  EXPECT_NE(out.find("  JOB  "), std::string::npos) << out;
+  EXPECT_NE(out.find("% slower over the job ("), std::string::npos) << out;
+  EXPECT_NE(out.find("note: stage 'warmup' (dense, the indexer alone, 131072 tokens x 1, 1000 "
+                     "steps): "),
+            std::string::npos)
+      << out;
+
+  const Result as_json = RunRaw({"-o", "json", "plan", spec, "--gpus", "8", "--gpu", "h200"});
+  ASSERT_EQ(as_json.code, 0) << as_json.err;
+  const json plan = json::parse(as_json.out);
+  ASSERT_EQ(plan["stages"].size(), 2u);
+  const double job = plan["job_seconds"].get<double>();
+  EXPECT_DOUBLE_EQ(plan["candidates"][0]["job_seconds"].get<double>(), job);
+  EXPECT_DOUBLE_EQ(job, 1000 * plan["stages"][0]["step_seconds"].get<double>() +
+                            10 * plan["stages"][1]["step_seconds"].get<double>());
+  for (const auto& candidate : plan["candidates"]) {
+    if (!candidate.contains("rejected")) {
+      EXPECT_LE(job, candidate["job_seconds"].get<double>());
+    }
+  }
+}
+
 TEST_F(CliTest, PlanOfflineRejectsWhatDoesNotFit) {
   std::string text = kLongSpec;
   text.replace(text.find("vocab_size: 256"), 15, "vocab_size: 16777216");  // 512 GiB of weights

@@ -465,6 +465,41 @@ TEST(PlannerTest, PlansEveryStageOfAJob) {
   EXPECT_EQ(too_long.rejected.rfind("stage 'long': memory", 0), 0u) << too_long.rejected;
 }
 
+// A job of several stages is ranked on its time, not on its costly stage's step: a length
+// curriculum of many short steps (16 sequences of 16K) before a few at 128K, on 8 H200s, takes the
+// plan whose stages add up to the least, and the job's time is that plan's.
+TEST(PlannerTest, RanksAJobOfSeveralStagesOnItsTime) {
+  v1::JobSpec spec = ReferenceModel(1 << 17);
+  v1::StageSpec* sparse = spec.mutable_stages(0);
+  sparse->set_steps(100);
+  v1::StageSpec* curriculum = spec.add_stages();
+  *curriculum = *sparse;
+  curriculum->set_name("short");
+  curriculum->set_steps(10000);
+  curriculum->set_seq_len(1 << 14);
+  curriculum->set_batch_size(16);
+  spec.mutable_stages()->SwapElements(0, 1);
+  const PlanOptions eight = On("h200", 8);
+
+  const PlanResult plan = PlanJob(spec, eight);
+  ASSERT_EQ(plan.winner, 0) << absl::StrJoin(plan.why, "\n");
+  const Prediction& winner = plan.candidates[0];
+  std::vector<Prediction> stages;
+  const Prediction job = PredictJob(spec, winner.candidate, eight.profile, 8, &stages);
+  EXPECT_DOUBLE_EQ(winner.job_s, 10000 * stages[0].step_s + 100 * stages[1].step_s);
+  EXPECT_DOUBLE_EQ(plan.job_seconds, winner.job_s);
+  const Prediction* fastest_step = &winner;
+  for (const Prediction& p : plan.candidates) {
+    if (!p.rejected.empty()) continue;
+    EXPECT_LE(winner.job_s, p.job_s) << p.candidate.Describe();
+    if (p.step_s < fastest_step->step_s) fastest_step = &p;
+  }
+  // Here the two orders differ (cp 4 over the job, cp 8 on the 128K step).
+  EXPECT_LT(fastest_step->step_s, winner.step_s);
+  EXPECT_NE(absl::StrJoin(plan.why, "\n").find("% slower over the job ("), std::string::npos)
+      << absl::StrJoin(plan.why, "\n");
+}
+
 // The warm-up's indexer loss (dense_indexer_kl) at the profile's dense_indexer_loss_tflops: a
 // calibration replaces the rate, and the predicted loss time scales inversely with it. The H200's
 // built-in rate is the one bench/dense_loss_ab.py measured on an H100 (the same SMs).
