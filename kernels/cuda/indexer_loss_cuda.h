@@ -92,7 +92,7 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
                                   int64_t target_stride, Stream stream);
 // The lse the target takes, by the same tiles (dense_target.cu, the same shapes): lse [rows, H]
 // fp32 of q [rows, H, d_qk] against key [M, d_qk] bf16 over the keys s < keys row r sees,
-// -infinity where it sees none. Each block of 128 pairs and 2048 keys keeps running sums, merged
+// -infinity where it sees none. Each block of 128 pairs and 8192 keys keeps running sums, merged
 // in a fixed order: the same bits every run. `workspace`: dense_attention_lse_fused_workspace
 // floats.
 int64_t dense_attention_lse_fused_workspace(int64_t rows, int64_t heads, int64_t keys);

@@ -95,12 +95,15 @@ struct DenseBackwardTraits {
 // M, so the sum over a row's heads is a sum over the accumulator's columns: in registers, then
 // across a quad.
 struct DenseTargetTraits {
-  static constexpr int kThreads = 384;               // consumer warpgroups 0 and 1, producer 2
-  static constexpr int kConsumerThreads = 256;       // the turn barriers between the consumers
-  static constexpr int kPairs = 128;                 // (row, head) pairs of a block (wgmma's N)
-  static constexpr int kMaxRows = kPairs / 8;        // rows of a block, at H = 8
-  static constexpr int kKeys = 64;                   // keys of a tile (wgmma's M)
-  static constexpr int kKeyChunk = 2048;             // keys of a block: 32 tiles, 16 a consumer
+  static constexpr int kThreads = 384;          // consumer warpgroups 0 and 1, producer 2
+  static constexpr int kConsumerThreads = 256;  // the turn barriers between the consumers
+  static constexpr int kPairs = 128;            // (row, head) pairs of a block (wgmma's N)
+  static constexpr int kMaxRows = kPairs / 8;   // rows of a block, at H = 8
+  static constexpr int kKeys = 64;              // keys of a tile (wgmma's M)
+  static constexpr int kKeyChunk = 2048;        // keys of a block: 32 tiles, 16 a consumer
+  // The lse pass's blocks take more keys: each ends by merging its sums across its threads and
+  // writing a partial, which fewer blocks a pair pay less often.
+  static constexpr int kLseKeyChunk = 8192;
   static constexpr int kMaxDimQk = 576;              // Q of 128 pairs: 144 KB
   static constexpr int kSlotBytes = kKeys * 64 * 2;  // a tile's 64-column block (swizzled)
   static constexpr int kSlots = 10;  // over one tile at d_qk = 576: the next consumer's comes in
