@@ -111,8 +111,8 @@ absl::StatusOr<int64_t> MemoryPerRank(const v1::JobSpec& spec, const v1::Resourc
   return static_cast<int64_t>(own.memory.total);
 }
 
-// `parallelism: {mode: AUTO}`: the fastest plan that fits, written into the spec the trainer
-// gets (CP degree, layout, G, recomputation policy).
+// `parallelism: {mode: AUTO}`: the plan that fits with the least job time, written into the spec
+// the trainer gets (CP degree, layout, G, recomputation policy).
 absl::Status ApplyPlan(const v1::Resources& resources, const planner::DeviceProfile& profile,
                        v1::JobSpec* spec) {
   const planner::PlanOptions options = PlannerOptions(resources, profile);
