@@ -50,7 +50,7 @@ nlohmann::json ToJson(const planner::Prediction& p) {
 }
 
 void PrintTable(const Context& context, const planner::PlanResult& plan, int top) {
-  // A job of several stages is ranked on its time (STEP is its costly stage's).
+  // A job of several stages is ranked on its time (JOB, h:mm:ss; STEP is its costly stage's).
   const bool stages = plan.stages.size() > 1;
   Table table(stages ? std::vector<std::string>{"PLAN", "JOB", "STEP", "COMPUTE", "EXPOSED COMM",
                                                 "MEMORY", "STATUS"}
@@ -72,7 +72,7 @@ void PrintTable(const Context& context, const planner::PlanResult& plan, int top
                                     Seconds(p.exposed_comm_s),
                                     FormatBytes(static_cast<int64_t>(p.memory.total)),
                                     status};
-    if (stages) row.insert(row.begin() + 1, absl::StrFormat("%.2f h", p.job_s / 3600));
+    if (stages) row.insert(row.begin() + 1, FormatDuration(p.job_s));
     table.AddRow(row);
   }
   table.Print(*context.out);
