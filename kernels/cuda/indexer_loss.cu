@@ -155,27 +155,39 @@ __device__ __forceinline__ void gate_coefficients(const float (&scores)[Tr::kHea
   }
 }
 
+// prmt.b32 of (a, b) by `selector`: byte i of the result is byte (selector >> 4 i) & 7 of b:a, or,
+// where that nibble's top bit is set, that byte's top bit copied over all eight bits. It turns gate
+// bits moved to bytes' top bits into masks of whole bf16 halves, one instruction for two.
+__device__ __forceinline__ uint32_t permute_bytes(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t out;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(selector));
+  return out;
+}
+
 // The same coefficients from the gates' head bits (gate_bits) of the two keys, in the fragments'
-// places: heads 8 j + 2 (lane % 4) + e, the lane's 16 bits of each word at 8 e + j.
+// places: heads 8 j + 2 (lane % 4) + e, the lane's 16 bits of each word at 8 e + j. The lane's two
+// bytes of both words go to one register (key lo's e = 0, 1, then key hi's); shifted left by 7 - j,
+// each byte's top bit is its head 8 j + .. gate, which prmt spreads over the bf16 it keeps.
 template <class Tr>
 __device__ __forceinline__ void gated_coefficients(uint64_t gates_lo, uint64_t gates_hi, float g_lo,
                                                    float g_hi,
                                                    const float (&weights)[Tr::Tile::kHeadsPerLane],
                                                    int lane, uint32_t (&coef)[Tr::kHeadSteps][4]) {
-  gates_lo >>= 16 * (lane % 4);
-  gates_hi >>= 16 * (lane % 4);
+  const uint32_t lane_bytes = 0x10 * (2 * (lane % 4) + 1) + 2 * (lane % 4);
+  const uint32_t bits = permute_bytes(
+      permute_bytes(uint32_t(gates_lo), uint32_t(gates_lo >> 32), lane_bytes),
+      permute_bytes(uint32_t(gates_hi), uint32_t(gates_hi >> 32), lane_bytes), 0x5410);
 #pragma unroll
   for (int j = 0; j < Tr::Tile::kNTiles; ++j) {
-    float c[4];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      c[e] = (gates_lo >> (8 * e + j)) & 1 ? g_lo * weights[2 * j + e] : 0.f;
-      c[2 + e] = (gates_hi >> (8 * e + j)) & 1 ? g_hi * weights[2 * j + e] : 0.f;
-    }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(c[0], c[1]);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(c[2], c[3]);
-    coef[j / 2][2 * (j % 2)] = *reinterpret_cast<const uint32_t*>(&lo);
-    coef[j / 2][2 * (j % 2) + 1] = *reinterpret_cast<const uint32_t*>(&hi);
+    const uint32_t top = bits << (7 - j);
+    const __nv_bfloat162 lo =
+        __floats2bfloat162_rn(g_lo * weights[2 * j], g_lo * weights[2 * j + 1]);
+    const __nv_bfloat162 hi =
+        __floats2bfloat162_rn(g_hi * weights[2 * j], g_hi * weights[2 * j + 1]);
+    coef[j / 2][2 * (j % 2)] =
+        *reinterpret_cast<const uint32_t*>(&lo) & permute_bytes(top, 0, 0x9988);
+    coef[j / 2][2 * (j % 2) + 1] =
+        *reinterpret_cast<const uint32_t*>(&hi) & permute_bytes(top, 0, 0xBBAA);
   }
 }
 
