@@ -329,8 +329,7 @@ template <bool kLse>
 __device__ __forceinline__ void run_block(const DenseTargetProblem& p, const CUtensorMap& key_map,
                                           const CUtensorMap& q_map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  auto* const q_tile =
-      reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  bf16* const q_tile = first_aligned_shared<bf16>(smem_raw);
   bf16* const ring = q_tile + Tr::kPairs * p.dim;
   auto& sync = *reinterpret_cast<DenseTargetSync*>(ring + Tr::kSlots * (Tr::kSlotBytes / 2));
   // The block's pairs and keys: the chunk blockIdx.y of what its last row sees. Blocks run about

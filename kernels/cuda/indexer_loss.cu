@@ -295,8 +295,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   // The row's slots of steps s, s + 1 (landed) and s + 2 (in flight) during step s.
   __shared__ int32_t slot_ring[Tr::kSlotTiles][Tr::kKeys];
   __shared__ int first_tile;
-  auto* const query_tile =
-      reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  bf16* const query_tile = first_aligned_shared<bf16>(smem_raw);
   bf16* const key_tiles = query_tile + Tr::kQueryBytes / 2;
   bf16* const coef_tile = key_tiles + Tr::kStages * Tr::kKeyTileBytes / 2;
   float* const stage = reinterpret_cast<float*>(coef_tile + Tr::kCoefBytes / 2);
@@ -478,11 +477,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
 
 // ---- dense_index_score_backward -----------------------------------------------------------------
 
-__device__ __forceinline__ __nv_bfloat16* first_aligned_tile(unsigned char* smem) {
-  return reinterpret_cast<__nv_bfloat16*>((reinterpret_cast<uintptr_t>(smem) + 1023) &
-                                          ~uintptr_t(1023));
-}
-
 // The ring slots of the dense backward's kernels: a tile's slot and the one the tile kStages - 1
 // ahead refills (the slot before it).
 constexpr int kDenseLookahead = DenseBackwardTraits::kStages - 1;
@@ -559,7 +553,7 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   constexpr int kRows = D::kRowsPerBlock<Tr>;
   constexpr int kKeySteps = Tr::kKeys / 16;  // k16 steps over keys (U's K)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  bf16* const key_tiles = first_aligned_tile(smem_raw);
+  bf16* const key_tiles = first_aligned_shared<bf16>(smem_raw);
   // The rows' gradients and gates, [stage][row][key] each.
   float* const grads = reinterpret_cast<float*>(key_tiles + D::kStages * (Tr::kKeyTileBytes / 2));
   uint64_t* const row_gates = reinterpret_cast<uint64_t*>(grads + D::kStages * kRows * Tr::kKeys);
@@ -736,8 +730,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   // A row's staged floats: its gradients at the block's keys, then its head weights.
   constexpr int kRowFloats = kBlockKeys + Tr::kHeads;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  bf16* const query_ring = first_aligned_tile(smem_raw);  // [stage][split]
-  float* const row_ring =                                 // [stage][split][kRowFloats]
+  bf16* const query_ring = first_aligned_shared<bf16>(smem_raw);  // [stage][split]
+  float* const row_ring =                                         // [stage][split][kRowFloats]
       reinterpret_cast<float*>(query_ring + D::kStages * kSplits * (Tr::kQueryBytes / 2));
   uint64_t* const gate_ring =  // [stage][split][kBlockKeys]
       reinterpret_cast<uint64_t*>(row_ring + D::kStages * kSplits * kRowFloats);

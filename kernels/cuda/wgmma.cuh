@@ -14,6 +14,15 @@ __device__ __forceinline__ uint32_t smem_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
+// The first 1024-byte-aligned place (the 128-byte swizzle's) in the dynamic shared memory that
+// starts at `smem`, reached by an offset from it: the compiler then knows the pointer is shared,
+// so its reads are LDS on 32-bit addresses. (Rounding the pointer as an integer would make them
+// generic loads, each computing the window's 64-bit address again.)
+template <class T>
+__device__ __forceinline__ T* first_aligned_shared(unsigned char* smem) {
+  return reinterpret_cast<T*>(smem + (1024 - smem_address(smem) % 1024) % 1024);
+}
+
 // 16-byte global -> shared copy that bypasses registers; `valid` false writes zeros instead.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
   const int src_bytes = valid ? 16 : 0;
