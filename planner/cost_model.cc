@@ -104,6 +104,12 @@ struct StepSizes {
 };
 
 constexpr double kF32 = 4;  // fp32 bytes
+// The optimizer's bytes a trained parameter a step: libtorch's AdamW takes nine element-wise
+// passes over fp32 tensors (the decay; each moment's scale and update; the denominator's square
+// root, scale and epsilon; the update: 88 bytes) and the trainer's gradient clipping two more (the
+// norm and the scale: 12). About 20 ms a step for the 783M-parameter reference model at an H200's
+// 4 TB/s; its optimizer phase took 21 ms (docs/performance.md section 13).
+constexpr double kOptimizerBytesPerParameter = 100;
 
 // hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a
 // layer's attention backward. What is alive there is the list below, counted tensor by tensor on
@@ -556,6 +562,10 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
         per_layer * (exposed_gather(selection) + indexer_keys_back) + indexer_allreduce;
     out.comm_s = per_layer * (gather_s + indexer_keys_back) + indexer_allreduce;
   }
+  // The optimizer steps what the stage trains, once a step whatever the sequences.
+  const double trained = static_cast<double>(frozen ? w.indexer_parameters : w.parameters);
+  out.seconds["optimizer"] = trained * kOptimizerBytesPerParameter / hbm;
+  out.compute_s += out.seconds["optimizer"];
   out.seconds["exposed_comm"] = out.exposed_comm_s;
   out.step_s = out.compute_s + out.exposed_comm_s;
 

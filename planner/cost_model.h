@@ -102,7 +102,8 @@ struct Prediction {
   int64_t sequences = 1;                  // per replica per step
   double imbalance = 1;                   // busiest rank's causal work / the mean
   std::map<std::string, double> seconds;  // per step: dense, selection, indexer_loss,
-                                          // attention, recompute, launches, exposed_comm
+                                          // attention, recompute, launches, optimizer,
+                                          // exposed_comm
   // One layer of one sequence, the terms the step is made of, for comparison with a layer
   // benchmark: dense_fwd, selection (FlashTopK or table + topk), score_gather (index scores at
   // the k kept entries, paid twice by the indexer loss and once by replay), indexer_loss_fwd

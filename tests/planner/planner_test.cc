@@ -407,6 +407,23 @@ TEST(PlannerTest, PredictsTheDenseWarmUpOnTheH100) {
   }
 }
 
+// The optimizer phase, once a step whatever N: AdamW and the gradient clipping over what the
+// stage trains took 21 ms a step of the reference model on an H200 at 32K and at 128K, and 2 ms
+// in its dense warm-up, which steps only the indexers (docs/performance.md section 13,
+// results/gpu_check_h200_4199a78.txt, results/dense_warmup_128k_h200_4199a78.txt).
+TEST(PlannerTest, ChargesTheOptimizerItsPassesOverWhatTheStageTrains) {
+  const PlanOptions h200 = On("h200", 1);
+  for (const int64_t tokens : {int64_t(1) << 15, int64_t(1) << 17}) {
+    v1::JobSpec spec = ReferenceModel(tokens);
+    const Prediction sparse = Predict(Workload::Of(spec), CandidateOf(spec), h200.profile, 1);
+    EXPECT_NEAR(sparse.seconds.at("optimizer"), 0.021, 0.1 * 0.021) << "N " << tokens;
+    spec.mutable_stages(0)->set_attention(v1::DENSE);
+    spec.mutable_stages(0)->set_trains(v1::INDEXER_ONLY);
+    const Prediction warm_up = Predict(Workload::Of(spec), CandidateOf(spec), h200.profile, 1);
+    EXPECT_NEAR(warm_up.seconds.at("optimizer"), 0.002, 0.0005) << "N " << tokens;
+  }
+}
+
 // DeepSeek-V3.2's recipe as one job: the dense warm-up (the indexer alone) before the sparse
 // stage. The plan is chosen on the sparse stage (the costly one at length); each stage is predicted
 // on its own workload as the trainer runs it (the warm-up in its own query chunks, at its own
