@@ -108,7 +108,7 @@ constexpr double kF32 = 4;  // fp32 bytes
 // passes over fp32 tensors (the decay; each moment's scale and update; the denominator's square
 // root, scale and epsilon; the update: 88 bytes) and the trainer's gradient clipping two more (the
 // norm and the scale: 12). About 20 ms a step for the 783M-parameter reference model at an H200's
-// 4 TB/s; its optimizer phase took 21 ms (docs/performance.md section 13).
+// 4 TB/s; its optimizer phase took 21 ms (docs/performance.md section 11).
 constexpr double kOptimizerBytesPerParameter = 100;
 
 // hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a

@@ -338,7 +338,7 @@ __device__ __forceinline__ void run_block(const DenseTargetProblem& p, const CUt
   // its own Q from memory, 6 % of the bytes its keys take from L2.
   const int64_t first_pair = static_cast<int64_t>(blockIdx.x) * Tr::kPairs;
   const int64_t last_pair = min(first_pair + Tr::kPairs, p.rows * p.heads) - 1;
-  constexpr int64_t kChunk = kLse ? Tr::kLseKeyChunk : Tr::kKeyChunk;
+  constexpr int64_t kChunk = Tr::key_chunk(kLse);
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * kChunk;
   const int64_t end = min(begin + kChunk, p.visible(last_pair / p.heads));
   if (begin >= end) return;  // (uniform across the block: before any barrier)
@@ -395,11 +395,13 @@ __global__ void dense_lse_merge_kernel(const float* partial_max, const float* pa
   lse[pair] = max == -INFINITY ? -INFINITY : (max + log2f(sum)) * 0.6931471805599453f;
 }
 
-// A pass of `kernel` (dense_target_kernel or dense_lse_kernel): a block a kPairs pairs of p and
-// `key_chunk` keys of its prefix (kKeyChunk, kLseKeyChunk).
-template <class Kernel>
-void launch_pass(Kernel kernel, int64_t key_chunk, const DenseTargetProblem& p, const void* q,
-                 const void* key, const char* op, const char* pass, cudaStream_t stream) {
+// The lse pass (dense_lse_kernel) or the target pass (dense_target_kernel): a block a kPairs
+// pairs of p and key_chunk(kLse) keys of its prefix.
+template <bool kLse>
+void launch_pass(const DenseTargetProblem& p, const void* q, const void* key, const char* op,
+                 cudaStream_t stream) {
+  const auto kernel = kLse ? dense_lse_kernel : dense_target_kernel;
+  const char* const pass = kLse ? "lse" : "target";
   const int64_t pairs = p.rows * p.heads, keys = p.prefix.num_keys;
   const CUtensorMap key_map = bf16_tile_map(key, keys, p.dim, Tr::kKeys, op);
   const CUtensorMap q_map = bf16_tile_map(q, pairs, p.dim, Tr::kPairs, op);
@@ -407,7 +409,7 @@ void launch_pass(Kernel kernel, int64_t key_chunk, const DenseTargetProblem& p, 
   throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                  op, (std::string("shared memory size (") + pass + ")").c_str());
   const dim3 grid(static_cast<unsigned>(ceil_div(pairs, Tr::kPairs)),
-                  static_cast<unsigned>(ceil_div(keys, key_chunk)));
+                  static_cast<unsigned>(ceil_div(keys, Tr::key_chunk(kLse))));
   kernel<<<grid, Tr::kThreads, smem, stream>>>(p, key_map, q_map);
   throw_on_error(cudaGetLastError(), op, (std::string(pass) + " kernel launch").c_str());
 }
@@ -440,12 +442,11 @@ void dense_attention_target_fused(const IndexerShape& shape, int64_t first, int6
                        dim,
                        PrefixKeys{shape.position(first), shape.visibility.tokens_per_key, keys},
                        scale * 1.4426950408889634f};
-  launch_pass(dense_target_kernel, Tr::kKeyChunk, p, q, key, op, "target",
-              static_cast<cudaStream_t>(stream));
+  launch_pass<false>(p, q, key, op, static_cast<cudaStream_t>(stream));
 }
 
 int64_t dense_attention_lse_fused_workspace(int64_t rows, int64_t heads, int64_t keys) {
-  return 2 * ceil_div(keys, Tr::kLseKeyChunk) * rows * heads;
+  return 2 * ceil_div(keys, Tr::key_chunk(true)) * rows * heads;
 }
 
 void dense_attention_lse_fused(const IndexerShape& shape, int64_t first, int64_t rows,
@@ -461,7 +462,7 @@ void dense_attention_lse_fused(const IndexerShape& shape, int64_t first, int64_t
   if (rows == 0) return;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const int64_t pairs = rows * heads;
-  const int chunks = static_cast<int>(ceil_div(keys, Tr::kLseKeyChunk));
+  const int chunks = static_cast<int>(ceil_div(keys, Tr::key_chunk(true)));
   float* const partial_max = workspace;
   float* const partial_sum = workspace + chunks * pairs;
   // Chunks no block runs (past a row's prefix) keep sum 0: the merge skips them.
@@ -478,7 +479,7 @@ void dense_attention_lse_fused(const IndexerShape& shape, int64_t first, int64_t
                          dim,
                          PrefixKeys{shape.position(first), shape.visibility.tokens_per_key, keys},
                          scale * 1.4426950408889634f};
-    launch_pass(dense_lse_kernel, Tr::kLseKeyChunk, p, q, key, op, "lse", cuda_stream);
+    launch_pass<true>(p, q, key, op, cuda_stream);
   }
   dense_lse_merge_kernel<<<static_cast<unsigned>(ceil_div(pairs, int64_t{256})), 256, 0,
                            cuda_stream>>>(partial_max, partial_sum, pairs, chunks, lse);

@@ -158,6 +158,7 @@ __device__ __forceinline__ void gate_coefficients(const float (&scores)[Tr::kHea
 // prmt.b32 of (a, b) by `selector`: byte i of the result is byte (selector >> 4 i) & 7 of b:a, or,
 // where that nibble's top bit is set, that byte's top bit copied over all eight bits. It turns gate
 // bits moved to bytes' top bits into masks of whole bf16 halves, one instruction for two.
+// (__byte_perm takes three bits a nibble: it has no sign mode.)
 __device__ __forceinline__ uint32_t permute_bytes(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t out;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(selector));

@@ -104,6 +104,11 @@ struct DenseTargetTraits {
   // The lse pass's blocks take more keys: each ends by merging its sums across its threads and
   // writing a partial, which fewer blocks a pair pay less often.
   static constexpr int kLseKeyChunk = 8192;
+  // The keys of a block of the lse pass (kLse) or the target pass: what its kernel walks and its
+  // launcher's grid counts.
+  __host__ __device__ static constexpr int key_chunk(bool lse) {
+    return lse ? kLseKeyChunk : kKeyChunk;
+  }
   static constexpr int kMaxDimQk = 576;              // Q of 128 pairs: 144 KB
   static constexpr int kSlotBytes = kKeys * 64 * 2;  // a tile's 64-column block (swizzled)
   static constexpr int kSlots = 10;  // over one tile at d_qk = 576: the next consumer's comes in
