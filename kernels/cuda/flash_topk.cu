@@ -755,9 +755,9 @@ void index_score_gather(const IndexerShape& shape, const void* q, const void* k,
 
 void index_score_table(const IndexerShape& shape, const void* q, const void* k, const float* w,
                        int64_t row_begin, int64_t rows, float* table, uint64_t* gates,
-                       Stream stream) {
+                       int64_t table_stride, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  fill_kernel<<<1024, 256, 0, cuda_stream>>>(table, rows * shape.num_keys, kNegInf);
+  fill_kernel<<<1024, 256, 0, cuda_stream>>>(table, rows * table_stride, kNegInf);
   check(cudaGetLastError(), "fill launch");
   dispatch_shape(shape.heads, shape.dim, [&](auto traits) {
     ScoreParams p{};
@@ -771,7 +771,7 @@ void index_score_table(const IndexerShape& shape, const void* q, const void* k, 
     p.key_stride = 1;
     p.num_array_keys = shape.num_keys;
     p.table = table;
-    p.table_stride = shape.num_keys;
+    p.table_stride = table_stride;
     p.gates = gates;
     launch_score<decltype(traits), ScoreMode::kTable>(p, cuda_stream);
   });

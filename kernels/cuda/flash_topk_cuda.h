@@ -55,13 +55,14 @@ void index_score_gather(const IndexerShape& shape, const void* q, const void* k,
                         const int32_t* indices, int64_t topk, float* scores, Stream stream);
 
 // The baseline of DESIGN.md section 4 (b): the same tensor-core scoring, written as an fp32 table
-// [rows, M] for rows [row_begin, row_begin + rows) (-infinity where not visible). With `gates`
-// (else null), also each visible pair's ReLU gates [rows, M]: bit gate_bit_position(h)
-// (index_score_warpgroup.cuh) is whether head h's product is positive (the dense warm-up's
-// backward reads them instead of recomputing the products; entries of keys a row does not see are
-// left as they were).
+// [rows, M] for rows [row_begin, row_begin + rows) (-infinity where not visible, and in the
+// columns from M to table_stride). With `gates` (else null), also each visible pair's ReLU gates
+// [rows, M]: bit gate_bit_position(h) (index_score_warpgroup.cuh) is whether head h's product is
+// positive (the dense warm-up's backward reads them instead of recomputing the products; entries
+// of keys a row does not see are left as they were). Both tables' rows are table_stride >= M
+// elements apart.
 void index_score_table(const IndexerShape& shape, const void* q, const void* k, const float* w,
                        int64_t row_begin, int64_t rows, float* table, uint64_t* gates,
-                       Stream stream);
+                       int64_t table_stride, Stream stream);
 
 }  // namespace hyscale::cuda

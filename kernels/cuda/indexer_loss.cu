@@ -25,6 +25,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/fixed_point_accumulate.cuh"
@@ -488,13 +489,13 @@ __device__ __forceinline__ int previous_stage(int slot) {
   return slot == 0 ? DenseBackwardTraits::kStages - 1 : slot - 1;
 }
 
-// The dense backward's ring, without a block barrier a tile: thread 0 has the TMA unit copy the
-// slot's tile (it arrives with the bytes it expects), every thread copies its share of the rest
-// (gradients, weights) and arrives on the slot's `full` barrier when its copies land (cp.async's
-// arrival), and every thread arrives on `empty` once done with the slot. A warpgroup waits only for
-// the slot it reads and, to refill the slot of the tile before it, for every warpgroup to be done
-// with that tile, so the warpgroups run up to a tile apart: one's gate arithmetic overlaps
-// another's products instead of all three taking turns with the tensor cores idle.
+// The dense backward's ring, without a block barrier a tile: thread 0 has the TMA unit copy all of
+// a slot's operands (the tile, the rows' gradients and gates, the head weights) and arrives with
+// the bytes it expects; every thread arrives on `empty` once done with the slot, which thread 0
+// waits for before refilling it. A warpgroup waits only for the slot it reads (warpgroup 0 also
+// for the refill), so the warpgroups run up to a tile apart: one's gate arithmetic overlaps
+// another's products instead of all three taking turns with the tensor cores idle, and no thread
+// but one spends instructions on the copies.
 struct DenseRing {
   uint64_t full[DenseBackwardTraits::kStages];
   uint64_t empty[DenseBackwardTraits::kStages];
@@ -502,31 +503,26 @@ struct DenseRing {
   // By thread 0, then a block barrier.
   __device__ void init() {
     for (int s = 0; s < DenseBackwardTraits::kStages; ++s) {
-      mbarrier_init(&full[s], DenseBackwardTraits::kThreads + 1);
+      mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], DenseBackwardTraits::kThreads);
     }
     mbarrier_init_fence();
   }
-  // Thread 0, before the slot's TMA copies: their bytes complete the fill.
+  // Thread 0, before the slot's copies: their bytes complete the fill.
   __device__ void expect(int slot, uint32_t bytes) { mbarrier_arrive_expect(&full[slot], bytes); }
-  // This thread's copies into `slot` so far are its share of the slot's fill.
-  __device__ void filled(int slot) { cp_async_arrive(&full[slot]); }
-  // Waits for the slot's fill of the current lap (parity `phase`). The TMA's bytes are readable
-  // by wgmma as they are; what cp.async wrote for wgmma needs a proxy fence after this.
+  // Waits for the slot's fill of the current lap (parity `phase`).
   __device__ void wait_full(int slot, uint32_t phase) { mbarrier_wait(&full[slot], phase); }
   // Waits until every thread is done with the slot's previous lap (`phase` is the lap's parity
   // that is to be filled; a fresh barrier's "lap -1" counts as done).
   __device__ void wait_empty(int slot, uint32_t phase) { mbarrier_wait(&empty[slot], phase ^ 1); }
   __device__ void release(int slot) { mbarrier_arrive(&empty[slot]); }
-  // At the tile in `slot` (lap parity `phase`): once every thread is done with the tile before,
-  // `stage(refill)` copies the tile kStages - 1 ahead into its slot, and this thread's copies
-  // count towards that fill.
+  // Thread 0 at the tile in `slot` (lap parity `phase`): once every thread is done with the tile
+  // before, `stage(refill)` copies the tile kStages - 1 ahead into its slot.
   template <class Stage>
   __device__ void refill_previous(int slot, uint32_t phase, Stage&& stage) {
     const int refill = previous_stage(slot);
     wait_empty(refill, slot == 0 ? phase : phase ^ 1);
     stage(refill);
-    filled(refill);
   }
 };
 
@@ -534,9 +530,10 @@ struct DenseRing {
 // FlashAttention's dQ has its queries: warpgroup r of a block owns pairs 64 r .. of its rows
 // (rows 64 / H_I r .., one at H_I 64) and all three walk the key tiles of the block's last row's
 // prefix, which bounds the others' (rows see prefixes); a key tile, the rows' gradients at its
-// keys and their gates (0 past each row's prefix, so those keys add nothing) land kStages - 1
-// tiles ahead. The scores pass kept every pair's ReLU gates as head bits (index_score_table), so
-// no product is computed again: per tile, in each warpgroup,
+// keys and their gates land kStages - 1 tiles ahead, each a box of the TMA unit (a row's gradient
+// is 0 past its prefix, and the unit writes zeros past the last row and key, so those keys add
+// nothing whatever their gates). The scores pass kept every pair's ReLU gates as head bits
+// (index_score_table), so no product is computed again: per tile, in each warpgroup,
 //   U [pairs x d_I] += C K_tile, C[p, i] = g_i [S_pi > 0] built in registers where the A
 //   fragments lie, the key tile read MN-major;
 // and at the end grad_q_p = w_p U_p and grad_w_p = q_p . U_p (= sum_i g_i ReLU(S_pi)).
@@ -544,9 +541,9 @@ struct DenseRing {
 template <class Tr>
 __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     dense_query_grad_kernel(const __nv_bfloat16* q, const __grid_constant__ CUtensorMap key_map,
-                            const float* w, PrefixKeys prefix, int64_t rows,
-                            const float* grad_scores, const uint64_t* gates, float* grad_q,
-                            float* grad_w) {
+                            const __grid_constant__ CUtensorMap grad_map,
+                            const __grid_constant__ CUtensorMap gate_map, const float* w,
+                            PrefixKeys prefix, int64_t rows, float* grad_q, float* grad_w) {
   using D = DenseBackwardTraits;
   using bf16 = __nv_bfloat16;
   constexpr int kPairs = D::kPairsPerWarpgroup;
@@ -568,46 +565,42 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   // The calling thread's accumulator rows: pairs pair_lo and pair_lo + 8, both of one row.
   const int pair_lo = 16 * warp + lane / 4;
   const int group_row = wg * kGroupRows + pair_lo / Tr::kHeads;  // the block's row of both
-  const uint64_t gate_lo = uint64_t(1) << gate_bit_position(pair_lo % Tr::kHeads);
-  const uint64_t gate_hi = uint64_t(1) << gate_bit_position(pair_lo % Tr::kHeads + 8);
+  // The pairs' gates are bits p and p + 1 of a key's word (gate_bit_position), both in one of its
+  // 32-bit halves: the thread reads that half alone and tests one word a gate.
+  const int gate_position = gate_bit_position(pair_lo % Tr::kHeads);
+  const int gate_half = gate_position / 32;
+  const uint32_t gate_lo = 1u << gate_position % 32, gate_hi = gate_lo << 1;
   auto live_pair = [&](int pair) { return wg * kGroupRows + pair / Tr::kHeads < live_rows; };
 
   __shared__ DenseRing ring;
-  const uint64_t key_policy = l2_evict_last_policy();  // every row block reads the keys
   // Tile `tile`'s copies into ring slot `slot` (tile % kStages, kept by the loop by increments:
-  // no 64-bit division between one tile's products and the next). The key tile through the TMA
-  // (keys past the last row's prefix are real, their gradients 0; past the last key, zeros).
+  // no 64-bit division between one tile's products and the next), by thread 0. Keys past the last
+  // row's prefix are real, their gradients 0; past the last key, zeros.
   auto stage = [&](int64_t tile, int slot) {
-    const int64_t first = tile * Tr::kKeys;
-    if (threadIdx.x == 0) {
-      ring.expect(slot, Tr::kKeyTileBytes);
-      bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
+    const int first = static_cast<int>(tile * Tr::kKeys);
+    const uint64_t key_policy = l2_evict_last_policy();     // every row block reads the keys
+    const uint64_t table_policy = l2_evict_first_policy();  // this block's rows alone
+    ring.expect(slot, Tr::kKeyTileBytes + kRows * Tr::kKeys * (4 + 8));
+    bf16* const key_tile = key_tiles + slot * (Tr::kKeyTileBytes / 2);
 #pragma unroll
-      for (int c = 0; c < Tr::kDim / 64; ++c) {
-        tma_load_2d(key_tile + c * Tr::kKeys * 64, &key_map, c * 64, static_cast<int>(first),
-                    &ring.full[slot], key_policy);
-      }
+    for (int c = 0; c < Tr::kDim / 64; ++c) {
+      tma_load_2d(key_tile + c * Tr::kKeys * 64, &key_map, c * 64, first, &ring.full[slot],
+                  key_policy);
     }
-#pragma unroll
-    for (int i = threadIdx.x; i < kRows * Tr::kKeys; i += D::kThreads) {
-      const int r = i / Tr::kKeys;
-      const int64_t t = first_row + r, key = first + i % Tr::kKeys;
-      const bool valid = r < live_rows && prefix.sees(t, key);
-      const int64_t at = valid ? t * prefix.num_keys + key : 0;
-      cp_async_4(grads + slot * kRows * Tr::kKeys + i, grad_scores + at, valid);
-      cp_async_8(row_gates + slot * kRows * Tr::kKeys + i, gates + at, valid);
-    }
+    const int row = static_cast<int>(first_row);
+    tma_load_2d(grads + slot * kRows * Tr::kKeys, &grad_map, first, row, &ring.full[slot],
+                table_policy);
+    tma_load_2d(row_gates + slot * kRows * Tr::kKeys, &gate_map, first, row, &ring.full[slot],
+                table_policy);
   };
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&key_map);
+    prefetch_tensor_map(&grad_map);
+    prefetch_tensor_map(&gate_map);
     ring.init();
+    for (int ahead = 0; ahead < kDenseLookahead && ahead < tiles; ++ahead) stage(ahead, ahead);
   }
   __syncthreads();  // the barriers
-#pragma unroll
-  for (int ahead = 0; ahead < kDenseLookahead; ++ahead) {
-    if (ahead < tiles) stage(ahead, ahead);
-    ring.filled(ahead);
-  }
 
   float u[Tr::kDim / 2];
 #pragma unroll
@@ -627,12 +620,13 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
     ring.wait_full(slot, phase);
     // Accumulators 4 j + e: keys 8 j + 2 (lane % 4) + e % 2 of pair pair_lo (e < 2) or + 8.
     const int at = (slot * kRows + group_row) * Tr::kKeys + 2 * (lane % 4);
+    const uint32_t* const gate_halves = reinterpret_cast<const uint32_t*>(row_gates) + gate_half;
     float2 g[Tr::kKeys / 8];
-    ulonglong2 gate[Tr::kKeys / 8];
+    uint2 gate[Tr::kKeys / 8];  // the keys' halves of their words
 #pragma unroll
     for (int j = 0; j < Tr::kKeys / 8; ++j) {
       g[j] = *reinterpret_cast<const float2*>(grads + at + 8 * j);
-      gate[j] = *reinterpret_cast<const ulonglong2*>(row_gates + at + 8 * j);
+      gate[j] = make_uint2(gate_halves[2 * (at + 8 * j)], gate_halves[2 * (at + 8 * j + 1)]);
     }
     if (tile > 0) {  // the tile before's product
       wgmma_wait<0>();
@@ -657,7 +651,7 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
       WgmmaRegA<Tr::kDim, 1>::run(u, coef[s], mn_major_descriptor<Tr::kKeys>(key_tile, 0, 16 * s));
     }
     wgmma_commit();
-    if (tile + kDenseLookahead < tiles) {
+    if (threadIdx.x == 0 && tile + kDenseLookahead < tiles) {
       ring.refill_previous(slot, phase, [&](int refill) { stage(tile + kDenseLookahead, refill); });
     }
     if ((slot = next_stage(slot)) == 0) phase ^= 1;
@@ -666,8 +660,6 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   fence_accumulators(u);
 #pragma unroll
   for (int s = 0; s < kKeySteps; ++s) fence_operands(coef[s]);
-  cp_async_commit();  // (no copy outlives the block: the ring's fills are uncommitted groups)
-  cp_async_wait<0>();
 
   // grad_q = w U and grad_w = q . U, the dot over the quad's lanes (the pair's other columns).
   float head_grad[2];
@@ -711,8 +703,8 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
 // rows that see its first key, in order, kSplits rows a step (DenseBackwardTraits); warpgroup
 // (tile, split) takes its tile against row first + kSplits step + split. A step's queries, their
 // gradients and gates at the block's keys (0 where the row does not see the key) and head weights
-// land kStages - 1 steps ahead. Per row t, in a warpgroup, from the gates the scores pass kept
-// (no product computed again):
+// land kStages - 1 steps ahead, boxes of the TMA unit. Per row t, in a warpgroup, from the gates
+// the scores pass kept (no product computed again):
 //   1. C^T[i, j] = g_ti w_tj [S_ij > 0] in registers where the A fragments lie
 //   (gated_coefficients);
 //   2. grad_k[tile] += C^T q_t [keys x d_I], accumulated across rows.
@@ -720,22 +712,23 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
 // has one owner, which adds it into grad_k once: no reductions, the same bits every run.
 template <class Tr, int kTiles, int kSplits>
 __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
-    dense_key_grad_kernel(const __grid_constant__ CUtensorMap query_map, const float* w,
-                          PrefixKeys prefix, int64_t rows, const float* grad_scores,
-                          const uint64_t* gates, float* grad_k) {
+    dense_key_grad_kernel(const __grid_constant__ CUtensorMap query_map,
+                          const __grid_constant__ CUtensorMap grad_map,
+                          const __grid_constant__ CUtensorMap gate_map,
+                          const __grid_constant__ CUtensorMap weight_map, PrefixKeys prefix,
+                          int64_t rows, float* grad_k) {
   using D = DenseBackwardTraits;
+  using L = DenseKeyGradLayout<Tr, kTiles, kSplits>;
   using Tile = typename Tr::Tile;
   using bf16 = __nv_bfloat16;
-  static_assert(kTiles * kSplits == D::kWarpgroups, "a warpgroup a (tile, split)");
-  constexpr int kBlockKeys = kTiles * Tr::kKeys;
-  // A row's staged floats: its gradients at the block's keys, then its head weights.
-  constexpr int kRowFloats = kBlockKeys + Tr::kHeads;
+  constexpr int kBlockKeys = L::kBlockKeys;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   bf16* const query_ring = first_aligned_shared<bf16>(smem_raw);  // [stage][split]
-  float* const row_ring =                                         // [stage][split][kRowFloats]
+  float* const grad_ring =                                        // [stage][split][kBlockKeys]
       reinterpret_cast<float*>(query_ring + D::kStages * kSplits * (Tr::kQueryBytes / 2));
+  float* const weight_ring = grad_ring + D::kStages * L::kGradSlotFloats;  // [stage][split][H_I]
   uint64_t* const gate_ring =  // [stage][split][kBlockKeys]
-      reinterpret_cast<uint64_t*>(row_ring + D::kStages * kSplits * kRowFloats);
+      reinterpret_cast<uint64_t*>(weight_ring + D::kStages * L::kWeightSlotFloats);
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int tile = wg % kTiles, split = wg / kTiles;
   const int64_t block_key = int64_t(blockIdx.x) * kBlockKeys;
@@ -746,49 +739,41 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;  // of the warpgroup's tile
 
   __shared__ DenseRing ring;
-  const uint64_t query_policy = l2_evict_last_policy();  // every key block reads the queries
-  // Step `step`'s copies into ring slot `slot` (step % kStages, kept by the loop by increments).
-  // The queries through the TMA (rows past the last: zeros).
+  // Step `step`'s copies into ring slot `slot` (step % kStages, kept by the loop by increments),
+  // by thread 0: the step's rows' queries, their gradients and gates at the block's keys and their
+  // head weights (rows past the last, and keys past the last: zeros; a row's gradient is 0 at the
+  // keys it does not see).
   auto stage = [&](int64_t step, int slot) {
-    if (threadIdx.x == 0) {
-      ring.expect(slot, kSplits * Tr::kQueryBytes);
+    const uint64_t shared_policy = l2_evict_last_policy();  // every key block reads them
+    const uint64_t table_policy = l2_evict_first_policy();  // this block's keys alone
+    const int64_t first = first_row + step * kSplits;
+    ring.expect(slot, kSplits * Tr::kQueryBytes + L::kTableBytesPerStep);
 #pragma unroll
-      for (int s = 0; s < kSplits; ++s) {
-        const int64_t t = first_row + step * kSplits + s;
-        bf16* const query_tile = query_ring + (slot * kSplits + s) * (Tr::kQueryBytes / 2);
+    for (int s = 0; s < kSplits; ++s) {
+      bf16* const query_tile = query_ring + (slot * kSplits + s) * (Tr::kQueryBytes / 2);
 #pragma unroll
-        for (int c = 0; c < Tr::kDim / 64; ++c) {
-          tma_load_2d(query_tile + c * Tr::kHeads * 64, &query_map, c * 64,
-                      static_cast<int>(t * Tr::kHeads), &ring.full[slot], query_policy);
-        }
+      for (int c = 0; c < Tr::kDim / 64; ++c) {
+        tma_load_2d(query_tile + c * Tr::kHeads * 64, &query_map, c * 64,
+                    static_cast<int>((first + s) * Tr::kHeads), &ring.full[slot], shared_policy);
       }
     }
-    float* const staged = row_ring + slot * kSplits * kRowFloats;
-    for (int i = threadIdx.x; i < kSplits * kRowFloats; i += D::kThreads) {
-      const int s = i / kRowFloats, j = i % kRowFloats;
-      const int64_t t = first_row + step * kSplits + s;
-      const bool gradient = j < kBlockKeys;
-      const bool valid = t < rows && (!gradient || prefix.sees(t, block_key + j));
-      const int64_t pair = t * prefix.num_keys + block_key + j;  // of the [rows, keys] tables
-      const float* const src =
-          gradient ? grad_scores + pair : w + t * Tr::kHeads + (j - kBlockKeys);
-      cp_async_4(staged + i, valid ? src : w, valid);
-      if (gradient) {
-        cp_async_8(gate_ring + (slot * kSplits + s) * kBlockKeys + j, valid ? gates + pair : gates,
-                   valid);
-      }
-    }
+    const int row = static_cast<int>(first), key = static_cast<int>(block_key);
+    tma_load_2d(grad_ring + slot * L::kGradSlotFloats, &grad_map, key, row, &ring.full[slot],
+                table_policy);
+    tma_load_2d(gate_ring + slot * kSplits * kBlockKeys, &gate_map, key, row, &ring.full[slot],
+                table_policy);
+    tma_load_2d(weight_ring + slot * L::kWeightSlotFloats, &weight_map, 0, row, &ring.full[slot],
+                shared_policy);
   };
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&query_map);
+    prefetch_tensor_map(&grad_map);
+    prefetch_tensor_map(&gate_map);
+    prefetch_tensor_map(&weight_map);
     ring.init();
+    for (int ahead = 0; ahead < kDenseLookahead && ahead < steps; ++ahead) stage(ahead, ahead);
   }
   __syncthreads();
-#pragma unroll
-  for (int ahead = 0; ahead < kDenseLookahead; ++ahead) {
-    if (ahead < steps) stage(ahead, ahead);
-    ring.filled(ahead);
-  }
 
   float key_grad[Tr::kDim / 2];
 #pragma unroll
@@ -806,10 +791,11 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   for (int64_t step = 0; step < steps; ++step) {
     ring.wait_full(slot, phase);
     const int row_slot = slot * kSplits + split;
-    const float* const staged = row_ring + row_slot * kRowFloats;
+    const float* const staged = grad_ring + slot * L::kGradSlotFloats + split * kBlockKeys;
     const uint64_t* const staged_gates = gate_ring + row_slot * kBlockKeys + tile * Tr::kKeys;
     float weights[Tile::kHeadsPerLane];
-    load_lane_weights<Tile>(staged + kBlockKeys, lane, weights);
+    load_lane_weights<Tile>(weight_ring + slot * L::kWeightSlotFloats + split * Tr::kHeads, lane,
+                            weights);
     const float g_lo = staged[tile * Tr::kKeys + key_lo], g_hi = staged[tile * Tr::kKeys + key_hi];
     const uint64_t gates_lo = staged_gates[key_lo], gates_hi = staged_gates[key_hi];
     if (step > 0) {  // the step before's product
@@ -828,7 +814,7 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
                                   mn_major_descriptor<Tr::kHeads>(query_tile, 0, 16 * s));
     }
     wgmma_commit();
-    if (step + kDenseLookahead < steps) {
+    if (threadIdx.x == 0 && step + kDenseLookahead < steps) {
       ring.refill_previous(slot, phase, [&](int refill) { stage(step + kDenseLookahead, refill); });
     }
     if ((slot = next_stage(slot)) == 0) phase ^= 1;
@@ -837,8 +823,6 @@ __global__ void __launch_bounds__(DenseBackwardTraits::kThreads, 1)
   fence_accumulators(key_grad);
 #pragma unroll
   for (int s = 0; s < Tr::kHeadSteps; ++s) fence_operands(coef[s]);
-  cp_async_commit();  // (as in the rows kernel)
-  cp_async_wait<0>();
 
   if constexpr (kSplits > 1) {
     // The splits' sums, [split - 1][tile][accumulator][thread], over the ring.
@@ -971,13 +955,13 @@ __device__ __forceinline__ float kl_term(float score, float target, float lse, f
 // additions every run.
 __global__ void __launch_bounds__(DenseKlTraits::kThreads)
     dense_indexer_kl_rows_kernel(int64_t keys, const float* score, int64_t score_stride,
-                                 float* target_grad, float* loss) {
+                                 float* target_grad, int64_t target_stride, float* loss) {
   constexpr int kThreads = DenseKlTraits::kThreads;
   __shared__ float partial_max[DenseKlTraits::kWarps], partial[DenseKlTraits::kWarps];
   __shared__ float row_lse;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const float* s = score + blockIdx.x * score_stride;
-  float* p = target_grad + blockIdx.x * keys;
+  float* p = target_grad + blockIdx.x * target_stride;
   const bool aligned =
       (reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(p)) % sizeof(float4) == 0;
   const int64_t vector_end = aligned ? keys / 4 * 4 : 0;
@@ -1178,8 +1162,8 @@ template <class Tr>
 struct DenseScoreBackwardKernels {
   using D = DenseBackwardTraits;
   static constexpr size_t kRowsSmem = D::rows_smem_bytes<Tr>();
-  static constexpr size_t kShareSmem = D::keys_smem_bytes<Tr, D::kWarpgroups, 1>();
-  static constexpr size_t kSplitSmem = D::keys_smem_bytes<Tr, 1, D::kWarpgroups>();
+  static constexpr size_t kShareSmem = DenseKeyGradLayout<Tr, D::kWarpgroups, 1>::kSmemBytes;
+  static constexpr size_t kSplitSmem = DenseKeyGradLayout<Tr, 1, D::kWarpgroups>::kSmemBytes;
   static constexpr auto rows = dense_query_grad_kernel<Tr>;
   static constexpr auto keys_share = dense_key_grad_kernel<Tr, D::kWarpgroups, 1>;
   static constexpr auto keys_split = dense_key_grad_kernel<Tr, 1, D::kWarpgroups>;
@@ -1254,47 +1238,66 @@ int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim) {
 
 void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
                                 const float* w, const float* grad_scores, const uint64_t* gates,
-                                float* grad_q, float* grad_k, float* grad_w, Stream stream) {
+                                int64_t table_stride, float* grad_q, float* grad_k, float* grad_w,
+                                Stream stream) {
   if (shape.num_queries == 0 || shape.num_keys == 0) return;
+  if (table_stride < shape.num_keys || table_stride % 4 != 0) {
+    throw std::invalid_argument(std::string(kDenseOp) + ": table_stride " +
+                                std::to_string(table_stride) +
+                                " must be a multiple of 4 of at least " +
+                                std::to_string(shape.num_keys) + " keys (16-byte rows)");
+  }
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const auto* q16 = static_cast<const __nv_bfloat16*>(q);
   const auto* k16 = static_cast<const __nv_bfloat16*>(k);
-  const PrefixKeys prefix{shape.q_offset, shape.visibility.tokens_per_key, shape.num_keys};
+  const int64_t rows = shape.num_queries, keys = shape.num_keys;
+  const PrefixKeys prefix{shape.q_offset, shape.visibility.tokens_per_key, keys};
   const bool share = dense_key_grad_shares_queries(shape, multiprocessors());
   dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
     using Tr = decltype(traits);
     using Kernels = DenseScoreBackwardKernels<Tr>;
     using D = DenseBackwardTraits;
     Kernels::set_shared_memory(kDenseOp);
-    const CUtensorMap key_map = bf16_tile_map(k16, shape.num_keys, Tr::kDim, Tr::kKeys, kDenseOp);
+    // The [rows, keys] tables as the TMA unit's boxes: a block's rows x a key tile (rows kernel),
+    // a step's rows x a block's keys (key kernel).
+    auto tables = [&](int box_keys, int box_rows) {
+      return std::pair{
+          table_tile_map(grad_scores, 4, rows, keys, table_stride, box_keys, box_rows, kDenseOp),
+          table_tile_map(gates, 8, rows, keys, table_stride, box_keys, box_rows, kDenseOp)};
+    };
+    const CUtensorMap key_map = bf16_tile_map(k16, keys, Tr::kDim, Tr::kKeys, kDenseOp);
     const CUtensorMap query_map =
-        bf16_tile_map(q16, shape.num_queries * Tr::kHeads, Tr::kDim, Tr::kHeads, kDenseOp);
+        bf16_tile_map(q16, rows * Tr::kHeads, Tr::kDim, Tr::kHeads, kDenseOp);
+    const auto [row_grads, row_gates] = tables(Tr::kKeys, D::kRowsPerBlock<Tr>);
     const auto rows_kernel = Kernels::rows;
-    rows_kernel<<<static_cast<unsigned>(ceil_div(shape.num_queries, D::kRowsPerBlock<Tr>)),
-                  D::kThreads, Kernels::kRowsSmem, cuda_stream>>>(
-        q16, key_map, w, prefix, shape.num_queries, grad_scores, gates, grad_q, grad_w);
+    rows_kernel<<<static_cast<unsigned>(ceil_div(rows, D::kRowsPerBlock<Tr>)), D::kThreads,
+                  Kernels::kRowsSmem, cuda_stream>>>(q16, key_map, row_grads, row_gates, w, prefix,
+                                                     rows, grad_q, grad_w);
     throw_on_error(cudaGetLastError(), kDenseOp, "rows kernel launch");
-    const int64_t tiles = ceil_div(shape.num_keys, Tr::kKeys);
+    const int64_t tiles = ceil_div(keys, Tr::kKeys);
+    const int tiles_a_block = share ? D::kWarpgroups : 1, splits = share ? 1 : D::kWarpgroups;
+    const auto [key_grads, key_gates] = tables(tiles_a_block * Tr::kKeys, splits);
+    const CUtensorMap weight_map =
+        table_tile_map(w, 4, rows, Tr::kHeads, Tr::kHeads, Tr::kHeads, splits, kDenseOp);
     if (share) {
-      const auto keys_kernel = Kernels::keys_share;
-      keys_kernel<<<static_cast<unsigned>(ceil_div(tiles, D::kWarpgroups)), D::kThreads,
-                    Kernels::kShareSmem, cuda_stream>>>(query_map, w, prefix, shape.num_queries,
-                                                        grad_scores, gates, grad_k);
+      Kernels::keys_share<<<static_cast<unsigned>(ceil_div(tiles, D::kWarpgroups)), D::kThreads,
+                            Kernels::kShareSmem, cuda_stream>>>(query_map, key_grads, key_gates,
+                                                                weight_map, prefix, rows, grad_k);
     } else {
-      const auto keys_kernel = Kernels::keys_split;
-      keys_kernel<<<static_cast<unsigned>(tiles), D::kThreads, Kernels::kSplitSmem, cuda_stream>>>(
-          query_map, w, prefix, shape.num_queries, grad_scores, gates, grad_k);
+      Kernels::keys_split<<<static_cast<unsigned>(tiles), D::kThreads, Kernels::kSplitSmem,
+                            cuda_stream>>>(query_map, key_grads, key_gates, weight_map, prefix,
+                                           rows, grad_k);
     }
     throw_on_error(cudaGetLastError(), kDenseOp, "keys kernel launch");
   });
 }
 
 void dense_indexer_kl_rows(int64_t rows, int64_t keys, const float* score, int64_t score_stride,
-                           float* target_grad, float* loss, Stream stream) {
+                           float* target_grad, int64_t target_stride, float* loss, Stream stream) {
   if (rows == 0) return;
   dense_indexer_kl_rows_kernel<<<static_cast<unsigned>(rows), DenseKlTraits::kThreads, 0,
-                                 static_cast<cudaStream_t>(stream)>>>(keys, score, score_stride,
-                                                                      target_grad, loss);
+                                 static_cast<cudaStream_t>(stream)>>>(
+      keys, score, score_stride, target_grad, target_stride, loss);
   throw_on_error(cudaGetLastError(), "hyscale::dense_indexer_kl (CUDA)",
                  "dense_indexer_kl_rows_kernel launch");
 }

@@ -36,17 +36,20 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
 // The dense warm-up's indexer gradients of a block of rows (dense_indexer_kl): shape.num_queries
 // rows at positions q_offset.., each seeing its causal prefix of shape.num_keys keys
 // (shape.visible_keys); q [rows, H_I, d_I] and w [rows, H_I] of the block, k [num_keys, d_I]
-// bf16, grad_scores [rows, num_keys] fp32 by key and gates [rows, num_keys], the ReLU gates'
-// head bits index_score_table wrote for the same rows and keys (what is not seen is skipped: no
-// product of q and k is computed again). Writes grad_q and grad_w of the block and adds into
-// grad_k [num_keys, d_I]: grad_q and grad_w query-major (three rows a block sharing each key tile
-// of their prefixes), grad_k key-major (a block three 64-key tiles sharing each row's q, or one
-// tile with its rows split three ways and summed in a fixed order; HYSCALE_DENSE_KEY_GRAD=share
-// or split forces one). No reductions: the same bits every run of a shape on a device and setting
-// (the SM count picks the form and dense_indexer_kl's blocks of rows).
+// bf16, grad_scores [rows, num_keys] fp32 by key (0 where a row does not see the key) and gates
+// [rows, num_keys], the ReLU gates' head bits index_score_table wrote for the same rows and keys
+// (no product of q and k is computed again), both with rows table_stride elements apart (a
+// multiple of 4 and 16-byte aligned, for the TMA unit, which copies them in boxes). Writes grad_q
+// and grad_w of the block and adds into grad_k [num_keys, d_I]: grad_q and grad_w query-major
+// (three rows a block sharing each key tile of their prefixes), grad_k key-major (a block three
+// 64-key tiles sharing each row's q, or one tile with its rows split three ways and summed in a
+// fixed order; HYSCALE_DENSE_KEY_GRAD=share or split forces one). No reductions: the same bits
+// every run of a shape on a device and setting (the SM count picks the form and dense_indexer_kl's
+// blocks of rows).
 void dense_index_score_backward(const IndexerShape& shape, const void* q, const void* k,
                                 const float* w, const float* grad_scores, const uint64_t* gates,
-                                float* grad_q, float* grad_k, float* grad_w, Stream stream);
+                                int64_t table_stride, float* grad_q, float* grad_k, float* grad_w,
+                                Stream stream);
 // The rows of dense_index_score_backward resident at once on the current device (three a block):
 // blocks of rows a multiple of it leave no wave of the query-major kernel part empty.
 int64_t dense_index_score_backward_rows_per_wave(int64_t heads, int64_t dim);
@@ -61,11 +64,12 @@ void indexer_kl_bwd(int64_t rows, int64_t topk, const float* score, const float*
 
 // The dense warm-up's KL of a block of rows and its gradient (dense_indexer_kl): score [rows,
 // >= keys] (rows score_stride floats apart; -infinity where the row does not see the key) and
-// target [rows, keys] fp32. loss [rows] = KL(target || softmax(score)); target is overwritten by
-// d loss / d score = softmax(score) - target (0 where unseen). Two reads of the scores, one of the
-// target; the same bits every run.
+// target [rows, >= keys] fp32 (rows target_stride apart). loss [rows] = KL(target ||
+// softmax(score)); target's first `keys` columns are overwritten by d loss / d score =
+// softmax(score) - target (0 where unseen). Two reads of the scores, one of the target; the same
+// bits every run.
 void dense_indexer_kl_rows(int64_t rows, int64_t keys, const float* score, int64_t score_stride,
-                           float* target_grad, float* loss, Stream stream);
+                           float* target_grad, int64_t target_stride, float* loss, Stream stream);
 
 // The dense warm-up's target (kernels/dense_indexer_kl.h) from a block of rows' fp32 attention
 // logits [rows, H, keys] (q . key, unscaled): row r sees keys s < visible_keys(first + r) of

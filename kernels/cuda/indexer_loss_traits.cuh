@@ -68,22 +68,32 @@ struct DenseBackwardTraits {
   static constexpr int kRowsPerBlock = kWarpgroups* kRowsPerWarpgroup<Tr>;
 
   // Rows kernel shared memory: 1 KB alignment slack, the key tiles' ring, and the rows'
-  // gradients (fp32) and gates (64-bit) [stage][row][key].
+  // gradients (fp32) and gates (64-bit) [stage][row][key], each slot a box of the TMA unit.
   template <class Tr>
   static constexpr int rows_smem_bytes() {
     return 1024 + kStages * Tr::kKeyTileBytes + kStages * kRowsPerBlock<Tr> * Tr::kKeys * (4 + 8);
   }
-  // Key kernel shared memory: the query ring [stage][split], the gradients' and head weights'
-  // ring [stage][split][tile keys, heads] and the gates' [stage][split][tile keys]; the splits'
-  // partial sums reuse it from the start once the rows are done.
-  template <class Tr, int kTiles, int kSplits>
-  static constexpr int keys_smem_bytes() {
-    constexpr int kMain = kStages * kSplits * Tr::kQueryBytes +
-                          kStages * kSplits * (kTiles * Tr::kKeys + Tr::kHeads) * 4 +
-                          kStages * kSplits * kTiles * Tr::kKeys * 8;
-    constexpr int kPartials = (kSplits - 1) * kTiles * Tr::kKeys * Tr::kDim * 4;
-    return 1024 + (kMain > kPartials ? kMain : kPartials);
-  }
+};
+
+// The key kernel's ring, a slot a step: the query tiles [split], then (each a box of the TMA unit,
+// 128-byte aligned) the gradients [split][block keys] fp32, the head weights [split][H_I] fp32
+// and the gates [split][block keys]; the splits' partial sums reuse it from the start once the
+// rows are done.
+template <class Tr, int kTiles, int kSplits>
+struct DenseKeyGradLayout {
+  using D = DenseBackwardTraits;
+  static_assert(kTiles * kSplits == D::kWarpgroups, "a warpgroup a (tile, split)");
+  static constexpr int kBlockKeys = kTiles * Tr::kKeys;
+  static constexpr int kGradSlotFloats = kSplits * kBlockKeys;  // 256 bytes a 64 keys
+  static constexpr int kWeightSlotFloats = (kSplits * Tr::kHeads + 31) / 32 * 32;
+  // What the TMA unit lands in a slot besides the queries.
+  static constexpr int kTableBytesPerStep = kSplits * (kBlockKeys * (4 + 8) + Tr::kHeads * 4);
+  static constexpr int kMainBytes = D::kStages * kSplits * Tr::kQueryBytes +
+                                    D::kStages * (kGradSlotFloats + kWeightSlotFloats) * 4 +
+                                    D::kStages * kSplits * kBlockKeys * 8;
+  static constexpr int kPartialBytes = (kSplits - 1) * kTiles * Tr::kKeys * Tr::kDim * 4;
+  static constexpr int kSmemBytes =
+      1024 + (kMainBytes > kPartialBytes ? kMainBytes : kPartialBytes);
 };
 
 // The dense warm-up's target on tensor cores (dense_target.cu). A block takes 128 (row, head)
@@ -135,7 +145,7 @@ struct DenseTargetTraits {
 struct PrefixKeys {
   int64_t first_position;  // row 0's position
   int64_t tokens_per_key;
-  int64_t num_keys;  // the block's keys (the dense loss's [rows, keys] tables' row length)
+  int64_t num_keys;  // the block's keys
   __device__ int64_t visible(int64_t t) const {
     const int64_t seen = (first_position + t + 1) / tokens_per_key;
     return seen < num_keys ? seen : num_keys;

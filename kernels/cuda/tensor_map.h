@@ -14,4 +14,10 @@ namespace hyscale::cuda {
 CUtensorMap bf16_tile_map(const void* base, int64_t rows, int64_t cols, int box_rows,
                           const char* op);
 
+// A row-major table [rows, cols] of 4-byte floats or 8-byte words at `base`, its rows `stride`
+// elements apart (a multiple of 16 bytes), copied as unswizzled boxes of box_rows rows x box_cols
+// columns. What lies past `rows` or `cols` lands as zeros.
+CUtensorMap table_tile_map(const void* base, int element_bytes, int64_t rows, int64_t cols,
+                           int64_t stride, int box_cols, int box_rows, const char* op);
+
 }  // namespace hyscale::cuda

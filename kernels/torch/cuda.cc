@@ -128,7 +128,8 @@ at::Tensor index_score_table(const at::Tensor& q, const at::Tensor& k, const at:
   const IndexerInputs in = indexer_inputs(op, a, q, k, w);
   auto table = at::empty({rows, a.shape.num_keys}, q.options().dtype(at::kFloat));
   cuda::index_score_table(a.shape, in.q.data_ptr(), in.k.data_ptr(), in.w.data_ptr<float>(),
-                          row_begin, rows, table.data_ptr<float>(), nullptr, current_stream());
+                          row_begin, rows, table.data_ptr<float>(), nullptr, a.shape.num_keys,
+                          current_stream());
   return table;
 }
 
@@ -577,8 +578,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       const int64_t rows = std::min(block_rows, n - first);
       const int64_t keys = shape.visible_keys(first + rows - 1);  // rows see prefixes
       if (keys == 0) continue;                                    // loss 0, gradients 0
-      auto target = at::zeros({rows, keys}, f32);
-      const auto gates = at::empty({rows, keys}, vq.options().dtype(at::kLong));
+      // The tables' rows start on 16 bytes (the index-score backward reads them with the TMA
+      // unit; the KL with 16-byte loads).
+      const int64_t stride = (keys + 3) / 4 * 4;
+      auto target = at::zeros({rows, stride}, f32);
+      const auto gates = at::empty({rows, stride}, vq.options().dtype(at::kLong));
       dense_target(shape, vq[seq], vkey[seq], vlse.defined() ? vlse[seq] : vlse, scale, first, rows,
                    target);
 
@@ -588,12 +592,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
         // softmax - target.
         IndexerShape scored = shape;
         scored.num_keys = keys;
-        const auto scores = at::empty({rows, keys}, f32);
+        const auto scores = at::empty({rows, stride}, f32);
         cuda::index_score_table(scored, in.q[seq].data_ptr(), in.k[seq].data_ptr(),
                                 in.w[seq].data_ptr<float>(), first, rows, scores.data_ptr<float>(),
-                                gate_words(gates), current_stream());
+                                gate_words(gates), stride, current_stream());
         cuda::dense_indexer_kl_rows(
-            rows, keys, scores.data_ptr<float>(), keys, target.data_ptr<float>(),
+            rows, keys, scores.data_ptr<float>(), stride, target.data_ptr<float>(), stride,
             loss[seq].narrow(0, first, rows).data_ptr<float>(), current_stream());
       }
       const auto& grad_scores = target;
@@ -605,7 +609,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       cuda::dense_index_score_backward(
           block, in.q[seq].narrow(0, first, rows).data_ptr(), in.k[seq].data_ptr(),
           in.w[seq].narrow(0, first, rows).data_ptr<float>(), grad_scores.data_ptr<float>(),
-          gate_words(gates), grad_q[seq].narrow(0, first, rows).data_ptr<float>(),
+          gate_words(gates), stride, grad_q[seq].narrow(0, first, rows).data_ptr<float>(),
           grad_k[seq].data_ptr<float>(), grad_w[seq].narrow(0, first, rows).data_ptr<float>(),
           current_stream());
     }
