@@ -9,11 +9,11 @@
 // alternate tiles: each accumulates S^T [64 keys x all 128 pairs] over its tile's column blocks
 // (wgmma m64n128k16, A the key block, B the Q tile, both swizzled in shared memory), freeing a slot
 // once its products have read it, then forms exp2(S scale log2(e) - lse log2(e)) where the row sees
-// the key, sums each row's heads (its columns: in registers, then across the quad) and adds the
+// the key, sums each row's heads (its columns: in registers, then across the quad) and stores the
 // sums into target. The two take turns at issuing their products (named barriers): one's
 // exponentials run under the other's products. Every (row, key) is one tile's and all of a row's
-// heads lie in the block's pairs (H | 128), so it gets exactly one addition onto the zeroed target:
-// the same result every run.
+// heads lie in the block's pairs (H | 128), so it is stored once, whole: the same result every
+// run, and no zeroed target to add onto.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -37,7 +37,7 @@ using Tr = DenseTargetTraits;
 // Q [rows, H, dim] and the keys [keys, dim] come through tensor maps (the kernel's parameters).
 struct DenseTargetProblem {
   const float* lse;  // [rows, H], natural log (the target pass)
-  float* target;     // rows of target_stride floats, zeroed
+  float* target;     // rows of target_stride floats
   int64_t target_stride;
   // The lse pass's per-chunk partials, [key chunk][pair] each: the reference (log2 units of the
   // scaled logits) and the sum of exp2(logit - reference) over the chunk's keys the row sees.
@@ -103,7 +103,7 @@ __device__ void produce(const DenseTargetProblem& p, const CUtensorMap& key_map,
 }
 
 // Probabilities of one tile's keys lo (this thread's accumulator rows acc[4 j + e]) and hi
-// (acc[4 j + 2 + e]), summed over each row's heads and added into target: row g of the block
+// (acc[4 j + 2 + e]), summed over each row's heads and written into target: row g of the block
 // holds j in [g js, (g + 1) js) (js = H / 8 = 1 << js_shift), then the quad's other columns.
 // kMasked: some row of the block does not see every key of the tile (the causal diagonal, the
 // chunk's end, rows past the last), so each term and addition checks the row's prefix.
@@ -132,8 +132,9 @@ __device__ __forceinline__ void add_probabilities(const DenseTargetProblem& p, c
     row_hi += __shfl_xor_sync(0xffffffffu, row_hi, 2);
     if (lane % 4 == 0) {
       float* const out = p.target + (first_row + (j >> js_shift)) * p.target_stride;
-      if (!kMasked || lo < limit) atomicAdd(out + lo, row_lo * inv_heads);
-      if (!kMasked || hi < limit) atomicAdd(out + hi, row_hi * inv_heads);
+      // (A block holds whole rows and a key is in one of its tiles: one store a (row, key).)
+      if (!kMasked || lo < limit) out[lo] = row_lo * inv_heads;
+      if (!kMasked || hi < limit) out[hi] = row_hi * inv_heads;
     }
     row_lo = 0.f;
     row_hi = 0.f;

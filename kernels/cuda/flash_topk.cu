@@ -403,10 +403,17 @@ __global__ void gather_key_sample_kernel(const uint4* keys, int64_t chunks_per_k
   }
 }
 
-__global__ void fill_kernel(float* data, int64_t n, float value) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    data[i] = value;
+// The score table's entries the scoring leaves: each row's keys from its visible count on, and
+// the padding to table_stride, as -infinity (a block a row; rows see prefixes, so that is a
+// triangle, not the table).
+__global__ void fill_unseen_kernel(float* table, int64_t table_stride, int64_t row_begin,
+                                   int64_t q_offset, int64_t tokens_per_key, int64_t num_keys) {
+  const int64_t row = blockIdx.x;
+  float* const out = table + row * table_stride;
+  for (int64_t key =
+           visible_keys(row_begin + row, q_offset, tokens_per_key, num_keys) + threadIdx.x;
+       key < table_stride; key += blockDim.x) {
+    out[key] = kNegInf;
   }
 }
 
@@ -757,7 +764,10 @@ void index_score_table(const IndexerShape& shape, const void* q, const void* k, 
                        int64_t row_begin, int64_t rows, float* table, uint64_t* gates,
                        int64_t table_stride, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  fill_kernel<<<1024, 256, 0, cuda_stream>>>(table, rows * table_stride, kNegInf);
+  if (rows == 0) return;
+  fill_unseen_kernel<<<static_cast<unsigned>(rows), 256, 0, cuda_stream>>>(
+      table, table_stride, row_begin, shape.q_offset, shape.visibility.tokens_per_key,
+      shape.num_keys);
   check(cudaGetLastError(), "fill launch");
   dispatch_shape(shape.heads, shape.dim, [&](auto traits) {
     ScoreParams p{};

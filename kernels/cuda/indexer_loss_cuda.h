@@ -85,8 +85,8 @@ void dense_attention_target(const IndexerShape& shape, int64_t first, int64_t ro
                             float* target, int64_t target_stride, Stream stream);
 
 // The same target without logits (dense_target.cu): from q [rows, H, d_qk] (the block's rows) and
-// key [M, d_qk] bf16 and lse [rows, H] fp32, tile by tile on tensor cores (sm_90a), adding into
-// target (zeroed by the caller) where row r sees key s < keys. Shapes:
+// key [M, d_qk] bf16 and lse [rows, H] fp32, tile by tile on tensor cores (sm_90a), written into
+// target where row r sees key s < keys (the other entries are left as they were). Shapes:
 // dense_attention_target_fused_supported (H in {8, 16, 32, 64, 128}, d_qk a multiple of 64 up
 // to 576). The same bits every run.
 bool dense_attention_target_fused_supported(int64_t heads, int64_t dim);

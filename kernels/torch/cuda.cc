@@ -485,10 +485,10 @@ uint64_t* gate_words(const at::Tensor& gates) {
   return reinterpret_cast<uint64_t*>(gates.data_ptr<int64_t>());
 }
 
-// target [rows, keys] (zeroed; 0 stays past each row's visible keys) of rows [first, first + rows)
-// of one sequence: the frozen attention's probabilities summed over heads, divided by H. For a
-// shape the tensor-core passes take, tile by tile (dense_attention_target_fused) with the
-// log-sum-exps given (`lse` [N, H], fp32, contiguous: the trainer's) or else made by the same
+// target [rows, keys] (where each row sees the key; the KL reads no other entry) of rows [first,
+// first + rows) of one sequence: the frozen attention's probabilities summed over heads, divided
+// by H. For a shape the tensor-core passes take, tile by tile (dense_attention_target_fused) with
+// the log-sum-exps given (`lse` [N, H], fp32, contiguous: the trainer's) or else made by the same
 // tiles first (dense_attention_lse_fused), no logits in memory; otherwise from logits made by
 // cuBLAS (bf16 in, fp32 out) a few rows at a time, read once for their log-sum-exps unless given,
 // and once for the target.
@@ -579,9 +579,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
       const int64_t keys = shape.visible_keys(first + rows - 1);  // rows see prefixes
       if (keys == 0) continue;                                    // loss 0, gradients 0
       // The tables' rows start on 16 bytes (the index-score backward reads them with the TMA
-      // unit; the KL with 16-byte loads).
+      // unit; the KL with 16-byte loads). Each is written where its row sees the key and read
+      // nowhere else, so none is filled first.
       const int64_t stride = (keys + 3) / 4 * 4;
-      auto target = at::zeros({rows, stride}, f32);
+      auto target = at::empty({rows, stride}, f32);
       const auto gates = at::empty({rows, stride}, vq.options().dtype(at::kLong));
       dense_target(shape, vq[seq], vkey[seq], vlse.defined() ? vlse[seq] : vlse, scale, first, rows,
                    target);
