@@ -72,7 +72,7 @@ DeviceProfile H200() {
   p.indexer_mass_tflops = 67.7;
   p.index_score_bwd_tflops = 112;
   p.latent_mass_tflops = 1079;
-  p.dense_indexer_loss_tflops = 463.9;
+  p.dense_indexer_loss_tflops = 511.1;
   p.kernel_launch_s = 5e-6;
   p.topk_scratch_bytes = 1 * kGiB;
   p.devices_per_node = 8;
@@ -129,7 +129,7 @@ DeviceProfile H200() {
       "measured: the target adds 36.7 ms to the latent backward's 668.3 ms at 128K, H = 128, on "
       "H200 (bench/indexer_loss_bench.py, docs/performance.md section 13, 2026-12-05)";
   p.sources["dense_indexer_loss_tflops"] =
-      "assumption: the H100's measured 463.9 (same SMs; the H200's own figure predates the "
+      "assumption: the H100's measured 511.1 (same SMs; the H200's own figure predates the "
       "backward from the scores pass's ReLU gates)";
   p.sources["intra_node_gbps"] = "published: NVLink 4, 900 GB/s both directions";
   return p;
@@ -152,12 +152,12 @@ DeviceProfile H800() {
         "index_score_bwd_tflops", "latent_mass_tflops"}) {
     p.sources[key] = "assumption: the H200's measured figure (same SMs)";
   }
-  // The figure both profiles use (463.9) was measured on an H100 SXM (the same GH100 SMs).
+  // The figure both profiles use (511.1) was measured on an H100 SXM (the same GH100 SMs).
   p.sources["dense_indexer_loss_tflops"] =
-      "measured: dense_indexer_kl with the attention's lse given (the trainer's path), 2275.4 ms "
-      "at 128K, H = 64, d_qk = 576, H_I = 64, d_I = 128, on H100 SXM at 1650 MHz, the backward "
-      "from the scores pass's ReLU gates (bench/dense_loss_ab.py, 2026-12-07, "
-      "docs/results/dense_bwd_gates_h100.txt)";
+      "measured: dense_indexer_kl with the attention's lse given (the trainer's path), 2065.1 ms "
+      "at 128K, H = 64, d_qk = 576, H_I = 64, d_I = 128, on H100 SXM at 1590 MHz, the backward "
+      "from the scores pass's ReLU gates, its tables by TMA, no fills (bench/dense_loss_ab.py, "
+      "2026-12-07, docs/results/dense_loss_no_fills_h100.txt)";
   p.sources["hbm_gbps"] = "assumption: 83% of the published 3.35 TB/s";
   p.sources["intra_node_gbps"] = "published: NVLink 400 GB/s both directions";
   return p;
