@@ -41,6 +41,12 @@ FLOPs: 2 * P_dense * tokens (the frozen forward) + layers * causal pairs * (2H(d
 dense attention forward) + 6 H_I d_I (the index scores, their gradients to q_I and k_I)), causal
 pairs = batch * N(N+1)/2.
 
+--stage dense benchmarks a DENSE stage that trains ALL weights: the attention's and the indexer's
+tables ([H, rows, N] and [rows, N] a layer, in query chunks), the path that stage keeps. Its useful
+FLOPs: 6 * P_dense * tokens + layers * causal pairs * (2H(d_qk + d_v) + 2H(3 d_qk + 2 d_v) +
+6 H_I d_I) (the attention forward and backward counted as below, the index scores and their
+gradients; the target is the probabilities the forward formed).
+
 MFU (issue #37 item 2, DESIGN.md section 8): useful FLOPs a step, counted WITHOUT recomputation,
 over the device's dense bf16 rate (--peak-tflops, default 790: the H200):
 
@@ -161,8 +167,18 @@ def step_flops(m, n, batch=1, stage="sparse"):
     """Useful FLOPs of one training step (no recomputation), by part; see the module docstring."""
     x = model_dims(m)
     h, dqk, dv, hi, di, layers = x["heads"], x["dqk"], x["dv"], x["hi"], x["di"], x["layers"]
+    causal = batch * n * (n + 1) // 2
+    if stage == "dense":
+        parts = dict(
+            dense=6 * parameter_counts(m)["dense"] * batch * n,
+            attention_fwd=layers * causal * 2 * h * (dqk + dv),
+            attention_bwd=layers * causal * 2 * h * (3 * dqk + 2 * dv),
+            indexer_loss=layers * causal * 6 * hi * di,
+        )
+        parts["total"] = sum(parts.values())
+        parts["pairs_per_layer"] = causal
+        return parts
     if stage == "warmup":
-        causal = batch * n * (n + 1) // 2
         parts = dict(
             dense=2 * parameter_counts(m)["dense"] * batch * n,
             attention_fwd=layers * causal * 2 * h * (dqk + dv),
@@ -279,7 +295,8 @@ def make_corpus(folder, need_bytes):
 
 def job_spec(base, model, n, steps, corpus, threads, query_chunk, stage_kind="sparse",
              recompute="replay"):
-    """The bench's job: the model's spec with data, one SPARSE stage and the bench's settings."""
+    """The bench's job: the model's spec with data, one stage (SPARSE; DENSE for "warmup", which
+    trains INDEXER_ONLY, and "dense") and the bench's settings."""
     spec = copy.deepcopy(base)
     spec["model"] = copy.deepcopy(model)
     spec["name"] = f"{base.get('name', 'train-bench')}-n{n}"
@@ -288,9 +305,11 @@ def job_spec(base, model, n, steps, corpus, threads, query_chunk, stage_kind="sp
     stages = base.get("stages") or [{}]
     stage = next((s for s in stages if s.get("attention") == "SPARSE"), stages[0])
     warmup = stage_kind == "warmup"
-    spec["stages"] = [dict(name="warmup" if warmup else stage.get("name", "sparse"), steps=steps,
+    name = stage_kind if stage_kind != "sparse" else stage.get("name", "sparse")
+    spec["stages"] = [dict(name=name, steps=steps,
                            lr=stage.get("lr", 3e-4), min_lr=stage.get("min_lr", 0.0),
-                           warmup_steps=0, attention="DENSE" if warmup else "SPARSE",
+                           warmup_steps=0,
+                           attention="SPARSE" if stage_kind == "sparse" else "DENSE",
                            trains="INDEXER_ONLY" if warmup else "ALL",
                            indexer_loss_weight=(1.0 if warmup else
                                                 stage.get("indexer_loss_weight", 0.01)))]
@@ -746,8 +765,9 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, help="steps a run (default 6; --smoke: 3)")
     p.add_argument("--warmup", type=int, help="first steps excluded from the medians "
                    "(default 2; --smoke: 1)")
-    p.add_argument("--stage", choices=("sparse", "warmup"), default="sparse", help="the stage "
-                   "benchmarked: sparse (trains ALL, the default) or warmup (DENSE, INDEXER_ONLY)")
+    p.add_argument("--stage", choices=("sparse", "warmup", "dense"), default="sparse",
+                   help="the stage benchmarked: sparse (trains ALL, the default), warmup (DENSE, "
+                   "INDEXER_ONLY) or dense (DENSE, trains ALL: the table path)")
     p.add_argument("--key-sharing", action="store_true", help="evaluate once after the last "
                    "step (untimed) and report its indexer recall and key sharing")
     p.add_argument("--loss-share", action="store_true", help="also run each sparse step without "

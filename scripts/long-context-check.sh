@@ -13,8 +13,10 @@
 #      recall task at 16K: the indexer's recall before and after the warm-up, the sparse stage's
 #      accuracy beside the dense model's), bounded by HYSCALE_LC_RECALL_TIMEOUT_S (default 540 s);
 #   5. recall_control: the same job without its warm-up stage (--skip-stage warmup): the sparse
-#      stage's accuracy where the indexer never learned (not run by default).
-# Runs 0-3 are bench/train_bench.py (its JSON and table under OUT) and are bounded by
+#      stage's accuracy where the indexer never learned (not run by default);
+#   6. dense_all: a DENSE stage that trains ALL weights (the table path) at 8K and 32K with the
+#      chunks the trainer picks: how far that path reaches (not run by default).
+# Runs 0-3 and 6 are bench/train_bench.py (its JSON and table under OUT) and are bounded by
 # HYSCALE_LC_TIMEOUT_S (default 300 s a run, twice that for the long one); a run that times out or
 # runs out of memory is reported and the next one still runs. HYSCALE_LC_RUNS picks runs (default
 # "whole_128k chunked_128k long warmup_128k recall_warmup"; a device call of 10 minutes holds
@@ -57,6 +59,7 @@ run chunked_128k "$timeout_s" --sizes 131072 --steps 3 --warmup 1 \
   --query-chunk "${HYSCALE_LC_CHUNK:-4096}"
 run long $((2 * timeout_s)) --sizes "${HYSCALE_LC_LONG_N:-1048576}" --steps 2 --warmup 1
 run warmup_128k "$timeout_s" --stage warmup --sizes 131072 --steps 3 --warmup 1
+run dense_all "$timeout_s" --stage dense --sizes 8192,32768 --steps 3 --warmup 1
 
 recall() {  # name, then hyscale-train's extra arguments
   local name=$1
