@@ -2,6 +2,7 @@
 // and PyTorch 2.11's CUDA build), in one place.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
@@ -63,5 +64,24 @@ class CudaBf16Autocast {
   bool enabled_;
   bool was_enabled_ = false;
 };
+
+// ATen's AdamW over a list of tensors in one kernel (its multi-tensor apply on CUDA), the
+// gradients divided by grad_scale first when given: libtorch 2.x. 1.13 has only Adam's (L2 decay,
+// not decoupled), so there kHasFusedAdamW is false and the call throws.
+constexpr bool kHasFusedAdamW = TORCH_VERSION_MAJOR >= 2;
+inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1,
+                        double beta2, double weight_decay, double eps,
+                        const c10::optional<at::Tensor>& grad_scale) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1,
+                    beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale,
+                    /*found_inf=*/c10::nullopt);
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1,
+      (void)beta2, (void)weight_decay, (void)eps, (void)grad_scale;
+  TORCH_CHECK(false, "fused AdamW needs libtorch 2.x");
+#endif
+}
 
 }  // namespace hyscale::compat

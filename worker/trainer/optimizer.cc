@@ -1,8 +1,88 @@
 #include "worker/trainer/optimizer.h"
 
+#include <torch/nn/utils/clip_grad.h>
+
+#include <vector>
+
 #include "kernels/torch/compat.h"
 
 namespace hyscale::trainer {
+namespace {
+
+std::vector<torch::Tensor> params_with_grads(const torch::optim::OptimizerParamGroup& group) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : group.params()) {
+    if (p.grad().defined()) out.push_back(p);
+  }
+  return out;
+}
+
+// Whether ATen's fused AdamW takes every parameter that has a gradient: fp32 dense tensors on one
+// CUDA device, no amsgrad.
+bool fused_adamw_applies(torch::optim::AdamW& optimizer) {
+  if (!compat::kHasFusedAdamW) return false;
+  c10::optional<torch::Device> device;
+  for (auto& group : optimizer.param_groups()) {
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
+    for (const auto& p : params_with_grads(group)) {
+      const auto& g = p.grad();
+      if (!p.is_cuda() || p.scalar_type() != torch::kFloat || g.scalar_type() != torch::kFloat ||
+          g.is_sparse() || g.device() != p.device() || (device && p.device() != *device)) {
+        return false;
+      }
+      device = p.device();
+    }
+  }
+  return true;
+}
+
+torch::optim::AdamWParamState& state_of(torch::optim::AdamW& optimizer, const torch::Tensor& p) {
+  auto& slot = optimizer.state()[compat::optimizer_state_key(p)];
+  if (!slot) {  // as AdamW::step starts a parameter
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->step(0);
+    fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    slot = std::move(fresh);
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*slot);
+}
+
+void fused_adamw_step(torch::optim::AdamW& optimizer, double grad_clip) {
+  std::vector<torch::Tensor> grads;
+  for (auto& group : optimizer.param_groups()) {
+    for (const auto& p : params_with_grads(group)) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return;
+  c10::optional<torch::Tensor> grad_scale;
+  if (grad_clip > 0) {
+    // clip_grad_norm_ multiplies by min(1, clip / (norm + 1e-6)); the kernel divides by this.
+    const auto norm = at::linalg_vector_norm(torch::stack(at::_foreach_norm(grads)), 2);
+    grad_scale = torch::clamp_min((norm + 1e-6) / grad_clip, 1.0);
+  }
+  for (auto& group : optimizer.param_groups()) {
+    const auto params = params_with_grads(group);
+    if (params.empty()) continue;
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    std::vector<torch::Tensor> group_grads, exp_avgs, exp_avg_sqs;
+    std::vector<float> steps;
+    for (const auto& p : params) {
+      auto& s = state_of(optimizer, p);
+      s.step(s.step() + 1);
+      group_grads.push_back(p.grad());
+      exp_avgs.push_back(s.exp_avg());
+      exp_avg_sqs.push_back(s.exp_avg_sq());
+      steps.push_back(static_cast<float>(s.step()));
+    }
+    // The kernel reads each parameter's step from the device (0-dim fp32 tensors).
+    const auto step_tensors = torch::tensor(steps).to(params.front().device()).unbind(0);
+    compat::fused_adamw(params, group_grads, exp_avgs, exp_avg_sqs, step_tensors, options.lr(),
+                        std::get<0>(options.betas()), std::get<1>(options.betas()),
+                        options.weight_decay(), options.eps(), grad_scale);
+  }
+}
+
+}  // namespace
 
 std::unique_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& model,
                                                 const v1::OptimizerSpec& spec) {
@@ -20,6 +100,23 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& model,
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+bool adamw_step(torch::optim::AdamW& optimizer, double grad_clip) {
+  torch::NoGradGuard no_grad;
+  if (fused_adamw_applies(optimizer)) {
+    fused_adamw_step(optimizer, grad_clip);
+    return true;
+  }
+  if (grad_clip > 0) {
+    std::vector<torch::Tensor> params;
+    for (auto& group : optimizer.param_groups()) {
+      for (const auto& p : params_with_grads(group)) params.push_back(p);
+    }
+    torch::nn::utils::clip_grad_norm_(params, grad_clip);
+  }
+  optimizer.step();
+  return false;
 }
 
 void clear_gradients(torch::nn::Module& model) {

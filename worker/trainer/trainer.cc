@@ -383,11 +383,8 @@ class Trainer::Impl {
     const double lr = plan_.learning_rate(step);
     {
       PhaseClock::Scope scope(*clock_, v1::STEP_PHASE_OPTIMIZER);
-      if (spec_.optimizer().grad_clip() > 0) {
-        torch::nn::utils::clip_grad_norm_(model_->parameters(), spec_.optimizer().grad_clip());
-      }
       set_learning_rate(*optimizer_, lr);
-      optimizer_->step();
+      adamw_step(*optimizer_, spec_.optimizer().grad_clip());
     }
     // The indexer loss's value is known once backward ran (recomputation, or the attention
     // backward that forms its target, computes it).
