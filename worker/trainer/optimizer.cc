@@ -74,8 +74,12 @@ void fused_adamw_step(torch::optim::AdamW& optimizer, double grad_clip) {
       exp_avg_sqs.push_back(s.exp_avg_sq());
       steps.push_back(static_cast<float>(s.step()));
     }
-    // The kernel reads each parameter's step from the device (0-dim fp32 tensors).
-    const auto step_tensors = torch::tensor(steps).to(params.front().device()).unbind(0);
+    // The kernel reads each parameter's step from the device (0-dim fp32 tensors), copied from
+    // pinned memory so the host does not wait for the step's queued work.
+    const auto step_tensors = torch::tensor(steps)
+                                  .pin_memory()
+                                  .to(params.front().device(), /*non_blocking=*/true)
+                                  .unbind(0);
     compat::fused_adamw(params, group_grads, exp_avgs, exp_avg_sqs, step_tensors, options.lr(),
                         std::get<0>(options.betas()), std::get<1>(options.betas()),
                         options.weight_decay(), options.eps(), grad_scale);
