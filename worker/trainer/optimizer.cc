@@ -48,10 +48,11 @@ torch::optim::AdamWParamState& state_of(torch::optim::AdamW& optimizer, const to
   return static_cast<torch::optim::AdamWParamState&>(*slot);
 }
 
-void fused_adamw_step(torch::optim::AdamW& optimizer, double grad_clip) {
+void fused_adamw_step(torch::optim::AdamW& optimizer, const std::vector<torch::Tensor>& parameters,
+                      double grad_clip) {
   std::vector<torch::Tensor> grads;
-  for (auto& group : optimizer.param_groups()) {
-    for (const auto& p : params_with_grads(group)) grads.push_back(p.grad());
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
   if (grads.empty()) return;
   c10::optional<torch::Tensor> grad_scale;
@@ -106,19 +107,14 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
-bool adamw_step(torch::optim::AdamW& optimizer, double grad_clip) {
+bool adamw_step(torch::optim::AdamW& optimizer, const std::vector<torch::Tensor>& parameters,
+                double grad_clip) {
   torch::NoGradGuard no_grad;
   if (fused_adamw_applies(optimizer)) {
-    fused_adamw_step(optimizer, grad_clip);
+    fused_adamw_step(optimizer, parameters, grad_clip);
     return true;
   }
-  if (grad_clip > 0) {
-    std::vector<torch::Tensor> params;
-    for (auto& group : optimizer.param_groups()) {
-      for (const auto& p : params_with_grads(group)) params.push_back(p);
-    }
-    torch::nn::utils::clip_grad_norm_(params, grad_clip);
-  }
+  if (grad_clip > 0) torch::nn::utils::clip_grad_norm_(parameters, grad_clip);
   optimizer.step();
   return false;
 }

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hyscale/v1/job.pb.h"
 
@@ -20,12 +21,14 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& model,
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 // One step of `optimizer` over the parameters with a gradient, their gradients first scaled to a
-// global 2-norm of at most grad_clip (when > 0), as torch::nn::utils::clip_grad_norm_ then
-// AdamW::step do. Where every such parameter is fp32 on one CUDA device and libtorch has ATen's
-// fused AdamW, a group is one kernel over its weights, gradients and moments (about 32 bytes a
-// parameter against the eleven element-wise passes' 100) with the clipping as its gradient
-// scale, and the state stays the optimizer's (checkpoints unchanged). Returns whether it was.
-bool adamw_step(torch::optim::AdamW& optimizer, double grad_clip);
+// global 2-norm of at most grad_clip (when > 0), as torch::nn::utils::clip_grad_norm_(parameters)
+// then AdamW::step do (`parameters`: the optimizer's, in the order the norm sums them). Where
+// every trained parameter is fp32 on one CUDA device and libtorch has ATen's fused AdamW, a group
+// is one kernel over its weights, gradients and moments (about 32 bytes a parameter against the
+// eleven element-wise passes' 100) with the clipping as its gradient scale, and the state stays
+// the optimizer's (checkpoints unchanged). Returns whether it was.
+bool adamw_step(torch::optim::AdamW& optimizer, const std::vector<torch::Tensor>& parameters,
+                double grad_clip);
 
 // Drops every gradient (not just zeroes it), so parameters that do not train this step are
 // skipped by AdamW: no moment decay, no weight decay on frozen weights.

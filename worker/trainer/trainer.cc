@@ -384,7 +384,7 @@ class Trainer::Impl {
     {
       PhaseClock::Scope scope(*clock_, v1::STEP_PHASE_OPTIMIZER);
       set_learning_rate(*optimizer_, lr);
-      adamw_step(*optimizer_, spec_.optimizer().grad_clip());
+      adamw_step(*optimizer_, model_->parameters(), spec_.optimizer().grad_clip());
     }
     // The indexer loss's value is known once backward ran (recomputation, or the attention
     // backward that forms its target, computes it).
