@@ -74,7 +74,6 @@ double Runs(CpLayout layout, double n_local) {
   }
 }
 
-// A ring all-gather (or reduce-scatter) of `bytes` in total over p ranks.
 // The score tables HyScale's dense attention (the trainer's, worker/model) forms a query row, over
 // every key of a sequence, in fp32: the attention's logits and probabilities (H each), the
 // indexer's per-head scores and their ReLU (H_I each), and a few of one row each.
@@ -83,6 +82,16 @@ double DenseTableRowBytes(const Workload& w) {
          (2.0 * static_cast<double>(w.heads + w.indexer_heads) + 4) * 4;
 }
 
+// What of them is alive a query row in a recomputed dense layer's attention backward, its peak:
+// the probabilities the softmax saved and the three H-tables the backward forms from them (the
+// probabilities' gradient, the logits', the scaled logits'), and about five of one row each; the
+// indexer's tables are gone by then. Counted on the CPU (hyscale-train --count-tensor-memory at
+// 1K and 2K, whole and in chunks of 256: docs/log/2026-12-07-dense-table-memory.md).
+double DenseBackwardRowBytes(const Workload& w) {
+  return static_cast<double>(w.seq_len) * (4.0 * static_cast<double>(w.heads) + 5) * 4;
+}
+
+// A ring all-gather (or reduce-scatter) of `bytes` in total over p ranks.
 double RingSeconds(double bytes, int p, const DeviceProfile& prof) {
   if (p <= 1 || bytes <= 0) return 0;
   const double link = p <= prof.devices_per_node ? prof.intra_node_gbps : prof.inter_node_gbps;
@@ -96,10 +105,11 @@ struct StepSizes {
   double N, n;           // keys (the sequence) and this rank's query rows of a sequence
   double chunk, chunks;  // the rows a layer runs at once, and how many such chunks
   double d, H, dqk, dv, hi, di, k, key_elems;
-  double ab;               // bytes an activation (2 under the trainer's CUDA autocast)
-  double row_bytes;        // a gathered key row (Megatron-style)
-  double packed;           // bytes a kept top-k entry, as HyScale packs them
-  double dense_table_row;  // a dense query row's score tables; frozen, its key lists
+  double ab;                  // bytes an activation (2 under the trainer's CUDA autocast)
+  double row_bytes;           // a gathered key row (Megatron-style)
+  double packed;              // bytes a kept top-k entry, as HyScale packs them
+  double dense_table_row;     // a dense query row's score tables; frozen, its key lists
+  double dense_backward_row;  // what of them a recomputed layer's backward holds (not frozen)
   bool megatron, frozen;
 };
 
@@ -121,7 +131,7 @@ MemoryBreakdown RecomputedStepMemory(const Workload& w, const Candidate& c,
   const double seqs = s.seqs, layers = s.layers, N = s.N, n = s.n, chunk = s.chunk;
   const double d = s.d, H = s.H, dqk = s.dqk, dv = s.dv, hi = s.hi, di = s.di, k = s.k;
   const double key_elems = s.key_elems, idx_elems = s.di, ab = s.ab, packed = s.packed;
-  const double dense_table_row = s.dense_table_row;
+  const double dense_row = std::max(s.dense_table_row, s.dense_backward_row);
   constexpr double f = kF32;
   const bool autocast = ab < f;  // bf16 activations: the trainer's CUDA autocast
   MemoryBreakdown mem;
@@ -149,7 +159,7 @@ MemoryBreakdown RecomputedStepMemory(const Workload& w, const Candidate& c,
     // recompute_backward returns).
     if (whole && replay) row += k * packed;
   } else {
-    row += dense_table_row;  // a dense row's score tables over every key
+    row += dense_row;  // a dense row's score tables over every key, at their peak
   }
 
   // The model state at layer l's backward (from L - 1 down to 0): fp32 weights and AdamW's two
@@ -595,6 +605,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   sizes.dense_table_row = !dense_hyscale ? 0
                           : frozen       ? N * kFrozenDenseRowKeyBytes
                                          : DenseTableRowBytes(w);
+  sizes.dense_backward_row = dense_hyscale && !frozen ? DenseBackwardRowBytes(w) : 0;
   sizes.megatron = megatron;
   sizes.frozen = frozen;
   const bool recomputed = !megatron && !frozen && c.recompute != Recompute::kNone;

@@ -309,6 +309,32 @@ TEST(PlannerTest, PredictsTheCpuTrainersCountedPeaks) {
   }
 }
 
+// The same structure's DENSE stage that trains every weight, recomputed, against the peaks
+// hyscale-train --count-tensor-memory counted on the CPU
+// (docs/log/2026-12-07-dense-table-memory.md): the peak is a layer's attention backward, four
+// H-tables a row and key (DenseBackwardRowBytes). The model counts a few rows more than are alive
+// there: within 6 %, above.
+TEST(PlannerTest, PredictsTheCpuTrainersCountedDenseStagePeaks) {
+  const DeviceProfile cpu = On("cpu", 1).profile;
+  constexpr double kMiB = 1 << 20;
+  for (const auto& [tokens, chunk, mib] : std::vector<std::tuple<int64_t, int64_t, double>>{
+           {1024, 0, 1284.4}, {2048, 0, 4389.1}, {1024, 256, 507.7}, {2048, 256, 768.7}}) {
+    v1::JobSpec spec = ReferenceModel(tokens, 320, 4, 64, 880);
+    auto* m = spec.mutable_model();
+    m->set_head_dim_qk(72);
+    m->set_head_dim_v(64);
+    m->mutable_indexer()->set_heads(32);
+    m->mutable_indexer()->set_dim(16);
+    m->mutable_indexer()->set_topk(224);
+    spec.mutable_stages(0)->set_attention(v1::DENSE);
+    Candidate c = CandidateOf(spec);
+    c.query_chunk = chunk;
+    const Prediction p = Predict(Workload::Of(spec), c, cpu, 1);
+    EXPECT_GE(p.memory.total / kMiB, mib) << "N " << tokens << " chunk " << chunk;
+    EXPECT_LE(p.memory.total / kMiB, 1.06 * mib) << "N " << tokens << " chunk " << chunk;
+  }
+}
+
 // The reference model's dense warm-up (INDEXER_ONLY, frozen main model) at 128K on one H200:
 // unchunked, each layer's key lists alone are [N, N]; in query chunks of thousands of rows (a row
 // holds key lists, not score tables) it fits, with the memory of the sparse step that follows it
