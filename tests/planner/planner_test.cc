@@ -281,12 +281,27 @@ TEST(PlannerTest, PlansTheMillionTokensInChunksThatFit) {
   EXPECT_NEAR(fitted.memory.total / (1 << 30), 113.83, 0.05 * 113.83);
 }
 
+// The CPU profile's prediction for the model hyscale-train's tensors were counted on (the
+// reference's structure at d_model 320) at N tokens, its queries in chunks (0: whole).
+Prediction PredictCpuCountedModel(int64_t tokens, int64_t chunk, v1::AttentionMode attention) {
+  v1::JobSpec spec = ReferenceModel(tokens, 320, 4, 64, 880);
+  auto* m = spec.mutable_model();
+  m->set_head_dim_qk(72);
+  m->set_head_dim_v(64);
+  m->mutable_indexer()->set_heads(32);
+  m->mutable_indexer()->set_dim(16);
+  m->mutable_indexer()->set_topk(224);
+  spec.mutable_stages(0)->set_attention(attention);
+  Candidate c = CandidateOf(spec);
+  c.query_chunk = chunk;
+  return Predict(Workload::Of(spec), c, On("cpu", 1).profile, 1);
+}
+
 // The CPU profile against the peaks hyscale-train --count-tensor-memory counted on the CPU
 // (docs/log/2026-12-05-planner-memory.md, results/tensor_memory_cpu_70cc1c3.jsonl; packed
 // indices): the reference's structure at d_model 320, fp32, whole and in query chunks. The named
 // tensors are the peak there (within 2 %).
 TEST(PlannerTest, PredictsTheCpuTrainersCountedPeaks) {
-  const DeviceProfile cpu = On("cpu", 1).profile;
   constexpr double kMiB = 1 << 20;
   for (const auto& [tokens, chunk, mib] :
        std::vector<std::tuple<int64_t, int64_t, double>>{{2048, 0, 401.6},
@@ -295,16 +310,7 @@ TEST(PlannerTest, PredictsTheCpuTrainersCountedPeaks) {
                                                          {3072, 384, 286.6},
                                                          {6144, 384, 307.6},
                                                          {6144, 768, 337.1}}) {
-    v1::JobSpec spec = ReferenceModel(tokens, 320, 4, 64, 880);
-    auto* m = spec.mutable_model();
-    m->set_head_dim_qk(72);
-    m->set_head_dim_v(64);
-    m->mutable_indexer()->set_heads(32);
-    m->mutable_indexer()->set_dim(16);
-    m->mutable_indexer()->set_topk(224);
-    Candidate c = CandidateOf(spec);
-    c.query_chunk = chunk;
-    const Prediction p = Predict(Workload::Of(spec), c, cpu, 1);
+    const Prediction p = PredictCpuCountedModel(tokens, chunk, v1::SPARSE);
     EXPECT_NEAR(p.memory.total / kMiB, mib, 0.02 * mib) << "N " << tokens << " chunk " << chunk;
   }
 }
@@ -315,21 +321,10 @@ TEST(PlannerTest, PredictsTheCpuTrainersCountedPeaks) {
 // H-tables a row and key (DenseBackwardRowBytes). The model counts a few rows more than are alive
 // there: within 6 %, above.
 TEST(PlannerTest, PredictsTheCpuTrainersCountedDenseStagePeaks) {
-  const DeviceProfile cpu = On("cpu", 1).profile;
   constexpr double kMiB = 1 << 20;
   for (const auto& [tokens, chunk, mib] : std::vector<std::tuple<int64_t, int64_t, double>>{
            {1024, 0, 1284.4}, {2048, 0, 4389.1}, {1024, 256, 507.7}, {2048, 256, 768.7}}) {
-    v1::JobSpec spec = ReferenceModel(tokens, 320, 4, 64, 880);
-    auto* m = spec.mutable_model();
-    m->set_head_dim_qk(72);
-    m->set_head_dim_v(64);
-    m->mutable_indexer()->set_heads(32);
-    m->mutable_indexer()->set_dim(16);
-    m->mutable_indexer()->set_topk(224);
-    spec.mutable_stages(0)->set_attention(v1::DENSE);
-    Candidate c = CandidateOf(spec);
-    c.query_chunk = chunk;
-    const Prediction p = Predict(Workload::Of(spec), c, cpu, 1);
+    const Prediction p = PredictCpuCountedModel(tokens, chunk, v1::DENSE);
     EXPECT_GE(p.memory.total / kMiB, mib) << "N " << tokens << " chunk " << chunk;
     EXPECT_LE(p.memory.total / kMiB, 1.06 * mib) << "N " << tokens << " chunk " << chunk;
   }
