@@ -84,9 +84,10 @@ double DenseTableRowBytes(const Workload& w) {
 
 // What of them is alive a query row in a recomputed dense layer's attention backward, its peak:
 // the probabilities the softmax saved and three H-tables the backward forms on its way back to
-// the logits, and about five of one row each; the indexer's tables are gone by then (fp32, as
-// counted: under the GPU's autocast some are bf16, so this bounds them from above). Counted on the CPU (hyscale-train --count-tensor-memory at
-// 1K and 2K, whole and in chunks of 256: docs/log/2026-12-07-dense-table-memory.md).
+// the logits, and about five of one row each; the indexer's tables are gone by then. Counted on
+// the CPU in fp32 (hyscale-train --count-tensor-memory at 1K and 2K, whole and in chunks of 256:
+// docs/log/2026-12-07-dense-table-memory.md); under the GPU's autocast some are bf16, so this
+// bounds them from above.
 double DenseBackwardRowBytes(const Workload& w) {
   return static_cast<double>(w.seq_len) * (4.0 * static_cast<double>(w.heads) + 5) * 4;
 }
