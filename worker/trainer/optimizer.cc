@@ -9,25 +9,32 @@
 namespace hyscale::trainer {
 namespace {
 
-std::vector<torch::Tensor> params_with_grads(const torch::optim::OptimizerParamGroup& group) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : group.params()) {
-    if (p.grad().defined()) out.push_back(p);
+// Each group's parameters that have a gradient (AdamW steps those alone).
+std::vector<std::vector<torch::Tensor>> trained_by_group(torch::optim::AdamW& optimizer) {
+  std::vector<std::vector<torch::Tensor>> out;
+  for (const auto& group : optimizer.param_groups()) {
+    auto& trained = out.emplace_back();
+    for (const auto& p : group.params()) {
+      if (p.grad().defined()) trained.push_back(p);
+    }
   }
   return out;
 }
 
-// Whether ATen's fused AdamW takes every parameter that has a gradient: fp32 dense tensors on one
-// CUDA device, no amsgrad.
-bool fused_adamw_applies(torch::optim::AdamW& optimizer) {
+// Whether ATen's fused AdamW takes every trained parameter: fp32 dense tensors on one CUDA
+// device, no amsgrad.
+bool fused_adamw_applies(torch::optim::AdamW& optimizer,
+                         const std::vector<std::vector<torch::Tensor>>& trained) {
   if (!compat::kHasFusedAdamW) return false;
   c10::optional<torch::Device> device;
-  for (auto& group : optimizer.param_groups()) {
-    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
-    for (const auto& p : params_with_grads(group)) {
-      const auto& g = p.grad();
-      if (!p.is_cuda() || p.scalar_type() != torch::kFloat || g.scalar_type() != torch::kFloat ||
-          g.is_sparse() || g.device() != p.device() || (device && p.device() != *device)) {
+  for (size_t g = 0; g < trained.size(); ++g) {
+    const auto& options =
+        static_cast<const torch::optim::AdamWOptions&>(optimizer.param_groups()[g].options());
+    if (options.amsgrad()) return false;
+    for (const auto& p : trained[g]) {
+      if (!p.is_cuda() || p.scalar_type() != torch::kFloat ||
+          p.grad().scalar_type() != torch::kFloat || p.grad().is_sparse() ||
+          (device && p.device() != *device)) {
         return false;
       }
       device = p.device();
@@ -49,7 +56,7 @@ torch::optim::AdamWParamState& state_of(torch::optim::AdamW& optimizer, const to
 }
 
 void fused_adamw_step(torch::optim::AdamW& optimizer, const std::vector<torch::Tensor>& parameters,
-                      double grad_clip) {
+                      const std::vector<std::vector<torch::Tensor>>& trained, double grad_clip) {
   std::vector<torch::Tensor> grads;
   for (const auto& p : parameters) {
     if (p.grad().defined()) grads.push_back(p.grad());
@@ -61,10 +68,11 @@ void fused_adamw_step(torch::optim::AdamW& optimizer, const std::vector<torch::T
     const auto norm = at::linalg_vector_norm(torch::stack(at::_foreach_norm(grads)), 2);
     grad_scale = torch::clamp_min((norm + 1e-6) / grad_clip, 1.0);
   }
-  for (auto& group : optimizer.param_groups()) {
-    const auto params = params_with_grads(group);
+  for (size_t g = 0; g < trained.size(); ++g) {
+    const auto& params = trained[g];
     if (params.empty()) continue;
-    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    const auto& options =
+        static_cast<const torch::optim::AdamWOptions&>(optimizer.param_groups()[g].options());
     std::vector<torch::Tensor> group_grads, exp_avgs, exp_avg_sqs;
     std::vector<float> steps;
     for (const auto& p : params) {
@@ -110,8 +118,8 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 bool adamw_step(torch::optim::AdamW& optimizer, const std::vector<torch::Tensor>& parameters,
                 double grad_clip) {
   torch::NoGradGuard no_grad;
-  if (fused_adamw_applies(optimizer)) {
-    fused_adamw_step(optimizer, parameters, grad_clip);
+  if (const auto trained = trained_by_group(optimizer); fused_adamw_applies(optimizer, trained)) {
+    fused_adamw_step(optimizer, parameters, trained, grad_clip);
     return true;
   }
   if (grad_clip > 0) torch::nn::utils::clip_grad_norm_(parameters, grad_clip);
