@@ -115,13 +115,6 @@ struct StepSizes {
 };
 
 constexpr double kF32 = 4;  // fp32 bytes
-// The optimizer's bytes a trained parameter a step: libtorch's AdamW takes nine element-wise
-// passes over fp32 tensors (the decay; each moment's scale and update; the denominator's square
-// root, scale and epsilon; the update: 88 bytes) and the trainer's gradient clipping two more (the
-// norm and the scale: 12). About 20 ms a step for the 783M-parameter reference model at an H200's
-// 4 TB/s; its optimizer phase took 21 ms (docs/performance.md section 11).
-constexpr double kOptimizerBytesPerParameter = 100;
-
 // hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a
 // layer's attention backward. What is alive there is the list below, counted tensor by tensor on
 // the CPU (hyscale-train --count-tensor-memory, docs/log/2026-12-05-planner-memory.md), in the
@@ -575,7 +568,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   }
   // The optimizer steps what the stage trains, once a step whatever the sequences.
   const double trained = static_cast<double>(frozen ? w.indexer_parameters : w.parameters);
-  out.seconds["optimizer"] = trained * kOptimizerBytesPerParameter / hbm;
+  out.seconds["optimizer"] = trained * prof.optimizer_bytes_per_parameter / hbm;
   out.compute_s += out.seconds["optimizer"];
   out.seconds["exposed_comm"] = out.exposed_comm_s;
   out.step_s = out.compute_s + out.exposed_comm_s;

@@ -57,6 +57,9 @@ struct DeviceProfile {
   // The dense warm-up's indexer loss (an INDEXER_ONLY dense stage: dense_indexer_kl over every
   // visible key), all of it at one rate: DenseIndexerLossFlops (flops.h) over its time.
   double dense_indexer_loss_tflops = 0;
+  // The trainer's optimizer step (worker/trainer/optimizer.h, adamw_step) in bytes of device
+  // memory traffic a trained parameter, at hbm_gbps: its time over what it trains.
+  double optimizer_bytes_per_parameter = 0;
   double kernel_launch_s = 0;       // fixed cost of one kernel call (round-robin pays it per token)
   double topk_scratch_bytes = 0;    // FlashTopK scratch besides its O(n k) candidates
   int devices_per_node = 1;         // devices joined by the fast link

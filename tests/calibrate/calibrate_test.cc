@@ -51,13 +51,21 @@ class CalibrateTest : public ::testing::Test {
   const util::TempDir dir_ = util::TempDir::Create("hyscale_calibrate_test").value();
 };
 
-constexpr const char* kFigures[] = {"dense_tflops",           "hbm_gbps",
-                                    "flash_topk_tflops",      "flash_topk_fp8_tflops",
-                                    "table_topk_tflops",      "gather_fwd_tflops",
-                                    "gather_bwd_tflops",      "indexer_mass_tflops",
-                                    "latent_fwd_tflops",      "latent_bwd_tflops",
-                                    "index_score_bwd_tflops", "kernel_launch_s",
-                                    "latent_mass_tflops",     "dense_indexer_loss_tflops"};
+constexpr const char* kFigures[] = {"dense_tflops",
+                                    "hbm_gbps",
+                                    "flash_topk_tflops",
+                                    "flash_topk_fp8_tflops",
+                                    "table_topk_tflops",
+                                    "gather_fwd_tflops",
+                                    "gather_bwd_tflops",
+                                    "indexer_mass_tflops",
+                                    "latent_fwd_tflops",
+                                    "latent_bwd_tflops",
+                                    "index_score_bwd_tflops",
+                                    "kernel_launch_s",
+                                    "latent_mass_tflops",
+                                    "dense_indexer_loss_tflops",
+                                    "optimizer_bytes_per_parameter"};
 
 double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "dense_tflops") return p.dense_tflops;
@@ -73,6 +81,7 @@ double Figure(const planner::DeviceProfile& p, const std::string& name) {
   if (name == "latent_bwd_tflops") return p.latent_bwd_tflops;
   if (name == "latent_mass_tflops") return p.latent_mass_tflops;
   if (name == "dense_indexer_loss_tflops") return p.dense_indexer_loss_tflops;
+  if (name == "optimizer_bytes_per_parameter") return p.optimizer_bytes_per_parameter;
   return p.kernel_launch_s;
 }
 
@@ -101,6 +110,16 @@ TEST_F(CalibrateTest, QuickCpuRunWritesAFileThePlannerLoads) {
   EXPECT_EQ(doc["shapes"]["dense_loss_seq_len"], "128");
   EXPECT_EQ(doc["measurements"]["dense_indexer_loss"]["flops"],
             128.0 * 129 / 2 * (2 * 4 * 32 + 6 * 4 * 16));
+  // The optimizer's step over its parameters: the figure is its time at the copy's bandwidth.
+  const auto& optimizer = doc["measurements"]["optimizer"];
+  EXPECT_EQ(doc["shapes"]["optimizer_parameters"], "262144");
+  EXPECT_GE(optimizer["parameters"].get<double>(), 0.9 * 262144);
+  EXPECT_NEAR(doc["optimizer_bytes_per_parameter"].get<double>(),
+              optimizer["median_s"].get<double>() *
+                  doc["measurements"]["copy"]["bytes"].get<double>() /
+                  doc["measurements"]["copy"]["median_s"].get<double>() /
+                  optimizer["parameters"].get<double>(),
+              1e-6 * doc["optimizer_bytes_per_parameter"].get<double>());
 
   auto profile = planner::BuiltinProfile("cpu");
   ASSERT_TRUE(profile.ok());

@@ -4,7 +4,7 @@
 Each folder may include only the folders its rule lists (our headers by their path from the
 root, "hyscale/v1/..." for the generated protobuf code). The rules form a graph without cycles:
 
-  kernels <- worker/model <- worker/parallel <- worker/trainer
+  kernels <- worker/model <- worker/parallel <- worker/trainer <- worker/calibrate
   proto <- planner <- server, client, worker/calibrate, worker/trainer
   proto <- worker/agent, bench/service
   util (subprocess, files, temp folders, logging): a leaf every folder may include
@@ -31,7 +31,8 @@ RULES = {
     "worker/parallel": ["worker/parallel", "worker/model", "kernels"] + PROTO,
     "worker/trainer": ["worker/trainer", "worker/model", "worker/parallel", "planner",
                        "kernels"] + PROTO,
-    "worker/calibrate": ["worker/calibrate", "planner", "kernels"] + PROTO,
+    # The calibration measures the trainer's own optimizer step.
+    "worker/calibrate": ["worker/calibrate", "worker/trainer", "planner", "kernels"] + PROTO,
     "worker/agent": ["worker/agent"] + PROTO,
     "server": ["server", "planner"] + PROTO,
     "client": ["client", "planner"] + PROTO,

@@ -851,15 +851,31 @@ TEST(PlannerTest, EveryCalibrationFigureReplacesAProfileFigure) {
   EXPECT_GE(top.size(), 13u);
 }
 
+constexpr const char* kSourcedFigures[] = {"dense_tflops",
+                                           "hbm_gbps",
+                                           "flash_topk_tflops",
+                                           "flash_topk_fp8_tflops",
+                                           "table_topk_tflops",
+                                           "sparse_attention.fwd_tflops",
+                                           "sparse_attention.bwd_tflops",
+                                           "sparse_attention.dedup",
+                                           "naive_topk_tflops",
+                                           "gather_fwd_tflops",
+                                           "gather_bwd_tflops",
+                                           "indexer_mass_tflops",
+                                           "index_score_bwd_tflops",
+                                           "latent_fwd_tflops",
+                                           "latent_bwd_tflops",
+                                           "latent_mass_tflops",
+                                           "dense_indexer_loss_tflops",
+                                           "optimizer_bytes_per_parameter",
+                                           "intra_node_gbps",
+                                           "inter_node_gbps"};
+
 TEST(PlannerTest, EveryProfileFigureStatesItsSource) {
   for (const auto& name : BuiltinProfileNames()) {
     const DeviceProfile profile = *BuiltinProfile(name);
-    for (const char* figure :
-         {"dense_tflops", "hbm_gbps", "flash_topk_tflops", "flash_topk_fp8_tflops",
-          "table_topk_tflops", "sparse_attention.fwd_tflops", "sparse_attention.bwd_tflops",
-          "sparse_attention.dedup", "naive_topk_tflops", "gather_fwd_tflops", "gather_bwd_tflops",
-          "indexer_mass_tflops", "index_score_bwd_tflops", "latent_fwd_tflops", "latent_bwd_tflops",
-          "latent_mass_tflops", "intra_node_gbps", "inter_node_gbps"}) {
+    for (const char* figure : kSourcedFigures) {
       EXPECT_EQ(profile.sources.count(figure), 1u) << name << " " << figure;
     }
   }

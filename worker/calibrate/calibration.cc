@@ -70,6 +70,10 @@ v1::Calibration ToProto(const Calibration& c) {
   }
   doc.set_dense_indexer_loss_tflops(c.dense_indexer_loss.Rate() / kTera);
   *timings.mutable_dense_indexer_loss() = Flops(c.dense_indexer_loss);
+  // The planner charges the step as bytes at hbm_gbps: those a copy moves in its time.
+  doc.set_optimizer_bytes_per_parameter(c.optimizer.seconds * c.copy.Rate() / c.optimizer.work);
+  timings.mutable_optimizer()->set_median_s(c.optimizer.seconds);
+  timings.mutable_optimizer()->set_parameters(c.optimizer.work);
   *doc.mutable_shapes() = ToProto(s);
   *timings.mutable_dense() = Flops(c.dense);
   *timings.mutable_copy() = Bytes(c.copy);

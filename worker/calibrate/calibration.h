@@ -26,6 +26,7 @@ struct Calibration {
   GatherMeasurement gather;
   IndexerLossMeasurement indexer_loss;
   Measurement dense_indexer_loss;
+  Measurement optimizer;  // work: the parameters it steps
   double kernel_launch_s = 0;
   std::vector<std::string> notes;
 };

@@ -22,6 +22,7 @@
 #include "worker/calibrate/benchmarks.h"
 #include "worker/calibrate/calibration.h"
 #include "worker/calibrate/device.h"
+#include "worker/calibrate/optimizer_benchmark.h"
 #include "worker/calibrate/shapes.h"
 
 #ifdef HYSCALE_HAVE_CUDA
@@ -149,6 +150,9 @@ int Run(const Flags& flags) {
     c.dense_indexer_loss = bench.DenseIndexerLoss();
     Report("dense_indexer_loss_tflops", c.dense_indexer_loss.Rate() / 1e12, "TFLOP/s",
            c.dense_indexer_loss.seconds);
+    c.optimizer = OptimizerStep(*device, shapes);
+    Report("optimizer_bytes_per_parameter", c.optimizer.seconds * c.copy.Rate() / c.optimizer.work,
+           "B", c.optimizer.seconds);
     c.kernel_launch_s = bench.KernelLaunch();
     Report("kernel_launch_s", c.kernel_launch_s, "s", c.kernel_launch_s);
   } catch (const std::exception& e) {
@@ -188,6 +192,11 @@ int Run(const Flags& flags) {
       "dense_indexer_loss: dense_indexer_kl on one causal sequence of random inputs at N = ",
       shapes.dense_loss_seq_len, " with the attention's lse given, as the trainer gives it",
       "; FLOPs (2 H d_qk + 6 H_I d_I) per visible pair, N(N+1)/2 of them"));
+  c.notes.push_back(absl::StrCat(
+      "optimizer: the trainer's AdamW step with gradient clipping over ",
+      shapes.optimizer_parameters,
+      " fp32 parameters (fused on CUDA with libtorch 2.x); bytes a parameter = its time at the "
+      "copy's bandwidth"));
   c.notes.push_back(
       absl::StrCat("flash_topk / table_topk: random (untrained-indexer) inputs at N = ",
                    shapes.selection_seq_len,

@@ -26,6 +26,7 @@ Shapes DefaultShapes(bool cuda, bool quick) {
     // The dense warm-up's loss: 6.6 TFLOP of DenseIndexerLossFlops at 8K and H = 128, ~15 ms at
     // the H100's measured rate.
     s.dense_loss_seq_len = quick ? 2048 : 8192;
+    s.optimizer_parameters = int64_t{quick ? 8 : 256} << 20;  // 256M: 4 GiB of state, ~6 ms
     s.runs = quick ? 2 : 3;
   } else if (quick) {  // for tests: every figure in well under a second
     s.heads = 4;
@@ -40,6 +41,7 @@ Shapes DefaultShapes(bool cuda, bool quick) {
     s.gather_rows = 64;
     s.gather_chunk = 32;
     s.table_block_rows = 64;
+    s.optimizer_parameters = int64_t{1} << 18;
     s.runs = 2;
   } else {  // the DSA head dims at a short length: about half a minute on a few cores
     s.seq_len = 256;
@@ -50,6 +52,7 @@ Shapes DefaultShapes(bool cuda, bool quick) {
     s.gather_rows = 256;
     s.gather_chunk = 64;
     s.table_block_rows = 256;
+    s.optimizer_parameters = int64_t{16} << 20;
   }
   if (s.selection_seq_len == 0) s.selection_seq_len = s.seq_len;
   if (s.dense_loss_seq_len == 0) s.dense_loss_seq_len = s.seq_len;
@@ -76,6 +79,7 @@ v1::Calibration::Shapes ToProto(const Shapes& s) {
   out.set_warmup(s.warmup);
   out.set_runs(s.runs);
   out.set_dense_loss_seq_len(s.dense_loss_seq_len);
+  out.set_optimizer_parameters(s.optimizer_parameters);
   return out;
 }
 

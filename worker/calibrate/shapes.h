@@ -25,6 +25,7 @@ struct Shapes {
   // N of the dense warm-up's indexer loss (dense_indexer_kl): every (query, visible key) pair, so
   // shorter than seq_len; at most seq_len.
   int64_t dense_loss_seq_len = 0;
+  int64_t optimizer_parameters = 0;  // fp32 parameters the optimizer step updates
   int warmup = 1;
   int runs = 3;
 };
