@@ -74,6 +74,19 @@ double Runs(CpLayout layout, double n_local) {
   }
 }
 
+constexpr double kF32 = 4;  // fp32 bytes
+
+// Bytes of memory traffic a head and (query, key) entry of HyScale's dense table path
+// (worker/model DsaLayerImpl::dense_attention, the stage that trains every weight): the
+// attention's forward (logits, mask, softmax, the casts, the products), its backward, and the
+// indexer loss's recomputation and backward a head of the indexer. Fitted to the phases of the
+// 2048x4 model on an H100 at 8K and 32K in chunks of 4096 and 1024 (attention_fwd 0.264 / 2.841
+// s, attention_bwd 0.357 / 4.153, indexer_loss 0.235 / 2.585 over four layers), at the profile's
+// 2780 GB/s: 57 / 56, 77 / 81, 51 / 51 (docs/performance.md section 13).
+constexpr double kDenseTableForwardBytes = 56;
+constexpr double kDenseTableBackwardBytes = 80;
+constexpr double kDenseIndexerTableBytes = 51;
+
 // The score tables HyScale's dense attention (the trainer's, worker/model) forms a query row, over
 // every key of a sequence, in fp32: the attention's logits and probabilities (H each), the
 // indexer's per-head scores and their ReLU (H_I each), and a few of one row each.
@@ -86,10 +99,12 @@ double DenseTableRowBytes(const Workload& w) {
 // the probabilities the softmax saved and three H-tables the backward forms on its way back to
 // the logits, and about five of one row each; the indexer's tables are gone by then. Counted on
 // the CPU in fp32 (hyscale-train --count-tensor-memory at 1K and 2K, whole and in chunks of 256:
-// docs/log/2026-12-07-dense-table-memory.md); under the GPU's autocast some are bf16, so this
-// bounds them from above.
-double DenseBackwardRowBytes(const Workload& w) {
-  return static_cast<double>(w.seq_len) * (4.0 * static_cast<double>(w.heads) + 5) * 4;
+// docs/log/2026-12-07-dense-table-memory.md). Under the GPU's autocast (activations of `ab` < 4
+// bytes) two bf16 H-tables more: the matmuls' casts (the H100's peaks at 8K and 32K in chunks of
+// 4096 and 1024, 52.87 and 53.02 GiB: 20 bytes a head and key, docs/performance.md section 13).
+double DenseBackwardRowBytes(const Workload& w, double ab) {
+  const double per_head = 4 * kF32 + (ab < kF32 ? 2 * ab : 0);
+  return static_cast<double>(w.seq_len) * (per_head * static_cast<double>(w.heads) + 5 * kF32);
 }
 
 // A ring all-gather (or reduce-scatter) of `bytes` in total over p ranks.
@@ -114,7 +129,6 @@ struct StepSizes {
   bool megatron, frozen;
 };
 
-constexpr double kF32 = 4;  // fp32 bytes
 // hyscale-train's recomputed step (worker/model/model.cc recompute_backward): its peak is in a
 // layer's attention backward. What is alive there is the list below, counted tensor by tensor on
 // the CPU (hyscale-train --count-tensor-memory, docs/log/2026-12-05-planner-memory.md), in the
@@ -413,11 +427,27 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
           ? SelectionFlops(hi, di, n * N) / (prof.naive_topk_tflops * kTera)
           : SelectionFlops(hi, di, causal) / (selection_rate * kTera) + (fp8 ? score_gather : 0);
 
+  // Query chunks (recomputation or a frozen main model).
+  const bool frozen = w.indexer_only;
+  const double chunk = (c.recompute != Recompute::kNone || frozen) && c.query_chunk > 0
+                           ? std::min<double>(static_cast<double>(c.query_chunk), n)
+                           : n;
+  const double chunks = std::ceil(n / chunk);
+
   // Attention forward and backward.
   double attn_fwd = 0, attn_bwd = 0;
   const double row_bytes = (dqk + dv) * ab;
   const double hbm = prof.hbm_gbps * kGiga;
-  if (!w.sparse) {  // dense causal attention (FlashAttention-style), the same for both stacks
+  // HyScale's dense stage that trains every weight runs its attention and indexer loss through
+  // [H, rows, keys] tables a query chunk, each chunk against the keys up to its last row: half a
+  // chunk more than the causal pairs a row. Memory traffic bounds them (bytes a head and table
+  // entry below). The frozen warm-up's kernels are priced apart (below).
+  const bool dense_tables = !w.sparse && !megatron && !frozen;
+  const double table_pairs = causal + n * chunk / 2;
+  if (dense_tables) {
+    attn_fwd = kDenseTableForwardBytes * H * table_pairs / hbm;
+    attn_bwd = kDenseTableBackwardBytes * H * table_pairs / hbm;
+  } else if (!w.sparse) {  // dense causal attention (FlashAttention-style)
     const SparseAttentionRate& rate = prof.sparse_attention.at(1);
     attn_fwd = 2 * H * (dqk + dv) * causal / (rate.fwd_tflops * kTera);
     attn_bwd = kBackwardFlops * 2 * H * (dqk + dv) * causal / (rate.bwd_tflops * kTera);
@@ -445,6 +475,9 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   // latent at G = 1 forms the target inside its backward instead (latent_mass_tflops), with or
   // without recomputation.
   double loss_fwd = 0, loss_bwd = 0;
+  // The dense tables' indexer loss: the index scores, the target and the KL with their backward,
+  // in the recomputation and the backward.
+  if (dense_tables) loss_bwd = kDenseIndexerTableBytes * hi * table_pairs / hbm;
   if (w.sparse) {
     const double mass = IndexerMassFlops(H, dqk, k * n);
     const bool target_in_backward =
@@ -460,13 +493,8 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   // Kernel calls: one per run of consecutive positions, per kernel (selection and attention in
   // forward, in backward, and again when recomputing).
   const double calls = c.recompute == Recompute::kNone ? 4 : 6;
-  // Query chunks (recomputation only): each one calls every kernel again, and the key side's
-  // projections (forward) are recomputed once more to rebuild their graph.
-  const bool frozen = w.indexer_only;
-  const double chunk = (c.recompute != Recompute::kNone || frozen) && c.query_chunk > 0
-                           ? std::min<double>(static_cast<double>(c.query_chunk), n)
-                           : n;
-  const double chunks = std::ceil(n / chunk);
+  // Each query chunk calls every kernel again, and the key side's projections (forward) are
+  // recomputed once more to rebuild their graph.
   const double launches = (Runs(c.layout, n) + chunks - 1) * calls * prof.kernel_launch_s;
 
   // Communication of the key side, per layer.
@@ -599,7 +627,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   sizes.dense_table_row = !dense_hyscale ? 0
                           : frozen       ? N * kFrozenDenseRowKeyBytes
                                          : DenseTableRowBytes(w);
-  sizes.dense_backward_row = dense_hyscale && !frozen ? DenseBackwardRowBytes(w) : 0;
+  sizes.dense_backward_row = dense_hyscale && !frozen ? DenseBackwardRowBytes(w, ab) : 0;
   sizes.megatron = megatron;
   sizes.frozen = frozen;
   const bool recomputed = !megatron && !frozen && c.recompute != Recompute::kNone;
@@ -625,20 +653,20 @@ Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus) {
   Prediction whole = Predict(work, candidate, profile, gpus);
   const int64_t local = std::max<int64_t>(1, work.seq_len / std::max(1, candidate.cp));
-  // A dense chunk's tables (frozen: its key lists) grow with every row, its speed does not
-  // beyond a few: keep them within kDenseTableBytes (kFrozenKeyListBytes).
-  const double row_bytes = work.sparse ? 0
-                           : work.indexer_only
-                               ? static_cast<double>(work.seq_len) * kFrozenDenseRowKeyBytes
-                               : DenseTableRowBytes(work);
-  const double table_row = row_bytes * static_cast<double>(work.batch);
-  const double cap = work.indexer_only ? kFrozenKeyListBytes : kDenseTableBytes;
-  // The frozen dense warm-up runs whole only within that cap, even where the whole fits: its key
-  // lists grow as N^2 and its speed does not change with the chunk (at 128K on the H200, 23.34 s
-  // whole at 98 GiB, 23.28 s in chunks of 1980 at 7.75 GiB: docs/performance.md section 13).
+  // The frozen dense warm-up's key lists grow with every row, its speed does not beyond a few:
+  // it runs whole only where they fit kFrozenKeyListBytes, even where the whole fits (at 128K on
+  // the H200, 23.34 s whole at 98 GiB, 23.28 s in chunks of 1980 at 7.75 GiB: docs/performance.md
+  // section 13). A dense stage that trains every weight takes the largest chunk that fits: its
+  // per-token work (projections, MLP) runs a chunk at a time and is slow in small ones (H100, the
+  // 2048x4 model at 32K: 23.6 s a step in chunks of 64).
   const bool frozen_dense = work.indexer_only && !work.sparse;
-  const bool whole_fits = whole.memory.total <= profile.memory_bytes &&
-                          !(frozen_dense && static_cast<double>(local) * table_row > cap);
+  const double key_list_row = frozen_dense
+                                  ? static_cast<double>(work.seq_len) * kFrozenDenseRowKeyBytes *
+                                        static_cast<double>(work.batch)
+                                  : 0;
+  const bool whole_fits =
+      whole.memory.total <= profile.memory_bytes &&
+      !(frozen_dense && static_cast<double>(local) * key_list_row > kFrozenKeyListBytes);
   // Query-chunked layers are HyScale's (the Megatron-style stacks hold whole sequences).
   if ((candidate.recompute == Recompute::kNone && !work.indexer_only) ||
       candidate.stack != Stack::kHyScale || candidate.query_chunk > 0 || whole_fits) {
@@ -648,7 +676,9 @@ Prediction PredictFitted(const Workload& work, const Candidate& candidate,
   const int64_t smallest = work.sparse ? kMinQueryChunk : kMinDenseQueryChunk;
   int64_t largest = smallest;
   while (largest * 2 < local) largest *= 2;
-  while (largest > smallest && static_cast<double>(largest) * table_row > cap) largest /= 2;
+  while (largest > smallest && static_cast<double>(largest) * key_list_row > kFrozenKeyListBytes) {
+    largest /= 2;
+  }
   for (int64_t chunk = largest; chunk >= smallest && chunk < local; chunk /= 2) {
     Candidate c = candidate;
     c.query_chunk = chunk;

@@ -131,17 +131,16 @@ Prediction Predict(const Workload& work, const Candidate& candidate, const Devic
 // scores every key.
 inline constexpr int64_t kMinQueryChunk = 1024;
 inline constexpr int64_t kMinDenseQueryChunk = 16;
-// What a dense query chunk may hold of rows that span the sequence, beyond a few rows no faster:
-// score tables, and a frozen model's key lists (chunks of 2048 rows at 128K, as measured).
-inline constexpr double kDenseTableBytes = 4.0 * (1 << 30);
+// What a frozen dense model's query chunk may hold of key lists, rows that span the sequence:
+// beyond a few rows a chunk is no faster (chunks of 2048 rows at 128K, as measured).
 inline constexpr double kFrozenKeyListBytes = 2.0 * (1 << 30);
 
 // HyScale with a query_chunk of 0 and recomputation (or a frozen main model): the prediction at
 // the largest chunk that fits the profile's memory, 0 (all local queries) when they fit, else
 // powers of two from the local sequence down to kMinQueryChunk (the smallest when none fits).
-// Dense work goes down to kMinDenseQueryChunk and starts where a chunk's tables fit
-// kDenseTableBytes (its key lists kFrozenKeyListBytes). A frozen dense model (the warm-up) takes
-// such chunks even where all its queries fit: only the chunk changes its memory, not its speed.
+// Dense work goes down to kMinDenseQueryChunk. A frozen dense model (the warm-up) starts where a
+// chunk's key lists fit kFrozenKeyListBytes and takes such chunks even where all its queries fit:
+// only the chunk changes its memory, not its speed.
 // Otherwise Predict as given.
 Prediction PredictFitted(const Workload& work, const Candidate& candidate,
                          const DeviceProfile& profile, int gpus);
