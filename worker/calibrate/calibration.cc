@@ -27,6 +27,10 @@ v1::Calibration::Timing Bytes(const Measurement& m) {
 
 }  // namespace
 
+double OptimizerBytesPerParameter(const Calibration& c) {
+  return c.optimizer.seconds * c.copy.Rate() / c.optimizer.work;
+}
+
 v1::Calibration ToProto(const Calibration& c) {
   const Shapes& s = c.shapes;
   v1::Calibration doc;
@@ -70,8 +74,7 @@ v1::Calibration ToProto(const Calibration& c) {
   }
   doc.set_dense_indexer_loss_tflops(c.dense_indexer_loss.Rate() / kTera);
   *timings.mutable_dense_indexer_loss() = Flops(c.dense_indexer_loss);
-  // The planner charges the step as bytes at hbm_gbps: those a copy moves in its time.
-  doc.set_optimizer_bytes_per_parameter(c.optimizer.seconds * c.copy.Rate() / c.optimizer.work);
+  doc.set_optimizer_bytes_per_parameter(OptimizerBytesPerParameter(c));
   timings.mutable_optimizer()->set_median_s(c.optimizer.seconds);
   timings.mutable_optimizer()->set_parameters(c.optimizer.work);
   *doc.mutable_shapes() = ToProto(s);

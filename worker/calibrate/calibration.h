@@ -31,6 +31,10 @@ struct Calibration {
   std::vector<std::string> notes;
 };
 
+// The optimizer's figure: the bytes a parameter a copy moves in its step's time (the planner
+// charges the step as bytes at hbm_gbps).
+double OptimizerBytesPerParameter(const Calibration& calibration);
+
 // The file's content: rates from the measurements, and the measurements themselves.
 v1::Calibration ToProto(const Calibration& calibration);
 

@@ -151,8 +151,8 @@ int Run(const Flags& flags) {
     Report("dense_indexer_loss_tflops", c.dense_indexer_loss.Rate() / 1e12, "TFLOP/s",
            c.dense_indexer_loss.seconds);
     c.optimizer = OptimizerStep(*device, shapes);
-    Report("optimizer_bytes_per_parameter", c.optimizer.seconds * c.copy.Rate() / c.optimizer.work,
-           "B", c.optimizer.seconds);
+    Report("optimizer_bytes_per_parameter", OptimizerBytesPerParameter(c), "B",
+           c.optimizer.seconds);
     c.kernel_launch_s = bench.KernelLaunch();
     Report("kernel_launch_s", c.kernel_launch_s, "s", c.kernel_launch_s);
   } catch (const std::exception& e) {
