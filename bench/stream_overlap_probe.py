@@ -8,7 +8,10 @@ FlashTopK and index_score_gather beside the projection's forward. "hidden" is wh
 save on the pair, over the shorter kernel's time (100 %: the shorter one is free). CUDA events,
 medians of 7 runs after 2.
 
-  python3 bench/stream_overlap_probe.py --lib $LIB [--indices random|local_sorted]
+  python3 bench/stream_overlap_probe.py --lib $LIB [--indices random|local_sorted] [--side-sms S]
+
+--side-sms S: the second stream belongs to a green context of S SMs (torch.cuda.green_contexts),
+so its kernels (the first of each pair) run on those SMs alone; "alone" then also times them there.
 
 Measured with its first form, the same kernels and shapes (its source is in
 docs/results/indexer_stream_h100_b00f44a.txt; docs/performance.md section 14): nothing hidden. A
@@ -38,10 +41,27 @@ def timed(fn, runs=7, warmup=2):
     return statistics.median(times)
 
 
+def green_stream(sms):
+    """A stream of a green context of `sms` SMs (PyTorch's beta API: Stream() where it has it,
+    else a stream made while the context is current)."""
+    from torch.cuda.green_contexts import GreenContext
+
+    ctx = GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
+    if hasattr(ctx, "Stream"):
+        return ctx.Stream()
+    ctx.set_context()
+    try:
+        return torch.cuda.Stream()
+    finally:
+        ctx.pop_context()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True, help="libhyscale_ops.so")
     ap.add_argument("--indices", choices=("random", "local_sorted"), default="random")
+    ap.add_argument("--side-sms", type=int, help="the second stream on a green context of this "
+                    "many SMs (default: an ordinary stream on the whole GPU)")
     a = ap.parse_args()
     torch.ops.load_library(a.lib)
     ops = torch.ops.hyscale
@@ -71,7 +91,7 @@ def main():
         proj_fwd=lambda: x @ wq,
         topk=lambda: ops.flash_topk(q_i, k_i, w, TOPK, 0, 1, False),
         gather=lambda: ops.index_score_gather(q_i, k_i, w, idx, 0, 1))
-    side = torch.cuda.Stream()
+    side = green_stream(a.side_sms) if a.side_sms else torch.cuda.Stream()
 
     def together(first, second):
         def run():
@@ -86,6 +106,16 @@ def main():
     alone = {name: timed(fn) for name, fn in work.items()}
     print(f"{torch.cuda.get_device_name()}, selections {a.indices}; alone, ms: "
           + ", ".join(f"{name} {ms:.2f}" for name, ms in alone.items()))
+    if a.side_sms:
+        def on_side(fn):
+            def run():
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    fn()
+                torch.cuda.current_stream().wait_stream(side)
+            return run
+        print(f"alone on the side stream's {a.side_sms} SMs, ms: " + ", ".join(
+            f"{name} {timed(on_side(work[name])):.2f}" for name in ("isb", "topk", "gather")))
     for first, second in (("isb", "proj_bwd"), ("isb", "attn_bwd"), ("topk", "proj_fwd"),
                           ("gather", "proj_fwd")):
         serial = timed(lambda: (work[first](), work[second]()))
