@@ -236,15 +236,29 @@ __device__ __forceinline__ void store_coefficients(const uint32_t (&coef)[Tr::kH
   }
 }
 
+// grad_q [N, H_I, d_I] of index_score_backward: bf16 (the dtype the projections' backward takes:
+// no fp32 copy to write and convert) or fp32.
+struct QueryGrad {
+  void* data;
+  bool bf16;
+  __device__ void store(int64_t i, float x) const {
+    if (bf16) {
+      static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(x);
+    } else {
+      static_cast<float*>(data)[i] = x;
+    }
+  }
+};
+
 // A row's gradients at the end of its key tiles: grad_q^T [d_I x H_I] from the calling thread's
 // accumulators (rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1))
-// into q_row, and grad_w's per-lane terms summed across the quads' rows into the warp's
-// warp_sums[H_I] (the caller sums the warps).
+// into grad_q's row `row`, and grad_w's per-lane terms summed across the quads' rows into the
+// warp's warp_sums[H_I] (the caller sums the warps).
 template <class Tr>
 __device__ __forceinline__ void store_row_gradients(
     const float (&query_grad)[Tr::kDimBlocks][Tr::kHeads / 2],
-    const float (&head_grad)[Tr::Tile::kHeadsPerLane], float* warp_sums, float* q_row, int warp,
-    int lane) {
+    const float (&head_grad)[Tr::Tile::kHeadsPerLane], float* warp_sums, QueryGrad grad_q,
+    int64_t row, int warp, int lane) {
   using Tile = typename Tr::Tile;
 #pragma unroll
   for (int h = 0; h < Tile::kHeadsPerLane; ++h) {
@@ -262,7 +276,7 @@ __device__ __forceinline__ void store_row_gradients(
       for (int e = 0; e < 4; ++e) {
         const int d = 64 * m + 16 * warp + lane / 4 + 8 * (e / 2);
         const int head = 8 * j + 2 * (lane % 4) + e % 2;
-        q_row[head * Tr::kDim + d] = query_grad[m][4 * j + e];
+        grad_q.store((row * Tr::kHeads + head) * Tr::kDim + d, query_grad[m][4 * j + e]);
       }
     }
   }
@@ -287,7 +301,7 @@ template <class Tr, KeyGrad kKeyGrad>
 __global__ void __launch_bounds__(Tr::kThreads, 3)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
-                                float* grad_q, float* grad_k, float* grad_w,
+                                QueryGrad grad_q, float* grad_k, float* grad_w,
                                 unsigned long long* fixed_k, GradKScaleOf fixed_scale_of,
                                 TileRotation rotation) {
   using Tile = typename Tr::Tile;
@@ -467,8 +481,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   if constexpr (!kFixed) bulk_wait_read<0>();
   __syncthreads();
   float* const head_sums = stage;
-  store_row_gradients<Tr>(query_grad, head_grad, head_sums + warp * Tr::kHeads,
-                          grad_q + row * Tr::kHeads * Tr::kDim, warp, lane);
+  store_row_gradients<Tr>(query_grad, head_grad, head_sums + warp * Tr::kHeads, grad_q, row, warp,
+                          lane);
   __syncthreads();
   for (int h = threadIdx.x; h < Tr::kHeads; h += Tr::kThreads) {
     grad_w[row * Tr::kHeads + h] = head_sums[h] + head_sums[Tr::kHeads + h] +
@@ -1098,8 +1112,8 @@ size_t index_score_backward_workspace_bytes(const IndexerShape& shape, bool dete
 
 void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
                           const int32_t* indices, int64_t topk, const float* grad_scores,
-                          bool deterministic, float* grad_q, float* grad_k, float* grad_w,
-                          void* workspace, Stream stream) {
+                          bool deterministic, void* grad_q, bool grad_q_bf16, float* grad_k,
+                          float* grad_w, void* workspace, Stream stream) {
   const char* op = "hyscale::index_score_backward (CUDA)";
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   throw_on_error(
@@ -1143,8 +1157,8 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
       rotation.min_span = l2_bytes / 2 / (Tr::kDim * (2 + 4));
     }
     kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, kSmem, cuda_stream>>>(
-        q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores, grad_q, grad_k,
-        grad_w, fixed_k, scale_of, rotation);
+        q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores,
+        QueryGrad{grad_q, grad_q_bf16}, grad_k, grad_w, fixed_k, scale_of, rotation);
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
   if (deterministic) {

@@ -22,7 +22,8 @@ using Stream = void*;  // cudaStream_t
 
 // q [N, H_I, d_I] and k [M, d_I] bf16, w [N, H_I] fp32 (shapes cuda_indexer_shape_supported
 // takes), indices [N, topk] int32 (-1 or in [0, M)), grad_scores [N, topk] fp32. Writes
-// (overwrites) grad_q [N, H_I, d_I], grad_k [M, d_I] and grad_w [N, H_I], fp32. ReLU's derivative
+// (overwrites) grad_q [N, H_I, d_I] (bf16 when grad_q_bf16, else fp32), grad_k [M, d_I] and
+// grad_w [N, H_I], fp32. ReLU's derivative
 // at 0 is 0. Tensor cores, sm_90a. grad_k sums over queries with fp32 reductions (the order of
 // additions varies run to run) or, when `deterministic`, in 64-bit fixed point (the same bits
 // every run; docs/sparse_attn.md gives its resolution). workspace:
@@ -30,8 +31,8 @@ using Stream = void*;  // cudaStream_t
 size_t index_score_backward_workspace_bytes(const IndexerShape& shape, bool deterministic);
 void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
                           const int32_t* indices, int64_t topk, const float* grad_scores,
-                          bool deterministic, float* grad_q, float* grad_k, float* grad_w,
-                          void* workspace, Stream stream);
+                          bool deterministic, void* grad_q, bool grad_q_bf16, float* grad_k,
+                          float* grad_w, void* workspace, Stream stream);
 
 // The dense warm-up's indexer gradients of a block of rows (dense_indexer_kl): shape.num_queries
 // rows at positions q_offset.., each seeing its causal prefix of shape.num_keys keys

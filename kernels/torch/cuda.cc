@@ -374,7 +374,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
   const auto idx = checked_indices(op, indices, a.batching, a.shape.num_keys);
   const auto& b = a.batching;
   const auto g = (b.batched ? grad_scores : grad_scores.unsqueeze(0)).to(at::kFloat).contiguous();
-  auto grad_q = at::empty(in.q.sizes(), in.q.options().dtype(at::kFloat));
+  // grad_q in q's dtype where the kernel writes it (bf16, fp32): no copy to convert.
+  const bool grad_q_bf16 = q.scalar_type() == at::kBFloat16;
+  auto grad_q =
+      at::empty(in.q.sizes(), in.q.options().dtype(grad_q_bf16 ? at::kBFloat16 : at::kFloat));
   auto grad_k = at::empty(in.k.sizes(), in.k.options().dtype(at::kFloat));
   auto grad_w = at::empty_like(in.w);
   auto workspace = at::empty(
@@ -383,9 +386,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
   for (int64_t i = 0; i < b.batch; ++i) {
     cuda::index_score_backward(a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(),
                                in.w[i].data_ptr<float>(), idx[i].data_ptr<int32_t>(), topk,
-                               g[i].data_ptr<float>(), deterministic, grad_q[i].data_ptr<float>(),
-                               grad_k[i].data_ptr<float>(), grad_w[i].data_ptr<float>(),
-                               workspace.data_ptr(), current_stream());
+                               g[i].data_ptr<float>(), deterministic, grad_q[i].data_ptr(),
+                               grad_q_bf16, grad_k[i].data_ptr<float>(),
+                               grad_w[i].data_ptr<float>(), workspace.data_ptr(), current_stream());
   }
   return {unbatch(grad_q, b).to(q.scalar_type()), unbatch(grad_k, b).to(k.scalar_type()),
           unbatch(grad_w, b).to(w.scalar_type())};

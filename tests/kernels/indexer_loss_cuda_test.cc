@@ -162,6 +162,26 @@ TEST_F(IndexerLossCudaTest, IndexScoreBackwardOfRowsStartingMidRowMatchesFloat64
                                           eighths({c.n, c.heads}), indices.masked_fill(tails, -1)});
 }
 
+// Adjacent rows that share most of their keys, as a trained indexer's do (their key-gradient rows
+// meet in grad_k's reductions), among them a row that repeats a key, a row out of key order and a
+// row ending in -1 slots: every pair is added once.
+TEST_F(IndexerLossCudaTest, IndexScoreBackwardOfRowsSharingKeysMatchesFloat64Reference) {
+  const IndexerCase c{100, 300, 64, 128, 130};
+  constexpr int64_t kPool = 150;  // keys 4 adjacent rows choose from
+  std::vector<torch::Tensor> rows;
+  torch::Tensor pool;
+  for (int64_t t = 0; t < c.n; ++t) {
+    if (t % 4 == 0) pool = torch::randperm(c.m, torch::kInt).narrow(0, 0, kPool);
+    rows.push_back(std::get<0>(pool.index({torch::randperm(kPool).narrow(0, 0, c.topk)}).sort()));
+  }
+  auto indices = torch::stack(rows);
+  indices[7][5] = indices[7][6].item<int32_t>();
+  indices[10] = indices[10].flip(0);
+  indices[13].narrow(0, 120, c.topk - 120).fill_(-1);
+  expect_index_score_backward_matches(
+      c, {eighths({c.n, c.heads, c.dim}), eighths({c.m, c.dim}), eighths({c.n, c.heads}), indices});
+}
+
 // torch.use_deterministic_algorithms(True) for a scope; the previous setting is restored.
 class DeterministicAlgorithms {
  public:
@@ -188,6 +208,23 @@ torch::Tensor crowded_indices(int64_t n, int64_t m, int64_t topk) {
     rows.push_back(torch::randperm(m, torch::kInt).narrow(0, 0, topk));
   const auto indices = torch::stack(rows);
   return indices.masked_fill(torch::rand({n, topk}).lt(0.1), -1);
+}
+
+// bf16 queries (the trainer's) get a bf16 grad_q from the kernel itself: the fp32 path's grad_q
+// rounded to bf16, bit for bit (a row's grad_q sums in a fixed order), with the same grad_k and
+// grad_w (deterministic, so those match bit for bit too).
+TEST_F(IndexerLossCudaTest, IndexScoreBackwardOfBf16QueriesIsTheFp32GradientRounded) {
+  const IndexerCase c{70, 70, 64, 128, 33};
+  const IndexerInputs in = eighths_inputs(rng_, c);
+  const auto grad = torch::randn({c.n, c.topk}).cuda();
+  const auto q = in.q.cuda(), k = in.k.cuda(), w = in.w.cuda(), indices = in.indices.cuda();
+  const DeterministicAlgorithms deterministic;
+  const auto from_fp32 = ops::index_score_backward(grad, q, k, w, indices, c.m - c.n);
+  const auto from_bf16 =
+      ops::index_score_backward(grad, q.to(torch::kBFloat16), k, w, indices, c.m - c.n);
+  ASSERT_EQ(from_bf16.q.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(from_bf16.q, from_fp32.q.to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(from_bf16.k, from_fp32.k) && torch::equal(from_bf16.w, from_fp32.w));
 }
 
 TEST_F(IndexerLossCudaTest, DeterministicIndexScoreBackwardIsBitIdenticalAcrossRuns) {
