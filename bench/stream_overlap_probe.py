@@ -13,9 +13,10 @@ medians of 7 runs after 2.
 --side-sms S: the second stream belongs to a green context of S SMs (torch.cuda.green_contexts),
 so its kernels (the first of each pair) run on those SMs alone; "alone" then also times them there.
 
-Measured with its first form, the same kernels and shapes (its source is in
-docs/results/indexer_stream_h100_b00f44a.txt; docs/performance.md section 14): nothing hidden. A
-split of the SMs between the streams (torch.cuda.green_contexts) is the variant not yet measured.
+Measured (docs/performance.md section 14): on the whole GPU nothing hidden (its first form,
+docs/results/indexer_stream_h100_b00f44a.txt); with the side stream on 66 or 33 of an H100's 132
+SMs, 4 % of the index-score backward hidden beside the latent backward at most
+(docs/results/stream_overlap_green_h100_1272e2f.txt).
 """
 import argparse
 import statistics
@@ -42,16 +43,17 @@ def timed(fn, runs=7, warmup=2):
 
 
 def green_stream(sms):
-    """A stream of a green context of `sms` SMs (PyTorch's beta API: Stream() where it has it,
-    else a stream made while the context is current)."""
+    """A green context of `sms` SMs and a stream of it (PyTorch's beta API: Stream() where it has
+    it, else a stream made while the context is current). The caller keeps the context: the
+    stream dies with it."""
     from torch.cuda.green_contexts import GreenContext
 
     ctx = GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
     if hasattr(ctx, "Stream"):
-        return ctx.Stream()
+        return ctx, ctx.Stream()
     ctx.set_context()
     try:
-        return torch.cuda.Stream()
+        return ctx, torch.cuda.Stream()
     finally:
         ctx.pop_context()
 
@@ -91,7 +93,8 @@ def main():
         proj_fwd=lambda: x @ wq,
         topk=lambda: ops.flash_topk(q_i, k_i, w, TOPK, 0, 1, False),
         gather=lambda: ops.index_score_gather(q_i, k_i, w, idx, 0, 1))
-    side = green_stream(a.side_sms) if a.side_sms else torch.cuda.Stream()
+    # `green` holds the side stream's context for the run.
+    green, side = green_stream(a.side_sms) if a.side_sms else (None, torch.cuda.Stream())
 
     def together(first, second):
         def run():
