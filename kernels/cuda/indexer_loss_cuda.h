@@ -23,10 +23,10 @@ using Stream = void*;  // cudaStream_t
 // q [N, H_I, d_I] and k [M, d_I] bf16, w [N, H_I] fp32 (shapes cuda_indexer_shape_supported
 // takes), indices [N, topk] int32 (-1 or in [0, M)), grad_scores [N, topk] fp32. Writes
 // (overwrites) grad_q [N, H_I, d_I] (bf16 when grad_q_bf16, else fp32), grad_k [M, d_I] and
-// grad_w [N, H_I], fp32. ReLU's derivative
-// at 0 is 0. Tensor cores, sm_90a. grad_k sums over queries with fp32 reductions (the order of
-// additions varies run to run) or, when `deterministic`, in 64-bit fixed point (the same bits
-// every run; docs/sparse_attn.md gives its resolution). workspace:
+// grad_w [N, H_I], fp32. ReLU's derivative at 0 is 0. Tensor cores, sm_90a. grad_k sums over
+// queries with fp32 reductions (the order of additions varies run to run) or, when
+// `deterministic`, in 64-bit fixed point (the same bits every run; docs/sparse_attn.md gives its
+// resolution). workspace:
 // index_score_backward_workspace_bytes(shape, deterministic) bytes.
 size_t index_score_backward_workspace_bytes(const IndexerShape& shape, bool deterministic);
 void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
