@@ -19,27 +19,17 @@ SMs, 4 % of the index-score backward hidden beside the latent backward at most
 (docs/results/stream_overlap_green_h100_1272e2f.txt).
 """
 import argparse
-import statistics
 
 import torch
 
+from flash_topk_bench import timed as timed_runs  # (median, all) of CUDA-event timings
 from sparse_attn_bench import make_indices
 
 N, H, DQK, DV, HEADS_I, DIM_I, TOPK, D_MODEL = 32768, 64, 576, 512, 64, 128, 2048, 2048
 
 
-def timed(fn, runs=7, warmup=2):
-    times = []
-    for r in range(warmup + runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if r >= warmup:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def timed(fn):
+    return timed_runs(fn, 7, warmup=2)[0]
 
 
 def green_stream(sms):
