@@ -425,6 +425,19 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+def loss_by_phase(run, min_ms=0.5):
+    """--loss-share's difference phase by phase, in ms, largest first: which phases the indexer
+    loss's work lands in (the index-score backward in selection_bwd, the target and KL in
+    attention_bwd). Changes under min_ms are summed as the rest."""
+    with_loss = {k: v["median_seconds"] for k, v in run["phases"].items()}
+    without = {k: v["median_seconds"] for k, v in run["without_indexer_loss"]["phases"].items()}
+    deltas = {k: 1e3 * (with_loss.get(k, 0.0) - without.get(k, 0.0))
+              for k in set(with_loss) | set(without)}
+    big = sorted(((k, d) for k, d in deltas.items() if abs(d) >= min_ms), key=lambda kv: -kv[1])
+    rest = sum(d for d in deltas.values() if abs(d) < min_ms)
+    return " | ".join([f"{k} {d:+.1f} ms" for k, d in big] + [f"the rest {rest:+.1f} ms"])
+
+
 def phase_seconds(event):
     """A step event's {phase: seconds}, whatever the phases are called (numbers only)."""
     phases = event.get("phase_seconds") or {}
@@ -658,6 +671,8 @@ def table(cfg, report):
                     f"s, without the loss {r['without_indexer_loss']['step_seconds']['median']:.3f}"
                     f" s: {100 * r['indexer_loss_share']:.1f} % of the step (issue #38: at most "
                     f"5 %)")
+                lines.append(f"  where it goes (phase medians, with the loss less without): "
+                             f"{loss_by_phase(r)}")
     for m in report["models"]:
         for r in m["runs"]:
             e = r.get("evaluation")
