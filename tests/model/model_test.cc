@@ -92,6 +92,27 @@ TEST(ModelTest, ReplayNeverSelectsDuringRecomputation) {
   EXPECT_EQ(reselect.stats.replays, 0);
 }
 
+// Without the indexer loss, replay neither projects the indexer's queries nor rescores the
+// selected keys in recomputation, and the main model still trains as without recomputation.
+TEST(ModelTest, WithoutTheIndexerLossReplayRescoresNothing) {
+  const auto config = testing::SmallConfig();
+  const auto no_loss = [](ForwardOptions o) {
+    o.indexer_loss = false;
+    return o;
+  };
+  const TrainedOnce plain = run_once(config, no_loss(sparse(false, false)), true, false);
+  const TrainedOnce replay = run_once(config, no_loss(sparse(true, true)), true, false);
+  const TrainedOnce reselect = run_once(config, no_loss(sparse(true, false)), true, false);
+  expect_identical(replay, plain);
+  expect_identical(replay, reselect);
+  for (const auto& [name, grad] : replay.grads) {
+    EXPECT_EQ(name.find("indexer"), std::string::npos) << name << " has a gradient";
+  }
+  EXPECT_EQ(replay.stats.replays, config.layers);
+  EXPECT_EQ(replay.stats.rescores, 0);
+  EXPECT_EQ(run_once(config, sparse(true, true)).stats.rescores, config.layers);
+}
+
 // fp8 index scores select; the loss rescores the selected keys in full precision, so replay,
 // re-selection and no recomputation give the same gradients; and fp8 changes what is selected.
 TEST(ModelTest, Fp8SelectionReplaysLikeReselection) {

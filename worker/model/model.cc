@@ -53,8 +53,8 @@ std::vector<QueryRun> query_runs(const torch::Tensor& positions) {
 // The indexer's top-k of every query (or, given replay indices, their scores), run by run. `fp8`
 // selects on fp8 scores; the scores returned (the indexer loss's) are then rescored at the
 // selected keys in full precision, as replay rescores them, so that recomputation with replay,
-// with re-selection and without recomputation train alike (unless `loss_scores` says no loss
-// will use them).
+// with re-selection and without recomputation train alike. Where `loss_scores` says no loss will
+// use them, nothing is rescored (replay then returns no scores).
 ops::Selection select(const LightningIndexerImpl::Projections& index,
                       const std::vector<QueryRun>& runs, int64_t topk, bool fp8,
                       const torch::Tensor& replay_indices, bool loss_scores = true) {
@@ -66,8 +66,10 @@ ops::Selection select(const LightningIndexerImpl::Projections& index,
       return run.begin == 0 && run.length == t.size(1) ? t : t.narrow(1, run.begin, run.length);
     };
     if (replay_indices.defined()) {
-      scores.push_back(ops::index_score_gather(rows(index.q), index.k, rows(index.w),
-                                               rows(replay_indices), run.offset));
+      if (loss_scores) {
+        scores.push_back(ops::index_score_gather(rows(index.q), index.k, rows(index.w),
+                                                 rows(replay_indices), run.offset));
+      }
     } else {
       auto selection =
           ops::flash_topk(rows(index.q), index.k, rows(index.w), topk, run.offset, 1, fp8);
@@ -79,6 +81,7 @@ ops::Selection select(const LightningIndexerImpl::Projections& index,
     }
   }
   const auto join = [](const std::vector<torch::Tensor>& parts) {
+    if (parts.empty()) return torch::Tensor();
     return parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
   };
   ops::Selection selection;
@@ -365,16 +368,27 @@ DsaLayerImpl::KeySide DsaLayerImpl::key_side(const torch::Tensor& x,
 
 DsaLayerImpl::QuerySide DsaLayerImpl::query_side(const torch::Tensor& h,
                                                  const torch::Tensor& positions,
-                                                 const ForwardOptions& options) {
+                                                 const ForwardOptions& options,
+                                                 bool index_queries) {
   QuerySide side;
   {
     PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTN_PROJ);
     side.q = rope_.apply(wq_(h).view({h.size(0), h.size(1), config_.heads, config_.head_dim_qk}),
                          positions);
   }
+  if (!index_queries) return side;
   PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_SELECTION);
   indexer_->project_queries(h.detach(), positions, side.index);
   return side;
+}
+
+// Replayed indices without the indexer loss (a recomputation of a step that does not train the
+// indexer) read neither the indexer's queries nor its scores: projecting them would be a GEMM of
+// d_model x H_I d_I a token and the scores' gather for nothing.
+bool DsaLayerImpl::needs_index_queries(const ForwardOptions& options,
+                                       const torch::Tensor& replay_indices) const {
+  const bool selects = options.attention == AttentionMode::kSparse && !replay_indices.defined();
+  return selects || options.indexer_loss || options.keep_probes;
 }
 
 void DsaLayerImpl::start_exchange(const KeySide& local, const ForwardOptions& options) {
@@ -421,6 +435,7 @@ void DsaLayerImpl::count_selection(const ForwardOptions& options,
   if (options.attention != AttentionMode::kSparse) return;
   if (replay_indices.defined()) {
     ++stats.replays;
+    if (options.indexer_loss) ++stats.rescores;
   } else {
     ++(options.clock->recomputing() ? stats.recompute_selections : stats.selections);
   }
@@ -612,7 +627,8 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
     const Chunk& c = parts[i];
     const auto x_c = x.narrow(1, c.begin, c.length);
     if (!h.defined()) h = normed(x_c, options);
-    const QuerySide queries = query_side(h, c.positions, options);
+    const QuerySide queries =
+        query_side(h, c.positions, options, needs_index_queries(options, replay_indices));
     if (parts.size() > 1) h = torch::Tensor();
     if (i == 0) keys = finish_exchange(local, options);
     const auto replay = replay_indices.defined()
@@ -725,7 +741,8 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
     torch::Tensor out_c, loss_c;
     {
       PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
-      const QuerySide queries = query_side(normed(x_c, options), c.positions, options);
+      const QuerySide queries = query_side(normed(x_c, options), c.positions, options,
+                                           needs_index_queries(options, replay_indices));
       if (i == 0) {
         keys = finish_exchange(local, options);
         key_grads = {gradient_accumulator(keys.key), gradient_accumulator(keys.value),
@@ -841,7 +858,8 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
       torch::NoGradGuard no_grad;
       h = normed(x_c, options);
     }
-    QuerySide queries = query_side(h, c.positions, options);
+    QuerySide queries =
+        query_side(h, c.positions, options, needs_index_queries(options, torch::Tensor()));
     queries.q = queries.q.detach();  // the frozen model builds no graph, whatever it requires
     if (i == 0) {
       keys = finish_exchange(local, options);

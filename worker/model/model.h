@@ -45,7 +45,10 @@ enum class AttentionMode { kDense, kSparse };
 struct SelectionStats {
   int64_t selections = 0;            // flash_topk calls in forward
   int64_t recompute_selections = 0;  // flash_topk calls during recomputation (replay off)
-  int64_t replays = 0;               // index_score_gather calls during recomputation (replay on)
+  int64_t replays = 0;  // recomputations that replayed the forward's indices (replay on)
+  // index_score_gather calls during recomputation: replays whose indexer loss needs the scores
+  // (without the loss, replay projects no indexer queries and rescores nothing).
+  int64_t rescores = 0;
 };
 
 // How a layer's key side reaches the queries of other ranks under context parallelism
@@ -247,8 +250,12 @@ class DsaLayerImpl : public torch::nn::Module {
   // The key side of all rows, projected chunk by chunk; `h` gets attn_norm(x) if one chunk.
   KeySide key_side(const torch::Tensor& x, const std::vector<Chunk>& chunks,
                    const ForwardOptions& options, torch::Tensor* h);
+  // The indexer's queries are projected only where something reads them (index_queries):
+  // selection, the indexer loss, or the evaluation's probes.
   QuerySide query_side(const torch::Tensor& h, const torch::Tensor& positions,
-                       const ForwardOptions& options);
+                       const ForwardOptions& options, bool index_queries);
+  bool needs_index_queries(const ForwardOptions& options,
+                           const torch::Tensor& replay_indices) const;
   // Under context parallelism the key side travels while the first chunk's queries are
   // projected; without it, finish_exchange returns `local`.
   void start_exchange(const KeySide& local, const ForwardOptions& options);
