@@ -32,13 +32,13 @@ T row_logsumexp(const T* score, int64_t topk) {
 }  // namespace
 
 template <typename T>
-void indexer_kl_fwd_cpu(int64_t rows, int64_t topk, const T* score, const T* target, T* loss,
-                        const CpuContext& ctx) {
+void indexer_kl_fwd_cpu(int64_t rows, int64_t topk, const T* score, const T* target,
+                        const T* score_lse, T* loss, const CpuContext& ctx) {
   cpu::parallel_for(0, rows, kRowsPerChunk, ctx, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const T* s = score + r * topk;
       const T* p = target + r * topk;
-      const T lse = row_logsumexp(s, topk);
+      const T lse = score_lse ? score_lse[r] : row_logsumexp(s, topk);
       T total = 0;
       for (int64_t i = 0; i < topk; ++i) {
         if (is_valid(s[i]) && p[i] > 0) total += p[i] * (std::log(p[i]) - (s[i] - lse));
@@ -50,13 +50,14 @@ void indexer_kl_fwd_cpu(int64_t rows, int64_t topk, const T* score, const T* tar
 
 template <typename T>
 void indexer_kl_bwd_cpu(int64_t rows, int64_t topk, const T* score, const T* target,
-                        const T* grad_loss, T* grad_score, const CpuContext& ctx) {
+                        const T* score_lse, const T* grad_loss, T* grad_score,
+                        const CpuContext& ctx) {
   cpu::parallel_for(0, rows, kRowsPerChunk, ctx, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const T* s = score + r * topk;
       const T* p = target + r * topk;
       T* g = grad_score + r * topk;
-      const T lse = row_logsumexp(s, topk);
+      const T lse = score_lse ? score_lse[r] : row_logsumexp(s, topk);
       for (int64_t i = 0; i < topk; ++i) {
         g[i] = is_valid(s[i]) ? grad_loss[r] * (std::exp(s[i] - lse) - p[i]) : T(0);
       }
@@ -64,11 +65,11 @@ void indexer_kl_bwd_cpu(int64_t rows, int64_t topk, const T* score, const T* tar
   });
 }
 
-#define HYSCALE_INSTANTIATE(T)                                                            \
-  template void indexer_kl_fwd_cpu<T>(int64_t, int64_t, const T*, const T*, T*,           \
-                                      const CpuContext&);                                 \
-  template void indexer_kl_bwd_cpu<T>(int64_t, int64_t, const T*, const T*, const T*, T*, \
-                                      const CpuContext&);
+#define HYSCALE_INSTANTIATE(T)                                                                  \
+  template void indexer_kl_fwd_cpu<T>(int64_t, int64_t, const T*, const T*, const T*, T*,       \
+                                      const CpuContext&);                                       \
+  template void indexer_kl_bwd_cpu<T>(int64_t, int64_t, const T*, const T*, const T*, const T*, \
+                                      T*, const CpuContext&);
 HYSCALE_INSTANTIATE(float)
 HYSCALE_INSTANTIATE(double)
 #undef HYSCALE_INSTANTIATE

@@ -133,32 +133,68 @@ struct IndexerKl : torch::autograd::Function<IndexerKl> {
   }
 };
 
-// The attention's backward gives the loss's target; the KL's gradient then goes to the scores.
-// Both the target and the loss are constants of the attention (the model detaches the target).
-// `latent`: value is key itself (an input must be defined) and takes no gradient of its own.
+// The indexer's KL loss on a selection whose target the attention's backward forms, as a node of
+// its own: the forward returns two slots (zeros that take no memory) for the attention node
+// (SparseAttnIndexerLoss) to consume. That node's backward returns the target as target_slot's
+// gradient and the loss's per-row gradient as loss_slot's, so autograd runs this node's backward
+// right after the attention's: it writes each row's KL into loss_rows and gives q_I, k_I and w
+// their gradients (indexer_loss_backward: the scores are formed there, so none is kept from the
+// forward). score_lse, the target and the loss are constants (the model detaches the target;
+// score_lse is the selection's).
+struct IndexerLoss : torch::autograd::Function<IndexerLoss> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_I, const at::Tensor& k_I,
+                               const at::Tensor& w, const at::Tensor& indices,
+                               const at::Tensor& score_lse, const at::Tensor& loss_rows) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto rows = indices.sizes().slice(0, indices.dim() - 1);
+    TORCH_CHECK(loss_rows.sizes() == rows, "hyscale::indexer_loss: loss_rows must be ", rows,
+                " (the indices' rows), got ", loss_rows.sizes());
+    ctx->save_for_backward({q_I, k_I, w, indices, score_lse});
+    ctx->saved_data["loss_rows"] = loss_rows;
+    const auto zero = at::zeros({1}, loss_rows.options());
+    return {zero.expand(indices.sizes()), zero.expand(rows)};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto loss_rows = ctx->saved_data["loss_rows"].toTensor();
+    TORCH_CHECK(grads[0].defined(), "hyscale::indexer_loss: no target reached the loss (its ",
+                "slots must feed sparse_attn_indexer_loss)");
+    const auto g = ops::indexer_loss_backward(
+        grads[0], s[4], zeros_if_undefined(grads[1], loss_rows), s[0], s[1], s[2], s[3]);
+    loss_rows.copy_(g.loss);
+    return {g.q, g.k, g.w, Variable(), Variable(), Variable()};
+  }
+};
+
+// Sparse attention and the handle of the indexer's loss on its selection (zeros [.., N]): the
+// backward runs the attention backward, which also forms the target (the probabilities it
+// recomputes summed over heads: sparse_attn_latent_backward_target; selected_attention_mass after
+// the separate-values backward), and returns the target and the handle's gradient as the
+// gradients of IndexerLoss's slots. `latent`: value is key itself (an input must be defined) and
+// takes no gradient of its own.
 struct SparseAttnIndexerLoss : torch::autograd::Function<SparseAttnIndexerLoss> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& key,
                                const at::Tensor& value, const at::Tensor& indices,
-                               const at::Tensor& scores, const at::Tensor& loss_rows, double scale,
-                               bool latent, int64_t dim_v, int64_t group) {
+                               const at::Tensor& target_slot, const at::Tensor& loss_slot,
+                               double scale, bool latent, int64_t dim_v, int64_t group) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    TORCH_CHECK(loss_rows.sizes() == scores.sizes().slice(0, scores.dim() - 1),
-                "hyscale::sparse_attn_indexer_loss: loss_rows must be ",
-                scores.sizes().slice(0, scores.dim() - 1), " (the scores' rows), got ",
-                loss_rows.sizes());
+    TORCH_CHECK(target_slot.sizes() == indices.sizes() &&
+                    loss_slot.sizes() == indices.sizes().slice(0, indices.dim() - 1),
+                "hyscale::sparse_attn_indexer_loss: the slots must be indexer_loss's for these ",
+                "indices ", indices.sizes(), ", got ", target_slot.sizes(), " and ",
+                loss_slot.sizes());
     auto attn = latent ? ops::sparse_attn_latent(q, key, indices, scale, dim_v, group)
                        : ops::sparse_attn(q, key, value, indices, scale, group);
-    ctx->saved_data["loss_rows"] = loss_rows;
     ctx->saved_data["latent"] = latent;
     ctx->saved_data["dim_v"] = dim_v;
-    auto outputs = save_attention(ctx, {q, key, value, indices, scores}, attn, scale, group);
-    outputs.push_back(at::zeros_like(loss_rows));  // the handle of the loss's gradient
+    auto outputs = save_attention(ctx, {q, key, value, indices}, attn, scale, group);
+    outputs.push_back(at::zeros(loss_slot.sizes(), loss_slot.options()));  // the loss's handle
     return outputs;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    const at::Tensor &q = s[0], &key = s[1], &value = s[2], &indices = s[3], &scores = s[4],
-                     &out = s[5], &lse = s[6];
+    const at::Tensor &q = s[0], &key = s[1], &value = s[2], &indices = s[3], &out = s[4],
+                     &lse = s[5];
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t group = ctx->saved_data["group"].toInt();
     const auto grad_out = zeros_if_undefined(grads[0], out);
@@ -172,12 +208,8 @@ struct SparseAttnIndexerLoss : torch::autograd::Function<SparseAttnIndexerLoss> 
           grad_out, q, key, indices, scale, ctx->saved_data["dim_v"].toInt(), out, lse, group);
       grad_q = g.q, grad_key = g.kv, target = g.target;
     }
-    auto loss_rows = ctx->saved_data["loss_rows"].toTensor();
-    loss_rows.copy_(ops::indexer_kl(scores, target));
-    const auto grad_scores =
-        grads[2].defined() ? ops::indexer_kl_backward(grads[2], scores, target) : at::Tensor();
-    return {grad_q,     grad_key,   grad_value, Variable(), grad_scores,
-            Variable(), Variable(), Variable(), Variable(), Variable()};
+    return {grad_q,   grad_key,   grad_value, Variable(), target,
+            grads[2], Variable(), Variable(), Variable(), Variable()};
   }
 };
 
@@ -218,12 +250,20 @@ at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
   return IndexerKl::apply(score, target)[0];
 }
 
+std::tuple<at::Tensor, at::Tensor> indexer_loss(const at::Tensor& q_I, const at::Tensor& k_I,
+                                                const at::Tensor& w, const at::Tensor& indices,
+                                                const at::Tensor& score_lse,
+                                                const at::Tensor& loss_rows) {
+  auto r = IndexerLoss::apply(q_I, k_I, w, indices, score_lse, loss_rows);
+  return {r[0], r[1]};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_indexer_loss(
     const at::Tensor& q, const at::Tensor& key, const c10::optional<at::Tensor>& value,
-    const at::Tensor& indices, const at::Tensor& scores, const at::Tensor& loss_rows, double scale,
-    int64_t dim_v, int64_t group) {
-  auto r = SparseAttnIndexerLoss::apply(q, key, value.value_or(key), indices, scores, loss_rows,
-                                        scale, !value.has_value(), dim_v, group);
+    const at::Tensor& indices, const at::Tensor& target_slot, const at::Tensor& loss_slot,
+    double scale, int64_t dim_v, int64_t group) {
+  auto r = SparseAttnIndexerLoss::apply(q, key, value.value_or(key), indices, target_slot,
+                                        loss_slot, scale, !value.has_value(), dim_v, group);
   return {r[0], r[1], r[2]};
 }
 
@@ -238,5 +278,6 @@ TORCH_LIBRARY_IMPL(hyscale, Autograd, m) {
   m.impl("sparse_attn_latent", &sparse_attn_latent);
   m.impl("selected_attention_mass", &selected_attention_mass);
   m.impl("indexer_kl", &indexer_kl);
+  m.impl("indexer_loss", &indexer_loss);
   m.impl("sparse_attn_indexer_loss", &sparse_attn_indexer_loss);
 }

@@ -151,6 +151,28 @@ IndexerBackwardArgs check_index_score_backward(const char* op, const at::Tensor&
   return a;
 }
 
+IndexerBackwardArgs check_indexer_loss_backward(const char* op, const at::Tensor& target,
+                                                const at::Tensor& score_lse,
+                                                const at::Tensor& grad_loss, const at::Tensor& q_I,
+                                                const at::Tensor& k_I, const at::Tensor& w,
+                                                const at::Tensor& indices) {
+  IndexerBackwardArgs a;
+  // Visibility is the selection's contract here (the op sees no positions): indices are checked
+  // against the keys' range only, as the attention ops check them.
+  a.indexer = indexer_args(op, {"q_I", "k_I", "w"}, q_I, k_I, w, 0, 1);
+  a.topk = check_indices(op, indices, a.indexer.batching, a.indexer.shape.num_queries, q_I);
+  check_sizes(op, "target", target, indices.sizes());
+  const auto rows = indices.sizes().slice(0, indices.dim() - 1);
+  check_sizes(op, "score_lse", score_lse, rows);
+  check_sizes(op, "grad_loss", grad_loss, rows);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"target", target},
+                                {"score_lse", score_lse},
+                                {"grad_loss", grad_loss}}) {
+    check_floating(op, name, t, q_I);
+  }
+  return a;
+}
+
 void check_query_group(const char* op, int64_t group) {
   TORCH_CHECK(group == 0 || cuda_query_group_supported(group), op,
               ": group must be 0 (the kernels' choice) or ", kCudaQueryGroups, ", got ", group);

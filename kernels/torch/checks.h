@@ -58,6 +58,15 @@ IndexerBackwardArgs check_index_score_backward(const char* op, const at::Tensor&
                                                const at::Tensor& w, const at::Tensor& indices,
                                                int64_t q_offset, int64_t tokens_per_key);
 
+// indexer_loss_backward's arguments: q_I, k_I, w as check_indexer takes them, indices as
+// check_indices does, target [B?, N, topk] and score_lse, grad_loss [B?, N] floating on q_I's
+// device.
+IndexerBackwardArgs check_indexer_loss_backward(const char* op, const at::Tensor& target,
+                                                const at::Tensor& score_lse,
+                                                const at::Tensor& grad_loss, const at::Tensor& q_I,
+                                                const at::Tensor& k_I, const at::Tensor& w,
+                                                const at::Tensor& indices);
+
 // indices [B?, N, topk] int32 on the device of q; returns topk.
 int64_t check_indices(const char* op, const at::Tensor& indices, const Batching& batching,
                       int64_t num_queries, const at::Tensor& q);

@@ -281,7 +281,7 @@ at::Tensor indexer_kl(const at::Tensor& score, const at::Tensor& target) {
   at::Tensor loss = at::empty({rows}, score.options().dtype(dtype));
   AT_DISPATCH_FLOATING_TYPES(dtype, "indexer_kl", [&] {
     indexer_kl_fwd_cpu<scalar_t>(rows, topk, s.data_ptr<scalar_t>(), t.data_ptr<scalar_t>(),
-                                 loss.data_ptr<scalar_t>(), cpu_context());
+                                 nullptr, loss.data_ptr<scalar_t>(), cpu_context());
   });
   return loss.view(score.sizes().slice(0, score.dim() - 1));
 }
@@ -298,10 +298,53 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
   at::Tensor grad_score = at::empty_like(s);
   AT_DISPATCH_FLOATING_TYPES(dtype, "indexer_kl_backward", [&] {
     indexer_kl_bwd_cpu<scalar_t>(rows, topk, s.data_ptr<scalar_t>(), t.data_ptr<scalar_t>(),
-                                 g.data_ptr<scalar_t>(), grad_score.data_ptr<scalar_t>(),
+                                 nullptr, g.data_ptr<scalar_t>(), grad_score.data_ptr<scalar_t>(),
                                  cpu_context());
   });
   return grad_score.to(score.scalar_type());
+}
+
+// The index scores at the slots again, the KL and its gradient under the given normalizer, then
+// the scores' backward, per sequence; the [N, topk] scores and their gradient stay inside.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> indexer_loss_backward(
+    const at::Tensor& target, const at::Tensor& score_lse, const at::Tensor& grad_loss,
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, const at::Tensor& indices) {
+  const char* op = "hyscale::indexer_loss_backward";
+  const IndexerBackwardArgs args =
+      check_indexer_loss_backward(op, target, score_lse, grad_loss, q, k, w, indices);
+  const IndexerArgs& a = args.indexer;
+  const int64_t n = a.shape.num_queries, topk = args.topk;
+  check_index_range(op, indices, a.shape.num_keys);
+  const auto dtype = cpu_compute_dtype(q);
+  const Batching& b = a.batching;
+  const SeqView vq(q, b, dtype), vk(k, b, dtype), vw(w, b, dtype), vi(indices, b, at::kInt);
+  const SeqView vt(target, b, dtype), vlse(score_lse, b, dtype), vg(grad_loss, b, dtype);
+  const SeqView loss(at::empty(batched_sizes(b, {n}), q.options().dtype(dtype)), {b.batch, true},
+                     dtype);
+  const SeqView gq(at::empty_like(vq.tensor()), {b.batch, true}, dtype);
+  const SeqView gk(at::empty_like(vk.tensor()), {b.batch, true}, dtype);
+  const SeqView gw(at::empty_like(vw.tensor()), {b.batch, true}, dtype);
+  at::Tensor scores = at::empty({n, topk}, q.options().dtype(dtype));
+  at::Tensor grad_scores = at::empty_like(scores);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "indexer_loss_backward", [&] {
+    auto* s = scores.data_ptr<scalar_t>();
+    auto* gs = grad_scores.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < b.batch; ++i) {
+      index_score_gather_cpu<scalar_t>(a.shape, vq.at<scalar_t>(i), vk.at<scalar_t>(i),
+                                       vw.at<scalar_t>(i), vi.at<int32_t>(i), topk, s,
+                                       cpu_context());
+      indexer_kl_fwd_cpu<scalar_t>(n, topk, s, vt.at<scalar_t>(i), vlse.at<scalar_t>(i),
+                                   loss.at<scalar_t>(i), cpu_context());
+      indexer_kl_bwd_cpu<scalar_t>(n, topk, s, vt.at<scalar_t>(i), vlse.at<scalar_t>(i),
+                                   vg.at<scalar_t>(i), gs, cpu_context());
+      index_score_backward_cpu<scalar_t>(
+          a.shape, vq.at<scalar_t>(i), vk.at<scalar_t>(i), vw.at<scalar_t>(i), vi.at<int32_t>(i),
+          topk, gs, gq.at<scalar_t>(i), gk.at<scalar_t>(i), gw.at<scalar_t>(i), cpu_context());
+    }
+  });
+  return {unbatch(loss.tensor(), b).to(target.scalar_type()),
+          unbatch(gq.tensor(), b).to(q.scalar_type()), unbatch(gk.tensor(), b).to(k.scalar_type()),
+          unbatch(gw.tensor(), b).to(w.scalar_type())};
 }
 
 // The kernels' three steps per sequence (the attention's log-sum-exps only when not given); the
@@ -367,6 +410,7 @@ TORCH_LIBRARY_IMPL(hyscale, CPU, m) {
   m.impl("sparse_attn_latent_backward_target", &sparse_attn_latent_backward_target);
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);
+  m.impl("indexer_loss_backward", &indexer_loss_backward);
   m.impl("dense_indexer_kl", &dense_indexer_kl);
   m.impl("dense_indexer_kl_row_multiple", [](const at::Tensor&) -> int64_t { return 1; });
 }

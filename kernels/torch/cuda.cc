@@ -394,6 +394,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
           unbatch(grad_w, b).to(w.scalar_type())};
 }
 
+// The index scores at the slots again (index_score_gather's kernel), the KL and its gradient under
+// the given normalizer, then index_score_backward (its dtypes and modes); the [N, topk] scores and
+// their gradient are temporaries of this call.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> indexer_loss_backward(
+    const at::Tensor& target, const at::Tensor& score_lse, const at::Tensor& grad_loss,
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, const at::Tensor& indices) {
+  const char* op = "hyscale::indexer_loss_backward";
+  const IndexerBackwardArgs args =
+      check_indexer_loss_backward(op, target, score_lse, grad_loss, q, k, w, indices);
+  const IndexerArgs& a = args.indexer;
+  const Batching& b = a.batching;
+  const c10::cuda::CUDAGuard guard(q.device());
+  const IndexerInputs in = indexer_inputs(op, a, q, k, w);
+  const auto idx = checked_indices(op, indices, b, a.shape.num_keys);
+  auto scores = at::empty(idx.sizes(), q.options().dtype(at::kFloat));
+  for (int64_t i = 0; i < b.batch; ++i) {
+    cuda::index_score_gather(a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(),
+                             in.w[i].data_ptr<float>(), idx[i].data_ptr<int32_t>(), args.topk,
+                             scores[i].data_ptr<float>(), current_stream());
+  }
+  const auto batched = [&b](const at::Tensor& t) {
+    return (b.batched ? t : t.unsqueeze(0)).to(at::kFloat);
+  };
+  const auto t = batched(target);
+  const auto invalid = idx.lt(0);
+  // In place where it can be: three [N, topk] floats at a time at most (the target, the scores
+  // becoming their gradient, the loss's terms), as the planner counts the loss's rows.
+  auto log_p = scores.sub_(batched(score_lse).unsqueeze(-1));  // log softmax(s)
+  const auto loss =
+      t.log().sub_(log_p).mul_(t).masked_fill_(invalid.logical_or(t.le(0)), 0).sum(-1);
+  const auto grad_scores =
+      log_p.exp_().sub_(t).mul_(batched(grad_loss).unsqueeze(-1)).masked_fill_(invalid, 0);
+  auto [grad_q, grad_k, grad_w] =
+      index_score_backward(unbatch(grad_scores, b), q, k, w, indices, 0, 1);
+  return {unbatch(loss, b).to(target.scalar_type()), grad_q, grad_k, grad_w};
+}
+
 // Query rows per step of the mass: the chunk's gathered keys (rows x topk x d_qk bf16) and logits
 // (rows x H x topk fp32) are ~0.9 GB at DeepSeek-V3.2's shape; the GEMMs stay large.
 constexpr int64_t kMassChunkRows = 256;
@@ -653,6 +690,7 @@ TORCH_LIBRARY_IMPL(hyscale, CUDA, m) {
   m.impl("sparse_attn_latent_backward_target", &sparse_attn_latent_backward_target);
   m.impl("indexer_kl", &indexer_kl);
   m.impl("indexer_kl_backward", &indexer_kl_backward);
+  m.impl("indexer_loss_backward", &indexer_loss_backward);
   m.impl("dense_indexer_kl", &dense_indexer_kl);
   m.impl("dense_indexer_kl_row_multiple", &dense_indexer_kl_row_multiple);
 }

@@ -57,14 +57,31 @@ TORCH_LIBRARY(hyscale, m) {
   m.def(
       "selected_attention_mass(Tensor q, Tensor key, Tensor indices, Tensor lse, float scale)"
       " -> Tensor");
-  // Sparse attention (latent when value is None) and the indexer's KL loss on its selection, one
-  // autograd node whose backward takes the loss's target from the attention backward (ops.h).
+  // The indexer's KL loss on a selection whose target the attention's backward forms, as two
+  // autograd nodes (ops.h): indexer_loss returns two slots, which sparse_attn_indexer_loss
+  // (latent when value is None) consumes; its backward returns the target and the loss's
+  // gradient as theirs, and indexer_loss's backward turns them into the loss (written into
+  // loss_rows) and the gradients of q_I, k_I and w.
+  m.def(
+      "indexer_loss(Tensor q_I, Tensor k_I, Tensor w, Tensor indices, Tensor score_lse,"
+      " Tensor loss_rows) -> (Tensor target_slot, Tensor loss_slot)");
   m.def(
       "sparse_attn_indexer_loss(Tensor q, Tensor key, Tensor? value, Tensor indices,"
-      " Tensor scores, Tensor loss_rows, float scale, int dim_v, int group=0)"
+      " Tensor target_slot, Tensor loss_slot, float scale, int dim_v, int group=0)"
       " -> (Tensor out, Tensor lse, Tensor loss)");
   m.def("indexer_kl(Tensor score, Tensor target) -> Tensor");
   m.def("indexer_kl_backward(Tensor grad_loss, Tensor score, Tensor target) -> Tensor");
+  // The indexer's KL on its selection and the backward of its scores in one op, for a backward
+  // that has the target and not the scores (kernels/indexer_kl.h): the index scores s at the
+  // slots of `indices` (-1 or a key of k) are formed again, the loss [B?, N] is
+  // sum_i target_i (log target_i - s_i + score_lse) over the valid slots, and the gradients of
+  // sum(grad_loss * loss) w.r.t. q, k and w are returned. score_lse [B?, N] is each row's
+  // log sum_i exp(s_i), as the forward had it (the same scores give the same value). Not
+  // differentiable.
+  m.def(
+      "indexer_loss_backward(Tensor target, Tensor score_lse, Tensor grad_loss, Tensor q,"
+      " Tensor k, Tensor w, Tensor indices)"
+      " -> (Tensor loss, Tensor grad_q, Tensor grad_k, Tensor grad_w)");
   // The dense warm-up stage's indexer loss over every visible key (kernels/dense_indexer_kl.h):
   // per-row loss [N] and the gradients of sum(loss) w.r.t. q_I, k_I and w; q and key are the frozen
   // main attention's, lse [N, H] its log-sum-exps where already known (computed otherwise). Not

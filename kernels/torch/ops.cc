@@ -135,10 +135,30 @@ LatentAttentionGradsAndTarget sparse_attn_latent_backward_target(
   return {grad_q, grad_kv, target};
 }
 
+IndexerLossGrads indexer_loss_backward(const at::Tensor& target, const at::Tensor& score_lse,
+                                       const at::Tensor& grad_loss, const at::Tensor& q,
+                                       const at::Tensor& k, const at::Tensor& w,
+                                       const at::Tensor& indices) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, const at::Tensor&)>("hyscale::indexer_loss_backward");
+  auto [loss, gq, gk, gw] = handle.call(target, score_lse, grad_loss, q, k, w, indices);
+  return {loss, gq, gk, gw};
+}
+
+IndexerLossSlots indexer_loss(const at::Tensor& q_I, const at::Tensor& k_I, const at::Tensor& w,
+                              const at::Tensor& indices, const at::Tensor& score_lse,
+                              const at::Tensor& loss_rows) {
+  static const auto handle = op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&)>("hyscale::indexer_loss");
+  auto [target, loss] = handle.call(q_I, k_I, w, indices, score_lse, loss_rows);
+  return {target, loss};
+}
+
 AttentionAndIndexerLoss sparse_attn_indexer_loss(const at::Tensor& q, const at::Tensor& key,
                                                  const at::Tensor& value, const at::Tensor& indices,
-                                                 const at::Tensor& scores,
-                                                 const at::Tensor& loss_rows, double scale,
+                                                 const IndexerLossSlots& slots, double scale,
                                                  int64_t dim_v, int64_t group) {
   static const auto handle = op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&,
@@ -147,7 +167,7 @@ AttentionAndIndexerLoss sparse_attn_indexer_loss(const at::Tensor& q, const at::
   const c10::optional<at::Tensor> values =
       value.defined() ? c10::optional<at::Tensor>(value) : c10::nullopt;
   auto [out, lse, loss] =
-      handle.call(q, key, values, indices, scores, loss_rows, scale, dim_v, group);
+      handle.call(q, key, values, indices, slots.target, slots.loss, scale, dim_v, group);
   return {out, lse, loss};
 }
 

@@ -115,21 +115,42 @@ LatentAttentionGradsAndTarget sparse_attn_latent_backward_target(
 at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& score,
                                const at::Tensor& target);
 
-// Sparse attention and the indexer's KL loss on its selection as one autograd node, for a
-// forward whose backward follows at once (a recomputation's): the loss's target is a by-product
-// of the attention backward (sparse_attn_latent_backward_target), so the forward cannot know the
-// loss. `value` undefined means the latent (sparse_attn_latent with `dim_v`). `scores` are the
-// differentiable index scores at `indices`. Returns the attention's out and lse, and `loss`:
-// zeros [.., N], the handle through which the loss's gradient (per row) reaches the backward. The
-// backward writes each row's KL(target || softmax(scores)) into `loss_rows` (a plain [.., N]
-// buffer the caller reads after it) and gives the scores their gradient.
+// The indexer's KL on its selection with the backward of its scores (library.cc): per row the
+// loss, and the gradients of sum(grad_loss * loss) w.r.t. q, k and w.
+struct IndexerLossGrads {
+  at::Tensor loss, q, k, w;
+};
+IndexerLossGrads indexer_loss_backward(const at::Tensor& target, const at::Tensor& score_lse,
+                                       const at::Tensor& grad_loss, const at::Tensor& q,
+                                       const at::Tensor& k, const at::Tensor& w,
+                                       const at::Tensor& indices);
+
+// The indexer's KL loss on its selection, for a forward whose backward follows at once (a
+// recomputation's, or a step's without it): the loss's target is a by-product of the attention
+// backward (sparse_attn_latent_backward_target), so the forward cannot know the loss. Two
+// autograd nodes (library.cc), whose backwards a phase clock can time apart: indexer_loss takes
+// the indexer's projections at the selection, q_I [.., N, H_I, d_I], k_I [.., M, d_I] and
+// w [.., N, H_I] (differentiable), and each row's score_lse (the log-sum-exp of its index scores
+// over its valid slots, the selection's; not differentiated), and returns two slots for
+// sparse_attn_indexer_loss, which returns the attention's out and lse and `loss`: zeros [.., N],
+// the handle through which the loss's gradient (per row) reaches the backward. The attention's
+// backward forms the target; indexer_loss's then writes each row's KL(target || softmax(scores))
+// into `loss_rows` (a plain [.., N] buffer the caller reads after it) and gives q_I, k_I and w
+// their gradients (indexer_loss_backward: the scores are formed there, so none is kept from the
+// forward).
+struct IndexerLossSlots {
+  at::Tensor target, loss;
+};
+IndexerLossSlots indexer_loss(const at::Tensor& q_I, const at::Tensor& k_I, const at::Tensor& w,
+                              const at::Tensor& indices, const at::Tensor& score_lse,
+                              const at::Tensor& loss_rows);
+// `value` undefined means the latent (sparse_attn_latent with `dim_v`).
 struct AttentionAndIndexerLoss {
   at::Tensor out, lse, loss;
 };
 AttentionAndIndexerLoss sparse_attn_indexer_loss(const at::Tensor& q, const at::Tensor& key,
                                                  const at::Tensor& value, const at::Tensor& indices,
-                                                 const at::Tensor& scores,
-                                                 const at::Tensor& loss_rows, double scale,
+                                                 const IndexerLossSlots& slots, double scale,
                                                  int64_t dim_v, int64_t group = 0);
 
 }  // namespace hyscale::ops

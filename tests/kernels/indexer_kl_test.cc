@@ -70,22 +70,37 @@ std::vector<double> ref_kl_grad(const KlProblem& p, const std::vector<double>& g
   return grad;
 }
 
+// The kernels' normalizer: computed from the scores (score_lse empty) or given, a value a row.
 template <typename T>
-std::vector<T> kl_forward(const KlProblem& p, int threads = 3) {
-  const auto score = to<T>(p.score), target = to<T>(p.target);
+std::vector<T> kl_forward(const KlProblem& p, int threads = 3,
+                          const std::vector<double>& score_lse = {}) {
+  const auto score = to<T>(p.score), target = to<T>(p.target), lse = to<T>(score_lse);
   std::vector<T> loss(p.rows, std::numeric_limits<T>::quiet_NaN());
-  indexer_kl_fwd_cpu<T>(p.rows, p.topk, score.data(), target.data(), loss.data(),
-                        CpuContext{threads});
+  indexer_kl_fwd_cpu<T>(p.rows, p.topk, score.data(), target.data(),
+                        lse.empty() ? nullptr : lse.data(), loss.data(), CpuContext{threads});
   return loss;
 }
 
 template <typename T>
-std::vector<T> kl_backward(const KlProblem& p, const std::vector<double>& grad_loss) {
+std::vector<T> kl_backward(const KlProblem& p, const std::vector<double>& grad_loss,
+                           const std::vector<double>& score_lse = {}) {
   const auto score = to<T>(p.score), target = to<T>(p.target), g = to<T>(grad_loss);
+  const auto lse = to<T>(score_lse);
   std::vector<T> grad(score.size(), std::numeric_limits<T>::quiet_NaN());
-  indexer_kl_bwd_cpu<T>(p.rows, p.topk, score.data(), target.data(), g.data(), grad.data(),
-                        CpuContext{3});
+  indexer_kl_bwd_cpu<T>(p.rows, p.topk, score.data(), target.data(),
+                        lse.empty() ? nullptr : lse.data(), g.data(), grad.data(), CpuContext{3});
   return grad;
+}
+
+// Each row's log sum_i exp(score_i) over its valid slots, in float64 (-infinity without one).
+std::vector<double> ref_score_lse(const KlProblem& p) {
+  std::vector<double> lse(p.rows);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    double sum = 0;
+    for (int64_t i = 0; i < p.topk; ++i) sum += std::exp(p.score[r * p.topk + i]);
+    lse[r] = std::log(sum);
+  }
+  return lse;
 }
 
 template <typename T>
@@ -105,6 +120,20 @@ TYPED_TEST(IndexerKlTest, ForwardAndBackwardMatchReference) {
     expect_near(kl_forward<TypeParam>(p), ref_kl(p), 10 * kRelTol<TypeParam>, "loss");
     expect_near(kl_backward<TypeParam>(p, grad_loss), ref_kl_grad(p, grad_loss), kRelTol<TypeParam>,
                 "grad_score");
+    if (this->HasFatalFailure()) return;
+  }
+}
+
+// The normalizer given (the forward's, as the trainer passes it when the scores are formed again)
+// gives the reference's loss and gradient, rows without a valid slot (-infinity) included.
+TYPED_TEST(IndexerKlTest, AGivenNormalizerGivesTheReference) {
+  for (int iter = 0; iter < 50; ++iter) {
+    const KlProblem p = rounded_problem<TypeParam>(random_kl_problem(this->rng_));
+    const auto grad_loss = rounded<TypeParam>(this->rng_.normal(p.rows));
+    const auto lse = ref_score_lse(p);
+    expect_near(kl_forward<TypeParam>(p, 3, lse), ref_kl(p), 10 * kRelTol<TypeParam>, "loss");
+    expect_near(kl_backward<TypeParam>(p, grad_loss, lse), ref_kl_grad(p, grad_loss),
+                kRelTol<TypeParam>, "grad_score");
     if (this->HasFatalFailure()) return;
   }
 }
@@ -144,9 +173,10 @@ TEST(IndexerKlEdgeTest, RowWithoutValidSlotHasZeroLossAndGradient) {
   const std::vector<double> score = {-inf, -inf, 0.5, -inf}, target = {0, 0, 1, 0};
   const std::vector<double> grad_loss = {1, 1};
   std::vector<double> loss(2), grad(4);
-  indexer_kl_fwd_cpu<double>(2, 2, score.data(), target.data(), loss.data(), CpuContext{1});
-  indexer_kl_bwd_cpu<double>(2, 2, score.data(), target.data(), grad_loss.data(), grad.data(),
+  indexer_kl_fwd_cpu<double>(2, 2, score.data(), target.data(), nullptr, loss.data(),
                              CpuContext{1});
+  indexer_kl_bwd_cpu<double>(2, 2, score.data(), target.data(), nullptr, grad_loss.data(),
+                             grad.data(), CpuContext{1});
   EXPECT_EQ(loss, (std::vector<double>{0, 0}));  // row 1: one valid slot holding all the mass
   EXPECT_EQ(grad, (std::vector<double>{0, 0, 0, 0}));
 }

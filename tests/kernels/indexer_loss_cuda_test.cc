@@ -409,6 +409,32 @@ TEST_F(IndexerLossCudaTest, IndexerLossChainOnCudaMatchesTheCpuOps) {
   expect_close(gpu.grad_w, cpu.grad_w, 1e-4, "grad w");
 }
 
+// indexer_loss_backward (the KL under the selection's normalizer with the scores' backward, as the
+// trainer's attention backward calls it) on CUDA against the float64 CPU op on the same inputs:
+// eighths (exact scores, so the gates agree), causal rows with -1 slots and rows without a valid
+// slot, bf16 queries as the trainer's.
+TEST_F(IndexerLossCudaTest, IndexerLossBackwardOnCudaMatchesTheFloat64CpuOp) {
+  const int64_t n = 333, topk = 77, heads_i = 64, dim_i = 128;
+  const auto q_i = eighths({n, heads_i, dim_i}), k_i = eighths({n, dim_i});
+  const auto w = eighths({n, heads_i});
+  const auto indices = causal_indices(rng_, n, topk, /*allow_empty_rows=*/true);
+  const auto valid = indices.ge(0);
+  auto target = torch::rand({n, topk}, torch::kDouble).masked_fill(valid.logical_not(), 0);
+  target = target / target.sum(-1, true).clamp_min(1e-300);
+  const auto grad_loss = torch::randn({n}, torch::kDouble);
+  const auto score_lse = ops::index_score_gather(q_i, k_i, w, indices).logsumexp(-1);
+  const auto want = ops::indexer_loss_backward(target, score_lse, grad_loss, q_i, k_i, w, indices);
+  const auto got = ops::indexer_loss_backward(
+      target.to(torch::kCUDA, torch::kFloat), score_lse.to(torch::kCUDA, torch::kFloat),
+      grad_loss.to(torch::kCUDA, torch::kFloat), q_i.to(torch::kCUDA, torch::kBFloat16),
+      k_i.to(torch::kCUDA, torch::kBFloat16), w.to(torch::kCUDA, torch::kFloat),
+      indices.to(torch::kCUDA));
+  expect_close(got.loss.cpu().to(torch::kDouble), want.loss, 1e-5, "loss");
+  expect_close(got.q.cpu().to(torch::kDouble), want.q, 1e-2, "grad q_I (bf16)");
+  expect_close(got.k.cpu().to(torch::kDouble), want.k, 3e-3, "grad k_I");
+  expect_close(got.w.cpu().to(torch::kDouble), want.w, 3e-3, "grad w");
+}
+
 // The key-gradient kernel dense_indexer_kl takes on the GPU, forced while in scope: "share" (a
 // row's q serves three 64-key tiles), "split" (a tile's rows split three ways), or nullptr (the
 // op's choice by the block's shape: at test sizes, "split").

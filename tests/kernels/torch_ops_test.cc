@@ -217,6 +217,86 @@ TEST_F(TorchOpsTest, SelectedAttentionMassIsTheHeadSummedProbabilityAtTheSelecti
   }
 }
 
+// indexer_loss_backward is the KL of the scores formed again, then the scores' backward: the same
+// as index_score_gather, indexer_kl(_backward) and index_score_backward one after the other, with
+// the normalizer given instead of computed (a batch of two; -1 slots, a row without any).
+TEST_F(TorchOpsTest, IndexerLossBackwardIsTheKlOfTheScoresThenTheirBackward) {
+  const int64_t batch = 2, n = 9, heads = 3, dim = 5, topk = 4;
+  const auto q = randn({batch, n, heads, dim}), k = randn({batch, n, dim});
+  const auto w = randn({batch, n, heads});
+  auto indices = torch::randint(0, n, {batch, n, topk}, torch::kInt);
+  indices.masked_fill_(torch::rand({batch, n, topk}).lt(0.25), -1);
+  indices[1][4].fill_(-1);
+  const auto valid = indices.ge(0);
+  auto target = torch::rand({batch, n, topk}, torch::kDouble).masked_fill(valid.logical_not(), 0);
+  target = target / target.sum(-1, true).clamp_min(1e-300);
+  const auto grad_loss = randn({batch, n});
+  // Every row sees every key for the reference ops (q_offset n): their visibility check is not
+  // this op's.
+  const auto scores = ops::index_score_gather(q, k, w, indices, n);
+  const auto want_loss = ops::indexer_kl(scores, target);
+  const auto want = ops::index_score_backward(ops::indexer_kl_backward(grad_loss, scores, target),
+                                              q, k, w, indices, n);
+  const auto got =
+      ops::indexer_loss_backward(target, scores.logsumexp(-1), grad_loss, q, k, w, indices);
+  EXPECT_TRUE(torch::allclose(got.loss, want_loss, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(got.q, want.q, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(got.k, want.k, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(got.w, want.w, 1e-12, 1e-12));
+  EXPECT_EQ(got.loss[1][4].item<double>(), 0);
+  EXPECT_EQ(got.w[1][4].abs().sum().item<double>(), 0);
+}
+
+// The indexer loss whose target the attention's backward forms (indexer_loss and
+// sparse_attn_indexer_loss):
+// the forward's loss is a handle of zeros; the backward writes each row's KL(target ||
+// softmax(scores)) and gives q_I, k_I and w the gradient that the scores' own autograd
+// (index_score_gather, selected_attention_mass, indexer_kl) gives, and the attention's inputs that
+// of sparse_attn; for the latent too (the values inside the keys).
+TEST_F(TorchOpsTest, TheIndexerLossTakesItsTargetFromTheAttentionBackward) {
+  const int64_t n = 8, heads = 2, d = 4, heads_i = 3, dim_i = 5, topk = 3, dim_v = 3;
+  const double scale = 0.5;
+  const auto q = randn({n, heads, d}), key = randn({n, d}), separate = randn({n, d});
+  const auto q_i = randn({n, heads_i, dim_i}), k_i = randn({n, dim_i}), w = randn({n, heads_i});
+  const auto indices = ops::flash_topk(q_i, k_i, w, topk).indices;
+  const auto loss_weights = randn({n});
+  const auto leaves = [](std::vector<torch::Tensor> ts) {
+    for (auto& t : ts) t = t.detach().requires_grad_(true);
+    return ts;
+  };
+  for (const bool latent : {false, true}) {
+    SCOPED_TRACE(latent ? "latent" : "separate values");
+    const auto out_weights = randn({n, heads, latent ? dim_v : d});
+    auto fused = leaves({q, key, separate, q_i, k_i, w});
+    const auto score_lse = ops::index_score_gather(q_i, k_i, w, indices).logsumexp(-1);
+    auto loss_rows = torch::zeros({n}, torch::kDouble);
+    const auto slots =
+        ops::indexer_loss(fused[3], fused[4], fused[5], indices, score_lse, loss_rows);
+    const auto attn =
+        ops::sparse_attn_indexer_loss(fused[0], fused[1], latent ? torch::Tensor() : fused[2],
+                                      indices, slots, scale, latent ? dim_v : 0);
+    EXPECT_EQ(attn.loss.abs().sum().item<double>(), 0);
+    const auto& out = attn.out;
+    ((out * out_weights).sum() + (attn.loss * loss_weights).sum()).backward();
+
+    auto plain = leaves({q, key, separate, q_i, k_i, w});
+    const auto reference = latent
+                               ? ops::sparse_attn_latent(plain[0], plain[1], indices, scale, dim_v)
+                               : ops::sparse_attn(plain[0], plain[1], plain[2], indices, scale);
+    const auto target = ops::selected_attention_mass(q, key, indices, reference.lse, scale);
+    const auto kl =
+        ops::indexer_kl(ops::index_score_gather(plain[3], plain[4], plain[5], indices), target);
+    ((reference.out * out_weights).sum() + (kl * loss_weights).sum()).backward();
+
+    EXPECT_TRUE(torch::allclose(out, reference.out, 1e-12, 1e-12));
+    EXPECT_TRUE(torch::allclose(loss_rows, kl, 1e-12, 1e-12));
+    for (size_t i = 0; i < fused.size(); ++i) {
+      if (latent && i == 2) continue;  // the values are the keys'
+      EXPECT_TRUE(torch::allclose(fused[i].grad(), plain[i].grad(), 1e-10, 1e-12)) << "input " << i;
+    }
+  }
+}
+
 // The absorbed-MLA layout the CUDA forward reads values from: only a view of the first d_v
 // columns of contiguous bf16 keys, with the keys' rows and batch.
 TEST_F(TorchOpsTest, ValueInsideKeyRecognisesOnlyKeyPrefixViews) {
@@ -272,6 +352,35 @@ TEST_F(TorchOpsTest, BadArgumentsNameTheOpAndTheArgument) {
         ops::sparse_attn(q, k, torch::randn({3, 8}), torch::zeros({4, 2}, torch::kInt), 1.0);
       },
       "value must have as many rows as key");
+  {
+    const auto indices = torch::zeros({4, 2}, torch::kInt), rows = torch::zeros({4});
+    const auto target = torch::zeros({4, 2});
+    test::expect_op_error(
+        [&] {
+          ops::indexer_loss_backward(torch::zeros({4, 3}), rows, rows, q, k, w, indices);
+        },
+        "hyscale::indexer_loss_backward: target must have shape [4, 2]");
+    test::expect_op_error(
+        [&] { ops::indexer_loss_backward(target, torch::zeros({3}), rows, q, k, w, indices); },
+        "hyscale::indexer_loss_backward: score_lse must have shape [4]");
+    test::expect_op_error(
+        [&] {
+          ops::indexer_loss_backward(target, rows, torch::zeros({4}, torch::kInt), q, k, w,
+                                     indices);
+        },
+        "hyscale::indexer_loss_backward: grad_loss must be a floating tensor");
+    test::expect_op_error(
+        [&] {
+          ops::indexer_loss_backward(target, rows, rows, q, torch::randn({4, 7}), w, indices);
+        },
+        "hyscale::indexer_loss_backward: k_I must be");
+    test::expect_op_error(
+        [&] {
+          ops::indexer_loss_backward(target, rows, rows, q, k, w,
+                                     torch::full({4, 2}, 4, torch::kInt));
+        },
+        "indices must be -1 or in [0, 4)");
+  }
   for (const int64_t dim_v : {0, 9}) {
     test::expect_op_error(
         [&] {

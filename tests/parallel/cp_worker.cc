@@ -124,7 +124,7 @@ LayerRun forward_backward(trainer::DsaLayer& layer, const torch::Tensor& x,
   } else {
     run.out = options.recompute ? trainer::checkpointed_layer(layer, input, options, stats,
                                                               recomputed_loss, /*report_scale=*/1.0)
-                                : layer->forward(input, options, torch::Tensor(), stats);
+                                : layer->forward(input, options, {}, stats);
     ((run.out.x * weight).sum() + loss_scale * run.out.indexer_loss).backward();
     run.loss = options.recompute ? recomputed_loss.to(x.scalar_type()) : run.out.indexer_loss;
     run.x_grad = input.grad();

@@ -128,6 +128,16 @@ class RowAssembler {
   std::vector<torch::Tensor> parts_;
 };
 
+}  // namespace
+
+Replay Replay::rows(int64_t begin, int64_t length) const {
+  if (!defined()) return {};
+  return {unpack_indices(indices.narrow(1, begin, length)),
+          score_lse.defined() ? score_lse.narrow(1, begin, length) : score_lse};
+}
+
+namespace {
+
 // `t` (if defined) as a leaf of a graph of its own.
 torch::Tensor as_leaf(const torch::Tensor& t) {
   return t.defined() ? t.detach().requires_grad_(true) : t;
@@ -385,9 +395,8 @@ DsaLayerImpl::QuerySide DsaLayerImpl::query_side(const torch::Tensor& h,
 // Replayed indices without the indexer loss (a recomputation of a step that does not train the
 // indexer) read neither the indexer's queries nor its scores: projecting them would be a GEMM of
 // d_model x H_I d_I a token and the scores' gather for nothing.
-bool DsaLayerImpl::needs_index_queries(const ForwardOptions& options,
-                                       const torch::Tensor& replay_indices) const {
-  const bool selects = options.attention == AttentionMode::kSparse && !replay_indices.defined();
+bool DsaLayerImpl::needs_index_queries(const ForwardOptions& options, const Replay& replay) const {
+  const bool selects = options.attention == AttentionMode::kSparse && !replay.defined();
   return selects || options.indexer_loss || options.keep_probes;
 }
 
@@ -429,13 +438,11 @@ DsaLayerImpl::KeySide DsaLayerImpl::finish_exchange(const KeySide& local,
   return all;
 }
 
-void DsaLayerImpl::count_selection(const ForwardOptions& options,
-                                   const torch::Tensor& replay_indices,
+void DsaLayerImpl::count_selection(const ForwardOptions& options, const Replay& replay,
                                    SelectionStats& stats) const {
   if (options.attention != AttentionMode::kSparse) return;
-  if (replay_indices.defined()) {
+  if (replay.defined()) {
     ++stats.replays;
-    if (options.indexer_loss) ++stats.rescores;
   } else {
     ++(options.clock->recomputing() ? stats.recompute_selections : stats.selections);
   }
@@ -443,7 +450,7 @@ void DsaLayerImpl::count_selection(const ForwardOptions& options,
 
 DsaLayerImpl::Attention DsaLayerImpl::attend(const QuerySide& queries, const KeySide& keys,
                                              const Chunk& chunk, const ForwardOptions& options,
-                                             const torch::Tensor& replay_indices) {
+                                             const Replay& replay) {
   // Causal: the chunk's queries see only the keys before its last position.
   const auto seen = [&chunk](const torch::Tensor& t) {
     return t.defined() ? t.narrow(1, 0, chunk.keys) : t;
@@ -454,7 +461,7 @@ DsaLayerImpl::Attention DsaLayerImpl::attend(const QuerySide& queries, const Key
   const auto value = config_.latent_kv ? key.narrow(-1, 0, config_.head_dim_v) : seen(keys.value);
   return options.attention == AttentionMode::kDense
              ? dense_attention(queries.q, key, value, index, chunk.positions, options)
-             : sparse_attention(queries.q, key, value, index, chunk, options, replay_indices);
+             : sparse_attention(queries.q, key, value, index, chunk, options, replay);
 }
 
 DsaLayerImpl::Attention DsaLayerImpl::dense_attention(
@@ -552,21 +559,37 @@ DsaLayerImpl::Attention DsaLayerImpl::frozen_dense_attention(
 DsaLayerImpl::Attention DsaLayerImpl::sparse_attention(
     const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
     const LightningIndexerImpl::Projections& index, const Chunk& chunk,
-    const ForwardOptions& options, const torch::Tensor& replay_indices) {
+    const ForwardOptions& options, const Replay& replay) {
+  // With a backward to follow, the loss is formed there (ops::indexer_loss), from the target and
+  // the scores' normalizer alone; the forward needs the scores only to know that.
+  const bool loss_in_backward = options.indexer_loss && options.indexer_loss_rows.defined();
+  const bool wants_lse = loss_in_backward || options.keep_score_lse;
   Attention a;
   torch::Tensor scores;
   {
     PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_SELECTION);
-    auto selection = select(index, chunk.runs, config_.topk, config_.index_fp8, replay_indices,
-                            options.indexer_loss);
+    const bool loss_scores =
+        (options.indexer_loss && !loss_in_backward) || (wants_lse && !replay.score_lse.defined());
+    auto selection =
+        select(index, chunk.runs, config_.topk, config_.index_fp8, replay.indices, loss_scores);
     a.indices = selection.indices;
     scores = selection.scores;
+    if (wants_lse) {
+      a.score_lse = replay.score_lse.defined() ? replay.score_lse : scores.detach().logsumexp(-1);
+    }
   }
-  if (options.indexer_loss && options.indexer_loss_rows.defined()) {
+  if (loss_in_backward) {
+    // Two nodes, timed apart: the loss's backward (indexer_loss_bwd) runs once the attention's
+    // (attention_bwd) has formed the target.
+    ops::IndexerLossSlots slots;
+    {
+      PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_INDEXER_LOSS);
+      slots = ops::indexer_loss(index.q, index.k, index.w, a.indices, a.score_lse,
+                                options.indexer_loss_rows.narrow(1, chunk.begin, chunk.length));
+    }
     PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_ATTENTION);
     const auto attn = ops::sparse_attn_indexer_loss(
-        q, key, config_.latent_kv ? torch::Tensor() : value, a.indices, scores,
-        options.indexer_loss_rows.narrow(1, chunk.begin, chunk.length), scale_,
+        q, key, config_.latent_kv ? torch::Tensor() : value, a.indices, slots, scale_,
         config_.latent_kv ? config_.head_dim_v : 0, options.query_group);
     a.out = attn.out;
     a.loss = attn.loss.mean();
@@ -609,15 +632,15 @@ torch::Tensor DsaLayerImpl::mlp(const torch::Tensor& x, const ForwardOptions& op
 }
 
 LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& options,
-                                  const torch::Tensor& replay_indices, SelectionStats& stats) {
+                                  const Replay& replay, SelectionStats& stats) {
   const int64_t t = x.size(1);
   const std::vector<Chunk> parts = chunks(x, options);
-  count_selection(options, replay_indices, stats);
+  count_selection(options, replay, stats);
   torch::Tensor h;  // attn_norm(x), kept for the queries when they run as one chunk
   const KeySide local = key_side(x, parts, options, &h);
   start_exchange(local, options);
   KeySide keys;
-  RowAssembler out_x(t, parts.size()), indices(out_x);
+  RowAssembler out_x(t, parts.size()), indices(out_x), score_lse(out_x);
   const auto probe_rows = options.probe_rows.defined()
                               ? options.probe_rows.to(torch::kCPU, torch::kLong)
                               : torch::arange(t, torch::kLong);
@@ -628,17 +651,15 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
     const auto x_c = x.narrow(1, c.begin, c.length);
     if (!h.defined()) h = normed(x_c, options);
     const QuerySide queries =
-        query_side(h, c.positions, options, needs_index_queries(options, replay_indices));
+        query_side(h, c.positions, options, needs_index_queries(options, replay));
     if (parts.size() > 1) h = torch::Tensor();
     if (i == 0) keys = finish_exchange(local, options);
-    const auto replay = replay_indices.defined()
-                            ? unpack_indices(replay_indices.narrow(1, c.begin, c.length))
-                            : replay_indices;
-    const Attention a = attend(queries, keys, c, options, replay);
+    const Attention a = attend(queries, keys, c, options, replay.rows(c.begin, c.length));
     out_x.add(c.begin, residuals(x_c, a.out, options));
     {
       PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_SELECTION);
       indices.add(c.begin, pack_indices(a.indices, keys.index_k.size(1)));
+      score_lse.add(c.begin, a.score_lse);
     }
     if (a.loss.defined()) {
       // The chunk's mean, weighted by its share of the queries: the mean over all of them.
@@ -666,6 +687,7 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
   out.x = out_x.take();
   out.indexer_loss = loss;
   out.indices = indices.take();
+  out.score_lse = score_lse.take();
   if (options.keep_probes) {
     out.probe.rows = probe_rows;
     out.probe.q = torch::cat(probe_q, 1);
@@ -677,7 +699,7 @@ LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& 
 
 DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
     const torch::Tensor& x, const torch::Tensor& grad_out, const torch::Tensor& grad_loss,
-    const ForwardOptions& options, const torch::Tensor& replay_indices, SelectionStats& stats) {
+    const ForwardOptions& options, const Replay& replay, SelectionStats& stats) {
   torch::AutoGradMode grad_mode(true);
   auto& clock = *options.clock;
   Recomputed result;
@@ -695,7 +717,7 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
     LayerOutput out;
     {
       PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
-      out = forward(input, recomputed, replay_indices, stats);
+      out = forward(input, recomputed, replay, stats);
     }
     Gradients backward;
     backward.add(out.x, grad_out);
@@ -716,7 +738,7 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
   KeySide local;
   {
     PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
-    count_selection(options, replay_indices, stats);
+    count_selection(options, replay, stats);
     torch::NoGradGuard no_grad;
     local = key_side(x, parts, options, nullptr);
   }
@@ -742,7 +764,7 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
     {
       PhaseClock::PassGuard pass(clock, v1::STEP_PASS_RECOMPUTE);
       const QuerySide queries = query_side(normed(x_c, options), c.positions, options,
-                                           needs_index_queries(options, replay_indices));
+                                           needs_index_queries(options, replay));
       if (i == 0) {
         keys = finish_exchange(local, options);
         key_grads = {gradient_accumulator(keys.key), gradient_accumulator(keys.value),
@@ -753,10 +775,7 @@ DsaLayerImpl::Recomputed DsaLayerImpl::recompute_backward(
         return t.defined() ? as_leaf(t.narrow(1, 0, c.keys)) : t;
       };
       seen = {prefix(keys.key), prefix(keys.value), prefix(keys.index_k)};
-      const auto replay = replay_indices.defined()
-                              ? unpack_indices(replay_indices.narrow(1, c.begin, c.length))
-                              : replay_indices;
-      a = attend(queries, seen, c, recomputed, replay);
+      a = attend(queries, seen, c, recomputed, replay.rows(c.begin, c.length));
       out_c = residuals(x_c, a.out, options);
       if (a.loss.defined()) {
         loss_c = a.loss * (static_cast<double>(c.length) / rows);
@@ -833,7 +852,7 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
   auto& clock = *options.clock;
   const double rows = static_cast<double>(x.size(1));
   const std::vector<Chunk> parts = chunks(x, options);
-  count_selection(options, torch::Tensor(), stats);
+  count_selection(options, {}, stats);
   // The key side without a graph; the indexer keys become a leaf whose gradient, accumulated
   // over the chunks, is backpropagated once at the end (through the exchange, then the indexer's
   // key projection chunk by chunk).
@@ -858,8 +877,7 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
       torch::NoGradGuard no_grad;
       h = normed(x_c, options);
     }
-    QuerySide queries =
-        query_side(h, c.positions, options, needs_index_queries(options, torch::Tensor()));
+    QuerySide queries = query_side(h, c.positions, options, needs_index_queries(options, {}));
     queries.q = queries.q.detach();  // the frozen model builds no graph, whatever it requires
     if (i == 0) {
       keys = finish_exchange(local, options);
@@ -872,7 +890,7 @@ LayerOutput DsaLayerImpl::forward_frozen(const torch::Tensor& x, const ForwardOp
     const Attention a = key_lists
                             ? frozen_dense_attention(queries, keys, c, options,
                                                      grad_scale * chunk_share, index_k_grad, output)
-                            : attend(queries, seen, c, options, torch::Tensor());
+                            : attend(queries, seen, c, options, {});
     if (output) {
       torch::NoGradGuard no_grad;
       out_x.add(c.begin, residuals(x_c, a.out.detach(), options));
@@ -976,7 +994,7 @@ ForwardResult DsaModelImpl::forward(const torch::Tensor& tokens, const ForwardOp
     if (target_in_backward) layer_options.indexer_loss_rows = result.indexer_loss_rows[l];
     LayerOutput out = recompute ? checkpointed_layer(layer, x, options, stats_,
                                                      result.indexer_loss_value, per_layer)
-                                : layer->forward(x, layer_options, torch::Tensor(), stats_);
+                                : layer->forward(x, layer_options, {}, stats_);
     x = out.x;
     if (out.indexer_loss.defined()) losses.push_back(out.indexer_loss);
     if (out.indexer_loss.defined() && !recompute && !target_in_backward) {

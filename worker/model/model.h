@@ -46,9 +46,6 @@ struct SelectionStats {
   int64_t selections = 0;            // flash_topk calls in forward
   int64_t recompute_selections = 0;  // flash_topk calls during recomputation (replay off)
   int64_t replays = 0;  // recomputations that replayed the forward's indices (replay on)
-  // index_score_gather calls during recomputation: replays whose indexer loss needs the scores
-  // (without the loss, replay projects no indexer queries and rescores nothing).
-  int64_t rescores = 0;
 };
 
 // How a layer's key side reaches the queries of other ranks under context parallelism
@@ -73,6 +70,9 @@ struct ForwardOptions {
   bool recompute = false;        // per-layer activation recomputation
   bool selection_replay = true;  // in recomputation, replay the forward's indices
   bool keep_probes = false;      // keep per-layer tensors for evaluation (indexer recall)
+  // Sparse: return each row's score_lse with the selection (LayerOutput), for a recomputation
+  // that replays it and trains the indexer (Replay).
+  bool keep_score_lse = false;
   // With keep_probes: the local query rows [R] (int64, increasing) whose queries and selection
   // the probes keep; undefined: every row (a probe's q is H d_qk a token and layer).
   torch::Tensor probe_rows;
@@ -187,19 +187,32 @@ struct LayerOutput {
   torch::Tensor indexer_loss;  // scalar mean over queries; undefined when not computed
   // Sparse mode: the selection used, packed for replay (index_packing.h; replay takes it so).
   torch::Tensor indices;
+  torch::Tensor score_lse;  // with ForwardOptions::keep_score_lse: [B, T] (Replay)
   LayerProbe probe;
+};
+
+// A forward's selection, replayed by its recomputation: the indices (packed as
+// LayerOutput::indices holds them, or int32) and, where the indexer loss follows, each row's
+// score_lse [B, T]: the log-sum-exp of its index scores over its valid slots, the loss's
+// normalizer. With it the recomputation forms no scores: the loss's backward forms them
+// (ops::sparse_attn_indexer_loss).
+struct Replay {
+  torch::Tensor indices;
+  torch::Tensor score_lse;
+  bool defined() const { return indices.defined(); }
+  // Rows [begin, begin + length): the indices unpacked to int32.
+  Replay rows(int64_t begin, int64_t length) const;
 };
 
 class DsaLayerImpl : public torch::nn::Module {
  public:
   explicit DsaLayerImpl(const ModelConfig& config);
 
-  // replay_indices: a selection made by an earlier forward of this layer on the same input
-  // (recomputation), packed as LayerOutput::indices holds it or int32; when given, scores are
-  // recomputed only at those entries. Runs the queries
+  // replay: a selection made by an earlier forward of this layer on the same input
+  // (recomputation); when given, nothing is selected again. Runs the queries
   // options.query_chunk at a time.
-  LayerOutput forward(const torch::Tensor& x, const ForwardOptions& options,
-                      const torch::Tensor& replay_indices, SelectionStats& stats);
+  LayerOutput forward(const torch::Tensor& x, const ForwardOptions& options, const Replay& replay,
+                      SelectionStats& stats);
 
   struct Recomputed {
     torch::Tensor x_grad;        // the gradient of the layer's input
@@ -212,7 +225,7 @@ class DsaLayerImpl : public torch::nn::Module {
   // is accumulated (in fp32 at least) and backpropagated once at the end.
   Recomputed recompute_backward(const torch::Tensor& x, const torch::Tensor& grad_out,
                                 const torch::Tensor& grad_loss, const ForwardOptions& options,
-                                const torch::Tensor& replay_indices, SelectionStats& stats);
+                                const Replay& replay, SelectionStats& stats);
 
   // options.frozen_main: the frozen layer's output (unless `output` is false: none) and its indexer
   // loss's value, both without a graph (no indices: nothing replays them); on the way the loss
@@ -240,6 +253,7 @@ class DsaLayerImpl : public torch::nn::Module {
     torch::Tensor out;   // [B, rows, H, d_v]
     torch::Tensor loss;  // indexer KL, scalar mean over the chunk's queries, or undefined
     torch::Tensor indices;
+    torch::Tensor score_lse;  // with ForwardOptions::keep_score_lse
   };
 
   // The query rows in chunks of options.query_chunk: one chunk when it is 0 or >= the rows.
@@ -254,17 +268,16 @@ class DsaLayerImpl : public torch::nn::Module {
   // selection, the indexer loss, or the evaluation's probes.
   QuerySide query_side(const torch::Tensor& h, const torch::Tensor& positions,
                        const ForwardOptions& options, bool index_queries);
-  bool needs_index_queries(const ForwardOptions& options,
-                           const torch::Tensor& replay_indices) const;
+  bool needs_index_queries(const ForwardOptions& options, const Replay& replay) const;
   // Under context parallelism the key side travels while the first chunk's queries are
   // projected; without it, finish_exchange returns `local`.
   void start_exchange(const KeySide& local, const ForwardOptions& options);
   KeySide finish_exchange(const KeySide& local, const ForwardOptions& options);
-  void count_selection(const ForwardOptions& options, const torch::Tensor& replay_indices,
+  void count_selection(const ForwardOptions& options, const Replay& replay,
                        SelectionStats& stats) const;
   // One chunk's attention over `keys` (at least the keys its queries see).
   Attention attend(const QuerySide& queries, const KeySide& keys, const Chunk& chunk,
-                   const ForwardOptions& options, const torch::Tensor& replay_indices);
+                   const ForwardOptions& options, const Replay& replay);
   Attention dense_attention(const torch::Tensor& q, const torch::Tensor& key,
                             const torch::Tensor& value,
                             const LightningIndexerImpl::Projections& index,
@@ -281,7 +294,7 @@ class DsaLayerImpl : public torch::nn::Module {
   Attention sparse_attention(const torch::Tensor& q, const torch::Tensor& key,
                              const torch::Tensor& value,
                              const LightningIndexerImpl::Projections& index, const Chunk& chunk,
-                             const ForwardOptions& options, const torch::Tensor& replay_indices);
+                             const ForwardOptions& options, const Replay& replay);
   // x plus the attention's output projection, then plus the MLP of that.
   torch::Tensor residuals(const torch::Tensor& x, const torch::Tensor& attention_out,
                           const ForwardOptions& options);

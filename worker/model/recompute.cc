@@ -15,7 +15,7 @@ struct RecomputeState : torch::CustomClassHolder {
   DsaLayer layer{nullptr};
   ForwardOptions options;
   SelectionStats* stats = nullptr;
-  torch::Tensor indices;      // the forward's selection, replayed in recomputation
+  Replay replay;              // the forward's selection, replayed in recomputation
   torch::Tensor loss_report;  // the recomputed indexer loss is added here, times report_scale
   double report_scale = 1;
 };
@@ -29,8 +29,11 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
                                const c10::intrusive_ptr<RecomputeState>& state) {
     ForwardOptions options = state->options;
     options.indexer_loss = false;
-    LayerOutput out = state->layer->forward(x, options, torch::Tensor(), *state->stats);
-    state->indices = out.indices;
+    // A replay that trains the indexer takes the scores' normalizer with the indices.
+    options.keep_score_lse = state->options.indexer_loss && state->options.selection_replay &&
+                             state->options.attention == AttentionMode::kSparse;
+    LayerOutput out = state->layer->forward(x, options, {}, *state->stats);
+    state->replay = {out.indices, out.score_lse};
     ctx->save_for_backward({x});
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     return {out.x, torch::zeros({}, x.options())};
@@ -41,7 +44,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
         c10::static_intrusive_pointer_cast<RecomputeState>(ctx->saved_data["state"].toCapsule());
     const auto x = ctx->get_saved_variables()[0];
     compat::CudaBf16Autocast autocast(state->options.bf16_autocast);
-    const auto replay = state->options.selection_replay ? state->indices : torch::Tensor();
+    const Replay replay = state->options.selection_replay ? state->replay : Replay{};
     const DsaLayerImpl::Recomputed out = state->layer->recompute_backward(
         x, grads[0], grads[1], state->options, replay, *state->stats);
     if (out.indexer_loss.defined() && state->loss_report.defined()) {
@@ -109,7 +112,7 @@ LayerOutput checkpointed_layer(const DsaLayer& layer, const torch::Tensor& x,
   LayerOutput out;
   out.x = outputs[0];
   if (options.indexer_loss) out.indexer_loss = outputs[1];
-  out.indices = state->indices;
+  out.indices = state->replay.indices;
   return out;
 }
 
