@@ -394,9 +394,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
           unbatch(grad_w, b).to(w.scalar_type())};
 }
 
-// The index scores at the slots again (index_score_gather's kernel), the KL and its gradient under
-// the given normalizer, then index_score_backward (its dtypes and modes); the [N, topk] scores and
-// their gradient are temporaries of this call.
+// The index scores at the slots again (index_score_gather's kernel), the KL and its gradient (the
+// KL kernels take the normalizer from the scores, the score_lse they were given by contract), then
+// index_score_backward (its dtypes and modes); the [N, topk] scores and their gradient are
+// temporaries of this call.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> indexer_loss_backward(
     const at::Tensor& target, const at::Tensor& score_lse, const at::Tensor& grad_loss,
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, const at::Tensor& indices) {
@@ -414,21 +415,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> indexer_loss_backward
                              in.w[i].data_ptr<float>(), idx[i].data_ptr<int32_t>(), args.topk,
                              scores[i].data_ptr<float>(), current_stream());
   }
-  const auto batched = [&b](const at::Tensor& t) {
-    return (b.batched ? t : t.unsqueeze(0)).to(at::kFloat);
-  };
-  const auto t = batched(target);
-  const auto invalid = idx.lt(0);
-  // In place where it can be: three [N, topk] floats at a time at most (the target, the scores
-  // becoming their gradient, the loss's terms), as the planner counts the loss's rows.
-  auto log_p = scores.sub_(batched(score_lse).unsqueeze(-1));  // log softmax(s)
-  const auto loss =
-      t.log().sub_(log_p).mul_(t).masked_fill_(invalid.logical_or(t.le(0)), 0).sum(-1);
-  const auto grad_scores =
-      log_p.exp_().sub_(t).mul_(batched(grad_loss).unsqueeze(-1)).masked_fill_(invalid, 0);
+  const int64_t rows = b.batch * a.shape.num_queries;
+  const auto t = target.to(at::kFloat).contiguous(), g = grad_loss.to(at::kFloat).contiguous();
+  auto loss = at::empty(g.sizes(), g.options());
+  auto grad_scores = at::empty_like(scores);
+  cuda::indexer_kl_fwd(rows, args.topk, scores.data_ptr<float>(), t.data_ptr<float>(),
+                       loss.data_ptr<float>(), current_stream());
+  cuda::indexer_kl_bwd(rows, args.topk, scores.data_ptr<float>(), t.data_ptr<float>(),
+                       g.data_ptr<float>(), grad_scores.data_ptr<float>(), current_stream());
+  scores = at::Tensor();  // freed before the backward's buffers
   auto [grad_q, grad_k, grad_w] =
       index_score_backward(unbatch(grad_scores, b), q, k, w, indices, 0, 1);
-  return {unbatch(loss, b).to(target.scalar_type()), grad_q, grad_k, grad_w};
+  return {loss.to(target.scalar_type()), grad_q, grad_k, grad_w};
 }
 
 // Query rows per step of the mass: the chunk's gathered keys (rows x topk x d_qk bf16) and logits
