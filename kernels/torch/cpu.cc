@@ -309,12 +309,11 @@ at::Tensor indexer_kl_backward(const at::Tensor& grad_loss, const at::Tensor& sc
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> indexer_loss_backward(
     const at::Tensor& target, const at::Tensor& score_lse, const at::Tensor& grad_loss,
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, const at::Tensor& indices) {
-  const char* op = "hyscale::indexer_loss_backward";
-  const IndexerBackwardArgs args =
-      check_indexer_loss_backward(op, target, score_lse, grad_loss, q, k, w, indices);
+  const IndexerBackwardArgs args = check_indexer_loss_backward(
+      "hyscale::indexer_loss_backward", target, score_lse, grad_loss, q, k, w, indices);
   const IndexerArgs& a = args.indexer;
+  check_index_range("hyscale::indexer_loss_backward", indices, a.shape.num_keys);
   const int64_t n = a.shape.num_queries, topk = args.topk;
-  check_index_range(op, indices, a.shape.num_keys);
   const auto dtype = cpu_compute_dtype(q);
   const Batching& b = a.batching;
   const SeqView vq(q, b, dtype), vk(k, b, dtype), vw(w, b, dtype), vi(indices, b, at::kInt);
