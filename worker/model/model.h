@@ -95,9 +95,9 @@ struct ForwardOptions {
   bool frozen_logits = true;
   // Set where a backward follows (the recomputation, or a sparse step that trains without it):
   // [B, T] (the layer's query rows). Sparse attention then takes the indexer loss's target from
-  // its own backward
-  // (ops::sparse_attn_indexer_loss) rather than computing it in the forward, and that backward
-  // writes each row's loss here; the layer's indexer_loss is then only a gradient handle (0).
+  // its own backward (ops::sparse_attn_indexer_loss) rather than computing it in the forward, and
+  // the loss's backward that follows (ops::indexer_loss) writes each row's loss here; the layer's
+  // indexer_loss is then only a gradient handle (0).
   torch::Tensor indexer_loss_rows;
   c10::intrusive_ptr<PhaseClock> clock = c10::make_intrusive<PhaseClock>();
   std::shared_ptr<KeyExchange> key_exchange;  // context parallelism; null: the whole sequence
