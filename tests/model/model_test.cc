@@ -94,7 +94,7 @@ TEST(ModelTest, ReplayNeverSelectsDuringRecomputation) {
 
 // Without the indexer loss, replay neither projects the indexer's queries nor rescores the
 // selected keys in recomputation, and the main model still trains as without recomputation.
-TEST(ModelTest, WithoutTheIndexerLossReplayRescoresNothing) {
+TEST(ModelTest, WithoutTheIndexerLossReplayProjectsNoIndexerQueries) {
   const auto config = testing::SmallConfig();
   const auto no_loss = [](ForwardOptions o) {
     o.indexer_loss = false;
@@ -109,6 +109,9 @@ TEST(ModelTest, WithoutTheIndexerLossReplayRescoresNothing) {
     EXPECT_EQ(name.find("indexer"), std::string::npos) << name << " has a gradient";
   }
   EXPECT_EQ(replay.stats.replays, config.layers);
+  EXPECT_EQ(replay.stats.recomputed_index_queries, 0);
+  EXPECT_EQ(reselect.stats.recomputed_index_queries, config.layers);  // it selects again
+  EXPECT_EQ(run_once(config, sparse(true, true)).stats.recomputed_index_queries, config.layers);
 }
 
 // fp8 index scores select; the loss rescores the selected keys in full precision, so replay,

@@ -128,16 +128,6 @@ class RowAssembler {
   std::vector<torch::Tensor> parts_;
 };
 
-}  // namespace
-
-Replay Replay::rows(int64_t begin, int64_t length) const {
-  if (!defined()) return {};
-  return {unpack_indices(indices.narrow(1, begin, length)),
-          score_lse.defined() ? score_lse.narrow(1, begin, length) : score_lse};
-}
-
-namespace {
-
 // `t` (if defined) as a leaf of a graph of its own.
 torch::Tensor as_leaf(const torch::Tensor& t) {
   return t.defined() ? t.detach().requires_grad_(true) : t;
@@ -441,6 +431,9 @@ DsaLayerImpl::KeySide DsaLayerImpl::finish_exchange(const KeySide& local,
 void DsaLayerImpl::count_selection(const ForwardOptions& options, const Replay& replay,
                                    SelectionStats& stats) const {
   if (options.attention != AttentionMode::kSparse) return;
+  if (options.clock->recomputing() && needs_index_queries(options, replay)) {
+    ++stats.recomputed_index_queries;
+  }
   if (replay.defined()) {
     ++stats.replays;
   } else {
@@ -629,6 +622,12 @@ torch::Tensor DsaLayerImpl::mlp(const torch::Tensor& x, const ForwardOptions& op
   PhaseClock::Scope scope(*options.clock, v1::STEP_PHASE_MLP);
   const auto h = mlp_norm_(x);
   return x + w_down_(torch::silu(w_gate_(h)) * w_up_(h));
+}
+
+Replay Replay::rows(int64_t begin, int64_t length) const {
+  if (!defined()) return {};
+  return {unpack_indices(indices.narrow(1, begin, length)),
+          score_lse.defined() ? score_lse.narrow(1, begin, length) : score_lse};
 }
 
 LayerOutput DsaLayerImpl::forward(const torch::Tensor& x, const ForwardOptions& options,

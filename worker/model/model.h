@@ -46,6 +46,8 @@ struct SelectionStats {
   int64_t selections = 0;            // flash_topk calls in forward
   int64_t recompute_selections = 0;  // flash_topk calls during recomputation (replay off)
   int64_t replays = 0;  // recomputations that replayed the forward's indices (replay on)
+  // Recomputations that projected the indexer's queries (none replays without the indexer loss).
+  int64_t recomputed_index_queries = 0;
 };
 
 // How a layer's key side reaches the queries of other ranks under context parallelism
