@@ -82,18 +82,23 @@ struct GradKScaleOf {
   }
 };
 
-// max_t G_t W_t (see GradKScaleOf) into *out (zeroed by the caller), one warp per row.
+// max_t G_t W_t (see GradKScaleOf) into *out (zeroed by the caller), one warp per row. Where the
+// gradients are formed from the KL (grad_loss given), G_t = sum_i |grad_loss_t (p_i - target_i)|
+// <= 2 |grad_loss_t|: p and the target each sum to 1 over the row (p to rounding, which the
+// scale's 4x headroom covers).
 __global__ void __launch_bounds__(RowWarpTraits::kThreads)
     row_grad_bound_kernel(int64_t rows, int64_t heads, int64_t topk, const float* w,
-                          const int32_t* indices, const float* grad_scores, float* out) {
+                          const int32_t* indices, const float* grad_scores, const float* grad_loss,
+                          float* out) {
   const auto [row, lane] = warp_row();
   if (row >= rows) return;
   float g = 0.f, wsum = 0.f;
-  for (int64_t i = lane; i < topk; i += 32) {
+  for (int64_t i = lane; i < topk && !grad_loss; i += 32) {
     if (indices[row * topk + i] >= 0) g += fabsf(grad_scores[row * topk + i]);
   }
   for (int64_t j = lane; j < heads; j += 32) wsum += fabsf(w[row * heads + j]);
-  const float bound = warp_sum(g) * warp_sum(wsum);
+  const float row_grad = grad_loss ? 2.f * fabsf(grad_loss[row]) : warp_sum(g);
+  const float bound = row_grad * warp_sum(wsum);
   if (lane == 0) atomic_max_nonnegative(out, bound);
 }
 
@@ -250,6 +255,17 @@ struct QueryGrad {
   }
 };
 
+// The gates' gradients formed in the kernel from the KL on the selection (indexer_loss_backward):
+// g_i = grad_loss[t] (exp(s_i - score_lse[t]) - target[t, i]) on valid slots, s_i the index score
+// of the tile's products; each row's KL, sum_i target_i (log target_i - s_i + score_lse), into
+// loss[t].
+struct LossFromTarget {
+  const float* target;     // [N, topk], in place of grad_scores
+  const float* score_lse;  // [N]
+  const float* grad_loss;  // [N]
+  float* loss;             // [N]
+};
+
 // A row's gradients at the end of its key tiles: grad_q^T [d_I x H_I] from the calling thread's
 // accumulators (rows d = 64 m + 16 warp + lane / 4 (+ 8), columns heads 8 j + 2 (lane % 4) (+ 1))
 // into grad_q's row `row`, and grad_w's per-lane terms summed across the quads' rows into the
@@ -297,11 +313,15 @@ __device__ __forceinline__ void store_row_gradients(
 // barrier a tile; three blocks share an SM (168 registers, 76 KB of shared memory with the
 // staging of 64 columns at a time). The tiles are walked from the rotation's first tile on, so
 // the ring and the stages go by step, not by tile.
-template <class Tr, KeyGrad kKeyGrad>
+//
+// kFromTarget (indexer_loss_backward): the slots' input is the KL's target, and each tile's
+// gradients are formed from the scores its products give (LossFromTarget), so no scores or
+// gradients of the selection exist outside the kernel.
+template <class Tr, KeyGrad kKeyGrad, bool kFromTarget>
 __global__ void __launch_bounds__(Tr::kThreads, 3)
     index_score_backward_kernel(const __nv_bfloat16* q, const __nv_bfloat16* keys, const float* w,
                                 const int32_t* indices, int64_t topk, const float* grad_scores,
-                                QueryGrad grad_q, float* grad_k, float* grad_w,
+                                LossFromTarget kl, QueryGrad grad_q, float* grad_k, float* grad_w,
                                 unsigned long long* fixed_k, GradKScaleOf fixed_scale_of,
                                 TileRotation rotation) {
   using Tile = typename Tr::Tile;
@@ -318,7 +338,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
   const ListedKeys::Row row_keys = ListedKeys{indices, topk}.row(row);
-  const float* const row_grads = grad_scores + row * topk;
+  // A slot's gradient, or with kFromTarget its target.
+  const float* const row_grads = (kFromTarget ? kl.target : grad_scores) + row * topk;
   const int tiles = static_cast<int>(ceil_div(row_keys.count, Tr::kKeys));
   double fixed_scale = 1;
   if constexpr (kFixed) fixed_scale = fixed_scale_of();
@@ -389,6 +410,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
   }
   // This thread's two keys of a tile (the accumulator rows), and its staging rows.
   const int key_lo = 16 * warp + lane / 4, key_hi = key_lo + 8;
+  float row_loss = 0.f;  // kFromTarget: the KL's terms of the slots this lane emits
 
   for (int step = 0; step < tiles; ++step) {
     cp_async_wait<0>();  // this step's tile (and the query) and the next step's slots landed
@@ -401,11 +423,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
     const bf16* const key_tile = key_tiles + (step % Tr::kStages) * (Tr::kKeyTileBytes / 2);
     const int first = tile_at(step) * Tr::kKeys;
 
-    // The gates' gradients are loaded before the scores' products, which the loads cannot pass.
-    const float g_lo = key_at(step, key_lo) >= 0 ? row_grads[first + key_lo] : 0.f;
-    const float g_hi = key_at(step, key_hi) >= 0 ? row_grads[first + key_hi] : 0.f;
+    // The gates' gradients (or targets) are loaded before the scores' products, which the loads
+    // cannot pass.
+    const bool valid_lo = key_at(step, key_lo) >= 0, valid_hi = key_at(step, key_hi) >= 0;
+    float g_lo = valid_lo ? row_grads[first + key_lo] : 0.f;
+    float g_hi = valid_hi ? row_grads[first + key_hi] : 0.f;
     float scores[Tr::kHeads / 2];
     score_tile<Tr>(key_tile, query_tile, scores);
+    if constexpr (kFromTarget) {
+      const float lse = kl.score_lse[row], grad_row = kl.grad_loss[row];
+      const float2 s = reduce_heads<Tile, 0>(scores, weights);  // the index scores, as the gather's
+      // Each valid slot's KL term once: by the lane that emits its score (emitted_key).
+      const int quad_lane = lane % 4;
+      const float t = quad_lane == 0 ? g_lo : g_hi, mine = quad_lane == 0 ? s.x : s.y;
+      if (quad_lane < 2 && (quad_lane == 0 ? valid_lo : valid_hi) && t > 0.f) {
+        row_loss += t * (logf(t) - (mine - lse));
+      }
+      g_lo = valid_lo ? grad_row * (expf(s.x - lse) - g_lo) : 0.f;
+      g_hi = valid_hi ? grad_row * (expf(s.y - lse) - g_hi) : 0.f;
+    }
     uint32_t coef[Tr::kHeadSteps][4];
     gate_coefficients<Tr>(scores, g_lo, g_hi, weights, coef, head_grad);
     store_coefficients<Tr>(coef, coef_tile, warp, lane);
@@ -477,16 +513,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 3)
     // The next tile's barrier, before anything refills this tile's key tile, slots or
     // coefficients, also finds every warp done with them.
   }
-  // The warps' grad_w sums [4][H_I] go where the key stage was, once the reductions read it.
+  // The warps' grad_w sums [4][H_I] (and KL sums [4]) go where the key stage was, once the
+  // reductions read it.
   if constexpr (!kFixed) bulk_wait_read<0>();
   __syncthreads();
   float* const head_sums = stage;
+  float* const loss_sums = head_sums + 4 * Tr::kHeads;
   store_row_gradients<Tr>(query_grad, head_grad, head_sums + warp * Tr::kHeads, grad_q, row, warp,
                           lane);
+  if constexpr (kFromTarget) {
+    row_loss = warp_sum(row_loss);
+    if (lane == 0) loss_sums[warp] = row_loss;
+  }
   __syncthreads();
   for (int h = threadIdx.x; h < Tr::kHeads; h += Tr::kThreads) {
     grad_w[row * Tr::kHeads + h] = head_sums[h] + head_sums[Tr::kHeads + h] +
                                    head_sums[2 * Tr::kHeads + h] + head_sums[3 * Tr::kHeads + h];
+  }
+  if constexpr (kFromTarget) {
+    if (threadIdx.x == 0) kl.loss[row] = loss_sums[0] + loss_sums[1] + loss_sums[2] + loss_sums[3];
   }
   if constexpr (kKeyGrad == KeyGrad::kReduce) bulk_wait_all();  // the staging outlives the block
 }
@@ -1110,11 +1155,16 @@ size_t index_score_backward_workspace_bytes(const IndexerShape& shape, bool dete
   return deterministic ? fixed_grad_k_bytes(shape) + 2 * sizeof(float) : 0;
 }
 
-void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
-                          const int32_t* indices, int64_t topk, const float* grad_scores,
-                          bool deterministic, void* grad_q, bool grad_q_bf16, float* grad_k,
-                          float* grad_w, void* workspace, Stream stream) {
-  const char* op = "hyscale::index_score_backward (CUDA)";
+namespace {
+
+// index_score_backward's kernel and its passes: the gates' gradients given (grad_scores), or
+// formed from the KL (kl.target set: indexer_loss_backward).
+void launch_index_score_backward(const char* op, const IndexerShape& shape, const void* q,
+                                 const void* k, const float* w, const int32_t* indices,
+                                 int64_t topk, const float* grad_scores, LossFromTarget kl,
+                                 bool deterministic, void* grad_q, bool grad_q_bf16, float* grad_k,
+                                 float* grad_w, void* workspace, Stream stream) {
+  const bool from_target = kl.target != nullptr;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   throw_on_error(
       cudaMemsetAsync(grad_k, 0, shape.num_keys * shape.dim * sizeof(float), cuda_stream), op,
@@ -1136,14 +1186,18 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
     throw_on_error(cudaGetLastError(), op, "absmax_kernel launch");
     row_grad_bound_kernel<<<row_warp_blocks(shape.num_queries), RowWarpTraits::kThreads, 0,
                             cuda_stream>>>(shape.num_queries, shape.heads, topk, w, indices,
-                                           grad_scores, bounds + 1);
+                                           grad_scores, from_target ? kl.grad_loss : nullptr,
+                                           bounds + 1);
     throw_on_error(cudaGetLastError(), op, "row_grad_bound_kernel launch");
   }
   dispatch_indexer_shape(shape.heads, shape.dim, [&](auto traits) {
     using Tr = decltype(traits);
     constexpr size_t kSmem = Tr::kSmemBytes;
-    auto kernel = deterministic ? index_score_backward_kernel<Tr, KeyGrad::kFixed>
-                                : index_score_backward_kernel<Tr, KeyGrad::kReduce>;
+    auto kernel = deterministic
+                      ? (from_target ? index_score_backward_kernel<Tr, KeyGrad::kFixed, true>
+                                     : index_score_backward_kernel<Tr, KeyGrad::kFixed, false>)
+                      : (from_target ? index_score_backward_kernel<Tr, KeyGrad::kReduce, true>
+                                     : index_score_backward_kernel<Tr, KeyGrad::kReduce, false>);
     throw_on_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                    op, "shared memory size");
     TileRotation rotation{0, 0};
@@ -1157,7 +1211,7 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
       rotation.min_span = l2_bytes / 2 / (Tr::kDim * (2 + 4));
     }
     kernel<<<static_cast<unsigned>(shape.num_queries), Tr::kThreads, kSmem, cuda_stream>>>(
-        q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores,
+        q16, static_cast<const __nv_bfloat16*>(k), w, indices, topk, grad_scores, kl,
         QueryGrad{grad_q, grad_q_bf16}, grad_k, grad_w, fixed_k, scale_of, rotation);
     throw_on_error(cudaGetLastError(), op, "kernel launch");
   });
@@ -1166,6 +1220,28 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
                                                          scale_of, grad_k);
     throw_on_error(cudaGetLastError(), op, "fixed_to_float_kernel launch");
   }
+}
+
+}  // namespace
+
+void index_score_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
+                          const int32_t* indices, int64_t topk, const float* grad_scores,
+                          bool deterministic, void* grad_q, bool grad_q_bf16, float* grad_k,
+                          float* grad_w, void* workspace, Stream stream) {
+  launch_index_score_backward("hyscale::index_score_backward (CUDA)", shape, q, k, w, indices, topk,
+                              grad_scores, LossFromTarget{}, deterministic, grad_q, grad_q_bf16,
+                              grad_k, grad_w, workspace, stream);
+}
+
+void indexer_loss_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
+                           const int32_t* indices, int64_t topk, const float* target,
+                           const float* score_lse, const float* grad_loss, bool deterministic,
+                           float* loss, void* grad_q, bool grad_q_bf16, float* grad_k,
+                           float* grad_w, void* workspace, Stream stream) {
+  launch_index_score_backward("hyscale::indexer_loss_backward (CUDA)", shape, q, k, w, indices,
+                              topk, nullptr, LossFromTarget{target, score_lse, grad_loss, loss},
+                              deterministic, grad_q, grad_q_bf16, grad_k, grad_w, workspace,
+                              stream);
 }
 
 namespace {

@@ -34,6 +34,18 @@ void index_score_backward(const IndexerShape& shape, const void* q, const void* 
                           bool deterministic, void* grad_q, bool grad_q_bf16, float* grad_k,
                           float* grad_w, void* workspace, Stream stream);
 
+// index_score_backward with the gates' gradients formed in its tiles from the KL on the
+// selection (kernels/indexer_kl.h): target [N, topk] fp32 in place of grad_scores, score_lse and
+// grad_loss [N] fp32; g_i = grad_loss (exp(s_i - score_lse) - target_i) on valid slots from the
+// index scores s_i its products give, and each row's KL, sum_i target_i (log target_i - s_i +
+// score_lse), into loss [N]. No scores or gradients of the selection exist outside the kernel.
+// workspace: index_score_backward_workspace_bytes(shape, deterministic) bytes.
+void indexer_loss_backward(const IndexerShape& shape, const void* q, const void* k, const float* w,
+                           const int32_t* indices, int64_t topk, const float* target,
+                           const float* score_lse, const float* grad_loss, bool deterministic,
+                           float* loss, void* grad_q, bool grad_q_bf16, float* grad_k,
+                           float* grad_w, void* workspace, Stream stream);
+
 // The dense warm-up's indexer gradients of a block of rows (dense_indexer_kl): shape.num_queries
 // rows at positions q_offset.., each seeing its causal prefix of shape.num_keys keys
 // (shape.visible_keys); q [rows, H_I, d_I] and w [rows, H_I] of the block, k [num_keys, d_I]

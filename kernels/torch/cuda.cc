@@ -357,6 +357,31 @@ at::Tensor checked_indices(const char* op, const at::Tensor& indices, const Batc
   return idx;
 }
 
+// The outputs of index_score_backward's kernel in its dtypes (grad_q in q's where the kernel writes
+// it, bf16 or fp32: no copy to convert), and its workspace.
+struct IndexScoreGradBuffers {
+  IndexScoreGradBuffers(const IndexerArgs& a, const IndexerInputs& in, const at::Tensor& q,
+                        bool deterministic)
+      : grad_q_bf16(q.scalar_type() == at::kBFloat16),
+        grad_q(at::empty(in.q.sizes(),
+                         in.q.options().dtype(grad_q_bf16 ? at::kBFloat16 : at::kFloat))),
+        grad_k(at::empty(in.k.sizes(), in.k.options().dtype(at::kFloat))),
+        grad_w(at::empty_like(in.w)),
+        workspace(at::empty({static_cast<int64_t>(cuda::index_score_backward_workspace_bytes(
+                                a.shape, deterministic))},
+                            q.options().dtype(at::kByte))) {}
+  // The gradients in the inputs' dtypes and batch layout.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> in_dtypes_of(const Batching& b,
+                                                              const at::Tensor& q,
+                                                              const at::Tensor& k,
+                                                              const at::Tensor& w) const {
+    return {unbatch(grad_q, b).to(q.scalar_type()), unbatch(grad_k, b).to(k.scalar_type()),
+            unbatch(grad_w, b).to(w.scalar_type())};
+  }
+  bool grad_q_bf16;
+  at::Tensor grad_q, grad_k, grad_w, workspace;
+};
+
 // q, k, w in the kernels' dtypes, as the forward (index_score_gather, flash_topk) saw them;
 // gradients are returned in the inputs' dtypes. grad_k is deterministic (fixed point) when
 // torch.use_deterministic_algorithms(True) is in effect, else it sums with fp32 atomics.
@@ -367,37 +392,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
   const IndexerBackwardArgs args =
       check_index_score_backward(op, grad_scores, q, k, w, indices, q_offset, tokens_per_key);
   const IndexerArgs& a = args.indexer;
-  const int64_t topk = args.topk;
   const bool deterministic = at::globalContext().deterministicAlgorithms();
   const c10::cuda::CUDAGuard guard(q.device());
   const IndexerInputs in = indexer_inputs(op, a, q, k, w);
   const auto idx = checked_indices(op, indices, a.batching, a.shape.num_keys);
   const auto& b = a.batching;
   const auto g = (b.batched ? grad_scores : grad_scores.unsqueeze(0)).to(at::kFloat).contiguous();
-  // grad_q in q's dtype where the kernel writes it (bf16, fp32): no copy to convert.
-  const bool grad_q_bf16 = q.scalar_type() == at::kBFloat16;
-  auto grad_q =
-      at::empty(in.q.sizes(), in.q.options().dtype(grad_q_bf16 ? at::kBFloat16 : at::kFloat));
-  auto grad_k = at::empty(in.k.sizes(), in.k.options().dtype(at::kFloat));
-  auto grad_w = at::empty_like(in.w);
-  auto workspace = at::empty(
-      {static_cast<int64_t>(cuda::index_score_backward_workspace_bytes(a.shape, deterministic))},
-      q.options().dtype(at::kByte));
+  const IndexScoreGradBuffers out(a, in, q, deterministic);
   for (int64_t i = 0; i < b.batch; ++i) {
-    cuda::index_score_backward(a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(),
-                               in.w[i].data_ptr<float>(), idx[i].data_ptr<int32_t>(), topk,
-                               g[i].data_ptr<float>(), deterministic, grad_q[i].data_ptr(),
-                               grad_q_bf16, grad_k[i].data_ptr<float>(),
-                               grad_w[i].data_ptr<float>(), workspace.data_ptr(), current_stream());
+    cuda::index_score_backward(
+        a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(), in.w[i].data_ptr<float>(),
+        idx[i].data_ptr<int32_t>(), args.topk, g[i].data_ptr<float>(), deterministic,
+        out.grad_q[i].data_ptr(), out.grad_q_bf16, out.grad_k[i].data_ptr<float>(),
+        out.grad_w[i].data_ptr<float>(), out.workspace.data_ptr(), current_stream());
   }
-  return {unbatch(grad_q, b).to(q.scalar_type()), unbatch(grad_k, b).to(k.scalar_type()),
-          unbatch(grad_w, b).to(w.scalar_type())};
+  return out.in_dtypes_of(b, q, k, w);
 }
 
-// The index scores at the slots again (index_score_gather's kernel), the KL and its gradient (the
-// KL kernels take the normalizer from the scores, the score_lse they were given by contract), then
-// index_score_backward (its dtypes and modes); the [N, topk] scores and their gradient are
-// temporaries of this call.
+// index_score_backward's kernel with the gates' gradients formed in its tiles from the KL (its
+// dtypes and modes): no [N, topk] scores or gradients of the selection are made.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> indexer_loss_backward(
     const at::Tensor& target, const at::Tensor& score_lse, const at::Tensor& grad_loss,
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, const at::Tensor& indices) {
@@ -406,27 +419,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> indexer_loss_backward
       check_indexer_loss_backward(op, target, score_lse, grad_loss, q, k, w, indices);
   const IndexerArgs& a = args.indexer;
   const Batching& b = a.batching;
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
   const c10::cuda::CUDAGuard guard(q.device());
   const IndexerInputs in = indexer_inputs(op, a, q, k, w);
   const auto idx = checked_indices(op, indices, b, a.shape.num_keys);
-  auto scores = at::empty(idx.sizes(), q.options().dtype(at::kFloat));
+  const auto fp32 = [&b](const at::Tensor& t) {
+    return (b.batched ? t : t.unsqueeze(0)).to(at::kFloat).contiguous();
+  };
+  const auto t = fp32(target), lse = fp32(score_lse), g = fp32(grad_loss);
+  auto loss = at::empty(lse.sizes(), lse.options());
+  const IndexScoreGradBuffers out(a, in, q, deterministic);
   for (int64_t i = 0; i < b.batch; ++i) {
-    cuda::index_score_gather(a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(),
-                             in.w[i].data_ptr<float>(), idx[i].data_ptr<int32_t>(), args.topk,
-                             scores[i].data_ptr<float>(), current_stream());
+    cuda::indexer_loss_backward(
+        a.shape, in.q[i].data_ptr(), in.k[i].data_ptr(), in.w[i].data_ptr<float>(),
+        idx[i].data_ptr<int32_t>(), args.topk, t[i].data_ptr<float>(), lse[i].data_ptr<float>(),
+        g[i].data_ptr<float>(), deterministic, loss[i].data_ptr<float>(), out.grad_q[i].data_ptr(),
+        out.grad_q_bf16, out.grad_k[i].data_ptr<float>(), out.grad_w[i].data_ptr<float>(),
+        out.workspace.data_ptr(), current_stream());
   }
-  const int64_t rows = b.batch * a.shape.num_queries;
-  const auto t = target.to(at::kFloat).contiguous(), g = grad_loss.to(at::kFloat).contiguous();
-  auto loss = at::empty(g.sizes(), g.options());
-  auto grad_scores = at::empty_like(scores);
-  cuda::indexer_kl_fwd(rows, args.topk, scores.data_ptr<float>(), t.data_ptr<float>(),
-                       loss.data_ptr<float>(), current_stream());
-  cuda::indexer_kl_bwd(rows, args.topk, scores.data_ptr<float>(), t.data_ptr<float>(),
-                       g.data_ptr<float>(), grad_scores.data_ptr<float>(), current_stream());
-  scores = at::Tensor();  // freed before the backward's buffers
-  auto [grad_q, grad_k, grad_w] =
-      index_score_backward(unbatch(grad_scores, b), q, k, w, indices, 0, 1);
-  return {loss.to(target.scalar_type()), grad_q, grad_k, grad_w};
+  auto [grad_q, grad_k, grad_w] = out.in_dtypes_of(b, q, k, w);
+  return {unbatch(loss, b).to(target.scalar_type()), grad_q, grad_k, grad_w};
 }
 
 // Query rows per step of the mass: the chunk's gathered keys (rows x topk x d_qk bf16) and logits

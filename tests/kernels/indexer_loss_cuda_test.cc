@@ -433,6 +433,18 @@ TEST_F(IndexerLossCudaTest, IndexerLossBackwardOnCudaMatchesTheFloat64CpuOp) {
   expect_close(got.q.cpu().to(torch::kDouble), want.q, 1e-2, "grad q_I (bf16)");
   expect_close(got.k.cpu().to(torch::kDouble), want.k, 3e-3, "grad k_I");
   expect_close(got.w.cpu().to(torch::kDouble), want.w, 3e-3, "grad w");
+  // Deterministic: the same bits on a second run.
+  const DeterministicAlgorithms deterministic;
+  const auto run = [&] {
+    return ops::indexer_loss_backward(
+        target.to(torch::kCUDA, torch::kFloat), score_lse.to(torch::kCUDA, torch::kFloat),
+        grad_loss.to(torch::kCUDA, torch::kFloat), q_i.to(torch::kCUDA, torch::kBFloat16),
+        k_i.to(torch::kCUDA, torch::kBFloat16), w.to(torch::kCUDA, torch::kFloat),
+        indices.to(torch::kCUDA));
+  };
+  const auto first = run(), second = run();
+  EXPECT_TRUE(torch::equal(first.k, second.k)) << "deterministic grad k_I differs between runs";
+  expect_close(first.k.cpu().to(torch::kDouble), want.k, 3e-3, "deterministic grad k_I");
 }
 
 // The key-gradient kernel dense_indexer_kl takes on the GPU, forced while in scope: "share" (a
