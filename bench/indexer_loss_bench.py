@@ -4,11 +4,12 @@ a) hyscale::index_score_backward alone (atomic and deterministic modes) in TFLOP
    6 H_I d_I FLOPs per valid (query, key) pair, with its SM clock, beside Megatron's unfused path
    (gather k_I per row chunk, fp32 einsum, ReLU, weighted sum, autograd; DESIGN.md section 4,
    baseline 4 applied to the index scores) where it fits a time budget.
-b) The whole indexer-loss path: the target + indexer_kl forward and backward +
-   index_score_backward, against the latent attention backward (H = 128, d_qk 576, d_v 512) at
-   the same N and selection (the issue asks for at most 15 %); with the target apart
-   (selected_attention_mass) and as the trainer's recomputation takes it, from the latent
-   backward (sparse_attn_latent_backward_target: what it adds to the backward's time).
+b) The whole indexer-loss path against the latent attention backward (H = 128, d_qk 576, d_v
+   512) at the same N and selection (the issue asks for at most 15 %): as the trainer runs it,
+   the target from the latent backward (sparse_attn_latent_backward_target: what it adds to the
+   backward's time) and indexer_loss_backward (the scores, the KL and its gradient inside the
+   index scores' backward); and composed from the standalone ops, the target apart
+   (selected_attention_mass), indexer_kl forward and backward, index_score_backward.
 
 c) The dense warm-up's loss (dense_indexer_kl, issue #40) at the 2048x4 reference model's shape
    (--dense-heads 64 heads of d_qk 576, H_I 64 x 128), with the lse of the frozen attention's
@@ -201,7 +202,7 @@ def loss_path_beside_attention(ops, r, q_i, k_i, w, idx, runs, rows):
     kv = torch.randn(n, DQK, device="cuda", generator=g).bfloat16()
     scale = DQK ** -0.5
     r["loss_path_rows"] = rows
-    times = dict(target_ms=0.0, kl_ms=0.0, loss_path_ms=0.0, latent_bwd_ms=0.0,
+    times = dict(target_ms=0.0, kl_ms=0.0, loss_path_ms=0.0, loss_bwd_ms=0.0, latent_bwd_ms=0.0,
                  latent_bwd_target_ms=0.0)
     r["target_diff"] = 0.0
     for begin in range(0, n, rows):
@@ -212,6 +213,7 @@ def loss_path_beside_attention(ops, r, q_i, k_i, w, idx, runs, rows):
         out, lse = ops.sparse_attn_latent(q, kv, sel, scale, DV)
         score = ops.index_score_gather(qi, k_i, wi, sel, begin)
         target = ops.selected_attention_mass(q, kv, sel, lse, scale)
+        score_lse = score.logsumexp(-1)  # FlashTopK's, in the trainer
         ones = torch.ones(part.stop - begin, device="cuda")
 
         def loss_path():
@@ -225,6 +227,7 @@ def loss_path_beside_attention(ops, r, q_i, k_i, w, idx, runs, rows):
             kl_ms=lambda: (ops.indexer_kl(score, target),
                            ops.indexer_kl_backward(ones, score, target)),
             loss_path_ms=loss_path,
+            loss_bwd_ms=lambda: ops.indexer_loss_backward(target, score_lse, ones, qi, k_i, wi, sel),
             latent_bwd_ms=lambda: ops.sparse_attn_latent_backward(
                 grad_out, q, kv, sel, scale, DV, out, lse),
             # The target as the latent backward's by-product: its cost is what the backward adds.
@@ -237,21 +240,22 @@ def loss_path_beside_attention(ops, r, q_i, k_i, w, idx, runs, rows):
                 r["latent_bwd_clock"] = clock
         r["target_diff"] = max(r["target_diff"], float(
             (timings["latent_bwd_target_ms"]()[2] - target).abs().max()))
-        del q, grad_out, out, lse, score, target, timings
+        del q, grad_out, out, lse, score, score_lse, target, timings
     r.update(times)
     r["loss_path_share"] = r["loss_path_ms"] / r["latent_bwd_ms"]
     r["target_in_bwd_ms"] = max(0.0, r["latent_bwd_target_ms"] - r["latent_bwd_ms"])
-    r["fused_loss_path_ms"] = r["target_in_bwd_ms"] + r["kl_ms"] + r["isb_ms"]
-    r["fused_loss_path_share"] = r["fused_loss_path_ms"] / r["latent_bwd_ms"]
+    r["trainer_loss_path_ms"] = r["target_in_bwd_ms"] + r["loss_bwd_ms"]
+    r["trainer_loss_path_share"] = r["trainer_loss_path_ms"] / r["latent_bwd_ms"]
     chunks = "" if rows >= n else f", queries in {-(-n // rows)} chunks of {rows}"
     print(f"b) N {n:>7}  loss path, target apart: {r['loss_path_ms']:8.2f} ms (target "
           f"{r['target_ms']:.2f}, KL fwd+bwd {r['kl_ms']:.2f}, index_score_backward "
           f"{r['isb_ms']:.2f}) = {100 * r['loss_path_share']:.0f} % of the latent attention "
           f"backward {r['latent_bwd_ms']:.2f} ms{chunks}")
-    print(f"   N {n:>7}  loss path, target from the backward: {r['fused_loss_path_ms']:8.2f} ms "
+    print(f"   N {n:>7}  loss path as the trainer runs it: {r['trainer_loss_path_ms']:8.2f} ms "
           f"(backward {r['latent_bwd_ms']:.2f} -> {r['latent_bwd_target_ms']:.2f} ms with the "
-          f"target, max |diff| vs selected_attention_mass {r['target_diff']:.1e}) = "
-          f"{100 * r['fused_loss_path_share']:.0f} % (issue #38: at most 15 %)")
+          f"target, max |diff| vs selected_attention_mass {r['target_diff']:.1e}; "
+          f"indexer_loss_backward {r['loss_bwd_ms']:.2f}) = "
+          f"{100 * r['trainer_loss_path_share']:.0f} % (issue #38: at most 15 %)")
 
 
 def main():
