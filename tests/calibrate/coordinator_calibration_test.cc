@@ -54,6 +54,7 @@ TEST_F(CoordinatorCalibrationTest, CpuFileCalibratesCpuJobsOnly) {
   // Ten times slower than the built-in CPU figures.
   const std::string file = Write("cpu.json", R"({"device": "cpu", "source": "test",
       "dense_tflops": 0.008, "flash_topk_tflops": 0.002, "table_topk_tflops": 0.001,
+      "indexer_mass_tflops": 0.002, "index_score_bwd_tflops": 0.001,
       "sparse_attention": [{"group": 1, "fwd_tflops": 0.002, "bwd_tflops": 0.001}]})");
   auto calibrated = Open(file, "calibrated");
   ASSERT_TRUE(calibrated.ok()) << calibrated.status();
