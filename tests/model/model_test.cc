@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -420,9 +421,13 @@ TEST(ModelTest, WithoutRecomputationTheTargetComesFromTheAttentionBackward) {
   torch::NoGradGuard no_grad;
   const auto evaluated = model->forward(tokens, sparse(false, false));
   EXPECT_FALSE(evaluated.indexer_loss_rows.defined());
-  EXPECT_NEAR(evaluated.reported_indexer_loss().item<double>(),
-              result.reported_indexer_loss().item<double>(),
-              1e-6 * result.reported_indexer_loss().item<double>());
+  // The KL sums fp32 terms t (log t - log p) of up to log k each that nearly cancel (the loss is
+  // near 0 at initialization). On the GPU the two paths sum them apart (the target from the
+  // attention backward and the KL in the index scores' backward, against selected_attention_mass
+  // and the KL kernel), so they agree to the terms' rounding, not the sum's (1.6e-9 on an H100).
+  const double loss = result.reported_indexer_loss().item<double>();
+  const double terms = std::log(static_cast<double>(testing::SmallConfig().topk));
+  EXPECT_NEAR(evaluated.reported_indexer_loss().item<double>(), loss, 1e-6 * loss + 1e-8 * terms);
 }
 
 TEST(ModelTest, QueryGroupReachesTheAttentionOps) {
