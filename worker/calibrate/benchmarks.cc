@@ -289,17 +289,21 @@ GatherMeasurement Benchmarks::Gather() const {
 IndexerLossMeasurement Benchmarks::IndexerLoss() const {
   const int64_t n = shapes_.seq_len;
   const IndexerInputs indexer = MakeIndexerInputs(shapes_, n, Options(dtype_));
-  const at::Tensor indices = ops::flash_topk(indexer.q, indexer.k, indexer.w, shapes_.topk).indices;
+  const ops::Selection selection = ops::flash_topk(indexer.q, indexer.k, indexer.w, shapes_.topk);
+  const at::Tensor& indices = selection.indices;
+  const at::Tensor score_lse = selection.scores.logsumexp(-1);
   const AttentionInputs in = MakeAttentionInputs(shapes_, n, Options(dtype_));
   const double scale = 1 / std::sqrt(static_cast<double>(shapes_.dim_qk));
   const at::Tensor lse = ops::sparse_attn(in.q, in.key, in.value, indices, scale).lse;
-  const at::Tensor grad_scores = at::randn(indices.sizes(), Options(at::kFloat));
+  const at::Tensor target = ops::selected_attention_mass(in.q, in.key, indices, lse, scale);
+  const at::Tensor grad_loss = at::full({n}, 1.0 / static_cast<double>(n), Options(at::kFloat));
   const double slots = static_cast<double>(indices.numel());
   IndexerLossMeasurement m;
   m.mass = {timer_.Median([&] { ops::selected_attention_mass(in.q, in.key, indices, lse, scale); }),
             IndexerMassFlops(shapes_.heads, shapes_.dim_qk, slots)};
   m.score_bwd = {timer_.Median([&] {
-                   ops::index_score_backward(grad_scores, indexer.q, indexer.k, indexer.w, indices);
+                   ops::indexer_loss_backward(target, score_lse, grad_loss, indexer.q, indexer.k,
+                                              indexer.w, indices);
                  }),
                  IndexScoreBackwardFlops(shapes_.indexer_heads, shapes_.indexer_dim, slots)};
   return m;

@@ -70,8 +70,10 @@ class Benchmarks {
   GatherMeasurement Gather() const;
   // The indexer loss's two ops on flash_topk's causal selections of random indexer inputs at
   // seq_len: hyscale::selected_attention_mass (lse from sparse attention on the same selections),
-  // 2 H d_qk FLOPs per slot; hyscale::index_score_backward, 4 H_I d_I per slot. Every one of the
-  // N k slots is counted, as the cost model counts k a query.
+  // 2 H d_qk FLOPs per slot; the loss's backward as the trainer runs it,
+  // hyscale::indexer_loss_backward (the scores, the KL and the index scores' backward, under
+  // flash_topk's log-sum-exp), 4 H_I d_I per slot. Every one of the N k slots is counted, as the
+  // cost model counts k a query.
   IndexerLossMeasurement IndexerLoss() const;
   // The dense warm-up's indexer loss: hyscale::dense_indexer_kl (the frozen attention's target,
   // the index scores, the KL and the indexer's gradients over every visible key) on one causal

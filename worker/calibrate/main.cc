@@ -187,7 +187,7 @@ int Run(const Flags& flags) {
       "indexer_mass / index_score_bwd: flash_topk's causal selections of random indexer inputs at "
       "N = ",
       shapes.seq_len, "; FLOPs per slot, all N k of them (as the cost model counts k a query): ",
-      "2 H d_qk for the mass, 4 H_I d_I for the backward"));
+      "2 H d_qk for the mass, 4 H_I d_I for the backward (indexer_loss_backward, the trainer's)"));
   c.notes.push_back(absl::StrCat(
       "dense_indexer_loss: dense_indexer_kl on one causal sequence of random inputs at N = ",
       shapes.dense_loss_seq_len, " with the attention's lse given, as the trainer gives it",
