@@ -8,13 +8,17 @@ out); inputs are q [N, H, d_qk], key [N, d_qk], value [N, d_v], q_I [N, H_I, d_I
 w [N, H_I], and the step's loss is sum(out * grad_out) + lambda * mean_t KL_t.
 
   a) selection replay: what activation recomputation pays to get the selection back --
-       replay     hyscale::index_score_gather at the kept indices (the scores the loss needs)
+       replay     hyscale::index_score_gather at the kept indices: the scores at the selection,
+                  which the trainer's replay no longer forms (the loss forms them in its
+                  backward; an fp8 selection rescores with them in its forward)
        reselect   hyscale::flash_topk again
        naive      Megatron-naive re-selection: fp32 einsum score table + torch.topk, rows chunked
   b) one training step = forward (selection, attention, indexer loss; no autograd graph kept),
      recomputation of the layer with autograd, backward --
-       hyscale    flash_topk + sparse_attn + selected_attention_mass + indexer_kl; replay on
-                  recompute; recompute + backward over chunks of --recompute-rows query rows
+       hyscale    the trainer's: flash_topk (keeping its scores' log-sum-exp) + sparse_attn;
+                  replay on recompute, the loss as indexer_loss + sparse_attn_indexer_loss (the
+                  target from the attention backward, then indexer_loss_backward); recompute +
+                  backward over chunks of --recompute-rows query rows
        megatron   naive selection, attention by gather in torch (fp32 softmax), torch target and
                   KL, re-selection on recompute; recompute + backward over chunks of --chunk rows
      medians of --runs (--baseline-runs) CUDA-event timings after a warm-up, per-phase times,
@@ -231,33 +235,38 @@ def recompute_backward(cfg, L, grad_out, chunk_layer, rows, mark, done="backward
 
 
 def hyscale_step(cfg, L, grad_out, mark=lambda name: None, pieces=None):
-    """Recomputation and backward over chunks of cfg.recompute_rows query rows (0: all)."""
+    """The trainer's step (worker/model/model.cc): a forward with no indexer-loss work (FlashTopK
+    keeps its scores' log-sum-exp, 4 bytes a row), then recomputation and backward over chunks of
+    cfg.recompute_rows query rows (0: all) with the selection replayed. The loss is two autograd
+    nodes: the attention backward forms the target, indexer_loss's backward
+    (indexer_loss_backward) the KL, its value per row and the indexer's gradients."""
     ops, scale, n = torch.ops.hyscale, cfg.dqk ** -0.5, L["q"].shape[0]
     with torch.no_grad():
         idx, scores = by_piece(L, pieces, lambda r, off: ops.flash_topk(
             L["q_i"][r], L["k_i"], L["w"][r], cfg.topk, off))
+        score_lse = scores.logsumexp(-1)
+        del scores
         mark("fwd selection")
         value = value_of(cfg, L["key"], L.get("value"))
         out, lse = hyscale_attention(cfg, L["q"], L["key"], value, idx, scale)
         mark("fwd attention")
-        target = ops.selected_attention_mass(L["q"], L["key"], idx, lse, scale)
-        loss = ops.indexer_kl(scores, target).mean()
-        mark("fwd indexer loss")
+        mark("fwd indexer loss")  # none: the loss needs the attention backward's target
+    loss_rows = torch.zeros(n, dtype=torch.float64 if L["q"].dtype == torch.float64
+                            else torch.float32, device=L["q"].device)
 
-    # Recomputation: the selection is replayed, only its scores are recomputed; the target is a
-    # constant of the loss, kept from the forward like the indices (N * k fp32).
     def chunk_layer(c, leaves):
-        score = by_piece(L, chunk_pieces(pieces, n, c), lambda r, off: ops.index_score_gather(
-            leaves["q_i"][r], leaves["k_i"], leaves["w"][r], idx[c][r], off))
-        mark("recompute selection")
-        value = value_of(cfg, leaves["key"], leaves.get("value"))
-        o, _ = hyscale_attention(cfg, leaves["q"], leaves["key"], value, idx[c], scale)
-        kl = ops.indexer_kl(score, target[c]).sum()
+        mark("recompute selection")  # replayed: nothing to select
+        slots = ops.indexer_loss(leaves["q_i"], leaves["k_i"], leaves["w"], idx[c], score_lse[c],
+                                 loss_rows[c])
+        latent = value_in_key(cfg)
+        o, _, loss = ops.sparse_attn_indexer_loss(
+            leaves["q"], leaves["key"], None if latent else leaves["value"], idx[c], *slots, scale,
+            cfg.dv if latent else 0)
         mark("recompute attention + loss")
-        return o, kl
+        return o, loss.sum()
 
     recompute_backward(cfg, L, grad_out, chunk_layer, cfg.recompute_rows, mark)
-    return dict(idx=idx, out=out, lse=lse, loss=loss, target=target)
+    return dict(idx=idx, out=out, lse=lse, loss=loss_rows.mean())
 
 
 # ---- Megatron-style (DESIGN.md section 4) ----------------------------------------------------
@@ -438,7 +447,12 @@ def gate(cfg, device, dtype):
     m = megatron_step(cfg, L, grad_out, select=lambda: (h["idx"], naive_scores))
     errors["out"] = rel_err(h["out"], m["out"])
     errors["lse"] = rel_err(h["lse"], m["lse"])
-    errors["target"] = rel_err(h["target"], m["target"])
+    # The step's target lives inside the attention backward (the loss and the indexer's gradients
+    # check it); the standalone op's is compared here.
+    with torch.no_grad():
+        target = torch.ops.hyscale.selected_attention_mass(L["q"], L["key"], h["idx"], h["lse"],
+                                                           cfg.dqk ** -0.5)
+    errors["target"] = rel_err(target, m["target"])
     errors["indexer loss"] = rel_err(h["loss"].reshape(1), m["loss"].reshape(1))
     for k, v in L.items():
         errors[f"grad {k}"] = rel_err(grads_h[k], v.grad)
