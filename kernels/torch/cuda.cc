@@ -23,14 +23,18 @@ struct IndexerInputs {
   at::Tensor q, k, w;
 };
 
+// t with a leading batch dim (unbatch's inverse), in `dtype` and contiguous for the kernels.
+at::Tensor batched(const at::Tensor& t, const Batching& b, at::ScalarType dtype) {
+  return (b.batched ? t : t.unsqueeze(0)).to(dtype).contiguous();
+}
+
 IndexerInputs indexer_inputs(const char* op, const IndexerArgs& a, const at::Tensor& q,
                              const at::Tensor& k, const at::Tensor& w) {
   TORCH_CHECK(cuda_indexer_shape_supported(a.shape.heads, a.shape.dim), op,
               ": the CUDA kernels take ", kCudaIndexerShapes, ", got H_I = ", a.shape.heads,
               ", d_I = ", a.shape.dim);
-  auto batched = [&](const at::Tensor& t) { return a.batching.batched ? t : t.unsqueeze(0); };
-  return {batched(q).to(at::kBFloat16).contiguous(), batched(k).to(at::kBFloat16).contiguous(),
-          batched(w).to(at::kFloat).contiguous()};
+  const Batching& b = a.batching;
+  return {batched(q, b, at::kBFloat16), batched(k, b, at::kBFloat16), batched(w, b, at::kFloat)};
 }
 
 at::Tensor unbatch(const at::Tensor& t, const Batching& b) {
@@ -100,7 +104,7 @@ at::Tensor index_score_gather(const at::Tensor& q, const at::Tensor& k, const at
   const int64_t topk = check_indices(op, indices, a.batching, a.shape.num_queries, q);
   const c10::cuda::CUDAGuard guard(q.device());
   const IndexerInputs in = indexer_inputs(op, a, q, k, w);
-  const auto idx = (a.batching.batched ? indices : indices.unsqueeze(0)).contiguous();
+  const auto idx = batched(indices, a.batching, indices.scalar_type());
   if (idx.numel() > 0) {
     const auto [lowest, highest] = at::aminmax(idx);
     TORCH_CHECK(lowest.item<int>() >= -1 && highest.item<int>() < a.shape.num_keys, op,
@@ -152,14 +156,14 @@ AttnInputs attn_inputs(const char* op, const at::Tensor& q, const at::Tensor& ke
   TORCH_CHECK(cuda::sparse_attn_group_supported(group, s.topk), op,
               ": group must be 1, 2, 4, 8 or 16 with group * topk <= 32768, got group = ", group,
               ", topk = ", s.topk);
-  auto batched = [&](const at::Tensor& t) { return in.a.batching.batched ? t : t.unsqueeze(0); };
-  in.q = batched(q).to(at::kBFloat16).contiguous();
-  in.key = batched(key).to(at::kBFloat16).contiguous();
+  const Batching& b = in.a.batching;
+  in.q = batched(q, b, at::kBFloat16);
+  in.key = batched(key, b, at::kBFloat16);
   in.value = reads_values_from_keys && value_inside_key(key, value) &&
                      cuda::sparse_attn_fwd_reads_values_from_keys(s, group)
                  ? in.key
-                 : batched(value).to(at::kBFloat16).contiguous();
-  in.indices = batched(indices).contiguous();
+                 : batched(value, b, at::kBFloat16);
+  in.indices = batched(indices, b, indices.scalar_type());
   if (in.indices.numel() > 0) {
     const auto [lowest, highest] = at::aminmax(in.indices);
     TORCH_CHECK(lowest.item<int>() >= -1 && highest.item<int>() < s.num_keys, op,
@@ -202,10 +206,9 @@ ForwardResults forward_results(const char* op, const AttnInputs& in, const at::T
   const auto& s = in.a.shape;
   const int64_t batch = in.a.batching.batch;
   check_sizes(op, "grad_out", grad_out, out.sizes());
-  auto batched = [&](const at::Tensor& t) { return in.a.batching.batched ? t : t.unsqueeze(0); };
-  ForwardResults r{batched(grad_out).to(at::kBFloat16).contiguous(),
-                   batched(out).to(at::kBFloat16).contiguous(),
-                   batched(lse).to(at::kFloat).contiguous()};
+  const Batching& b = in.a.batching;
+  ForwardResults r{batched(grad_out, b, at::kBFloat16), batched(out, b, at::kBFloat16),
+                   batched(lse, b, at::kFloat)};
   check_sizes(op, "out", r.out, {batch, s.num_queries, s.heads, s.dim_v});
   check_sizes(op, "lse", r.lse, {batch, s.num_queries, s.heads});
   return r;
@@ -348,7 +351,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attn_latent_backward_targe
 // indices with a leading batch dim, contiguous, every entry -1 or a key index.
 at::Tensor checked_indices(const char* op, const at::Tensor& indices, const Batching& b,
                            int64_t num_keys) {
-  auto idx = (b.batched ? indices : indices.unsqueeze(0)).contiguous();
+  auto idx = batched(indices, b, indices.scalar_type());
   if (idx.numel() > 0) {
     const auto [lowest, highest] = at::aminmax(idx);
     TORCH_CHECK(lowest.item<int>() >= -1 && highest.item<int>() < num_keys, op,
@@ -397,7 +400,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_score_backward(
   const IndexerInputs in = indexer_inputs(op, a, q, k, w);
   const auto idx = checked_indices(op, indices, a.batching, a.shape.num_keys);
   const auto& b = a.batching;
-  const auto g = (b.batched ? grad_scores : grad_scores.unsqueeze(0)).to(at::kFloat).contiguous();
+  const auto g = batched(grad_scores, b, at::kFloat);
   const IndexScoreGradBuffers out(a, in, q, deterministic);
   for (int64_t i = 0; i < b.batch; ++i) {
     cuda::index_score_backward(
@@ -423,10 +426,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> indexer_loss_backward
   const c10::cuda::CUDAGuard guard(q.device());
   const IndexerInputs in = indexer_inputs(op, a, q, k, w);
   const auto idx = checked_indices(op, indices, b, a.shape.num_keys);
-  const auto fp32 = [&b](const at::Tensor& t) {
-    return (b.batched ? t : t.unsqueeze(0)).to(at::kFloat).contiguous();
-  };
-  const auto t = fp32(target), lse = fp32(score_lse), g = fp32(grad_loss);
+  const auto t = batched(target, b, at::kFloat), lse = batched(score_lse, b, at::kFloat),
+             g = batched(grad_loss, b, at::kFloat);
   auto loss = at::empty(lse.sizes(), lse.options());
   const IndexScoreGradBuffers out(a, in, q, deterministic);
   for (int64_t i = 0; i < b.batch; ++i) {
@@ -474,10 +475,8 @@ at::Tensor selected_attention_mass(const at::Tensor& q, const at::Tensor& key,
   TORCH_CHECK(lse.device() == q.device(), op, ": lse is on ", lse.device(), " but q is on ",
               q.device());
   const c10::cuda::CUDAGuard guard(q.device());
-  auto batched = [&](const at::Tensor& t) { return b.batched ? t : t.unsqueeze(0); };
-  const auto vq = batched(q).to(at::kBFloat16).contiguous();
-  const auto vk = batched(key).to(at::kBFloat16).contiguous();
-  const auto vl = batched(lse).to(at::kFloat).contiguous();
+  const auto vq = batched(q, b, at::kBFloat16), vk = batched(key, b, at::kBFloat16),
+             vl = batched(lse, b, at::kFloat);
   check_sizes(op, "lse", vl, {b.batch, s.num_queries, s.heads});
   const auto idx = checked_indices(op, indices, b, s.num_keys);
   auto mass = at::empty({b.batch, s.num_queries, s.topk}, vq.options().dtype(at::kFloat));
@@ -607,11 +606,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_indexer_kl(
   const int64_t n = shape.num_queries;
   const c10::cuda::CUDAGuard guard(q.device());
   const IndexerInputs in = indexer_inputs(op, IndexerArgs{shape, b}, q_I, k_I, w);
-  auto batched = [&](const at::Tensor& t) { return b.batched ? t : t.unsqueeze(0); };
-  const auto vq = batched(q).to(at::kBFloat16).contiguous();
-  const auto vkey = batched(key).to(at::kBFloat16).contiguous();
+  const auto vq = batched(q, b, at::kBFloat16), vkey = batched(key, b, at::kBFloat16);
   const auto f32 = vq.options().dtype(at::kFloat);
-  const auto vlse = known_lse ? batched(*known_lse).to(at::kFloat).contiguous() : at::Tensor();
+  const auto vlse = known_lse ? batched(*known_lse, b, at::kFloat) : at::Tensor();
   auto loss = at::zeros({b.batch, n}, f32);
   auto grad_q = at::zeros(in.q.sizes(), f32);
   auto grad_k = at::zeros(in.k.sizes(), f32);
