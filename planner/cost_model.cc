@@ -412,12 +412,12 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   const double causal = BusiestCausalWork(c.layout, N, p);
   out.imbalance = causal / (N * (N + 1) / 2 / p);
   const double k = std::min<double>(w.topk, N);
-  // Index scores at the k selected entries, formed apart from selection. The Megatron-style stack
-  // forms them twice for its indexer loss (the KL in forward, again in backward) and once more in
-  // a replayed recomputation. HyScale forms them inside the index scores' backward
-  // (indexer_loss_backward) under FlashTopK's log-sum-exp, so neither pays them again.
+  // Index scores at the k selected entries, formed apart from selection: the Megatron-style stack
+  // forms them twice for its indexer loss (the KL in forward, again in backward). HyScale forms
+  // them inside the index scores' backward (indexer_loss_backward) under FlashTopK's log-sum-exp,
+  // and its replay keeps only the indices (the Megatron-style stack re-selects).
   const double score_gather = 2 * hi * di * k * n / (prof.flash_topk_tflops * kTera);
-  const double loss_score_gathers = megatron ? 2 : 0, replay_score_gathers = megatron ? 1 : 0;
+  const double loss_score_gathers = megatron ? 2 : 0;
   // FlashTopK, with bf16 or fp8 scores, or the Megatron-style score table. fp8 selection (HyScale
   // only: the baselines score in bf16 or fp32) rescores the selected keys unquantized for the
   // indexer loss, one score gather more. Megatron-naive scores whole rows: every local query
@@ -517,7 +517,7 @@ Prediction Predict(const Workload& w, const Candidate& c, const DeviceProfile& p
   if (c.recompute != Recompute::kNone) {
     const bool reselect = c.recompute == Recompute::kReselect;
     const double key_side = chunks > 1 ? 2 * d * (key_elems + di) * n / dense_rate : 0;
-    const double reselection = reselect ? selection : replay_score_gathers * score_gather;
+    const double reselection = reselect ? selection : 0;
     recompute = dense_fwd + key_side + attn_fwd + reselection;
     recompute_exposed = exposed_gather(reselection);
     recompute_comm = gather_s;

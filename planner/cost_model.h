@@ -106,8 +106,8 @@ struct Prediction {
                                           // exposed_comm
   // One layer of one sequence, the terms the step is made of, for comparison with a layer
   // benchmark: dense_fwd, selection (FlashTopK or table + topk), score_gather (index scores at
-  // the k kept entries, which the Megatron-style stack forms twice for its indexer loss and once
-  // more when replaying; HyScale forms them inside the loss's backward), indexer_loss_fwd
+  // the k kept entries, which the Megatron-style stack forms twice for its indexer loss; HyScale
+  // forms them inside the loss's backward), indexer_loss_fwd
   // (its target), indexer_loss_bwd (the index scores' backward), attention_fwd,
   // attention_bwd, recompute (its compute, dense included), launches, gather (the key side's
   // all-gather, all of it), gather_exposed, recompute_gather_exposed, reduce_scatter (exposed).
